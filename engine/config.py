@@ -1,0 +1,611 @@
+"""subs.toml -> a typed, frozen Project (SPEC §1).
+
+Every mistake is a ConfigError naming the file and the key's dotted path, raised
+at load time so nothing starts on a half-valid file. Order of checks: TOML
+syntax, literal secrets (the most urgent mistake), shape and types (pydantic,
+strict: nothing is coerced), then the rules that span keys.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import os
+import re
+import tomllib
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from urllib.parse import urlsplit
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+LLM_DEFAULTS: dict[str, tuple[str, str]] = {
+    "anthropic": ("ANTHROPIC_API_KEY", "https://api.anthropic.com"),
+    "openai": ("OPENAI_API_KEY", "https://api.openai.com/v1"),
+    "openrouter": ("OPENROUTER_API_KEY", "https://openrouter.ai/api/v1"),
+}
+
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+_AGENT_ID = re.compile(r"[A-Za-z0-9_-]+")
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what the model vendors accept
+_SLASH_COMMAND = re.compile(r"/[a-z0-9_-]+")
+_SECRET_KEY = re.compile(r"(?:.*_)?(?:(?:api|secret|private)_?key|token|secret|password)")
+# Values that are secrets whatever key holds them.
+_SECRET_PREFIXES = ("xoxb-", "xoxp-", "xoxa-", "xoxe-", "xapp-", "sk-ant-", "sk-or-v1-")
+# An *_env key should hold a name; these mean the secret itself was pasted in.
+_ENV_SECRET_PREFIXES = ("sk-", "xox", "xapp-")
+_LITERAL_IN_ENV = (
+    "looks like a literal secret; put the secret in the environment and name the variable here"
+)
+_UINT32_MAX = 2**32 - 1
+
+
+class ConfigError(Exception):
+    """A mistake in subs.toml. str() is '<file>: <key.path>: <message>'.
+
+    `key` is "" for file-level errors. For a bad environment override
+    (SUBS_PORT, SUBS_REDIS) `file` is "environment" and `key` the variable.
+    """
+
+    def __init__(self, file: str, key: str, message: str) -> None:
+        self.file = file
+        self.key = key
+        self.message = message
+        where = f"{file}: {key}" if key else file
+        super().__init__(f"{where}: {message}")
+
+
+# ---------------------------------------------------------------- public types
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+
+
+@dataclass(frozen=True)
+class LlmBlock:
+    id: str
+    type: str  # anthropic | openai | openrouter | worker
+    api_key_env: str | None  # None for worker
+    base_url: str | None  # None for worker
+    format: str | None  # worker only: openai | anthropic | None (neutral)
+
+
+@dataclass(frozen=True)
+class SlackBlock:
+    name: str
+    description: str
+    answers: str  # both | dm | channels
+    commands: tuple[str, ...]
+    stream: str  # edit | native
+
+
+@dataclass(frozen=True)
+class MissingEnv:
+    var: str
+    needed_by: str  # agent id(s) or "llm.<id>", comma-joined when several
+    why: str
+
+
+@dataclass(frozen=True)
+class AgentDecl:
+    id: str
+    llm: str | None
+    model: str | None
+    system: str | None
+    effort: str | None
+    description: str | None
+    tools: tuple[dict, ...]
+    subagents: tuple[str, ...]
+    max_subagent_depth: int
+    worker: str | None
+    signing_secret_env: str | None
+    retry: dict | None
+    slack: SlackBlock | None
+
+    def wire_config(self, project: Project) -> dict | None:
+        """The protocol AgentConfig for this agent; None when its worker supplies it.
+
+        Validation guarantees llm and model are set together, so `model` decides.
+        """
+        if self.model is None:
+            return None
+        out: dict[str, Any] = {"model": self.model}
+        for key in ("llm", "system", "effort"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.tools:
+            out["tools"] = copy.deepcopy(list(self.tools))
+        if self.subagents:
+            out["subagents"] = [
+                {"id": child, "description": project.agents[child].description or ""}
+                for child in self.subagents
+            ]
+        out["max_subagent_depth"] = self.max_subagent_depth
+        if self.retry is not None:
+            out["retry"] = copy.deepcopy(self.retry)
+        return out
+
+
+@dataclass(frozen=True)
+class Project:
+    path: str
+    name: str
+    redis: str | None  # None: the embedded server
+    serve: ServeConfig
+    llm: dict[str, LlmBlock]
+    agents: dict[str, AgentDecl]
+
+    def missing_env(self, env: Mapping[str, str]) -> list[MissingEnv]:
+        """Environment variables the project needs that are unset or empty."""
+        found: dict[str, MissingEnv] = {}
+
+        def need(var: str, who: str, why: str) -> None:
+            if env.get(var):
+                return
+            seen = found.get(var)
+            if seen is None:
+                found[var] = MissingEnv(var, who, why)
+            elif who not in seen.needed_by.split(", "):
+                found[var] = dataclasses.replace(seen, needed_by=f"{seen.needed_by}, {who}")
+
+        for block in self.llm.values():
+            users = [a.id for a in self.agents.values() if a.llm == block.id]
+            if block.api_key_env and users:
+                why = f"{block.type} API key, used by {', '.join(users)}"
+                need(block.api_key_env, f"llm.{block.id}", why)
+        for agent in self.agents.values():
+            if agent.signing_secret_env:
+                need(agent.signing_secret_env, agent.id, "signs requests to the agent's worker")
+            if agent.slack is None:
+                continue
+            suffix = slack_env_suffix(agent.id)
+            need(f"SLACK_BOT_TOKEN_{suffix}", agent.id, "Slack bot token")
+            app, signing = f"SLACK_APP_TOKEN_{suffix}", f"SLACK_SIGNING_SECRET_{suffix}"
+            if not env.get(app) and not env.get(signing):
+                need(app, agent.id, f"Slack app token for Socket Mode (or {signing} for HTTP)")
+        return list(found.values())
+
+
+def slack_env_suffix(agent_id: str) -> str:
+    """The <AGENT> part of SLACK_*_<AGENT>: upper-cased, non-alphanumerics as '_'."""
+    return re.sub(r"[^A-Za-z0-9]", "_", agent_id).upper()
+
+
+# ---------------------------------------------------------------- file shape
+
+
+def _env_name(value: str) -> str:
+    if not _ENV_NAME.fullmatch(value):
+        raise ValueError(
+            "must be an environment variable name (capitals, digits and '_', "
+            "like ONCALL_SIGNING_SECRET)"
+        )
+    return value
+
+
+def _http_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"must be an http(s) URL, got {value!r}")
+    return value
+
+
+def _redis_url(value: str) -> str:
+    if urlsplit(value).scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"must be a redis://, rediss:// or unix:// URL, got {value!r}")
+    return value
+
+
+def _json_schema(value: dict[str, Any]) -> dict[str, Any]:
+    try:
+        Draft202012Validator.check_schema(value)
+    except SchemaError as e:
+        raise ValueError(f"not a valid JSON Schema: {e.message}") from None
+    return value
+
+
+def _slash_command(value: str) -> str:
+    if not _SLASH_COMMAND.fullmatch(value):
+        raise ValueError(
+            f"must start with '/' and use only lowercase letters, digits, '-' and '_', "
+            f"got {value!r}"
+        )
+    return value
+
+
+NonEmpty = Annotated[str, Field(min_length=1)]
+EnvName = Annotated[str, AfterValidator(_env_name)]
+HttpUrl = Annotated[str, AfterValidator(_http_url)]
+RedisUrl = Annotated[str, AfterValidator(_redis_url)]
+JsonSchema = Annotated[dict[str, Any], AfterValidator(_json_schema)]
+UInt32 = Annotated[int, Field(ge=0, le=_UINT32_MAX)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class _Serve(_Model):
+    host: NonEmpty = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 8080
+
+
+class _Llm(_Model):
+    type: Literal["anthropic", "openai", "openrouter", "worker"]
+    api_key_env: EnvName | None = None
+    base_url: HttpUrl | None = None
+    format: Literal["openai", "anthropic"] | None = None
+
+
+class _Tool(_Model):
+    name: str
+    description: str | None = None
+    input: JsonSchema | None = None
+    output: JsonSchema | None = None
+    handler: Literal["client", "worker"] | None = None
+
+
+class _RetryOverride(_Model):
+    queue_timeout_secs: UInt32 | None = None
+    run_timeout_secs: UInt32 | None = None
+    total_timeout_secs: UInt32 | None = None
+    max_attempts: UInt32 | None = None
+    backoff_base_secs: UInt32 | None = None
+    backoff_max_secs: UInt32 | None = None
+
+
+class _Retry(_Model):
+    default: _RetryOverride | None = None
+    llm: _RetryOverride | None = None
+    tool: _RetryOverride | None = None
+    subagent: _RetryOverride | None = None
+
+
+class _Slack(_Model):
+    name: Annotated[str, Field(min_length=1, max_length=35)] | None = None
+    description: Annotated[str, Field(max_length=140)] = ""
+    answers: Literal["both", "dm", "channels"] = "both"
+    commands: list[Annotated[str, AfterValidator(_slash_command)]] = Field(default_factory=list)
+    stream: Literal["edit", "native"] = "edit"
+
+
+class _Agent(_Model):
+    llm: NonEmpty | None = None
+    model: NonEmpty | None = None
+    system: str | None = None
+    effort: Literal["xhigh", "high", "medium", "low", "minimal", "none"] | None = None
+    description: str | None = None
+    tools: list[_Tool] = Field(default_factory=list)
+    subagents: list[str] = Field(default_factory=list)
+    max_subagent_depth: UInt32 = 5
+    worker: HttpUrl | None = None
+    signing_secret_env: EnvName | None = None
+    retry: _Retry | None = None
+    slack: _Slack | None = None
+
+
+class _Root(_Model):
+    name: NonEmpty | None = None
+    redis: RedisUrl | None = None
+    serve: _Serve = Field(default_factory=_Serve)
+    llm: dict[str, _Llm] = Field(default_factory=dict)
+    agent: dict[str, _Agent] = Field(default_factory=dict)
+
+
+# Setting any of these makes the file, not the worker, the source of the model config.
+_MODEL_KEYS = ("llm", "model", "system", "effort", "tools", "subagents", "max_subagent_depth",
+               "retry")
+
+
+# ---------------------------------------------------------------- loading
+
+
+def load_project(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Project:
+    file = os.fspath(path)
+    try:
+        raw = Path(file).read_bytes()
+    except OSError as e:
+        raise ConfigError(file, "", f"cannot read: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(file, "", "not UTF-8 text") from None
+    return parse_project(text, file, env)
+
+
+def parse_project(text: str, file: str, env: Mapping[str, str] | None = None) -> Project:
+    env = os.environ if env is None else env
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(file, "", f"invalid TOML: {e}") from None
+    _scan_secrets(data, (), file, data)
+    try:
+        root = _Root.model_validate(data)
+    except ValidationError as e:
+        raise _from_pydantic(file, e) from None
+    _check(root, file)
+    return _apply_env(_build(root, os.path.abspath(file)), env)
+
+
+def _dotted(path: tuple[str | int, ...]) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def _scan_secrets(node: Any, path: tuple[str | int, ...], file: str, data: dict) -> None:
+    """Refuse literal secrets: by key name, by value prefix, and in *_env values.
+
+    Inside a tool's input/output JSON Schema, keys are property names, not
+    config, so only values are checked there.
+    """
+    in_schema = len(path) >= 5 and path[0] == "agent" and path[2] == "tools" and (
+        path[4] in ("input", "output")
+    )
+    if isinstance(node, dict):
+        for key, value in node.items():
+            child = (*path, key)
+            if not in_schema and _SECRET_KEY.fullmatch(key.lower()):
+                raise ConfigError(
+                    file, _dotted(child),
+                    f"literal secrets are not allowed in subs.toml; {_secret_hint(child, data)}",
+                )
+            if (
+                not in_schema and key.endswith("_env") and isinstance(value, str)
+                and value.startswith(_ENV_SECRET_PREFIXES + _SECRET_PREFIXES)
+            ):
+                raise ConfigError(file, _dotted(child), _LITERAL_IN_ENV)
+            _scan_secrets(value, child, file, data)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _scan_secrets(value, (*path, i), file, data)
+    elif isinstance(node, str) and node.startswith(_SECRET_PREFIXES):
+        raise ConfigError(
+            file, _dotted(path),
+            "looks like a literal secret; put the secret in the environment, not in subs.toml",
+        )
+
+
+def _secret_hint(path: tuple[str | int, ...], data: dict) -> str:
+    """Which environment variable should hold the secret at `path`."""
+    key = str(path[-1]).lower()
+    if path[0] == "llm" and len(path) == 3:
+        kind = data["llm"][path[1]].get("type")
+        known = isinstance(kind, str) and kind in LLM_DEFAULTS
+        var = LLM_DEFAULTS[kind][0] if known else "YOUR_KEY_VAR"
+        return f'put the key in the environment and name it with api_key_env = "{var}"'
+    if path[0] == "agent" and len(path) >= 3:
+        suffix = slack_env_suffix(str(path[1]))
+        if len(path) == 4 and path[2] == "slack":
+            kind = "APP_TOKEN" if "app" in key else (
+                "SIGNING_SECRET" if "secret" in key else "BOT_TOKEN"
+            )
+            return f"put it in the environment as SLACK_{kind}_{suffix}"
+        if len(path) == 3 and "key" not in key:
+            return (
+                "put it in the environment and name it with "
+                f'signing_secret_env = "{suffix}_SIGNING_SECRET"'
+            )
+        if len(path) == 3:
+            return "API keys belong in the environment, named by an [llm.*] block's api_key_env"
+    return "put it in the environment"
+
+
+def _from_pydantic(file: str, error: ValidationError) -> ConfigError:
+    first = error.errors()[0]
+    loc = tuple(first["loc"])
+    return ConfigError(file, _dotted(loc), _human(first, loc))
+
+
+def _describe(value: Any) -> str:
+    for kind, name in ((bool, "true/false"), (int, "an integer"), (float, "a number"),
+                       (str, "a string"), (list, "a list"), (dict, "a table")):
+        if isinstance(value, kind):
+            return name
+    return "a date/time"
+
+
+def _human(err: Any, loc: tuple[str | int, ...]) -> str:
+    kind, ctx, got = err["type"], err.get("ctx") or {}, err.get("input")
+    expected = {
+        "string_type": "a string", "int_type": "an integer", "int_from_float": "an integer",
+        "bool_type": "true or false", "list_type": "a list", "dict_type": "a table",
+        "model_type": "a table",
+    }
+    if kind in expected:
+        return f"expected {expected[kind]}, got {_describe(got)}"
+    if kind == "extra_forbidden":
+        known = _known_keys(loc[:-1])
+        close = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        return "unknown key" + (
+            f" (did you mean {close[0]}?)" if close else f"; known keys: {', '.join(known)}"
+        )
+    if kind == "missing":
+        return "required"
+    if kind == "literal_error":
+        return f"must be one of {ctx['expected']}, got {got!r}"
+    if kind == "greater_than_equal":
+        return f"must be {ctx['ge']} or more"
+    if kind == "less_than_equal":
+        return f"must be {ctx['le']} or less"
+    if kind == "string_too_short":
+        return "must not be empty"
+    if kind == "string_too_long":
+        return f"must be at most {ctx['max_length']} characters (is {len(got)})"
+    if kind == "value_error":
+        return str(ctx["error"])
+    return str(err["msg"])
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Strip `X | None` down to X."""
+    while get_origin(annotation) in (Union, types.UnionType):
+        annotation = next(a for a in get_args(annotation) if a is not type(None))
+    return annotation
+
+
+def _known_keys(parent: tuple[str | int, ...]) -> list[str]:
+    """The keys the file may use at `parent`, for an unknown-key hint."""
+    current: Any = _Root
+    for part in parent:
+        current = _unwrap(current)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            current = current.model_fields[str(part)].annotation
+        else:  # a list index or a table key: step into the element type
+            current = get_args(current)[-1]
+    current = _unwrap(current)
+    return list(current.model_fields)
+
+
+def _check(root: _Root, file: str) -> None:
+    """The rules that span keys (pydantic has checked each key alone)."""
+    for lid, block in root.llm.items():
+        if block.type == "worker":
+            for key in ("api_key_env", "base_url"):
+                if getattr(block, key) is not None:
+                    raise ConfigError(
+                        file, f"llm.{lid}.{key}",
+                        'not allowed with type = "worker": the worker makes the call',
+                    )
+        elif block.format is not None:
+            raise ConfigError(file, f"llm.{lid}.format", 'only allowed with type = "worker"')
+    for aid, agent in root.agent.items():
+        _check_agent(root, file, aid, agent)
+
+
+def _check_agent(root: _Root, file: str, aid: str, agent: _Agent) -> None:
+    at = f"agent.{aid}"
+    if not _AGENT_ID.fullmatch(aid):
+        raise ConfigError(file, at, "an agent id may use only letters, digits, '_' and '-'")
+    if agent.llm is not None and agent.llm not in root.llm:
+        declared = ", ".join(root.llm) or "none"
+        raise ConfigError(
+            file, f"{at}.llm", f"no [llm.{agent.llm}] block; declared: {declared}"
+        )
+    model_keys = [k for k in _MODEL_KEYS if k in agent.model_fields_set]
+    if model_keys:
+        missing = [k for k in ("llm", "model") if getattr(agent, k) is None]
+        if missing:
+            raise ConfigError(
+                file, f"{at}.{missing[0]}",
+                f"missing {' and '.join(missing)}: an agent that sets {', '.join(model_keys)} "
+                "needs both llm and model (or leave all model config to its worker)",
+            )
+    elif agent.worker is None:
+        raise ConfigError(
+            file, at,
+            "missing llm and model, or worker: set llm and model for the engine to run it, "
+            "or worker to have a worker return its config",
+        )
+    children: list[str] = []
+    for i, ref in enumerate(agent.subagents):
+        key = f"{at}.subagents.{i}"
+        child = ref.removeprefix("agent.")
+        if child == ref or not child:
+            raise ConfigError(file, key, f'must be "agent.<id>", got {ref!r}')
+        if child == aid:
+            raise ConfigError(file, key, "an agent cannot be its own subagent")
+        if child not in root.agent:
+            declared = ", ".join(root.agent)
+            raise ConfigError(file, key, f"no [agent.{child}]; declared: {declared}")
+        if child in children:
+            raise ConfigError(file, key, f"agent.{child} is listed twice")
+        children.append(child)
+    names: set[str] = set()
+    for i, tool in enumerate(agent.tools):
+        key = f"{at}.tools.{i}"
+        if not _TOOL_NAME.fullmatch(tool.name):
+            raise ConfigError(
+                file, f"{key}.name", "must be 1-64 letters, digits, '_' or '-'"
+            )
+        if tool.name in names:
+            raise ConfigError(file, f"{key}.name", f"duplicate tool name {tool.name!r}")
+        if tool.name in children:
+            raise ConfigError(
+                file, f"{key}.name", f"clashes with the tool offered for agent.{tool.name}"
+            )
+        names.add(tool.name)
+        if tool.handler != "client" and agent.worker is None:
+            raise ConfigError(
+                file, f"{key}.handler" if tool.handler else key,
+                'a worker tool needs the agent to have a worker; set handler = "client" '
+                "or set worker",
+            )
+    if agent.slack is not None and agent.slack.name is None and len(aid) > 35:
+        raise ConfigError(
+            file, f"{at}.slack.name",
+            "required: the default, the agent id, is longer than 35 characters",
+        )
+
+
+def _build(root: _Root, path: str) -> Project:
+    llm = {
+        lid: LlmBlock(
+            id=lid,
+            type=b.type,
+            api_key_env=b.api_key_env or LLM_DEFAULTS.get(b.type, (None, None))[0],
+            base_url=b.base_url or LLM_DEFAULTS.get(b.type, (None, None))[1],
+            format=b.format,
+        )
+        for lid, b in root.llm.items()
+    }
+    agents = {
+        aid: AgentDecl(
+            id=aid,
+            llm=a.llm,
+            model=a.model,
+            system=a.system,
+            effort=a.effort,
+            description=a.description,
+            tools=tuple(t.model_dump(exclude_none=True) for t in a.tools),
+            subagents=tuple(ref.removeprefix("agent.") for ref in a.subagents),
+            max_subagent_depth=a.max_subagent_depth,
+            worker=a.worker,
+            signing_secret_env=a.signing_secret_env,
+            retry=None if a.retry is None else a.retry.model_dump(exclude_none=True),
+            slack=None if a.slack is None else SlackBlock(
+                name=a.slack.name or aid,
+                description=a.slack.description,
+                answers=a.slack.answers,
+                commands=tuple(a.slack.commands),
+                stream=a.slack.stream,
+            ),
+        )
+        for aid, a in root.agent.items()
+    }
+    return Project(
+        path=path,
+        name=root.name or Path(path).parent.name or "subs",
+        redis=root.redis,
+        serve=ServeConfig(host=root.serve.host, port=root.serve.port),
+        llm=llm,
+        agents=agents,
+    )
+
+
+def _apply_env(project: Project, env: Mapping[str, str]) -> Project:
+    """Environment beats the file: SUBS_REDIS, SUBS_HOST, SUBS_PORT."""
+    redis = env.get("SUBS_REDIS") or project.redis
+    if env.get("SUBS_REDIS"):
+        try:
+            _redis_url(env["SUBS_REDIS"])
+        except ValueError as e:
+            raise ConfigError("environment", "SUBS_REDIS", str(e)) from None
+    host = env.get("SUBS_HOST") or project.serve.host
+    port = project.serve.port
+    if env.get("SUBS_PORT"):
+        raw = env["SUBS_PORT"]
+        if not re.fullmatch(r"[0-9]{1,5}", raw) or int(raw) > 65535:
+            raise ConfigError(
+                "environment", "SUBS_PORT", f"expected a port number 0-65535, got {raw!r}"
+            )
+        port = int(raw)
+    return dataclasses.replace(project, redis=redis, serve=ServeConfig(host=host, port=port))

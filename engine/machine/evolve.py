@@ -1,0 +1,184 @@
+"""Fold events into session state.
+
+Events are facts; state is `fold(events)`. `step` builds its new state by
+applying each event it emits through `evolve`, so a snapshot and the fold of
+the log cannot drift apart. An unknown event type is a bug, never skipped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any
+
+from .accounting import add_cost, add_usage
+from .state import Call, Node, SessionState, Turn
+
+Event = dict[str, Any]
+
+
+def at_ms(event: Event) -> int:
+    """The event's `occurred_at` as epoch milliseconds."""
+    return int(datetime.fromisoformat(event["occurred_at"]).timestamp() * 1000)
+
+
+def _session_created(s: SessionState | None, e: Event, p: dict[str, Any]) -> SessionState:
+    if s is not None:
+        raise ValueError("session.created on an existing session")
+    return SessionState(
+        session_id=e["session_id"],
+        agent_id=p["agent_id"],
+        decider=p["decider"],
+        created_at=at_ms(e),
+        identity=p.get("identity") or {},
+    )
+
+
+def _agent_updated(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    s.agent = p["agent"]
+
+
+def _worker_state_updated(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    s.worker_state = p["state"]
+
+
+def _nothing(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    """Events that inform clients but change no state."""
+
+
+def _message_new(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    msg = p["message"]
+    s.nodes[msg["id"]] = Node(message=msg, parent_id=p.get("parent_id"))
+    s.head_id = msg["id"]
+
+
+def _head_moved(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    s.head_id = p["head_id"]
+
+
+def _turn_queued(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    s.queue.append({"turn_id": p["turn_id"], "input": p["input"]})
+    s.turns[p["turn_id"]] = "queued"
+
+
+def _turn_started(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    tid = p["turn_id"]
+    s.turn = Turn(id=tid, started_at=at_ms(e))
+    s.turns[tid] = "running"
+    if s.queue and s.queue[0]["turn_id"] == tid:
+        s.queue.pop(0)
+
+
+def _turn_ended(status: str) -> Callable[[SessionState, Event, dict[str, Any]], None]:
+    def end(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+        tid = p["turn_id"]
+        s.turns[tid] = status
+        s.last_turn = tid
+        s.turn = None
+
+    return end
+
+
+def _call_requested(kind: str) -> Callable[[SessionState, Event, dict[str, Any]], None]:
+    def requested(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+        s.calls[p["id"]] = Call(
+            id=p["id"],
+            kind=kind,
+            turn_id=e["turn_id"],
+            handler=p["handler"],
+            attempt=0,
+            status="requested",
+            started_at=at_ms(e),
+            retry=p["retry"],
+            name=p.get("name"),
+            arguments=p.get("arguments"),
+            anchor=p.get("anchor"),
+            params=p.get("params") or {},
+        )
+
+    return requested
+
+
+def _call_dispatched(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    c = s.calls[p["id"]]
+    c.attempt = p["attempt"]
+    c.status = "running"
+    c.deadline = p.get("deadline_ms")
+
+
+def _llm_completed(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    s.calls.pop(p["id"])
+    usage = p.get("usage")
+    cost = p.get("cost") or "0"
+    if usage:
+        s.usage = add_usage(s.usage, usage)
+    s.cost = add_cost(s.cost, cost)
+    if s.turn is not None:
+        if usage:
+            s.turn.usage = add_usage(s.turn.usage, usage)
+        s.turn.cost = add_cost(s.turn.cost, cost)
+
+
+def _call_closed(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    s.calls.pop(p["id"])
+
+
+def _call_errored(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    if p["final"]:
+        s.calls.pop(p["id"])
+    else:
+        s.calls[p["id"]].status = "failed"
+
+
+def _retry_scheduled(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    c = s.calls[p["id"]]
+    c.status = "retry_scheduled"
+    c.deadline = None
+
+
+_APPLY: dict[str, Callable[[SessionState, Event, dict[str, Any]], None]] = {
+    "agent.updated": _agent_updated,
+    "worker.state.updated": _worker_state_updated,
+    "channels.updated": _nothing,
+    "message.new": _message_new,
+    "head.moved": _head_moved,
+    "turn.queued": _turn_queued,
+    "turn.started": _turn_started,
+    "turn.completed": _turn_ended("completed"),
+    "turn.failed": _turn_ended("failed"),
+    "llm.call.requested": _call_requested("llm"),
+    "llm.call.dispatched": _call_dispatched,
+    "llm.call.completed": _llm_completed,
+    "llm.call.errored": _call_errored,
+    "tool.call.requested": _call_requested("tool"),
+    "tool.call.dispatched": _call_dispatched,
+    "tool.call.completed": _call_closed,
+    "tool.call.errored": _call_errored,
+    "call.retry_scheduled": _retry_scheduled,
+}
+
+EVENT_TYPES = frozenset(_APPLY) | {"session.created"}
+
+
+def evolve(state: SessionState | None, event: Event) -> SessionState:
+    """Apply one event. Mutates and returns `state` (or a new one on `session.created`)."""
+    payload = event["payload"]
+    kind = payload["type"]
+    if kind == "session.created":
+        state = _session_created(state, event, payload)
+    else:
+        if state is None:
+            raise ValueError(f"{kind} before session.created")
+        apply = _APPLY.get(kind)
+        if apply is None:
+            raise ValueError(f"unknown event type {kind!r}")
+        apply(state, event, payload)
+    state.seq = event["seq"]
+    return state
+
+
+def fold(events: Iterable[Event]) -> SessionState | None:
+    state: SessionState | None = None
+    for e in events:
+        state = evolve(state, e)
+    return state

@@ -1,0 +1,159 @@
+"""Session state: the fold of a session's event log.
+
+Plain dataclasses, JSON round-trippable, so the snapshot in Redis is exactly
+`state_to_json(fold(log))`. Closed calls are dropped: a result for a call
+that is not open is refused whether the call never existed or already ended.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ZERO_USAGE: dict[str, int] = {
+    "input": 0,
+    "output": 0,
+    "uncached_input": 0,
+    "cache_read": 0,
+    "cache_write": 0,
+    "total": 0,
+}
+
+
+@dataclass
+class Node:
+    """One message in the conversation tree."""
+
+    message: dict[str, Any]
+    parent_id: str | None
+
+
+@dataclass
+class Call:
+    """An open effect: a model call or a tool call.
+
+    `handler` says where it runs: `server` (the engine), `worker` or `client`.
+    `status` is `running` while an attempt is out, `retry_scheduled` while a
+    backoff timer waits.
+    """
+
+    id: str
+    kind: str  # "llm" | "tool"
+    turn_id: str
+    handler: str
+    attempt: int
+    status: str
+    started_at: int  # ms, first attempt: the total-timeout clock
+    retry: dict[str, Any]  # resolved RetryPolicy
+    name: str | None = None
+    arguments: str | None = None
+    anchor: str | None = None  # head node the call was requested at
+    params: dict[str, Any] = field(default_factory=dict)  # llm.call overrides
+    deadline: int | None = None  # ms, current attempt's run deadline
+
+
+@dataclass
+class Turn:
+    id: str
+    started_at: int
+    usage: dict[str, int] = field(default_factory=lambda: dict(ZERO_USAGE))
+    cost: str = "0"
+
+
+@dataclass
+class SessionState:
+    session_id: str
+    agent_id: str
+    decider: str  # "engine" | "worker"
+    created_at: int
+    identity: dict[str, Any] = field(default_factory=dict)
+    seq: int = 0
+    agent: dict[str, Any] | None = None
+    worker_state: Any = None
+    nodes: dict[str, Node] = field(default_factory=dict)
+    head_id: str | None = None
+    turn: Turn | None = None
+    queue: list[dict[str, Any]] = field(default_factory=list)  # queued turn starts, FIFO
+    turns: dict[str, str] = field(
+        default_factory=dict
+    )  # turn_id -> queued|running|completed|failed
+    last_turn: str | None = None
+    calls: dict[str, Call] = field(default_factory=dict)
+    usage: dict[str, int] = field(default_factory=lambda: dict(ZERO_USAGE))
+    cost: str = "0"
+
+    @property
+    def status(self) -> str:
+        return "running" if self.turn is not None else "idle"
+
+
+def _call_to_json(c: Call) -> dict[str, Any]:
+    return {
+        "id": c.id,
+        "kind": c.kind,
+        "turn_id": c.turn_id,
+        "handler": c.handler,
+        "attempt": c.attempt,
+        "status": c.status,
+        "started_at": c.started_at,
+        "retry": c.retry,
+        "name": c.name,
+        "arguments": c.arguments,
+        "anchor": c.anchor,
+        "params": c.params,
+        "deadline": c.deadline,
+    }
+
+
+def state_to_json(s: SessionState) -> dict[str, Any]:
+    """The snapshot form. Key order is fixed so equal states serialise equally."""
+    turn = s.turn
+    return {
+        "session_id": s.session_id,
+        "agent_id": s.agent_id,
+        "decider": s.decider,
+        "created_at": s.created_at,
+        "identity": s.identity,
+        "seq": s.seq,
+        "agent": s.agent,
+        "worker_state": s.worker_state,
+        "nodes": [[nid, n.message, n.parent_id] for nid, n in s.nodes.items()],
+        "head_id": s.head_id,
+        "turn": None
+        if turn is None
+        else {
+            "id": turn.id,
+            "started_at": turn.started_at,
+            "usage": turn.usage,
+            "cost": turn.cost,
+        },
+        "queue": s.queue,
+        "turns": s.turns,
+        "last_turn": s.last_turn,
+        "calls": [_call_to_json(c) for c in s.calls.values()],
+        "usage": s.usage,
+        "cost": s.cost,
+    }
+
+
+def state_from_json(d: dict[str, Any]) -> SessionState:
+    t = d["turn"]
+    return SessionState(
+        session_id=d["session_id"],
+        agent_id=d["agent_id"],
+        decider=d["decider"],
+        created_at=d["created_at"],
+        identity=d["identity"],
+        seq=d["seq"],
+        agent=d["agent"],
+        worker_state=d["worker_state"],
+        nodes={nid: Node(message=m, parent_id=p) for nid, m, p in d["nodes"]},
+        head_id=d["head_id"],
+        turn=None if t is None else Turn(**t),
+        queue=d["queue"],
+        turns=d["turns"],
+        last_turn=d["last_turn"],
+        calls={c["id"]: Call(**c) for c in d["calls"]},
+        usage=d["usage"],
+        cost=d["cost"],
+    )

@@ -1,0 +1,309 @@
+"""The pure machine, driven without Redis or HTTP."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from engine.machine import (
+    CallLost,
+    LlmCallSettled,
+    MachineError,
+    RunLlmCall,
+    StartTimer,
+    TimerFired,
+    build_llm_request,
+    input_from_json,
+    input_to_json,
+    state_from_json,
+    state_to_json,
+)
+from tests.machine_helpers import Session, text_reply, tool_reply
+
+
+def only_llm(t) -> RunLlmCall:
+    runs = [e for e in t.effects if isinstance(e, RunLlmCall)]
+    assert len(runs) == 1, t.effects
+    return runs[0]
+
+
+def test_a_turn_from_first_message_to_reply():
+    s = Session()
+    t = s.say("what's paging?")
+    assert s.types(t) == [
+        "session.created",
+        "agent.updated",
+        "turn.started",
+        "message.new",
+        "llm.call.requested",
+        "llm.call.dispatched",
+    ]
+    assert t.reply == {"session_id": "s1", "turn_id": "turn-1", "queued": False}
+    run = only_llm(t)
+    plan = build_llm_request(s.state, s.state.calls[run.call_id])
+    assert plan.llm == "vendor" and plan.stream is True
+    assert plan.request["messages"] == [
+        {"role": "system", "content": "be brief"},
+        {"id": "msg-2", "role": "user", "content": "what's paging?"},
+    ]
+    assert [tool["name"] for tool in plan.request["tools"]] == ["confirm", "lookup"]
+
+    t = s.apply(LlmCallSettled(run.call_id, 1, response=text_reply("all quiet")))
+    assert s.types(t) == ["llm.call.completed", "message.new", "turn.completed"]
+    done = t.events[-1]["payload"]
+    assert done["cost"] == "0.001" and done["usage"]["total"] == 15
+    assert s.state.status == "idle" and s.state.cost == "0.001"
+    reply = s.state.nodes[run.call_id].message
+    assert reply == {"id": run.call_id, "role": "assistant", "content": "all quiet"}
+    s.check_fold()
+
+
+def test_second_message_while_running_is_refused_and_queue_runs_fifo():
+    s = Session()
+    first = only_llm(s.say("one"))
+    with pytest.raises(MachineError) as err:
+        s.say("two")
+    assert err.value.code == "turn_already_active" and err.value.detail["turn_id"] == "turn-1"
+    q2 = s.say("two", queue=True)
+    q3 = s.say("three", queue=True)
+    assert q2.reply["queued"] and q3.reply["queued"]
+    assert s.types(q2) == ["turn.queued"]
+    t = s.apply(LlmCallSettled(first.call_id, 1, response=text_reply("1")))
+    assert s.types(t)[-4:] == [
+        "turn.started",
+        "message.new",
+        "llm.call.requested",
+        "llm.call.dispatched",
+    ]
+    assert s.state.turn.id == q2.reply["turn_id"]
+    second = only_llm(t)
+    t = s.apply(LlmCallSettled(second.call_id, 1, response=text_reply("2")))
+    assert s.state.turn.id == q3.reply["turn_id"]
+    user_texts = [
+        n.message["content"] for n in s.state.nodes.values() if n.message["role"] == "user"
+    ]
+    assert user_texts == ["one", "two", "three"]
+    s.check_fold()
+
+
+def test_turn_id_is_an_idempotency_key():
+    s = Session()
+    first = s.say("once", turn_id="T1")
+    run = only_llm(first)
+    again = s.say("once", turn_id="T1")
+    assert again.events == [] and again.reply["turn_id"] == "T1" and again.reply["existing"]
+    s.apply(LlmCallSettled(run.call_id, 1, response=text_reply("ok")))
+    after = s.say("once", turn_id="T1")
+    assert after.events == [] and s.state.turns["T1"] == "completed"
+    s.check_fold()
+
+
+def test_client_tool_round_trip():
+    s = Session()
+    run = only_llm(s.say("restart the db?"))
+    t = s.apply(LlmCallSettled(run.call_id, 1, response=tool_reply(("c1", "confirm", '{"q":1}'))))
+    assert s.types(t) == [
+        "llm.call.completed",
+        "message.new",
+        "tool.call.requested",
+        "tool.call.dispatched",
+    ]
+    assert t.effects == [] and s.state.calls["c1"].handler == "client"
+    with pytest.raises(MachineError) as err:
+        s.client({"type": "tool.result", "id": "nope", "result": "x"})
+    assert err.value.code == "call_not_open"
+    t = s.client({"type": "tool.result", "id": "c1", "result": {"ok": True}})
+    assert s.types(t) == [
+        "tool.call.completed",
+        "message.new",
+        "llm.call.requested",
+        "llm.call.dispatched",
+    ]
+    tool_msg = t.events[1]["payload"]["message"]
+    assert tool_msg["role"] == "tool" and tool_msg["tool_call_id"] == "c1"
+    assert tool_msg["content"] == '{"ok":true}'
+    t = s.apply(LlmCallSettled(only_llm(t).call_id, 1, response=text_reply("restarted")))
+    assert s.types(t)[-1] == "turn.completed"
+    s.check_fold()
+
+
+def test_parallel_calls_reprompt_only_when_all_are_settled():
+    s = Session()
+    run = only_llm(s.say("two things"))
+    calls = (("c1", "confirm", "{}"), ("c2", "confirm", "{}"))
+    s.apply(LlmCallSettled(run.call_id, 1, response=tool_reply(*calls)))
+    t = s.client({"type": "tool.result", "id": "c2", "result": "b"})
+    assert s.types(t) == ["tool.call.completed", "message.new"]
+    t = s.client({"type": "tool.error", "id": "c1", "error": "no", "retryable": False})
+    assert s.types(t) == [
+        "tool.call.errored",
+        "message.new",
+        "llm.call.requested",
+        "llm.call.dispatched",
+    ]
+    plan = build_llm_request(s.state, s.state.calls[only_llm(t).call_id])
+    assert [m["role"] for m in plan.request["messages"]] == [
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+    ]
+    s.check_fold()
+
+
+def test_a_tool_nothing_can_run_becomes_an_error_result_for_the_model():
+    s = Session()
+    run = only_llm(s.say("look it up"))
+    t = s.apply(
+        LlmCallSettled(
+            run.call_id, 1, response=tool_reply(("c1", "lookup", "{}"), ("c2", "ghost", "{}"))
+        )
+    )
+    types = s.types(t)
+    assert types.count("tool.call.errored") == 2 and types[-1] == "llm.call.dispatched"
+    assert types.count("llm.call.requested") == 1
+    errors = [
+        e["payload"]["message"].get("content")
+        for e in t.events
+        if e["payload"]["type"] == "message.new"
+    ]
+    assert (
+        "Error: no worker runs 'lookup'" in errors
+        and "Error: tool 'ghost' is not declared" in errors
+    )
+    s.check_fold()
+
+
+def test_retryable_error_backs_off_then_retries_and_final_error_fails_the_turn():
+    s = Session()
+    run = only_llm(s.say("hi"))
+    err = {"message": "rate limited", "code": "rate_limited"}
+    t = s.apply(LlmCallSettled(run.call_id, 1, error=err, retryable=True, retry_after=3))
+    assert s.types(t) == ["llm.call.errored", "call.retry_scheduled"]
+    (timer,) = t.effects
+    assert isinstance(timer, StartTimer) and timer.due == s.now + 3000
+    assert timer.input == TimerFired(run.call_id, 2)
+    stale = s.apply(TimerFired(run.call_id, 5))
+    assert stale.events == [] and stale.ignored
+    t = s.apply(timer.input)
+    assert s.types(t) == ["llm.call.dispatched"] and only_llm(t).attempt == 2
+    late = s.apply(LlmCallSettled(run.call_id, 1, response=text_reply("late")))
+    assert late.events == [] and "replaced" in late.ignored
+    t = s.apply(
+        LlmCallSettled(run.call_id, 2, error={"message": "bad key", "code": "provider_error"})
+    )
+    assert s.types(t) == ["llm.call.errored", "turn.failed"]
+    assert t.events[-1]["payload"]["error"]["message"] == "bad key"
+    assert s.state.status == "idle"
+    s.check_fold()
+
+
+def test_attempts_are_capped_by_the_policy():
+    s = Session()
+    s.agent["retry"] = {"llm": {"max_attempts": 2, "backoff_base_secs": 0}}
+    run = only_llm(s.say("hi"))
+    err = {"message": "overloaded", "code": "provider_error"}
+    t = s.apply(LlmCallSettled(run.call_id, 1, error=err, retryable=True))
+    assert s.types(t) == ["llm.call.errored", "llm.call.dispatched"]  # no backoff: at once
+    t = s.apply(LlmCallSettled(run.call_id, 2, error=err, retryable=True))
+    assert s.types(t) == ["llm.call.errored", "turn.failed"]
+    s.check_fold()
+
+
+def test_lost_call_is_sent_again_at_once_as_attempt_two():
+    s = Session()
+    run = only_llm(s.say("hi"))
+    t = s.apply(CallLost(run.call_id, 1))
+    assert s.types(t) == ["llm.call.errored", "llm.call.dispatched"]
+    assert only_llm(t).attempt == 2
+    assert s.apply(CallLost(run.call_id, 1)).events == []
+    s.apply(LlmCallSettled(run.call_id, 2, response=text_reply("ok")))
+    replies = [n for n in s.state.nodes.values() if n.message["role"] == "assistant"]
+    assert len(replies) == 1
+    s.check_fold()
+
+
+@pytest.mark.parametrize(
+    ("finish", "code"), [("length", "provider_error"), ("content_filter", "refused")]
+)
+def test_truncated_or_refused_reply_is_recorded_and_fails_the_turn(finish, code):
+    s = Session()
+    run = only_llm(s.say("hi"))
+    reply = text_reply("partial") | {"finish_reason": finish}
+    t = s.apply(LlmCallSettled(run.call_id, 1, response=reply))
+    assert s.types(t) == ["llm.call.completed", "message.new", "turn.failed"]
+    assert t.events[-1]["payload"]["error"]["code"] == code
+    s.check_fold()
+
+
+def test_failing_a_turn_closes_its_open_calls():
+    s = Session()
+    s.agent["retry"] = {"llm": {"max_attempts": 1}}
+    run = only_llm(s.say("hi"))
+    t = s.apply(LlmCallSettled(run.call_id, 1, response=tool_reply(("c1", "confirm", "{}"))))
+    assert "c1" in s.state.calls
+    # The client answers, the re-prompt fails for good: nothing stays open.
+    t = s.client({"type": "tool.result", "id": "c1", "result": "yes"})
+    t = s.apply(
+        LlmCallSettled(only_llm(t).call_id, 1, error={"message": "x", "code": "provider_error"})
+    )
+    assert s.state.calls == {} and s.types(t)[-1] == "turn.failed"
+    s.check_fold()
+
+
+def test_views_merge_by_id_and_a_shorter_view_only_moves_the_head():
+    s = Session()
+    run = only_llm(s.say("first"))
+    s.apply(LlmCallSettled(run.call_id, 1, response=text_reply("answer")))
+    user_id = next(i for i, n in s.state.nodes.items() if n.message["role"] == "user")
+    view = [{"id": user_id, "role": "user", "content": "first"}]
+    t = s.client({"type": "client.messages", "agent_id": "a", "messages": view})
+    assert s.types(t) == ["head.moved"] and s.state.head_id == user_id
+    t = s.client(
+        {
+            "type": "client.messages",
+            "agent_id": "a",
+            "messages": [*view, {"role": "user", "content": "more"}],
+        }
+    )
+    new = t.events[1]["payload"]
+    assert new["type"] == "message.new" and new["parent_id"] == user_id
+    s.check_fold()
+
+
+def test_unknown_session_and_agent_mismatch_are_refused():
+    s = Session()
+    with pytest.raises(MachineError) as err:
+        s.client({"type": "tool.result", "id": "c1", "result": "x"})
+    assert err.value.status == 404
+    s.say("hi")
+    body = {"type": "client.message", "agent_id": "b", "message": {"role": "user", "content": "x"}}
+    from engine.machine import ClientSubmitted
+
+    with pytest.raises(MachineError) as err:
+        s.apply(ClientSubmitted(body, "b", {}, None))
+    assert err.value.code == "agent_mismatch"
+
+
+def test_snapshot_and_inputs_round_trip_through_json():
+    s = Session()
+    run = only_llm(s.say("hi"))
+    assert state_to_json(state_from_json(state_to_json(s.state))) == state_to_json(s.state)
+    inp = LlmCallSettled(run.call_id, 1, response=text_reply("x"), retry_after=1.5)
+    assert input_from_json(input_to_json(inp)) == inp
+
+
+def test_the_machine_imports_no_io():
+    banned = {"asyncio", "time", "random", "uuid", "os", "redis", "httpx", "aiohttp", "socket"}
+    for path in Path("engine/machine").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name.split(".")[0] for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module.split(".")[0]]
+            assert not banned.intersection(names), f"{path} imports {names}"
