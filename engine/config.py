@@ -302,8 +302,16 @@ class _Root(_Model):
 
 
 # Setting any of these makes the file, not the worker, the source of the model config.
-_MODEL_KEYS = ("llm", "model", "system", "effort", "tools", "subagents", "max_subagent_depth",
-               "retry")
+_MODEL_KEYS = (
+    "llm",
+    "model",
+    "system",
+    "effort",
+    "tools",
+    "subagents",
+    "max_subagent_depth",
+    "retry",
+)
 
 
 # ---------------------------------------------------------------- loading
@@ -347,19 +355,25 @@ def _scan_secrets(node: Any, path: tuple[str | int, ...], file: str, data: dict)
     Inside a tool's input/output JSON Schema, keys are property names, not
     config, so only values are checked there.
     """
-    in_schema = len(path) >= 5 and path[0] == "agent" and path[2] == "tools" and (
-        path[4] in ("input", "output")
+    in_schema = (
+        len(path) >= 5
+        and path[0] == "agent"
+        and path[2] == "tools"
+        and (path[4] in ("input", "output"))
     )
     if isinstance(node, dict):
         for key, value in node.items():
             child = (*path, key)
             if not in_schema and _SECRET_KEY.fullmatch(key.lower()):
                 raise ConfigError(
-                    file, _dotted(child),
+                    file,
+                    _dotted(child),
                     f"literal secrets are not allowed in subs.toml; {_secret_hint(child, data)}",
                 )
             if (
-                not in_schema and key.endswith("_env") and isinstance(value, str)
+                not in_schema
+                and key.endswith("_env")
+                and isinstance(value, str)
                 and value.startswith(_ENV_SECRET_PREFIXES + _SECRET_PREFIXES)
             ):
                 raise ConfigError(file, _dotted(child), _LITERAL_IN_ENV)
@@ -369,7 +383,8 @@ def _scan_secrets(node: Any, path: tuple[str | int, ...], file: str, data: dict)
             _scan_secrets(value, (*path, i), file, data)
     elif isinstance(node, str) and node.startswith(_SECRET_PREFIXES):
         raise ConfigError(
-            file, _dotted(path),
+            file,
+            _dotted(path),
             "looks like a literal secret; put the secret in the environment, not in subs.toml",
         )
 
@@ -385,8 +400,10 @@ def _secret_hint(path: tuple[str | int, ...], data: dict) -> str:
     if path[0] == "agent" and len(path) >= 3:
         suffix = slack_env_suffix(str(path[1]))
         if len(path) == 4 and path[2] == "slack":
-            kind = "APP_TOKEN" if "app" in key else (
-                "SIGNING_SECRET" if "secret" in key else "BOT_TOKEN"
+            kind = (
+                "APP_TOKEN"
+                if "app" in key
+                else ("SIGNING_SECRET" if "secret" in key else "BOT_TOKEN")
             )
             return f"put it in the environment as SLACK_{kind}_{suffix}"
         if len(path) == 3 and "key" not in key:
@@ -406,8 +423,14 @@ def _from_pydantic(file: str, error: ValidationError) -> ConfigError:
 
 
 def _describe(value: Any) -> str:
-    for kind, name in ((bool, "true/false"), (int, "an integer"), (float, "a number"),
-                       (str, "a string"), (list, "a list"), (dict, "a table")):
+    for kind, name in (
+        (bool, "true/false"),
+        (int, "an integer"),
+        (float, "a number"),
+        (str, "a string"),
+        (list, "a list"),
+        (dict, "a table"),
+    ):
         if isinstance(value, kind):
             return name
     return "a date/time"
@@ -416,8 +439,12 @@ def _describe(value: Any) -> str:
 def _human(err: Any, loc: tuple[str | int, ...]) -> str:
     kind, ctx, got = err["type"], err.get("ctx") or {}, err.get("input")
     expected = {
-        "string_type": "a string", "int_type": "an integer", "int_from_float": "an integer",
-        "bool_type": "true or false", "list_type": "a list", "dict_type": "a table",
+        "string_type": "a string",
+        "int_type": "an integer",
+        "int_from_float": "an integer",
+        "bool_type": "true or false",
+        "list_type": "a list",
+        "dict_type": "a table",
         "model_type": "a table",
     }
     if kind in expected:
@@ -472,7 +499,8 @@ def _check(root: _Root, file: str) -> None:
             for key in ("api_key_env", "base_url"):
                 if getattr(block, key) is not None:
                     raise ConfigError(
-                        file, f"llm.{lid}.{key}",
+                        file,
+                        f"llm.{lid}.{key}",
                         'not allowed with type = "worker": the worker makes the call',
                     )
         elif block.format is not None:
@@ -487,21 +515,21 @@ def _check_agent(root: _Root, file: str, aid: str, agent: _Agent) -> None:
         raise ConfigError(file, at, "an agent id may use only letters, digits, '_' and '-'")
     if agent.llm is not None and agent.llm not in root.llm:
         declared = ", ".join(root.llm) or "none"
-        raise ConfigError(
-            file, f"{at}.llm", f"no [llm.{agent.llm}] block; declared: {declared}"
-        )
+        raise ConfigError(file, f"{at}.llm", f"no [llm.{agent.llm}] block; declared: {declared}")
     model_keys = [k for k in _MODEL_KEYS if k in agent.model_fields_set]
     if model_keys:
         missing = [k for k in ("llm", "model") if getattr(agent, k) is None]
         if missing:
             raise ConfigError(
-                file, f"{at}.{missing[0]}",
+                file,
+                f"{at}.{missing[0]}",
                 f"missing {' and '.join(missing)}: an agent that sets {', '.join(model_keys)} "
                 "needs both llm and model (or leave all model config to its worker)",
             )
     elif agent.worker is None:
         raise ConfigError(
-            file, at,
+            file,
+            at,
             "missing llm and model, or worker: set llm and model for the engine to run it, "
             "or worker to have a worker return its config",
         )
@@ -523,9 +551,7 @@ def _check_agent(root: _Root, file: str, aid: str, agent: _Agent) -> None:
     for i, tool in enumerate(agent.tools):
         key = f"{at}.tools.{i}"
         if not _TOOL_NAME.fullmatch(tool.name):
-            raise ConfigError(
-                file, f"{key}.name", "must be 1-64 letters, digits, '_' or '-'"
-            )
+            raise ConfigError(file, f"{key}.name", "must be 1-64 letters, digits, '_' or '-'")
         if tool.name in names:
             raise ConfigError(file, f"{key}.name", f"duplicate tool name {tool.name!r}")
         if tool.name in children:
@@ -535,13 +561,15 @@ def _check_agent(root: _Root, file: str, aid: str, agent: _Agent) -> None:
         names.add(tool.name)
         if tool.handler != "client" and agent.worker is None:
             raise ConfigError(
-                file, f"{key}.handler" if tool.handler else key,
+                file,
+                f"{key}.handler" if tool.handler else key,
                 'a worker tool needs the agent to have a worker; set handler = "client" '
                 "or set worker",
             )
     if agent.slack is not None and agent.slack.name is None and len(aid) > 35:
         raise ConfigError(
-            file, f"{at}.slack.name",
+            file,
+            f"{at}.slack.name",
             "required: the default, the agent id, is longer than 35 characters",
         )
 
@@ -571,7 +599,9 @@ def _build(root: _Root, path: str) -> Project:
             worker=a.worker,
             signing_secret_env=a.signing_secret_env,
             retry=None if a.retry is None else a.retry.model_dump(exclude_none=True),
-            slack=None if a.slack is None else SlackBlock(
+            slack=None
+            if a.slack is None
+            else SlackBlock(
                 name=a.slack.name or aid,
                 description=a.slack.description,
                 answers=a.slack.answers,

@@ -25,6 +25,12 @@ DEFAULT_PARTITIONS = 16
 DELTA_CAP = 2000
 
 
+def connect(url: str) -> aioredis.Redis:
+    """A client for the engine's use: no socket read timeout, because blocking stream
+    reads wait on purpose (redis-py's default of 5 s would cut them off)."""
+    return aioredis.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=10)
+
+
 class StoreConflict(SubsError):
     """A commit was refused: the lease moved or another writer got there first."""
 

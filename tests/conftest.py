@@ -9,6 +9,7 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis as AsyncRedis
 
 from engine.embedded import EmbeddedRedis
+from engine.store import connect
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +34,7 @@ def redis_url(redis_server: str) -> str:
 @pytest.fixture
 async def redis(redis_url: str) -> AsyncIterator[AsyncRedis]:
     """An asyncio client (bytes replies) on an empty database."""
-    client = AsyncRedis.from_url(redis_url, decode_responses=False)
+    client = connect(redis_url)
     try:
         yield client
     finally:

@@ -40,102 +40,256 @@ BROKEN = [
     ("top-level typo", 'redsi = "redis://x"\n', "redsi", "unknown key"),
     ("serve typo", "[serve]\nhots = 'x'\n", "serve.hots", "unknown key (did you mean host?)"),
     ("agent typo", OK + 'modle = "m2"\n', "agent.oncall.modle", "did you mean model?"),
-    ("llm typo", '[llm.x]\ntype = "worker"\nformatt = "openai"\n', "llm.x.formatt",
-     "unknown key"),
+    ("llm typo", '[llm.x]\ntype = "worker"\nformatt = "openai"\n', "llm.x.formatt", "unknown key"),
     ("port type", '[serve]\nport = "80"\n', "serve.port", "expected an integer, got a string"),
     ("port range", "[serve]\nport = 70000\n", "serve.port", "65535 or less"),
     ("tools type", OK + 'tools = "x"\n', "agent.oncall.tools", "expected a list, got a string"),
     ("tool entry type", OK + 'tools = ["x"]\n', "agent.oncall.tools.0", "expected a table"),
-    ("tool without name", OK + 'tools = [{ description = "d", handler = "client" }]\n',
-     "agent.oncall.tools.0.name", "required"),
+    (
+        "tool without name",
+        OK + 'tools = [{ description = "d", handler = "client" }]\n',
+        "agent.oncall.tools.0.name",
+        "required",
+    ),
     ("llm without type", '[llm.x]\nbase_url = "https://x"\n', "llm.x.type", "required"),
     ("llm bad type", '[llm.x]\ntype = "gemini"\n', "llm.x.type", "must be one of"),
-    ("format on engine block", LLM + 'format = "openai"\n', "llm.openrouter.format",
-     'only allowed with type = "worker"'),
-    ("api_key_env on worker", '[llm.byo]\ntype = "worker"\napi_key_env = "K"\n',
-     "llm.byo.api_key_env", "the worker makes the call"),
-    ("base_url on worker", '[llm.byo]\ntype = "worker"\nbase_url = "https://x"\n',
-     "llm.byo.base_url", "the worker makes the call"),
-    ("bad base_url", LLM + 'base_url = "openrouter.ai"\n', "llm.openrouter.base_url",
-     "http(s) URL"),
-    ("undeclared llm", LLM + '[llm.byo]\ntype = "worker"\n[agent.oncall]\nllm = "foo"\n'
-     'model = "m"\n', "agent.oncall.llm", "no [llm.foo] block; declared: openrouter, byo"),
-    ("llm without model", LLM + '[agent.oncall]\nllm = "openrouter"\n', "agent.oncall.model",
-     "missing model"),
-    ("system only", '[agent.oncall]\nsystem = "hi"\nworker = "http://localhost:1"\n',
-     "agent.oncall.llm", "missing llm and model: an agent that sets system"),
-    ("nothing set", '[agent.oncall]\ndescription = "d"\n', "agent.oncall",
-     "missing llm and model, or worker"),
+    (
+        "format on engine block",
+        LLM + 'format = "openai"\n',
+        "llm.openrouter.format",
+        'only allowed with type = "worker"',
+    ),
+    (
+        "api_key_env on worker",
+        '[llm.byo]\ntype = "worker"\napi_key_env = "K"\n',
+        "llm.byo.api_key_env",
+        "the worker makes the call",
+    ),
+    (
+        "base_url on worker",
+        '[llm.byo]\ntype = "worker"\nbase_url = "https://x"\n',
+        "llm.byo.base_url",
+        "the worker makes the call",
+    ),
+    (
+        "bad base_url",
+        LLM + 'base_url = "openrouter.ai"\n',
+        "llm.openrouter.base_url",
+        "http(s) URL",
+    ),
+    (
+        "undeclared llm",
+        LLM + '[llm.byo]\ntype = "worker"\n[agent.oncall]\nllm = "foo"\nmodel = "m"\n',
+        "agent.oncall.llm",
+        "no [llm.foo] block; declared: openrouter, byo",
+    ),
+    (
+        "llm without model",
+        LLM + '[agent.oncall]\nllm = "openrouter"\n',
+        "agent.oncall.model",
+        "missing model",
+    ),
+    (
+        "system only",
+        '[agent.oncall]\nsystem = "hi"\nworker = "http://localhost:1"\n',
+        "agent.oncall.llm",
+        "missing llm and model: an agent that sets system",
+    ),
+    (
+        "nothing set",
+        '[agent.oncall]\ndescription = "d"\n',
+        "agent.oncall",
+        "missing llm and model, or worker",
+    ),
     ("bad effort", OK + 'effort = "max"\n', "agent.oncall.effort", "must be one of"),
-    ("negative depth", OK + "max_subagent_depth = -1\n", "agent.oncall.max_subagent_depth",
-     "must be 0 or more"),
-    ("subagent without prefix", OK + 'subagents = ["helper"]\n', "agent.oncall.subagents.0",
-     'must be "agent.<id>"'),
-    ("undeclared subagent", OK + 'subagents = ["agent.nobody"]\n', "agent.oncall.subagents.0",
-     "no [agent.nobody]; declared: oncall"),
-    ("self subagent", OK + 'subagents = ["agent.oncall"]\n', "agent.oncall.subagents.0",
-     "its own subagent"),
-    ("duplicate tool", OK + 'tools = [{ name = "a", handler = "client" }, '
-     '{ name = "a", handler = "client" }]\n', "agent.oncall.tools.1.name", "duplicate"),
-    ("server handler", OK + 'tools = [{ name = "a", handler = "server" }]\n',
-     "agent.oncall.tools.0.handler", "must be one of"),
-    ("worker tool, no worker", OK + 'tools = [{ name = "a" }]\n', "agent.oncall.tools.0",
-     "needs the agent to have a worker"),
-    ("bad tool schema", OK + 'tools = [{ name = "a", handler = "client", input = { type = 5 } '
-     "}]\n", "agent.oncall.tools.0.input", "not a valid JSON Schema"),
-    ("retry kind", OK + "retry = { decision = { max_attempts = 1 } }\n",
-     "agent.oncall.retry.decision", "unknown key"),
-    ("retry field", OK + "retry = { tool = { attempts = 3 } }\n",
-     "agent.oncall.retry.tool.attempts", "did you mean max_attempts?"),
-    ("retry negative", OK + "retry = { llm = { max_attempts = -2 } }\n",
-     "agent.oncall.retry.llm.max_attempts", "must be 0 or more"),
+    (
+        "negative depth",
+        OK + "max_subagent_depth = -1\n",
+        "agent.oncall.max_subagent_depth",
+        "must be 0 or more",
+    ),
+    (
+        "subagent without prefix",
+        OK + 'subagents = ["helper"]\n',
+        "agent.oncall.subagents.0",
+        'must be "agent.<id>"',
+    ),
+    (
+        "undeclared subagent",
+        OK + 'subagents = ["agent.nobody"]\n',
+        "agent.oncall.subagents.0",
+        "no [agent.nobody]; declared: oncall",
+    ),
+    (
+        "self subagent",
+        OK + 'subagents = ["agent.oncall"]\n',
+        "agent.oncall.subagents.0",
+        "its own subagent",
+    ),
+    (
+        "duplicate tool",
+        OK + 'tools = [{ name = "a", handler = "client" }, { name = "a", handler = "client" }]\n',
+        "agent.oncall.tools.1.name",
+        "duplicate",
+    ),
+    (
+        "server handler",
+        OK + 'tools = [{ name = "a", handler = "server" }]\n',
+        "agent.oncall.tools.0.handler",
+        "must be one of",
+    ),
+    (
+        "worker tool, no worker",
+        OK + 'tools = [{ name = "a" }]\n',
+        "agent.oncall.tools.0",
+        "needs the agent to have a worker",
+    ),
+    (
+        "bad tool schema",
+        OK + 'tools = [{ name = "a", handler = "client", input = { type = 5 } }]\n',
+        "agent.oncall.tools.0.input",
+        "not a valid JSON Schema",
+    ),
+    (
+        "retry kind",
+        OK + "retry = { decision = { max_attempts = 1 } }\n",
+        "agent.oncall.retry.decision",
+        "unknown key",
+    ),
+    (
+        "retry field",
+        OK + "retry = { tool = { attempts = 3 } }\n",
+        "agent.oncall.retry.tool.attempts",
+        "did you mean max_attempts?",
+    ),
+    (
+        "retry negative",
+        OK + "retry = { llm = { max_attempts = -2 } }\n",
+        "agent.oncall.retry.llm.max_attempts",
+        "must be 0 or more",
+    ),
     ("worker url", OK + 'worker = "localhost:4444"\n', "agent.oncall.worker", "http(s) URL"),
-    ("slack name", OK + f'[agent.oncall.slack]\nname = "{"n" * 36}"\n',
-     "agent.oncall.slack.name", "at most 35 characters"),
-    ("slack description", OK + f'[agent.oncall.slack]\ndescription = "{"d" * 141}"\n',
-     "agent.oncall.slack.description", "at most 140 characters"),
-    ("slack answers", OK + '[agent.oncall.slack]\nanswers = "all"\n',
-     "agent.oncall.slack.answers", "must be one of"),
-    ("slack command slash", OK + '[agent.oncall.slack]\ncommands = ["/ok", "oncall"]\n',
-     "agent.oncall.slack.commands.1", "must start with '/'"),
-    ("slack command case", OK + '[agent.oncall.slack]\ncommands = ["/OnCall"]\n',
-     "agent.oncall.slack.commands.0", "lowercase"),
-    ("slack stream", OK + '[agent.oncall.slack]\nstream = "fast"\n',
-     "agent.oncall.slack.stream", "must be one of"),
-    ("long id, default slack name", LLM + f'[agent.{"a" * 36}]\nllm = "openrouter"\n'
-     f'model = "m"\n[agent.{"a" * 36}.slack]\n', f"agent.{'a' * 36}.slack.name",
-     "longer than 35"),
-    ("agent id", LLM + '[agent."on call"]\nllm = "openrouter"\nmodel = "m"\n',
-     "agent.on call", "only letters, digits"),
+    (
+        "slack name",
+        OK + f'[agent.oncall.slack]\nname = "{"n" * 36}"\n',
+        "agent.oncall.slack.name",
+        "at most 35 characters",
+    ),
+    (
+        "slack description",
+        OK + f'[agent.oncall.slack]\ndescription = "{"d" * 141}"\n',
+        "agent.oncall.slack.description",
+        "at most 140 characters",
+    ),
+    (
+        "slack answers",
+        OK + '[agent.oncall.slack]\nanswers = "all"\n',
+        "agent.oncall.slack.answers",
+        "must be one of",
+    ),
+    (
+        "slack command slash",
+        OK + '[agent.oncall.slack]\ncommands = ["/ok", "oncall"]\n',
+        "agent.oncall.slack.commands.1",
+        "must start with '/'",
+    ),
+    (
+        "slack command case",
+        OK + '[agent.oncall.slack]\ncommands = ["/OnCall"]\n',
+        "agent.oncall.slack.commands.0",
+        "lowercase",
+    ),
+    (
+        "slack stream",
+        OK + '[agent.oncall.slack]\nstream = "fast"\n',
+        "agent.oncall.slack.stream",
+        "must be one of",
+    ),
+    (
+        "long id, default slack name",
+        LLM + f'[agent.{"a" * 36}]\nllm = "openrouter"\nmodel = "m"\n[agent.{"a" * 36}.slack]\n',
+        f"agent.{'a' * 36}.slack.name",
+        "longer than 35",
+    ),
+    (
+        "agent id",
+        LLM + '[agent."on call"]\nllm = "openrouter"\nmodel = "m"\n',
+        "agent.on call",
+        "only letters, digits",
+    ),
     ("redis url", 'redis = "localhost:6379"\n', "redis", "redis://"),
-    ("literal api key", LLM + 'api_key = "abc"\n', "llm.openrouter.api_key",
-     'api_key_env = "OPENROUTER_API_KEY"'),
-    ("literal bot token", OK + '[agent.oncall.slack]\nbot_token = "abc"\n',
-     "agent.oncall.slack.bot_token", "SLACK_BOT_TOKEN_ONCALL"),
-    ("literal app token", OK + '[agent.oncall.slack]\napp_token = "abc"\n',
-     "agent.oncall.slack.app_token", "SLACK_APP_TOKEN_ONCALL"),
-    ("literal signing secret", OK + 'signing_secret = "abc"\n', "agent.oncall.signing_secret",
-     'signing_secret_env = "ONCALL_SIGNING_SECRET"'),
-    ("literal password", "[serve]\npassword = 'hunter2'\n", "serve.password",
-     "literal secrets are not allowed"),
-    ("secret in *_env", OK + 'signing_secret_env = "sk-abc123"\n',
-     "agent.oncall.signing_secret_env",
-     "looks like a literal secret; put the secret in the environment and name the variable here"),
-    ("slack token in api_key_env", LLM + 'api_key_env = "xoxb-1-2"\n',
-     "llm.openrouter.api_key_env", "name the variable here"),
-    ("env name", OK + 'signing_secret_env = "my-secret"\n', "agent.oncall.signing_secret_env",
-     "must be an environment variable name"),
-    ("secret value anywhere", OK + 'system = "sk-ant-api03-xyz"\n', "agent.oncall.system",
-     "looks like a literal secret"),
-    ("secret value in a list", OK + '[agent.oncall.slack]\ncommands = ["xapp-1-A"]\n',
-     "agent.oncall.slack.commands.0", "looks like a literal secret"),
-    ("secret beats unknown key", OK + 'modle = "x"\n[agent.oncall.slack]\ntoken = "t"\n',
-     "agent.oncall.slack.token", "SLACK_BOT_TOKEN_ONCALL"),
+    (
+        "literal api key",
+        LLM + 'api_key = "abc"\n',
+        "llm.openrouter.api_key",
+        'api_key_env = "OPENROUTER_API_KEY"',
+    ),
+    (
+        "literal bot token",
+        OK + '[agent.oncall.slack]\nbot_token = "abc"\n',
+        "agent.oncall.slack.bot_token",
+        "SLACK_BOT_TOKEN_ONCALL",
+    ),
+    (
+        "literal app token",
+        OK + '[agent.oncall.slack]\napp_token = "abc"\n',
+        "agent.oncall.slack.app_token",
+        "SLACK_APP_TOKEN_ONCALL",
+    ),
+    (
+        "literal signing secret",
+        OK + 'signing_secret = "abc"\n',
+        "agent.oncall.signing_secret",
+        'signing_secret_env = "ONCALL_SIGNING_SECRET"',
+    ),
+    (
+        "literal password",
+        "[serve]\npassword = 'hunter2'\n",
+        "serve.password",
+        "literal secrets are not allowed",
+    ),
+    (
+        "secret in *_env",
+        OK + 'signing_secret_env = "sk-abc123"\n',
+        "agent.oncall.signing_secret_env",
+        "looks like a literal secret; put the secret in the environment and name the variable here",
+    ),
+    (
+        "slack token in api_key_env",
+        LLM + 'api_key_env = "xoxb-1-2"\n',
+        "llm.openrouter.api_key_env",
+        "name the variable here",
+    ),
+    (
+        "env name",
+        OK + 'signing_secret_env = "my-secret"\n',
+        "agent.oncall.signing_secret_env",
+        "must be an environment variable name",
+    ),
+    (
+        "secret value anywhere",
+        OK + 'system = "sk-ant-api03-xyz"\n',
+        "agent.oncall.system",
+        "looks like a literal secret",
+    ),
+    (
+        "secret value in a list",
+        OK + '[agent.oncall.slack]\ncommands = ["xapp-1-A"]\n',
+        "agent.oncall.slack.commands.0",
+        "looks like a literal secret",
+    ),
+    (
+        "secret beats unknown key",
+        OK + 'modle = "x"\n[agent.oncall.slack]\ntoken = "t"\n',
+        "agent.oncall.slack.token",
+        "SLACK_BOT_TOKEN_ONCALL",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("text", "key", "fragment"), [c[1:] for c in BROKEN],
-                         ids=[c[0] for c in BROKEN])
+@pytest.mark.parametrize(
+    ("text", "key", "fragment"), [c[1:] for c in BROKEN], ids=[c[0] for c in BROKEN]
+)
 def test_broken_file_names_key_and_file(tmp_path: Path, text: str, key: str, fragment: str):
     path = write(tmp_path, text)
     with pytest.raises(ConfigError) as caught:
@@ -183,7 +337,11 @@ def test_defaults(tmp_path: Path):
     assert (agent.tools, agent.subagents, agent.retry, agent.worker) == ((), (), None, None)
     assert agent.slack is not None
     assert dataclasses.asdict(agent.slack) == {
-        "name": "oncall", "description": "", "answers": "both", "commands": (), "stream": "edit",
+        "name": "oncall",
+        "description": "",
+        "answers": "both",
+        "commands": (),
+        "stream": "edit",
     }
     with pytest.raises(dataclasses.FrozenInstanceError):
         agent.model = "other"  # type: ignore[misc]
@@ -202,7 +360,7 @@ def test_wire_config_full(tmp_path: Path):
         "max_subagent_depth = 2\n"
         "retry = { default = { max_attempts = 2 }, tool = { run_timeout_secs = 30 } }\n"
         'tools = [{ name = "lookup", description = "Find it", '
-        "input = { type = \"object\", properties = { token = { type = \"string\" } } } },"
+        'input = { type = "object", properties = { token = { type = "string" } } } },'
         ' { name = "confirm", handler = "client" }]\n'
         '[agent.researcher]\nllm = "openrouter"\nmodel = "r"\ndescription = "Digs."\n'
         '[agent.hooked]\nworker = "http://localhost:4444"\n'
@@ -215,8 +373,11 @@ def test_wire_config_full(tmp_path: Path):
         "system": "s",
         "effort": "low",
         "tools": [
-            {"name": "lookup", "description": "Find it",
-             "input": {"type": "object", "properties": {"token": {"type": "string"}}}},
+            {
+                "name": "lookup",
+                "description": "Find it",
+                "input": {"type": "object", "properties": {"token": {"type": "string"}}},
+            },
             {"name": "confirm", "handler": "client"},
         ],
         "subagents": [{"id": "researcher", "description": "Digs."}],
@@ -248,35 +409,48 @@ def test_missing_env(tmp_path: Path):
         MissingEnv("OPENROUTER_API_KEY", "llm.r, llm.r2", "openrouter API key, used by on-call"),
         MissingEnv("SIGN", "on-call", "signs requests to the agent's worker"),
         MissingEnv("SLACK_BOT_TOKEN_ON_CALL", "on-call", "Slack bot token"),
-        MissingEnv("SLACK_APP_TOKEN_ON_CALL", "on-call",
-                   "Slack app token for Socket Mode (or SLACK_SIGNING_SECRET_ON_CALL for HTTP)"),
+        MissingEnv(
+            "SLACK_APP_TOKEN_ON_CALL",
+            "on-call",
+            "Slack app token for Socket Mode (or SLACK_SIGNING_SECRET_ON_CALL for HTTP)",
+        ),
     ]
     full = {"OPENROUTER_API_KEY": "k", "SIGN": "s", "SLACK_BOT_TOKEN_ON_CALL": "b"}
     assert project.missing_env({**full, "SLACK_SIGNING_SECRET_ON_CALL": "x"}) == []
     assert project.missing_env({**full, "SLACK_APP_TOKEN_ON_CALL": "x"}) == []
     # An empty variable is as good as unset.
-    assert [m.var for m in project.missing_env({**full, "SIGN": "", "SLACK_APP_TOKEN_ON_CALL": "x"})
-            ] == ["SIGN"]
+    assert [
+        m.var for m in project.missing_env({**full, "SIGN": "", "SLACK_APP_TOKEN_ON_CALL": "x"})
+    ] == ["SIGN"]
 
 
 def test_env_overrides_file(tmp_path: Path):
     text = 'redis = "redis://file:6379/0"\n[serve]\nhost = "0.0.0.0"\nport = 9000\n'
     project = load(tmp_path, text)
     assert (project.redis, project.serve.host, project.serve.port) == (
-        "redis://file:6379/0", "0.0.0.0", 9000)
+        "redis://file:6379/0",
+        "0.0.0.0",
+        9000,
+    )
     env = {"SUBS_REDIS": "redis://env:6380/1", "SUBS_PORT": "0", "SUBS_HOST": "127.0.0.2"}
     project = load(tmp_path, text, env)
     assert (project.redis, project.serve.host, project.serve.port) == (
-        "redis://env:6380/1", "127.0.0.2", 0)
+        "redis://env:6380/1",
+        "127.0.0.2",
+        0,
+    )
     # Without a redis key the env still wins over the embedded default.
     assert load(tmp_path, "", {"SUBS_REDIS": "redis://env:1"}).redis == "redis://env:1"
 
 
-@pytest.mark.parametrize(("var", "value", "fragment"), [
-    ("SUBS_PORT", "eighty", "expected a port number"),
-    ("SUBS_PORT", "70000", "expected a port number"),
-    ("SUBS_REDIS", "localhost:6379", "redis://"),
-])
+@pytest.mark.parametrize(
+    ("var", "value", "fragment"),
+    [
+        ("SUBS_PORT", "eighty", "expected a port number"),
+        ("SUBS_PORT", "70000", "expected a port number"),
+        ("SUBS_REDIS", "localhost:6379", "redis://"),
+    ],
+)
 def test_bad_env_override(tmp_path: Path, var: str, value: str, fragment: str):
     with pytest.raises(ConfigError) as caught:
         load(tmp_path, OK, {var: value})

@@ -1,0 +1,98 @@
+"""The client side of the engine over Redis: submit input, read and follow sessions.
+
+Used by the CLI (and later the HTTP API and the Slack bot). Submitting is a
+request/reply: the input goes onto its partition's work stream and the owning
+engine answers on a reply list once the transition is committed.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+from .errors import SubsError
+from .runner import new_id
+from .store import Store
+
+
+class ClientError(SubsError):
+    """The engine refused an input. `status` is the HTTP status it maps to."""
+
+    def __init__(self, message: str, *, code: str, status: int, detail: dict[str, Any]) -> None:
+        super().__init__(message, code="internal")
+        self.code = code
+        self.status = status
+        self.detail = detail
+
+
+class Client:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.redis = store.redis
+
+    async def submit(
+        self,
+        payload: dict[str, Any],
+        *,
+        session_id: str | None = None,
+        identity: dict[str, Any] | None = None,
+        timeout: float = 30.0,
+    ) -> dict[str, Any]:
+        """Send one ClientInput; returns `{session_id, turn_id, queued}` once committed."""
+        sid = session_id or new_id("ses")
+        reply_to = self.store.reply_key(sid, secrets.token_hex(8))
+        body = {"kind": "client", "input": payload, "identity": identity or {}}
+        await self.store.enqueue(sid, body, reply_to)
+        answer = await self.redis.blpop([reply_to], timeout=timeout)
+        if answer is None:
+            raise ClientError(
+                f"no engine answered within {timeout:g} s (is one running on this Redis?)",
+                code="unavailable",
+                status=503,
+                detail={},
+            )
+        reply = json.loads(answer[1])
+        if not reply.pop("ok"):
+            raise ClientError(
+                reply.pop("error"), code=reply.pop("code"), status=reply.pop("status"), detail=reply
+            )
+        reply.setdefault("session_id", sid)
+        return reply
+
+    async def events(self, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
+        return await self.store.read_log(session_id, after_seq)
+
+    async def delta_cursor(self, session_id: str) -> str:
+        """Where the delta stream ends now: follow from here to miss nothing new."""
+        last = await self.redis.xrevrange(self.store.delta_key(session_id), count=1)
+        return last[0][0].decode() if last else "0-0"
+
+    async def follow(
+        self,
+        session_id: str,
+        after_seq: int = 0,
+        *,
+        delta_cursor: str | None = None,
+        block_ms: int = 5000,
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Yield `("event", Event)` and `("delta", TokenDelta)` in arrival order, forever."""
+        log_key = self.store.log_key(session_id)
+        delta_key = self.store.delta_key(session_id)
+        # Deltas first: a call's deltas are written before the event that ends it,
+        # so within one read they belong before that event.
+        cursors: dict[str, str] = {}
+        if delta_cursor is not None:
+            cursors[delta_key] = delta_cursor
+        cursors[log_key] = f"{after_seq}-0"
+        while True:
+            reply = await self.redis.xread(cursors, block=block_ms)
+            for key, entries in reply or ():
+                name = key.decode()
+                for entry_id, fields in entries:
+                    cursors[name] = entry_id.decode()
+                    if name == log_key:
+                        yield "event", json.loads(fields[b"e"])
+                    else:
+                        yield "delta", json.loads(fields[b"d"])

@@ -1,0 +1,223 @@
+"""One model call over HTTP: the only I/O in engine.llm.
+
+The vendor modules convert shapes; this one sends the body, reads the answer
+(JSON, or SSE through httpx-sse) and turns every transport failure into a
+ProviderError. See SPEC.md §7.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, Protocol
+
+import httpx
+from httpx_sse import SSEError, aconnect_sse
+
+from engine.llm import anthropic, openai
+from engine.llm.errors import ProviderError, quote
+
+ANTHROPIC_VERSION = "2023-06-01"
+
+OnDelta = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class LlmTarget:
+    """Where a call goes.
+
+    Attributes:
+        type: "openai", "openrouter" or "anthropic".
+        base_url: e.g. https://api.openai.com/v1, https://openrouter.ai/api/v1,
+            https://api.anthropic.com.
+        api_key: the key, resolved by the caller from the environment.
+        api_key_env: the variable's name, for the error when the key is missing.
+    """
+
+    type: str
+    base_url: str
+    api_key: str | None
+    api_key_env: str
+
+
+class _Accumulator(Protocol):
+    def feed(self, event: dict[str, Any], /) -> list[dict[str, Any]]: ...
+
+    def finish(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class _Adapter:
+    name: str
+    path: str
+    build: Callable[..., dict[str, Any]]
+    parse: Callable[[Any], dict[str, Any]]
+    accumulator: Callable[[], _Accumulator]
+    parse_error: Callable[[int, Mapping[str, str], bytes], ProviderError]
+    auth: Callable[[str], dict[str, str]]
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _openai_shaped(provider: str) -> _Adapter:
+    return _Adapter(
+        name=openai.NAMES[provider],
+        path="/chat/completions",
+        build=partial(openai.build_request, provider=provider),
+        parse=partial(openai.parse_response, provider=provider),
+        accumulator=partial(openai.StreamAccumulator, provider=provider),
+        parse_error=partial(openai.parse_error, provider=provider),
+        auth=_bearer,
+    )
+
+
+_ADAPTERS = {
+    "openai": _openai_shaped("openai"),
+    "openrouter": _openai_shaped("openrouter"),
+    "anthropic": _Adapter(
+        name=anthropic.NAME,
+        path="/v1/messages",
+        build=anthropic.build_request,
+        parse=anthropic.parse_response,
+        accumulator=anthropic.StreamAccumulator,
+        parse_error=anthropic.parse_error,
+        auth=lambda key: {"x-api-key": key, "anthropic-version": ANTHROPIC_VERSION},
+    ),
+}
+
+
+async def complete(
+    http: httpx.AsyncClient,
+    target: LlmTarget,
+    request: dict[str, Any],
+    *,
+    stream: bool,
+    on_delta: OnDelta | None = None,
+) -> dict[str, Any]:
+    """Runs one model call.
+
+    Args:
+        http: the client to send with; its timeouts bound the call.
+        target: the vendor, its URL and key.
+        request: a neutral LlmRequest.
+        stream: whether to stream the answer.
+        on_delta: awaited with each neutral StreamDelta as it arrives.
+
+    Returns:
+        The neutral LlmResponse {model, content, tool_calls, finish_reason,
+        usage, cost, reasoning?}.
+
+    Raises:
+        ProviderError: for every failure; `retryable` says whether to try again.
+            A missing key fails before any request is sent.
+    """
+    adapter = _ADAPTERS.get(target.type)
+    if adapter is None:
+        raise ProviderError(f"Unknown LLM type {target.type!r}.", param="type")
+    if not target.api_key:
+        raise ProviderError(f"{target.api_key_env} is not set.", param=target.api_key_env)
+    url = target.base_url.rstrip("/") + adapter.path
+    headers = adapter.auth(target.api_key)
+    body = adapter.build(request, stream=stream)
+    try:
+        if stream:
+            return await _streamed(http, adapter, url, headers, body, on_delta)
+        return await _whole(http, adapter, url, headers, body)
+    except httpx.TimeoutException as exc:
+        raise ProviderError(
+            f"{adapter.name} did not answer in time ({type(exc).__name__}).", retryable=True
+        ) from exc
+    except httpx.TransportError as exc:
+        raise ProviderError(
+            f"The connection to {adapter.name} failed: {_reason(exc)}.", retryable=True
+        ) from exc
+    except httpx.DecodingError as exc:
+        raise ProviderError(
+            f"{adapter.name} sent a body that could not be decoded.",
+            "invalid_response",
+            retryable=True,
+        ) from exc
+
+
+async def _whole(
+    http: httpx.AsyncClient,
+    adapter: _Adapter,
+    url: str,
+    headers: dict[str, str],
+    body: dict[str, Any],
+) -> dict[str, Any]:
+    response = await http.post(url, json=body, headers=headers)
+    if not response.is_success:
+        raise adapter.parse_error(response.status_code, response.headers, response.content)
+    try:
+        document = response.json()
+    except ValueError:
+        raise ProviderError(
+            f"{adapter.name} sent a response that is not JSON.",
+            "invalid_response",
+            retryable=True,
+            status=response.status_code,
+        ) from None
+    return adapter.parse(document)
+
+
+async def _streamed(
+    http: httpx.AsyncClient,
+    adapter: _Adapter,
+    url: str,
+    headers: dict[str, str],
+    body: dict[str, Any],
+    on_delta: OnDelta | None,
+) -> dict[str, Any]:
+    async with aconnect_sse(http, "POST", url, json=body, headers=headers) as source:
+        response = source.response
+        if not response.is_success:
+            await response.aread()
+            raise adapter.parse_error(response.status_code, response.headers, response.content)
+        accumulator = adapter.accumulator()
+        try:
+            async for event in source.aiter_sse():
+                # Comment lines (OpenRouter's keep-alives) never reach here; empty
+                # data is a keep-alive too; `[DONE]` ends an OpenAI-shaped stream.
+                if not event.data:
+                    continue
+                if event.data == "[DONE]":
+                    break
+                for delta in accumulator.feed(_event_json(adapter.name, event.data)):
+                    if on_delta is not None:
+                        await on_delta(delta)
+        except SSEError as exc:
+            raise ProviderError(
+                f"{adapter.name} answered a streaming call without an event stream.",
+                "invalid_response",
+                retryable=True,
+            ) from exc
+        except httpx.TimeoutException:
+            raise
+        except httpx.TransportError as exc:
+            raise ProviderError(
+                f"The {adapter.name} stream was cut: {_reason(exc)}.", retryable=True
+            ) from exc
+    return accumulator.finish()
+
+
+def _event_json(name: str, data: str) -> dict[str, Any]:
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        payload = None
+    if not isinstance(payload, dict):
+        raise ProviderError(
+            f"{name} sent a stream event that is not a JSON object.",
+            "invalid_response",
+            retryable=True,
+        )
+    return payload
+
+
+def _reason(exc: Exception) -> str:
+    return quote(str(exc)).rstrip(".") or type(exc).__name__

@@ -1,0 +1,424 @@
+"""The engine process: owns partitions, applies inputs through the machine, runs effects.
+
+Per partition, one processor task applies inputs in order (client inputs read
+from the partition's work stream, effect completions handed over in
+process), commits each transition with one Lua call, and only then starts
+the transition's effects. A completion that outlives its lease is fenced off
+at commit; a call whose engine died is re-sent by the next owner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import os
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import redis.asyncio as aioredis
+
+from .config import Project
+from .llm import LlmTarget, ProviderError, complete
+from .machine import (
+    CallLost,
+    ClientSubmitted,
+    Input,
+    LlmCallSettled,
+    MachineError,
+    RunLlmCall,
+    SessionState,
+    StartTimer,
+    build_llm_request,
+    input_from_json,
+    input_to_json,
+    state_from_json,
+    state_to_json,
+    step,
+)
+from .machine.evolve import at_ms
+from .store import Commit, Store, StoreConflict, WorkItem
+
+log = logging.getLogger("subs.engine")
+
+
+def new_id(prefix: str) -> str:
+    """Time-ordered, unique: 48 bits of milliseconds, 64 random bits."""
+    return f"{prefix}_{int(time.time() * 1000):012x}{secrets.token_hex(8)}"
+
+
+@dataclass
+class _Partition:
+    p: int
+    lease: str
+    queue: asyncio.Queue[WorkItem] = field(default_factory=asyncio.Queue)
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    calls: set[asyncio.Task[None]] = field(default_factory=set)
+    timers_queued: set[str] = field(default_factory=set)
+
+
+@dataclass
+class EngineStats:
+    """Counters a benchmark or /metrics reads."""
+
+    steps: int = 0
+    step_seconds: list[float] = field(default_factory=list)
+    record_steps: bool = False
+
+
+class Engine:
+    """One engine process's share of the work on one Redis."""
+
+    def __init__(
+        self,
+        project: Project,
+        redis: aioredis.Redis,
+        *,
+        env: Mapping[str, str] | None = None,
+        owner: str | None = None,
+        lease_ms: int = 10_000,
+        timer_poll_ms: int = 50,
+        partitions: int | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.project = project
+        self.redis = redis
+        self.env = os.environ if env is None else env
+        self.owner = owner or new_id("engine")
+        self.lease_ms = lease_ms
+        self.timer_poll_ms = timer_poll_ms
+        self.clock = clock
+        self.stats = EngineStats()
+        self._want_partitions = partitions
+        self.store: Store
+        self.owned: dict[int, _Partition] = {}
+        self.cache: dict[str, SessionState] = {}
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
+        self._background: list[asyncio.Task[None]] = []
+        self._ownership_changed = asyncio.Event()
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.store = await Store.open(self.redis, self._want_partitions)
+        await self._balance()
+        self._background = [
+            asyncio.create_task(self._lease_loop(), name="subs-leases"),
+            asyncio.create_task(self._timer_loop(), name="subs-timers"),
+        ]
+
+    async def stop(self) -> None:
+        """Stop taking work, hand back in-flight calls, release leases."""
+        for task in self._background:
+            task.cancel()
+        for task in self._background:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for p in list(self.owned):
+            await self._drop(p, release=True)
+        with contextlib.suppress(Exception):
+            await self.store.leave(self.owner)
+        await self.http.aclose()
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    async def wait_owned(self, count: int, timeout: float = 30.0) -> None:
+        """Wait until this engine owns `count` partitions (tests, `subs run`)."""
+        async with asyncio.timeout(timeout):
+            while len(self.owned) < count:
+                self._ownership_changed.clear()
+                await self._ownership_changed.wait()
+
+    # -- leases ----------------------------------------------------------------------
+
+    async def _lease_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.lease_ms / 3000)
+            try:
+                await self._balance()
+            except Exception:
+                log.exception("lease round failed")
+
+    async def _balance(self) -> None:
+        now = self.now_ms()
+        live = await self.store.heartbeat(self.owner, now + self.lease_ms, now)
+        share = math.ceil(self.store.partitions / max(live, 1))
+        for p, part in list(self.owned.items()):
+            if not await self.store.renew(p, part.lease, self.lease_ms):
+                log.warning("lost the lease on partition %d", p)
+                await self._drop(p, release=False)
+        for p in sorted(self.owned, reverse=True)[: max(len(self.owned) - share, 0)]:
+            await self._drop(p, release=True)  # another engine joined: hand back our surplus
+        for p in range(self.store.partitions):
+            if len(self.owned) >= share:
+                break
+            if p in self.owned:
+                continue
+            lease = await self.store.acquire(p, self.owner, self.lease_ms)
+            if lease is not None:
+                await self._take(p, lease)
+
+    async def _take(self, p: int, lease: str) -> None:
+        part = _Partition(p, lease)
+        self.owned[p] = part
+        await self.store.ensure_group(p)
+        for item in await self.store.claim_pending(p, self.owner):
+            part.queue.put_nowait(item)
+        # Calls the previous owner had out are lost with it: send them again.
+        for sid in await self.store.inflight_sessions(p):
+            state = await self._load(sid)
+            for call in list(state.calls.values()) if state else ():
+                if call.handler == "server" and call.status == "running":
+                    lost = CallLost(call.id, call.attempt)
+                    part.queue.put_nowait(WorkItem(None, sid, input_to_json(lost)))
+        part.tasks = [
+            asyncio.create_task(self._read_work(part), name=f"subs-read-{p}"),
+            asyncio.create_task(self._process(part), name=f"subs-apply-{p}"),
+        ]
+        self._ownership_changed.set()
+
+    async def _drop(self, p: int, *, release: bool) -> None:
+        part = self.owned.pop(p)
+        tasks = [*part.tasks, *part.calls]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            # Bounded: a task stuck in a library must not hold up shutdown.
+            await asyncio.wait(tasks, timeout=5)
+        for sid in [s for s in self.cache if self.store.partition_of(s) == p]:
+            del self.cache[sid]
+        if release:
+            with contextlib.suppress(Exception):
+                await self.store.release(p, part.lease)
+        self._ownership_changed.set()
+
+    # -- inputs ----------------------------------------------------------------------
+
+    async def _read_work(self, part: _Partition) -> None:
+        while True:
+            try:
+                items = await self.store.read_work(part.p, self.owner, block_ms=2000)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reading work of partition %d failed", part.p)
+                await asyncio.sleep(0.5)
+                continue
+            for item in items:
+                part.queue.put_nowait(item)
+
+    async def _timer_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.timer_poll_ms / 1000)
+            now = self.now_ms()
+            for part in list(self.owned.values()):
+                try:
+                    members = await self.store.due_timers(part.p, now)
+                except Exception:
+                    log.exception("reading timers failed")
+                    continue
+                for member in members:
+                    if member in part.timers_queued:
+                        continue
+                    part.timers_queued.add(member)
+                    body = json.loads(member)
+                    part.queue.put_nowait(
+                        WorkItem(None, body["sid"], body["input"], timer_member=member)
+                    )
+
+    async def _process(self, part: _Partition) -> None:
+        while True:
+            item = await part.queue.get()
+            try:
+                await self._apply(part, item)
+            except asyncio.CancelledError:
+                raise
+            except StoreConflict as err:
+                self.cache.pop(item.session_id, None)
+                if err.lease_lost:
+                    log.warning("partition %d fenced off: %s", part.p, err)
+                    return
+                part.queue.put_nowait(item)  # another writer won: re-read and apply again
+            except Exception:
+                log.exception("applying an input to %s failed", item.session_id)
+                self.cache.pop(item.session_id, None)
+            finally:
+                if item.timer_member:
+                    part.timers_queued.discard(item.timer_member)
+
+    async def _load(self, sid: str) -> SessionState | None:
+        state = self.cache.get(sid)
+        if state is None:
+            _, snap = await self.store.load_snapshot(sid)
+            if snap is not None:
+                state = state_from_json(snap)
+                self.cache[sid] = state
+        return state
+
+    def _machine_input(self, state: SessionState | None, body: dict[str, Any]) -> Input:
+        if body.get("kind") != "client":
+            return input_from_json(body)
+        inp = body["input"]
+        agent_id = inp.get("agent_id") or (state.agent_id if state else "")
+        decl = self.project.agents.get(agent_id)
+        if decl is None and state is None:
+            raise MachineError(
+                "unknown_agent",
+                f"no agent {agent_id!r} in {self.project.path}; "
+                f"declared: {', '.join(sorted(self.project.agents)) or 'none'}",
+                status=404,
+            )
+        config = decl.wire_config(self.project) if decl else None
+        decider = "worker" if decl and decl.worker else "engine"
+        return ClientSubmitted(inp, agent_id, body.get("identity") or {}, config, decider)
+
+    async def _apply(self, part: _Partition, item: WorkItem) -> None:
+        started = time.perf_counter()
+        sid = item.session_id
+        state = await self._load(sid)
+        seq = state.seq if state else 0
+        try:
+            t = step(state, sid, self._machine_input(state, item.input), self.now_ms(), new_id)
+        except MachineError as err:
+            reply = {
+                "ok": False,
+                "error": err.message,
+                "code": err.code,
+                "status": err.status,
+                **err.detail,
+            }
+            commit = Commit(
+                sid, seq, seq, [], None, item.entry_id, reply=reply, reply_to=item.reply_to
+            )
+            await self.store.commit(part.p, part.lease, self._with_timer(commit, item))
+            return
+        new_state = t.state
+        timers = tuple(
+            (e.due, json.dumps({"sid": sid, "input": input_to_json(e.input), "due": e.due}))
+            for e in t.effects
+            if isinstance(e, StartTimer)
+        )
+        commit = Commit(
+            session_id=sid,
+            expected_seq=seq,
+            new_seq=new_state.seq if new_state else 0,
+            events=t.events,
+            snapshot=json.dumps(state_to_json(new_state), separators=(",", ":"))
+            if t.events and new_state
+            else None,
+            ack_id=item.entry_id,
+            inflight=_has_inflight(new_state) if t.events else None,
+            timers=timers,
+            reply={"ok": True, **t.reply} if t.reply else {"ok": True, "ignored": t.ignored},
+            reply_to=item.reply_to,
+        )
+        await self.store.commit(part.p, part.lease, self._with_timer(commit, item))
+        if new_state is None:
+            return
+        self.cache[sid] = new_state
+        if t.events and t.events[0]["payload"]["type"] == "session.created":
+            await self.store.note_session(sid, at_ms(t.events[0]))
+        for effect in t.effects:
+            if isinstance(effect, RunLlmCall):
+                self._start_llm_call(part, new_state, effect)
+        self.stats.steps += 1
+        if self.stats.record_steps:
+            self.stats.step_seconds.append(time.perf_counter() - started)
+
+    @staticmethod
+    def _with_timer(commit: Commit, item: WorkItem) -> Commit:
+        if item.timer_member is None:
+            return commit
+        return Commit(**{**commit.__dict__, "timers_done": (item.timer_member,)})
+
+    # -- effects ---------------------------------------------------------------------
+
+    def _start_llm_call(self, part: _Partition, state: SessionState, effect: RunLlmCall) -> None:
+        plan = build_llm_request(state, state.calls[effect.call_id])
+        sid = state.session_id
+        task = asyncio.create_task(self._run_llm_call(part, sid, effect, plan))
+        part.calls.add(task)
+        task.add_done_callback(part.calls.discard)
+
+    def _target(self, block_id: str | None) -> LlmTarget:
+        block = self.project.llm.get(block_id or "")
+        declared = ", ".join(sorted(self.project.llm)) or "none"
+        if block is None:
+            raise ProviderError(
+                f"the agent names no [llm.{block_id}] block; declared: {declared}"
+                if block_id
+                else f"the agent names no llm block; declared: {declared}",
+                code="unroutable",
+                retryable=False,
+                param="agent.llm",
+            )
+        if block.type == "worker":
+            raise ProviderError(
+                f"[llm.{block.id}] runs on a worker, which this engine does not support yet",
+                code="unroutable",
+                retryable=False,
+            )
+        assert block.base_url is not None and block.api_key_env is not None
+        return LlmTarget(
+            type=block.type,
+            base_url=block.base_url,
+            api_key=self.env.get(block.api_key_env) or None,
+            api_key_env=block.api_key_env,
+        )
+
+    async def _run_llm_call(self, part: _Partition, sid: str, effect: RunLlmCall, plan) -> None:
+        delta_seq = 0
+
+        async def on_delta(delta: dict[str, Any]) -> None:
+            nonlocal delta_seq
+            delta_seq += 1
+            await self.store.add_delta(
+                sid,
+                {"call_id": effect.call_id, "attempt": effect.attempt, "seq": delta_seq, **delta},
+            )
+
+        settled: LlmCallSettled
+        try:
+            target = self._target(plan.llm)
+            timeout = None if effect.deadline is None else (effect.deadline - self.now_ms()) / 1000
+            async with asyncio.timeout(timeout):
+                response = await complete(
+                    self.http, target, plan.request, stream=plan.stream, on_delta=on_delta
+                )
+            settled = LlmCallSettled(effect.call_id, effect.attempt, response=response)
+        except ProviderError as err:
+            info = {"message": err.message, "code": err.code}
+            if err.param:
+                info["param"] = err.param
+            settled = LlmCallSettled(
+                effect.call_id,
+                effect.attempt,
+                error=info,
+                retryable=err.retryable,
+                retry_after=err.retry_after,
+            )
+        except TimeoutError:
+            info = {
+                "message": "the model call ran past its run timeout",
+                "code": "deadline_exceeded",
+            }
+            settled = LlmCallSettled(effect.call_id, effect.attempt, error=info, retryable=True)
+        except Exception as err:  # our own bug: record it rather than hang the turn
+            log.exception("model call %s failed", effect.call_id)
+            info = {"message": f"internal error: {type(err).__name__}", "code": "internal"}
+            settled = LlmCallSettled(effect.call_id, effect.attempt, error=info, retryable=True)
+        part.queue.put_nowait(WorkItem(None, sid, input_to_json(settled)))
+
+
+def _has_inflight(state: SessionState | None) -> bool:
+    """Whether a crash would leave one of this session's engine-run calls unanswered."""
+    return state is not None and any(
+        c.handler == "server" and c.status == "running" for c in state.calls.values()
+    )

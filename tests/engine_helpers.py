@@ -1,0 +1,97 @@
+"""Shared pieces for tests that run the real engine on a real redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import textwrap
+from pathlib import Path
+from typing import Any
+
+from engine.client import Client
+from engine.config import Project, parse_project
+from engine.machine import fold, state_to_json
+from engine.store import Store
+
+ENV = {"OPENAI_API_KEY": "test-openai", "ANTHROPIC_API_KEY": "test-anthropic"}
+
+
+def project_toml(vendor_url: str, *, retry: str = "") -> str:
+    """Two agents, one per vendor format, each with a client tool."""
+    tool = (
+        '{ name = "confirm", description = "Ask the person", handler = "client", '
+        'input = { type = "object", properties = { question = { type = "string" } } } }'
+    )
+    return textwrap.dedent(
+        f"""\
+        name = "test"
+
+        [llm.openai]
+        type = "openai"
+        base_url = "{vendor_url}/v1"
+
+        [llm.anthropic]
+        type = "anthropic"
+        base_url = "{vendor_url}"
+
+        [agent.ops_openai]
+        llm = "openai"
+        model = "gpt-4.1-mini"
+        system = "You are terse."
+        tools = [{tool}]
+        {retry}
+
+        [agent.ops_anthropic]
+        llm = "anthropic"
+        model = "claude-haiku-4-5"
+        system = "You are terse."
+        tools = [{tool}]
+        {retry}
+        """
+    )
+
+
+def make_project(tmp_path: Path, vendor_url: str, **kw: Any) -> Project:
+    path = tmp_path / "subs.toml"
+    path.write_text(project_toml(vendor_url, **kw))
+    return parse_project(path.read_text(), str(path), env={})
+
+
+async def wait_for_event(
+    client: Client, sid: str, predicate, *, timeout: float = 20.0, deltas: list | None = None
+) -> dict[str, Any]:
+    """Follow a session until an event matches; collects deltas on the way."""
+    async with asyncio.timeout(timeout):
+        async for kind, item in client.follow(sid, 0, delta_cursor="0-0", block_ms=500):
+            if kind == "delta":
+                if deltas is not None:
+                    deltas.append(item)
+            elif predicate(item):
+                return item
+    raise AssertionError("unreachable")
+
+
+def turn_ended(turn_id: str):
+    return lambda e: (
+        e.get("turn_id") == turn_id
+        and e["payload"]["type"]
+        in (
+            "turn.completed",
+            "turn.failed",
+        )
+    )
+
+
+async def assert_consistent(store: Store, sid: str) -> list[dict[str, Any]]:
+    """seq is gapless from 1 and the snapshot equals the fold of the log."""
+    events = await store.read_log(sid)
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    seq, snap = await store.load_snapshot(sid)
+    assert seq == len(events)
+    folded = fold(json.loads(json.dumps(events)))
+    assert folded is not None and state_to_json(folded) == snap
+    return events
+
+
+def payloads(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [e["payload"] for e in events if e["payload"]["type"] == kind]

@@ -1,0 +1,138 @@
+"""The engine in process: real redis-server, real HTTP to the fake vendor."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.client import Client, ClientError
+from engine.runner import Engine
+from tests.engine_helpers import (
+    ENV,
+    assert_consistent,
+    make_project,
+    payloads,
+    turn_ended,
+    wait_for_event,
+)
+from tests.fakes.llm_vendor import FakeVendor, HttpError, Text, ToolCalls
+
+
+@pytest.fixture
+async def vendor():
+    async with FakeVendor() as v:
+        yield v
+
+
+@pytest.fixture
+async def engine(redis, vendor, tmp_path):
+    project = make_project(
+        tmp_path, vendor.url, retry="retry = { llm = { backoff_base_secs = 0 } }"
+    )
+    eng = Engine(project, redis, env=ENV, lease_ms=3000)
+    await eng.start()
+    yield eng
+    await eng.stop()
+
+
+def say(agent: str, text: str, **extra) -> dict:
+    return {
+        "type": "client.message",
+        "agent_id": agent,
+        "message": {"role": "user", "content": text},
+        **extra,
+    }
+
+
+@pytest.mark.parametrize("agent", ["ops_openai", "ops_anthropic"])
+async def test_client_tool_round_trip_streamed(engine, vendor, agent):
+    vendor.push(
+        ToolCalls([("confirm", {"question": "restart the db?"})], text="Checking."),
+        Text("Restarted the primary database.", chunks=5),
+    )
+    client = Client(engine.store)
+    reply = await client.submit(say(agent, "the db is down"), identity={"issuer": "cli"})
+    sid, turn_id = reply["session_id"], reply["turn_id"]
+    assert reply["queued"] is False
+
+    dispatched = await wait_for_event(
+        client, sid, lambda e: e["payload"]["type"] == "tool.call.dispatched"
+    )
+    call_id = dispatched["payload"]["id"]
+    await client.submit({"type": "tool.result", "id": call_id, "result": "yes"}, session_id=sid)
+    deltas: list[dict] = []
+    end = await wait_for_event(client, sid, turn_ended(turn_id), deltas=deltas)
+    assert end["payload"]["type"] == "turn.completed"
+
+    events = await assert_consistent(engine.store, sid)
+    messages = [p["message"] for p in payloads(events, "message.new")]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
+    assert messages[1]["tool_calls"][0]["function"]["name"] == "confirm"
+    assert messages[2]["content"] == "yes"
+    assert messages[3]["content"] == "Restarted the primary database."
+    final_call = payloads(events, "llm.call.completed")[-1]["id"]
+    streamed = "".join(d.get("text") or "" for d in deltas if d["call_id"] == final_call)
+    assert streamed == "Restarted the primary database."
+    assert len([d for d in deltas if d["call_id"] == final_call and d.get("text")]) > 1
+    # The second request carried the tool result back to the vendor.
+    assert len(vendor.requests) == 2
+    assert "yes" in str(vendor.requests[1].body)
+    usage = end["payload"]["usage"]
+    assert usage["total"] == usage["input"] + usage["output"] > 0
+
+
+async def test_retryable_vendor_errors_are_retried_then_the_turn_completes(engine, vendor):
+    vendor.push(HttpError(429, retry_after=0), HttpError(529), Text("fine now"))
+    client = Client(engine.store)
+    reply = await client.submit(say("ops_anthropic", "hello"))
+    end = await wait_for_event(client, reply["session_id"], turn_ended(reply["turn_id"]))
+    assert end["payload"]["type"] == "turn.completed"
+    events = await assert_consistent(engine.store, reply["session_id"])
+    attempts = [p["attempt"] for p in payloads(events, "llm.call.dispatched")]
+    assert attempts == [1, 2, 3]
+    errored = payloads(events, "llm.call.errored")
+    assert [e["error"]["code"] for e in errored] == ["rate_limited", "provider_error"]
+
+
+async def test_missing_api_key_fails_the_turn_naming_the_variable(redis, vendor, tmp_path):
+    project = make_project(tmp_path, vendor.url)
+    eng = Engine(project, redis, env={}, lease_ms=3000)
+    await eng.start()
+    try:
+        client = Client(eng.store)
+        reply = await client.submit(say("ops_openai", "hello"))
+        end = await wait_for_event(client, reply["session_id"], turn_ended(reply["turn_id"]))
+        assert end["payload"]["type"] == "turn.failed"
+        assert "OPENAI_API_KEY" in end["payload"]["error"]["message"]
+        assert vendor.requests == []
+    finally:
+        await eng.stop()
+
+
+async def test_busy_session_refuses_queues_and_dedupes(engine, vendor):
+    vendor.push(Text("one", chunk_delay=0.05, chunks=4), Text("two"), Text("three"))
+    client = Client(engine.store)
+    first = await client.submit(say("ops_openai", "1", turn_id="T1"))
+    sid = first["session_id"]
+    with pytest.raises(ClientError) as err:
+        await client.submit(say("ops_openai", "x"), session_id=sid)
+    assert err.value.status == 409 and err.value.code == "turn_already_active"
+    assert err.value.detail["turn_id"] == "T1"
+    q = await client.submit(say("ops_openai", "2", queue=True), session_id=sid)
+    assert q["queued"] is True
+    again = await client.submit(say("ops_openai", "1", turn_id="T1"), session_id=sid)
+    assert again["turn_id"] == "T1" and again.get("existing")
+    await wait_for_event(client, sid, turn_ended(q["turn_id"]))
+    events = await assert_consistent(engine.store, sid)
+    users = [p["message"]["content"] for p in payloads(events, "message.new")]
+    assert users == ["1", "one", "2", "two"]
+    assert len(vendor.requests) == 2
+
+
+async def test_unknown_agent_and_session_are_refused(engine):
+    client = Client(engine.store)
+    with pytest.raises(ClientError) as err:
+        await client.submit(say("nobody", "hi"))
+    assert err.value.status == 404 and "ops_openai" in str(err.value)
+    with pytest.raises(ClientError) as err:
+        await client.submit({"type": "tool.result", "id": "c1", "result": "x"}, session_id="nope")
+    assert err.value.status == 404
