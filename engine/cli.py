@@ -128,7 +128,14 @@ async def _run(args: argparse.Namespace) -> int:
         payload.setdefault("agent_id", args.agent)
     elif args.message is not None:
         message = {"role": "user", "content": args.message}
-        payload = {"type": "client.message", "agent_id": args.agent, "message": message}
+        # Queued: a turn still running in this session (say, one a killed run left
+        # behind) finishes first, then this one runs.
+        payload = {
+            "type": "client.message",
+            "agent_id": args.agent,
+            "message": message,
+            "queue": True,
+        }
     else:
         print("subs run: give a message or --input", file=sys.stderr)
         return 2
@@ -155,23 +162,36 @@ async def _one_turn(
         cursor = await client.delta_cursor(sid)
     reply = await client.submit(payload, session_id=sid, identity={"issuer": "cli"})
     sid, turn_id = reply["session_id"], reply["turn_id"]
+    if not printer.jsonl:
+        waiting = " (queued behind the running turn)" if reply.get("queued") else ""
+        print(f"session {sid}{waiting}", file=sys.stderr, flush=True)
     client_calls: dict[str, dict[str, Any]] = {}
+    ours: set[str] = set()  # model calls of this turn: only their tokens are printed
+    early: dict[str, list[dict[str, Any]]] = {}  # deltas read before their call's event
     async for kind, item in client.follow(sid, after, delta_cursor=cursor):
         if kind == "delta":
-            printer.delta(item)
+            if item["call_id"] in ours:
+                printer.delta(item)
+            else:
+                early.setdefault(item["call_id"], []).append(item)
             continue
-        printer.event(item)
         p = item["payload"]
         if item.get("turn_id") != turn_id:
+            if printer.jsonl:
+                printer.event(item)
             continue
-        if p["type"] == "tool.call.requested" and p["handler"] == "client":
+        printer.event(item)
+        if p["type"] == "llm.call.requested":
+            ours.add(p["id"])
+            for delta in early.pop(p["id"], ()):
+                printer.delta(delta)
+        elif p["type"] == "tool.call.requested" and p["handler"] == "client":
             client_calls[p["id"]] = p
         elif p["type"] == "tool.call.dispatched" and p["id"] in client_calls:
             await _answer_client_tool(client, sid, client_calls.pop(p["id"]))
         elif p["type"] in ("turn.completed", "turn.failed"):
             if not printer.jsonl:
                 printer.line("")
-                print(f"session {sid}", file=sys.stderr)
                 print(f'continue: subs run {args.agent} "..." --session {sid}', file=sys.stderr)
             if p["type"] == "turn.failed":
                 print(f"subs: the turn failed: {p['error']['message']}", file=sys.stderr)

@@ -95,3 +95,17 @@ async def assert_consistent(store: Store, sid: str) -> list[dict[str, Any]]:
 
 def payloads(events: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [e["payload"] for e in events if e["payload"]["type"] == kind]
+
+
+async def poll_until(predicate, timeout: float, what: str):
+    """Poll an async predicate with a deadline, for state that has no event to wait on
+    (lease ownership in Redis); fails naming what it waited for."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = await predicate()
+        if result:
+            return result
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.05)

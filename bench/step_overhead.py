@@ -1,0 +1,338 @@
+"""Engine overhead per committed step, against a fake vendor that answers at once.
+
+Runs N concurrent sessions x T sequential turns through one in-process Engine on
+the embedded redis-server (AOF on), and prints the engine's own apply+commit time
+per step, end-to-end turn time minus the time spent inside the fake vendor per
+step, and throughput. Target: under 1 ms median per step.
+
+The fake vendor runs in a child process, so its CPU time is neither billed to the
+engine's event loop nor hidden in the vendor time subtracted from a turn. The
+clients run in the engine's loop, as `subs run` does. For the same reason
+`python -m cProfile` cannot run this script (the child cannot be spawned from
+it): `--profile FILE` profiles the measured repeats instead.
+
+    .venv/bin/python bench/step_overhead.py [--sessions 20] [--turns 10] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # engine, tests.fakes
+
+import argparse
+import asyncio
+import contextlib
+import cProfile
+import json
+import math
+import multiprocessing
+import pstats
+import signal
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, fields, replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+from aiohttp import web
+
+from engine.client import Client
+from engine.config import AgentDecl, Project
+from engine.embedded import EmbeddedRedis
+from engine.runner import Engine
+from engine.store import Store, connect
+from tests.engine_helpers import ENV, make_project
+from tests.fakes.llm_vendor import FakeVendor, Text
+
+AGENT = "ops_openai"
+WARMUP_TURNS = 2
+
+
+# --- the fake vendor, timed, in its own process ---------------------------------------
+
+
+class TimedVendor(FakeVendor):
+    """Adds up the time each request spends in the fake, keyed by its last user message."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.default = Text("ok")
+        self.seconds: dict[str, float] = {}
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        response = await super()._handle(request)
+        spent = time.perf_counter() - started
+        body = json.loads(await request.read())  # aiohttp keeps the body: no second read
+        tag = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
+        self.seconds[tag] = self.seconds.get(tag, 0.0) + spent
+        return response
+
+    def take(self) -> dict[str, float]:
+        taken, self.seconds = self.seconds, {}
+        self.requests.clear()
+        return taken
+
+
+def _vendor_child(conn: Connection) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us, also on Ctrl-C
+    asyncio.run(_vendor_serve(conn))
+
+
+def _recv(conn: Connection) -> str:
+    try:
+        return conn.recv()
+    except EOFError:  # the parent is gone
+        return "stop"
+
+
+async def _vendor_serve(conn: Connection) -> None:
+    vendor = TimedVendor()
+    await vendor.start()
+    try:
+        conn.send(vendor.url)
+        while await asyncio.to_thread(_recv, conn) == "take":
+            conn.send(vendor.take())
+    finally:
+        await vendor.stop()
+
+
+class VendorProcess:
+    def __init__(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_vendor_child, args=(child,), daemon=True)
+        self.url = ""
+
+    def start(self) -> None:
+        self._proc.start()
+        self.url = self._ask(None)
+
+    def take(self) -> dict[str, float]:
+        """Seconds spent in the fake per turn tag since the last take."""
+        return self._ask("take")
+
+    def stop(self) -> None:
+        if self._proc.pid is None:
+            return
+        with contextlib.suppress(OSError):
+            self._conn.send("stop")
+        self._proc.join(5)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join()
+
+    def _ask(self, command: str | None) -> Any:
+        if command is not None:
+            self._conn.send(command)
+        if not self._conn.poll(30):
+            raise RuntimeError("the fake vendor process did not answer")
+        return self._conn.recv()
+
+
+# --- the workload -----------------------------------------------------------------------
+
+
+class _UnstreamedAgent(AgentDecl):
+    """Asks for whole-body answers: the request builder honours `stream` in the config."""
+
+    def wire_config(self, project: Project) -> dict | None:
+        config = super().wire_config(project)
+        return None if config is None else {**config, "stream": False}
+
+
+@dataclass
+class Run:
+    steps: int
+    step_seconds: list[float]
+    turn_seconds: list[float]  # wall minus vendor, per turn
+    turns: int
+    wall: float
+
+    @property
+    def steps_per_turn(self) -> float:
+        return self.steps / self.turns
+
+
+async def one_session(client: Client, label: str, turns: int, out: list[tuple[str, float]]) -> None:
+    sid: str | None = None
+    seen = 0
+    for t in range(turns):
+        tag = f"{label} turn {t}"  # unique: lets the vendor's time be matched to this turn
+        started = time.perf_counter()
+        message = {"role": "user", "content": tag}
+        reply = await client.submit(
+            {"type": "client.message", "agent_id": AGENT, "message": message}, session_id=sid
+        )
+        sid, turn_id = reply["session_id"], reply["turn_id"]
+        async with contextlib.aclosing(client.follow(sid, seen)) as events:
+            async for kind, event in events:
+                if kind != "event":
+                    continue
+                seen = event["seq"]
+                end = event["payload"]["type"]
+                if event.get("turn_id") == turn_id and end in ("turn.completed", "turn.failed"):
+                    if end == "turn.failed":
+                        raise RuntimeError(f"turn failed: {event['payload'].get('error')}")
+                    break
+        out.append((tag, time.perf_counter() - started))
+
+
+async def run_once(
+    engine: Engine, client: Client, vendor: VendorProcess, label: str, sessions: int, turns: int
+) -> Run:
+    vendor.take()
+    steps_before = engine.stats.steps
+    engine.stats.step_seconds.clear()
+    walls: list[tuple[str, float]] = []
+    started = time.perf_counter()
+    async with asyncio.TaskGroup() as group:
+        for s in range(sessions):
+            group.create_task(one_session(client, f"{label} s{s}", turns, walls))
+    wall = time.perf_counter() - started
+    steps = engine.stats.steps - steps_before
+    in_vendor = vendor.take()
+    missing = [tag for tag, _ in walls if tag not in in_vendor]
+    if missing:
+        raise RuntimeError(f"the vendor saw no request for {missing[:3]}")
+    steps_per_turn = steps / len(walls)
+    return Run(
+        steps=steps,
+        step_seconds=list(engine.stats.step_seconds),
+        turn_seconds=[(w - in_vendor[tag]) / steps_per_turn for tag, w in walls],
+        turns=len(walls),
+        wall=wall,
+    )
+
+
+# --- figures ----------------------------------------------------------------------------
+
+
+def p99(values: list[float]) -> float:
+    """Nearest rank: the smallest value at or above 99 % of the sample."""
+    ordered = sorted(values)
+    return ordered[max(math.ceil(0.99 * len(ordered)) - 1, 0)]
+
+
+@dataclass
+class Figures:
+    step_median: float
+    step_p99: float
+    turn_median: float
+    turn_p99: float
+    steps_per_s: float
+    turns_per_s: float
+
+
+def figures(run: Run) -> Figures:
+    ms = 1000.0
+    return Figures(
+        step_median=statistics.median(run.step_seconds) * ms,
+        step_p99=p99(run.step_seconds) * ms,
+        turn_median=statistics.median(run.turn_seconds) * ms,
+        turn_p99=p99(run.turn_seconds) * ms,
+        steps_per_s=run.steps / run.wall,
+        turns_per_s=run.turns / run.wall,
+    )
+
+
+def report(f: Figures, *, steps: int, turns: int, spt: float, sessions: int, t: int) -> None:
+    print(
+        f"  step overhead (engine apply+commit): median {f.step_median:.3f} ms, "
+        f"p99 {f.step_p99:.3f} ms over {steps} steps"
+    )
+    print(
+        f"  turn overhead minus vendor: median {f.turn_median:.3f} ms per step, "
+        f"p99 {f.turn_p99:.3f} ms ({turns} turns, {spt:.2f} steps/turn)"
+    )
+    print(
+        f"  throughput: {f.steps_per_s:.0f} steps/s, {f.turns_per_s:.0f} turns/s "
+        f"({sessions} sessions x {t} turns)"
+    )
+
+
+async def bench(args: argparse.Namespace, redis_url: str, vendor: VendorProcess, tmp: Path) -> None:
+    project = make_project(tmp, vendor.url)
+    if args.no_stream:
+        agents = {k: _UnstreamedAgent(**vars(a)) for k, a in project.agents.items()}
+        project = replace(project, agents=agents)
+    engine = Engine(project, connect(redis_url), env=ENV)
+    client_redis = connect(redis_url)  # the clients' own pool, as a separate process would have
+    try:
+        await engine.start()
+        await engine.wait_owned(engine.store.partitions)
+        engine.stats.record_steps = True
+        client = Client(await Store.open(client_redis))
+        await run_once(engine, client, vendor, "warmup", args.sessions, WARMUP_TURNS)
+        runs: list[Run] = []
+        profile = cProfile.Profile() if args.profile else None
+        if profile:
+            profile.enable()
+        for r in range(args.repeat):
+            run = await run_once(engine, client, vendor, f"r{r}", args.sessions, args.turns)
+            runs.append(run)
+            print(f"repeat {r + 1}/{args.repeat} ({run.wall:.2f} s):")
+            report(
+                figures(run),
+                steps=run.steps,
+                turns=run.turns,
+                spt=run.steps_per_turn,
+                sessions=args.sessions,
+                t=args.turns,
+            )
+        if profile:
+            profile.disable()
+            profile.dump_stats(args.profile)
+            pstats.Stats(profile).sort_stats("cumulative").print_stats(25)
+    finally:
+        await engine.stop()
+        await engine.redis.aclose()
+        await client_redis.aclose()
+    each = [figures(run) for run in runs]
+    names = [fl.name for fl in fields(Figures)]
+    med = Figures(*(statistics.median(getattr(f, name) for f in each) for name in names))
+    mode = "whole bodies" if args.no_stream else "streamed"
+    print(f"median of {len(runs)} repeats ({mode}; a shared machine is noisy, compare medians):")
+    report(
+        med,
+        steps=runs[0].steps,
+        turns=runs[0].turns,
+        spt=statistics.median(run.steps_per_turn for run in runs),
+        sessions=args.sessions,
+        t=args.turns,
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=20, help="concurrent sessions")
+    parser.add_argument("--turns", type=int, default=10, help="sequential turns per session")
+    parser.add_argument("--repeat", type=int, default=3, help="measured runs")
+    parser.add_argument(
+        "--no-stream", action="store_true", help="ask the vendor for whole bodies, not streams"
+    )
+    parser.add_argument(
+        "--profile", metavar="FILE", help="cProfile the measured repeats into FILE (pstats)"
+    )
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="subs-bench-") as tmp:
+        server = EmbeddedRedis(Path(tmp) / "redis")
+        vendor = VendorProcess()
+        try:
+            url = server.start()
+            vendor.start()
+            asyncio.run(bench(args, url, vendor, Path(tmp)))
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+        finally:
+            vendor.stop()
+            server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""`subs run` as a user runs it: a real process, the embedded Redis, the fake vendor."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.engine_helpers import ENV, project_toml
+from tests.fakes.llm_vendor import FakeVendor, HttpError, Text, ToolCalls
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+async def vendor():
+    async with FakeVendor() as v:
+        yield v
+
+
+@pytest.fixture
+def config(tmp_path, vendor) -> Path:
+    path = tmp_path / "subs.toml"
+    path.write_text(project_toml(vendor.url))
+    return path
+
+
+async def subs(*args: str, stdin: bytes = b"", env: dict | None = None, timeout: float = 30):
+    proc = await start_subs(*args, env=env)
+    out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def start_subs(*args: str, env: dict | None = None) -> asyncio.subprocess.Process:
+    full_env = {**os.environ, **ENV, "PYTHONPATH": str(ROOT), **(env or {})}
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "engine.cli",
+        *args,
+        env=full_env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+def session_of(stderr: str) -> str:
+    match = re.search(r"session (ses_[0-9a-f]+)", stderr)
+    assert match, stderr
+    return match.group(1)
+
+
+async def test_run_streams_the_reply_and_continues_the_session(config, vendor):
+    vendor.push(Text("Nothing is paging right now.", chunks=4), Text("Still quiet."))
+    code, out, err = await subs("run", "ops_openai", "what's paging?", "-c", str(config))
+    assert code == 0, err
+    assert out.strip() == "Nothing is paging right now."
+    sid = session_of(err)
+    assert f'subs run ops_openai "..." --session {sid}' in err
+    assert (config.parent / ".subs" / "appendonly.aof").exists() or list(
+        (config.parent / ".subs").glob("appendonly*")
+    )
+
+    code, out, err = await subs(
+        "run", "ops_openai", "and now?", "--session", sid, "-c", str(config)
+    )
+    assert code == 0, err
+    assert out.strip() == "Still quiet."
+    # The second call carried the whole conversation, from the persisted session.
+    sent = [m["content"] for m in vendor.requests[1].body["messages"]]
+    assert sent == ["You are terse.", "what's paging?", "Nothing is paging right now.", "and now?"]
+
+
+async def test_jsonl_prints_every_event_and_delta(config, vendor):
+    vendor.push(Text("one two three", chunks=3))
+    code, out, err = await subs("run", "ops_anthropic", "hi", "-o", "jsonl", "-c", str(config))
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    events = [x for x in lines if "payload" in x]
+    deltas = [x for x in lines if x.get("type") == "llm.token.delta"]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert events[0]["payload"]["type"] == "session.created"
+    assert events[-1]["payload"]["type"] == "turn.completed"
+    assert "".join(d.get("text") or "" for d in deltas) == "one two three"
+
+
+async def test_a_client_tool_is_answered_at_the_keyboard(config, vendor):
+    vendor.push(ToolCalls([("confirm", {"question": "Restart the db?"})]), Text("Restarted."))
+    code, out, err = await subs(
+        "run", "ops_openai", "fix it", "-c", str(config), stdin=b"yes, go ahead\n"
+    )
+    assert code == 0, err
+    assert "confirm: Restart the db?" in err
+    assert "→ confirm(" in out and out.rstrip().endswith("Restarted.")
+    tool_msg = vendor.requests[1].body["messages"][-1]
+    assert tool_msg["role"] == "tool" and tool_msg["content"] == "yes, go ahead"
+
+
+async def test_a_failed_turn_exits_non_zero_with_the_error(config, vendor):
+    vendor.push(HttpError(401))
+    code, _, err = await subs("run", "ops_openai", "hi", "-c", str(config))
+    assert code == 1
+    assert "the turn failed:" in err and "Traceback" not in err
+
+
+async def test_bad_config_and_unknown_agent_are_clear_errors(tmp_path, config):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[agent.x]\nllm = "nope"\nmodel = "m"\n')
+    code, _, err = await subs("run", "x", "hi", "-c", str(bad))
+    assert code == 2 and "agent.x.llm" in err and str(bad) in err
+    code, _, err = await subs("run", "ghost", "hi", "-c", str(config))
+    assert code == 2 and "ops_openai" in err
+
+
+async def test_killed_mid_turn_then_run_again_the_session_is_still_there(config, vendor):
+    slow = " ".join(f"w{i}" for i in range(80))
+    vendor.push(Text(slow, chunk_delay=0.05), Text("Recovered answer."), Text("Second answer."))
+    env = {"SUBS_LEASE_MS": "1000"}
+    proc = await start_subs("run", "ops_openai", "long one", "-c", str(config), env=env)
+    assert proc.stderr is not None and proc.stdout is not None
+    sid = session_of((await asyncio.wait_for(proc.stderr.readline(), 20)).decode())
+    await asyncio.wait_for(proc.stdout.read(20), 20)  # the answer is streaming
+    proc.send_signal(signal.SIGKILL)
+    await proc.wait()
+
+    code, out, err = await subs(
+        "run", "ops_openai", "are you back?", "--session", sid, "-c", str(config), env=env
+    )
+    assert code == 0, err
+    assert out.strip() == "Second answer."
+    # The interrupted turn was finished first, with its model call sent again.
+    contents = [m["content"] for m in vendor.requests[-1].body["messages"]]
+    assert contents[1:] == ["long one", "Recovered answer.", "are you back?"]
+    assert len(vendor.requests) == 3
