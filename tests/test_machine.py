@@ -34,8 +34,8 @@ def test_a_turn_from_first_message_to_reply():
     t = s.say("what's paging?")
     assert s.types(t) == [
         "session.created",
-        "agent.updated",
         "turn.started",
+        "agent.updated",
         "message.new",
         "llm.call.requested",
         "llm.call.dispatched",

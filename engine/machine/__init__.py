@@ -1,33 +1,53 @@
 """The pure core: session state + input -> (events, effects). No I/O, clock or randomness."""
 
-from .effects import Effect, RunLlmCall, StartTimer
+from .core import Ids, MachineError, Transition, iso
+from .effects import Effect, RunDecision, RunExecute, RunLlmCall, SendMessage, StartTimer
 from .evolve import EVENT_TYPES, Event, evolve, fold
 from .inputs import (
+    CallDeadline,
     CallLost,
+    CallSettled,
     ClientSubmitted,
+    DecisionAnswered,
+    DecisionFailed,
+    DecisionTimerFired,
+    ExecuteAnswered,
+    ExecuteFailed,
     Input,
     LlmCallSettled,
+    MessageDelivered,
     TimerFired,
     input_from_json,
     input_to_json,
 )
 from .request import LlmCallPlan, build_llm_request
 from .state import Call, SessionState, state_from_json, state_to_json
-from .step import Ids, MachineError, Transition, iso, step
+from .step import step
 
 __all__ = [
     "EVENT_TYPES",
     "Call",
+    "CallDeadline",
     "CallLost",
+    "CallSettled",
     "ClientSubmitted",
+    "DecisionAnswered",
+    "DecisionFailed",
+    "DecisionTimerFired",
     "Effect",
     "Event",
+    "ExecuteAnswered",
+    "ExecuteFailed",
     "Ids",
     "Input",
     "LlmCallPlan",
     "LlmCallSettled",
     "MachineError",
+    "MessageDelivered",
+    "RunDecision",
+    "RunExecute",
     "RunLlmCall",
+    "SendMessage",
     "SessionState",
     "StartTimer",
     "TimerFired",

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from .inputs import TimerFired
+from .inputs import CallDeadline, DecisionTimerFired, TimerFired
 
 
 @dataclass(frozen=True)
@@ -17,11 +18,37 @@ class RunLlmCall:
 
 
 @dataclass(frozen=True)
+class RunDecision:
+    """POST the live decision to the session's worker."""
+
+    decision_id: str
+    attempt: int
+    deadline: int | None
+
+
+@dataclass(frozen=True)
+class RunExecute:
+    """POST a call's `tool.execute` / `llm.execute` to the worker."""
+
+    call_id: str
+    attempt: int
+    deadline: int | None
+
+
+@dataclass(frozen=True)
 class StartTimer:
     """Deliver `input` at `due` (ms). Committed with the transition, so it survives a crash."""
 
     due: int
-    input: TimerFired
+    input: TimerFired | DecisionTimerFired | CallDeadline
 
 
-Effect = RunLlmCall | StartTimer
+@dataclass(frozen=True)
+class SendMessage:
+    """Deliver a message to another session. Committed to an outbox with the transition."""
+
+    to: str
+    message: dict[str, Any]
+
+
+Effect = RunLlmCall | RunDecision | RunExecute | StartTimer | SendMessage

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from .accounting import add_cost, add_usage
-from .state import Call, Node, SessionState, Turn
+from .state import Call, Decision, Node, SessionState, Turn
 
 Event = dict[str, Any]
 
@@ -31,6 +31,7 @@ def _session_created(s: SessionState | None, e: Event, p: dict[str, Any]) -> Ses
         decider=p["decider"],
         created_at=at_ms(e),
         identity=p.get("identity") or {},
+        llm_routes=p.get("llm_routes") or {},
     )
 
 
@@ -75,6 +76,10 @@ def _turn_ended(status: str) -> Callable[[SessionState, Event, dict[str, Any]], 
         s.turns[tid] = status
         s.last_turn = tid
         s.turn = None
+        # The turn's decisions and pauses end with it; its calls were closed by events.
+        s.decision = None
+        s.pending = []
+        s.interrupts = {}
 
     return end
 
@@ -131,9 +136,66 @@ def _call_errored(s: SessionState, e: Event, p: dict[str, Any]) -> None:
 
 
 def _retry_scheduled(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    if p.get("kind") == "decision":
+        assert s.decision is not None
+        s.decision.status = "retry_scheduled"
+        s.decision.deadline = None
+        return
     c = s.calls[p["id"]]
     c.status = "retry_scheduled"
     c.deadline = None
+
+
+def _call_waiting(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    s.calls[p["id"]].status = "waiting"
+
+
+def _decision_queued(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    s.pending.append({"trigger": p["trigger"], "proposed": p["proposed"]})
+
+
+def _decision_dispatched(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    if p["attempt"] == 1:
+        if p.get("from_queue"):
+            s.pending.pop(0)
+        s.decision = Decision(
+            id=p["decision_id"],
+            trigger=p["trigger"],
+            proposed=p["proposed"],
+            attempt=1,
+            status="running",
+            started_at=at_ms(e),
+            retry=p["retry"],
+        )
+    assert s.decision is not None and s.decision.id == p["decision_id"]
+    s.decision.attempt = p["attempt"]
+    s.decision.status = "running"
+    s.decision.deadline = p.get("deadline_ms")
+
+
+def _decision_completed(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    s.decision = None
+
+
+def _decision_errored(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    assert s.decision is not None
+    if p["final"]:
+        s.decision = None
+    else:
+        s.decision.status = "failed"
+
+
+def _interrupted(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    s.interrupts[p["interrupt_id"]] = {
+        "interrupt_id": p["interrupt_id"],
+        "origin": p["origin"],
+        "reason": p["reason"],
+        "payload": p.get("payload"),
+    }
+
+
+def _interrupt_resumed(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    s.interrupts.pop(p["interrupt_id"])
 
 
 _APPLY: dict[str, Callable[[SessionState, Event, dict[str, Any]], None]] = {
@@ -155,6 +217,14 @@ _APPLY: dict[str, Callable[[SessionState, Event, dict[str, Any]], None]] = {
     "tool.call.completed": _call_closed,
     "tool.call.errored": _call_errored,
     "call.retry_scheduled": _retry_scheduled,
+    "tool.call.waiting": _call_waiting,
+    "decision.queued": _decision_queued,
+    "decision.dispatched": _decision_dispatched,
+    "decision.completed": _decision_completed,
+    "decision.errored": _decision_errored,
+    "session.interrupted": _interrupted,
+    "session.interrupt_resumed": _interrupt_resumed,
+    "message.sent": _nothing,
 }
 
 EVENT_TYPES = frozenset(_APPLY) | {"session.created"}

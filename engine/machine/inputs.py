@@ -10,8 +10,8 @@ from typing import Any
 class ClientSubmitted:
     """A client input (SPEC §13 ClientInput), already validated at the edge.
 
-    `agent_config` and `decider` describe the agent as the project file
-    declares it; they matter only when this input creates the session.
+    `agent_config`, `decider` and `llm_routes` describe the agent as the project
+    file declares it; they matter only when this input creates the session.
     """
 
     input: dict[str, Any]
@@ -19,6 +19,7 @@ class ClientSubmitted:
     identity: dict[str, Any]
     agent_config: dict[str, Any] | None
     decider: str = "engine"
+    llm_routes: dict[str, dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -49,16 +50,119 @@ class CallLost:
     attempt: int
 
 
-Input = ClientSubmitted | LlmCallSettled | TimerFired | CallLost
+@dataclass(frozen=True)
+class DecisionAnswered:
+    """The worker answered the live decision (a DecisionResponse, parsed at the edge)."""
+
+    decision_id: str
+    attempt: int
+    response: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DecisionFailed:
+    """One delivery attempt of the live decision failed."""
+
+    decision_id: str
+    attempt: int
+    error: dict[str, Any]
+    retryable: bool = True
+
+
+@dataclass(frozen=True)
+class DecisionTimerFired:
+    """The backoff before the decision's next attempt elapsed."""
+
+    decision_id: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class ExecuteAnswered:
+    """The worker answered a call's `tool.execute` / `llm.execute`.
+
+    For `llm.execute` the shell has already normalised a vendor-format result.
+    """
+
+    call_id: str
+    attempt: int
+    response: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ExecuteFailed:
+    """A call's execute delivery failed (worker unreachable, invalid answer)."""
+
+    call_id: str
+    attempt: int
+    error: dict[str, Any]
+    retryable: bool = True
+
+
+@dataclass(frozen=True)
+class CallDeadline:
+    """A worker call's run deadline passed."""
+
+    call_id: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class CallSettled:
+    """An async or client tool call ended from outside (the settle API)."""
+
+    call_id: str
+    attempt: int | None
+    result: Any = None
+    content: list[dict[str, Any]] | None = None
+    error: str | None = None
+    retryable: bool = False
+
+
+@dataclass(frozen=True)
+class MessageDelivered:
+    """Another session's `message.send` arrived; `message.id` makes it idempotent."""
+
+    from_session: str
+    message: dict[str, Any]
+
+
+Input = (
+    ClientSubmitted
+    | LlmCallSettled
+    | TimerFired
+    | CallLost
+    | DecisionAnswered
+    | DecisionFailed
+    | DecisionTimerFired
+    | ExecuteAnswered
+    | ExecuteFailed
+    | CallDeadline
+    | CallSettled
+    | MessageDelivered
+)
+
+_KINDS: dict[str, type] = {
+    c.__name__: c
+    for c in (
+        ClientSubmitted,
+        LlmCallSettled,
+        TimerFired,
+        CallLost,
+        DecisionAnswered,
+        DecisionFailed,
+        DecisionTimerFired,
+        ExecuteAnswered,
+        ExecuteFailed,
+        CallDeadline,
+        CallSettled,
+        MessageDelivered,
+    )
+}
 
 
 def input_to_json(inp: Input) -> dict[str, Any]:
     return {"kind": type(inp).__name__, **inp.__dict__}
-
-
-_KINDS: dict[str, type] = {
-    c.__name__: c for c in (ClientSubmitted, LlmCallSettled, TimerFired, CallLost)
-}
 
 
 def input_from_json(d: dict[str, Any]) -> Input:

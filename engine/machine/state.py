@@ -53,6 +53,24 @@ class Call:
 
 
 @dataclass
+class Decision:
+    """The session's one live decision, sent to its worker.
+
+    Only control triggers take this slot; `tool.execute` and `llm.execute` ride
+    on their call, so parallel calls run concurrently.
+    """
+
+    id: str
+    trigger: dict[str, Any]
+    proposed: dict[str, Any]
+    attempt: int
+    status: str  # running | retry_scheduled
+    started_at: int
+    retry: dict[str, Any]
+    deadline: int | None = None
+
+
+@dataclass
 class Turn:
     id: str
     started_at: int
@@ -81,28 +99,16 @@ class SessionState:
     calls: dict[str, Call] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=lambda: dict(ZERO_USAGE))
     cost: str = "0"
+    decision: Decision | None = None
+    pending: list[dict[str, Any]] = field(default_factory=list)  # triggers waiting for the slot
+    interrupts: dict[str, dict[str, Any]] = field(default_factory=dict)  # open, by id
+    llm_routes: dict[str, dict[str, Any]] = field(default_factory=dict)  # block -> type, format
 
     @property
     def status(self) -> str:
+        if self.interrupts:
+            return "interrupted"
         return "running" if self.turn is not None else "idle"
-
-
-def _call_to_json(c: Call) -> dict[str, Any]:
-    return {
-        "id": c.id,
-        "kind": c.kind,
-        "turn_id": c.turn_id,
-        "handler": c.handler,
-        "attempt": c.attempt,
-        "status": c.status,
-        "started_at": c.started_at,
-        "retry": c.retry,
-        "name": c.name,
-        "arguments": c.arguments,
-        "anchor": c.anchor,
-        "params": c.params,
-        "deadline": c.deadline,
-    }
 
 
 def state_to_json(s: SessionState) -> dict[str, Any]:
@@ -130,9 +136,13 @@ def state_to_json(s: SessionState) -> dict[str, Any]:
         "queue": s.queue,
         "turns": s.turns,
         "last_turn": s.last_turn,
-        "calls": [_call_to_json(c) for c in s.calls.values()],
+        "calls": [dict(c.__dict__) for c in s.calls.values()],
         "usage": s.usage,
         "cost": s.cost,
+        "decision": None if s.decision is None else dict(s.decision.__dict__),
+        "pending": s.pending,
+        "interrupts": s.interrupts,
+        "llm_routes": s.llm_routes,
     }
 
 
@@ -156,4 +166,8 @@ def state_from_json(d: dict[str, Any]) -> SessionState:
         calls={c["id"]: Call(**c) for c in d["calls"]},
         usage=d["usage"],
         cost=d["cost"],
+        decision=None if d["decision"] is None else Decision(**d["decision"]),
+        pending=d["pending"],
+        interrupts=d["interrupts"],
+        llm_routes=d["llm_routes"],
     )

@@ -1,0 +1,380 @@
+"""Calls (SPEC §5-§7, §11): model and tool calls, their attempts, retries and deadlines."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .core import MachineError, StepBase, iso
+from .effects import RunExecute, RunLlmCall, StartTimer
+from .inputs import CallDeadline, CallLost, CallSettled, LlmCallSettled, TimerFired
+from .retry import backoff_ms, past_total, resolve_policy, run_deadline
+from .state import Call
+from .tools import check_output, find_tool, result_text, tool_result_of
+
+_LLM_PARAMS = (
+    "llm",
+    "model",
+    "messages",
+    "tools",
+    "temperature",
+    "max_completion_tokens",
+    "reasoning",
+    "stream",
+)
+
+
+class CallRules(StepBase):
+    # -- starting --------------------------------------------------------------------
+
+    def llm_handler(self, block: str | None) -> tuple[str, str | None]:
+        """Where a model call runs, and in which wire format (SPEC §7, seed 002)."""
+        agent = self.s.agent or {}
+        if agent.get("handler") == "worker":
+            return "worker", agent.get("format")
+        route = self.s.llm_routes.get(block or "")
+        if route and route.get("type") == "worker":
+            return "worker", route.get("format")
+        return "server", None
+
+    def start_llm_call(self, action: dict[str, Any]) -> None:
+        call_id = action.get("id") or self.ids("llm")
+        params = {k: action[k] for k in _LLM_PARAMS if action.get(k) is not None}
+        handler, fmt = self.llm_handler(params.get("llm") or (self.s.agent or {}).get("llm"))
+        if fmt:
+            params["format"] = fmt
+        self.emit(
+            {
+                "type": "llm.call.requested",
+                "id": call_id,
+                "handler": handler,
+                "anchor": self.s.head_id,
+                "params": params,
+                "retry": resolve_policy("llm", self.s.agent, action.get("retry")),
+            }
+        )
+        self.dispatch(self.s.calls[call_id], 1)
+
+    def start_tool_call(self, action: dict[str, Any], unrunnable: list[tuple[Call, str]]) -> None:
+        call_id = action.get("id") or self.ids("tool")
+        name = action["name"]
+        arguments = action.get("arguments")
+        if not isinstance(arguments, str):
+            arguments = json.dumps(
+                arguments if arguments is not None else {}, separators=(",", ":")
+            )
+        tool = find_tool(self.s.agent, name)
+        handler = (tool or {}).get("handler") or "worker"
+        self.emit(
+            {
+                "type": "tool.call.requested",
+                "id": call_id,
+                "name": name,
+                "arguments": arguments,
+                "handler": handler,
+                "retry": resolve_policy(
+                    "client_tool" if handler == "client" else "tool",
+                    self.s.agent,
+                    action.get("retry"),
+                ),
+            }
+        )
+        call = self.s.calls[call_id]
+        if handler == "client" or self.by_worker:
+            self.dispatch(call, 1)
+            return
+        # An engine-decided agent has no worker to run it: the model learns that.
+        reason = f"tool {name!r} is not declared" if tool is None else f"no worker runs {name!r}"
+        unrunnable.append((call, reason))
+
+    def dispatch(self, call: Call, attempt: int) -> None:
+        deadline = run_deadline(call.retry, self.now)
+        self.emit(
+            {
+                "type": f"{call.kind}.call.dispatched",
+                "id": call.id,
+                "attempt": attempt,
+                "deadline_ms": deadline,
+            }
+        )
+        if call.handler == "server":
+            self.out.effects.append(RunLlmCall(call.id, attempt, deadline))
+        elif call.handler == "worker":
+            self.out.effects.append(RunExecute(call.id, attempt, deadline))
+            if call.kind == "tool" and deadline is not None:
+                self.out.effects.append(StartTimer(deadline, CallDeadline(call.id, attempt)))
+
+    # -- finding the attempt an answer belongs to ------------------------------------
+
+    def live_call(self, call_id: str, attempt: int, kind: str | None) -> Call | None:
+        call = self.s.calls.get(call_id)
+        if call is None or (kind is not None and call.kind != kind):
+            self.ignore(f"call {call_id!r} is not open")
+            return None
+        if call.status not in ("running", "waiting") or call.attempt != attempt:
+            self.ignore(f"call {call_id!r} attempt {attempt} was replaced (now {call.attempt})")
+            return None
+        return call
+
+    # -- model calls -----------------------------------------------------------------
+
+    def llm_settled(self, inp: LlmCallSettled) -> None:
+        call = self.live_call(inp.call_id, inp.attempt, "llm")
+        if call is None:
+            return
+        if inp.response is not None:
+            self.llm_completed(call, inp.response)
+        else:
+            error = inp.error or {"message": "the model call failed", "code": "provider_error"}
+            self.call_failed(call, error, inp.retryable, inp.retry_after)
+        self.settle_turn()
+
+    def llm_completed(self, call: Call, resp: dict[str, Any]) -> None:
+        """`llm.finished`: record the reply, then start its tool calls or end the turn."""
+        usage, cost = resp.get("usage"), resp.get("cost") or "0"
+        self.emit(
+            {
+                "type": "llm.call.completed",
+                "id": call.id,
+                "attempt": call.attempt,
+                "usage": usage,
+                "cost": cost,
+                "finish_reason": resp.get("finish_reason"),
+                "model": resp.get("model"),
+            }
+        )
+        message: dict[str, Any] = {
+            "id": call.id,
+            "role": "assistant",
+            "content": resp.get("content"),
+        }
+        tool_calls = resp.get("tool_calls") or []
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        if resp.get("reasoning"):
+            message["reasoning"] = resp["reasoning"]
+        finish = resp.get("finish_reason")
+        truncated = finish == "length"
+        refused = finish == "content_filter"
+        actions: list[dict[str, Any]]
+        if truncated:
+            actions = [_fail("the model's reply was cut off at its length limit", "provider_error")]
+        elif refused:
+            actions = [_fail("the model declined to answer", "refused")]
+        elif tool_calls:
+            actions = [
+                {
+                    "type": "tool.call",
+                    "id": tc["id"],
+                    "name": tc["function"]["name"],
+                    "arguments": tc["function"]["arguments"],
+                }
+                for tc in tool_calls
+            ]
+        else:
+            actions = [{"type": "done"}]
+        trigger: dict[str, Any] = {
+            "type": "llm.finished",
+            "id": call.id,
+            "ok": True,
+            "message": {k: v for k, v in message.items() if v is not None},
+            "truncated": truncated,
+            "refused": refused,
+            "cost": cost,
+        }
+        if usage:
+            trigger["usage"] = usage
+        self.trigger(trigger, {"messages": [message], "actions": actions})
+
+    def call_failed(
+        self,
+        call: Call,
+        error: dict[str, Any],
+        retryable: bool,
+        retry_after: float | None,
+        *,
+        at_once: bool = False,
+    ) -> None:
+        """Retry under the call's policy, or end it for good."""
+        next_attempt = call.attempt + 1
+        wait = 0 if at_once else backoff_ms(call.retry, next_attempt)
+        if retry_after is not None:
+            wait = max(wait, int(retry_after * 1000))
+        due = self.now + wait
+        final = not retryable or next_attempt > call.retry["max_attempts"]
+        if not final and past_total(call.retry, call.started_at, due):
+            final = True
+            error = {
+                "message": f"gave up after {call.attempt} attempts: the call's total timeout "
+                f"({call.retry['total_timeout_secs']} s) would pass before the next one",
+                "code": "deadline_exceeded",
+                "detail": {"last_error": error},
+            }
+        self.emit(
+            {
+                "type": f"{call.kind}.call.errored",
+                "id": call.id,
+                "attempt": call.attempt,
+                "error": error,
+                "retryable": retryable,
+                "final": final,
+            }
+        )
+        if final:
+            if call.kind == "llm":
+                trigger = {
+                    "type": "llm.finished",
+                    "id": call.id,
+                    "ok": False,
+                    "truncated": False,
+                    "error": error,
+                }
+                self.trigger(trigger, {"actions": [{"type": "fail", "error": error}]})
+            else:
+                self.tool_finished(call, None, error)
+            return
+        if wait <= 0:
+            self.dispatch(call, next_attempt)
+            return
+        self.emit(
+            {
+                "type": "call.retry_scheduled",
+                "id": call.id,
+                "attempt": next_attempt,
+                "due_at": iso(due),
+            }
+        )
+        self.out.effects.append(StartTimer(due, TimerFired(call.id, next_attempt)))
+
+    def timer_fired(self, inp: TimerFired) -> None:
+        call = self.s.calls.get(inp.call_id)
+        if call is None or call.status != "retry_scheduled" or inp.attempt != call.attempt + 1:
+            self.ignore(f"timer for {inp.call_id!r} attempt {inp.attempt} is stale")
+            return
+        self.dispatch(call, inp.attempt)
+
+    def call_lost(self, inp: CallLost) -> None:
+        decision = self.s.decision
+        if decision is not None and decision.id == inp.call_id:
+            self.decision_lost(inp)
+            return
+        call = self.live_call(inp.call_id, inp.attempt, None)
+        if call is None or call.status == "waiting":
+            return
+        error = {"message": "the engine running this call stopped", "code": "internal"}
+        self.call_failed(call, error, retryable=True, retry_after=None, at_once=True)
+        self.settle_turn()
+
+    def call_deadline(self, inp: CallDeadline) -> None:
+        call = self.live_call(inp.call_id, inp.attempt, None)
+        if call is None:
+            return
+        error = {
+            "message": f"{call.name or call.id} ran past its deadline",
+            "code": "deadline_exceeded",
+        }
+        self.call_failed(call, error, retryable=True, retry_after=None)
+        self.settle_turn()
+
+    # -- tool results ----------------------------------------------------------------
+
+    def settle_tool(
+        self, call: Call, result: dict[str, Any] | None, error: str | None, retryable: bool
+    ) -> None:
+        """A tool attempt ended: check the output, retry a retryable error, or finish."""
+        if error is None:
+            assert result is not None
+            mismatch = check_output(find_tool(self.s.agent, call.name or ""), result)
+            if mismatch is None:
+                self.emit({"type": "tool.call.completed", "id": call.id, "result": result})
+                self.tool_finished(call, result, None)
+                return
+            error, retryable = mismatch, False
+        self.call_failed(call, {"message": error, "code": "handler_error"}, retryable, None)
+
+    def tool_finished(
+        self, call: Call, result: dict[str, Any] | None, error: dict[str, Any] | None
+    ) -> None:
+        """`tool.finished`: record the tool message; re-prompt once no other call is open."""
+        content = result_text(result) if result is not None else f"Error: {error['message']}"  # type: ignore[index]
+        message = {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
+        trigger: dict[str, Any] = {
+            "type": "tool.finished",
+            "id": call.id,
+            "ok": error is None,
+            "name": call.name,
+        }
+        if result is not None:
+            trigger["result"] = result
+        if error is not None:
+            trigger["error"] = error
+        proposed = self.reprompt_or_nothing()
+        proposed["messages"] = [message]
+        self.trigger(trigger, proposed)
+
+    def reprompt_or_nothing(self) -> dict[str, Any]:
+        """Re-prompt only once nothing else is open and the branch is not paused."""
+        s = self.s
+        if s.interrupts or any(
+            c.turn_id == (s.turn.id if s.turn else None) for c in s.calls.values()
+        ):
+            return {}
+        return {"actions": [{"type": "llm.call"}]}
+
+    def client_settles_tool(self, body: dict[str, Any]) -> None:
+        """A client's `tool.result` / `tool.error` for one of its own tool calls."""
+        call = self.settleable(body["id"], body.get("attempt"), client_input=True)
+        if body["type"] == "tool.result":
+            result = tool_result_of(
+                body.get("result"),
+                body.get("content"),
+                body.get("structured_content"),
+                bool(body.get("is_error")),
+            )
+            self.settle_tool(call, result, None, False)
+        else:
+            self.settle_tool(call, None, body["error"], bool(body.get("retryable")))
+        self.out.reply = {"session_id": self.session_id, "turn_id": call.turn_id, "queued": False}
+        self.settle_turn()
+
+    def api_settles_call(self, inp: CallSettled) -> None:
+        """The settle API: ends an async (waiting) worker call or a client call."""
+        call = self.settleable(inp.call_id, inp.attempt, client_input=False)
+        if inp.error is None:
+            result = tool_result_of(inp.result, inp.content)
+            self.settle_tool(call, result, None, False)
+        else:
+            self.settle_tool(call, None, inp.error, inp.retryable)
+        self.out.reply = {
+            "session_id": self.session_id,
+            "call_id": call.id,
+            "attempt": call.attempt,
+        }
+        self.settle_turn()
+
+    def settleable(self, call_id: str, attempt: int | None, *, client_input: bool) -> Call:
+        """The open call a settle names, or a MachineError that says why not."""
+        call = self.state.calls.get(call_id) if self.state is not None else None
+        if call is None or call.kind != "tool" or call.status not in ("running", "waiting"):
+            raise MachineError("call_not_open", f"tool call {call_id!r} is not open", status=409)
+        if client_input and call.handler != "client":
+            raise MachineError(
+                "call_not_open",
+                f"tool call {call.id!r} runs on the {call.handler}, not the client",
+            )
+        if not client_input and call.handler == "worker" and call.status != "waiting":
+            raise MachineError(
+                "call_not_open",
+                f"tool call {call.id!r} is being run by the worker; only an async call "
+                "(answered with an empty decision) can be settled",
+            )
+        if attempt is not None and attempt != call.attempt:
+            raise MachineError(
+                "stale_attempt",
+                f"tool call {call.id!r} is at attempt {call.attempt}, not {attempt}",
+            )
+        return call
+
+
+def _fail(message: str, code: str) -> dict[str, Any]:
+    return {"type": "fail", "error": {"message": message, "code": code}}

@@ -1,0 +1,95 @@
+"""The transition builder every rule module extends: emit events, collect effects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from .effects import Effect
+from .evolve import Event, evolve
+from .state import SessionState
+
+
+class Ids(Protocol):
+    def __call__(self, prefix: str) -> str: ...
+
+
+class MachineError(Exception):
+    """An input the session refuses. `status` is the HTTP status hint."""
+
+    def __init__(self, code: str, message: str, status: int = 409, **detail: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.status = status
+        self.detail = detail
+
+
+@dataclass
+class Transition:
+    state: SessionState | None
+    events: list[Event] = field(default_factory=list)
+    effects: list[Effect] = field(default_factory=list)
+    reply: dict[str, Any] | None = None
+    ignored: str | None = None
+
+
+def iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+class StepBase:
+    """One transition in the making. Every state change goes through `emit`."""
+
+    def __init__(self, state: SessionState | None, session_id: str, now: int, ids: Ids) -> None:
+        self.state = state
+        self.session_id = session_id
+        self.now = now
+        self.occurred_at = iso(now)
+        self.ids = ids
+        self.out = Transition(state=state)
+
+    @property
+    def s(self) -> SessionState:
+        assert self.state is not None
+        return self.state
+
+    @property
+    def by_worker(self) -> bool:
+        return self.s.decider == "worker"
+
+    def emit(self, payload: dict[str, Any], turn_id: str | None = None) -> None:
+        seq = (self.state.seq if self.state else 0) + 1
+        if turn_id is None and self.state is not None and self.state.turn is not None:
+            turn_id = self.state.turn.id
+        event: Event = {
+            "session_id": self.session_id,
+            "seq": seq,
+            "occurred_at": self.occurred_at,
+            "payload": payload,
+        }
+        if turn_id is not None:
+            event["turn_id"] = turn_id
+        self.state = evolve(self.state, event)
+        self.out.state = self.state
+        self.out.events.append(event)
+
+    def ignore(self, reason: str) -> None:
+        self.out.ignored = reason
+
+    # Rules other modules provide; declared here so each module type-checks alone.
+    def trigger(self, trigger: dict[str, Any], proposed: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def settle_turn(self) -> None:
+        raise NotImplementedError
+
+    def fail_turn(self, error: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def record_messages(self, drafts: list[dict[str, Any]]) -> None:
+        raise NotImplementedError
+
+    def reprompt_or_nothing(self) -> dict[str, Any]:
+        raise NotImplementedError

@@ -1,0 +1,92 @@
+"""Tool contracts (SPEC §6): input validation, output checks, MCP result blocks.
+
+Validation never coerces and never blocks a call: it reports what it found.
+jsonschema is a pure computation, so it may live in the core.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+
+def find_tool(agent: dict[str, Any] | None, name: str) -> dict[str, Any] | None:
+    for tool in (agent or {}).get("tools") or ():
+        if tool.get("name") == name:
+            return tool
+    return None
+
+
+def _first_error(schema: Any, value: Any) -> str | None:
+    try:
+        validator = Draft202012Validator(schema)
+        error = next(iter(sorted(validator.iter_errors(value), key=lambda e: list(e.path))), None)
+    except SchemaError as err:
+        return f"the tool's schema is invalid: {err.message}"
+    if error is None:
+        return None
+    where = "/".join(str(p) for p in error.absolute_path)
+    return f"{where}: {error.message}" if where else error.message
+
+
+def validate_input(tool: dict[str, Any] | None, arguments: str) -> dict[str, Any]:
+    """`{status: valid|invalid|malformed, ...}` for the raw `arguments` string."""
+    try:
+        value = json.loads(arguments) if arguments.strip() else {}
+    except ValueError as err:
+        return {"status": "malformed", "error": f"arguments are not JSON: {err}"}
+    if not isinstance(value, dict):
+        return {
+            "status": "malformed",
+            "error": f"arguments are a JSON {type(value).__name__}, not an object",
+        }
+    schema = (tool or {}).get("input")
+    if schema is not None:
+        error = _first_error(schema, value)
+        if error is not None:
+            return {"status": "invalid", "value": value, "error": error}
+    return {"status": "valid", "value": value}
+
+
+def check_output(tool: dict[str, Any] | None, result: dict[str, Any]) -> str | None:
+    """Why `result` breaks the tool's `output` schema, or None. Checked against the
+    structured content when there is any, else the text of a single text block."""
+    schema = (tool or {}).get("output")
+    if schema is None or result.get("isError"):
+        return None
+    if "structuredContent" in result:
+        value = result["structuredContent"]
+    else:
+        text = result_text(result)
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+    error = _first_error(schema, value)
+    return None if error is None else f"the result does not match the tool's output schema: {error}"
+
+
+def tool_result_of(
+    result: Any = None,
+    content: list[dict[str, Any]] | None = None,
+    structured: Any = None,
+    is_error: bool = False,
+) -> dict[str, Any]:
+    """A tool result as MCP content blocks: a string or other JSON becomes one text block."""
+    if content is None:
+        text = result if isinstance(result, str) else json.dumps(result, separators=(",", ":"))
+        content = [{"type": "text", "text": text}]
+    out: dict[str, Any] = {"content": content}
+    if structured is not None:
+        out["structuredContent"] = structured
+    if is_error:
+        out["isError"] = True
+    return out
+
+
+def result_text(result: dict[str, Any]) -> str:
+    parts = [b.get("text", "") for b in result.get("content") or () if b.get("type") == "text"]
+    return "\n".join(parts)

@@ -1,0 +1,295 @@
+"""Turns (SPEC §2, §10): starting, queueing, ending; interrupts (§8); messages between sessions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .core import MachineError, StepBase
+from .effects import SendMessage
+from .inputs import ClientSubmitted, MessageDelivered
+from .tree import match_view, path_to
+
+TURN_STARTS = ("client.message", "client.messages", "client.append", "client.action")
+QUEUEABLE = ("client.message", "client.append")
+LLM_CALL = {"type": "llm.call"}
+
+
+class TurnRules(StepBase):
+    # -- starting ------------------------------------------------------------------
+
+    def submit_turn(self, inp: ClientSubmitted, *, delivered: bool = False) -> None:
+        body = inp.input
+        s = self.state
+        if s is not None and s.agent_id != inp.agent_id:
+            raise MachineError(
+                "agent_mismatch",
+                f"session {self.session_id} runs agent {s.agent_id!r}, not {inp.agent_id!r}",
+            )
+        turn_id = body.get("turn_id")
+        if s is not None and turn_id and turn_id in s.turns:
+            status = s.turns[turn_id]
+            self.out.reply = self._reply(turn_id, queued=status == "queued", existing=True)
+            return
+        if s is not None and s.interrupts and not delivered:
+            iid = next(iter(s.interrupts))
+            raise MachineError(
+                "session_interrupted",
+                f"session {self.session_id} is paused at interrupt {iid!r}: resume it first",
+                interrupt_id=iid,
+            )
+        if s is not None and body["type"] == "client.append" and not self._fresh(body["messages"]):
+            self.out.reply = {"session_id": self.session_id, "turn_id": None, "queued": False}
+            self.ignore("every appended message is already recorded")
+            return
+        if s is not None and s.turn is not None:
+            if body.get("queue") and body["type"] in QUEUEABLE:
+                turn_id = turn_id or self.ids("turn")
+                self.emit({"type": "turn.queued", "turn_id": turn_id, "input": body}, turn_id)
+                self.out.reply = self._reply(turn_id, queued=True)
+                return
+            raise MachineError(
+                "turn_already_active",
+                f"turn {s.turn.id} is still running in session {self.session_id}",
+                turn_id=s.turn.id,
+            )
+        if s is not None and body["type"] == "client.messages" and self._only_moves_head(body):
+            return
+        turn_id = turn_id or self.ids("turn")
+        self.out.reply = self._reply(turn_id, queued=False)
+        if s is None:
+            self.emit(
+                {
+                    "type": "session.created",
+                    "agent_id": inp.agent_id,
+                    "decider": inp.decider,
+                    "identity": inp.identity,
+                    "llm_routes": inp.llm_routes or {},
+                }
+            )
+            self.start_turn(turn_id, body, start_config=inp.agent_config or {})
+        else:
+            self.start_turn(turn_id, body)
+
+    def _fresh(self, drafts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Drafts whose ids are neither recorded nor already waiting in the queue."""
+        queued = {
+            m.get("id")
+            for q in self.s.queue
+            for m in (q["input"].get("messages") or [q["input"].get("message") or {}])
+        }
+        return [
+            m
+            for m in drafts
+            if not (m.get("id") and (m["id"] in self.s.nodes or m["id"] in queued))
+        ]
+
+    def _only_moves_head(self, body: dict[str, Any]) -> bool:
+        """A view with nothing new moves the head there and writes nothing else."""
+        match = match_view(self.s.nodes, body["messages"])
+        if match.new_from < len(body["messages"]):
+            return False
+        if match.known != self.s.head_id:
+            self.emit({"type": "head.moved", "head_id": match.known})
+        self.out.reply = {"session_id": self.session_id, "turn_id": None, "queued": False}
+        return True
+
+    def _reply(self, turn_id: str, *, queued: bool, existing: bool = False) -> dict[str, Any]:
+        reply = {"session_id": self.session_id, "turn_id": turn_id, "queued": queued}
+        if existing:
+            reply["existing"] = True
+        return reply
+
+    def start_turn(
+        self, turn_id: str, body: dict[str, Any], start_config: dict[str, Any] | None = None
+    ) -> None:
+        self.emit({"type": "turn.started", "turn_id": turn_id}, turn_id)
+        if start_config is not None:
+            # session.start: the engine proposes the file's agent config.
+            self.trigger({"type": "session.start"}, {"agent": start_config} if start_config else {})
+        kind = body["type"]
+        if kind == "client.action":
+            trigger = {"type": "client.action", "name": body["name"]}
+            if body.get("args") is not None:
+                trigger["args"] = body["args"]
+            self.trigger(trigger, {})
+        else:
+            self.trigger(*self._messages_trigger(body))
+        self.settle_turn()
+
+    def _messages_trigger(self, body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Every message input reaches a worker as `client.messages` (SPEC §4)."""
+        kind = body["type"]
+        if kind == "client.messages":
+            view = body["messages"]
+            match = match_view(self.s.nodes, view)
+            if match.known != self.s.head_id:
+                self.emit({"type": "head.moved", "head_id": match.known})
+            new, new_from = view[match.new_from :], match.new_from
+        else:
+            path = [_draft(m) for m in path_to(self.s.nodes, self.s.head_id)]
+            new = [body["message"]] if kind == "client.message" else self._fresh(body["messages"])
+            view, new_from = path + new, len(path)
+        trigger = {
+            "type": "client.messages",
+            "messages": view,
+            "new_from": new_from,
+            "client": body.get("client") or {},
+        }
+        return trigger, {"messages": new, "actions": [LLM_CALL]}
+
+    def record_messages(self, drafts: list[dict[str, Any]]) -> None:
+        for draft in drafts:
+            msg = {k: v for k, v in draft.items() if v is not None}
+            msg["id"] = msg.get("id") or self.ids("msg")
+            self.emit({"type": "message.new", "message": msg, "parent_id": self.s.head_id})
+
+    # -- ending ----------------------------------------------------------------------
+
+    def open_calls(self) -> list[Any]:
+        turn = self.s.turn
+        return [c for c in self.s.calls.values() if turn is not None and c.turn_id == turn.id]
+
+    def busy(self) -> bool:
+        """Anything still in flight or waiting in this turn."""
+        s = self.s
+        return bool(self.open_calls() or s.decision or s.pending or s.interrupts)
+
+    def settle_turn(self) -> None:
+        """A turn with nothing left in flight is over.
+
+        An engine-decided turn ends at once. For a worker, the empty decision
+        "parks" the session; we read that as the turn having nothing more to do
+        and ask the worker one last time with `turn.finished`.
+        """
+        s = self.state
+        if s is None or s.turn is None or self.busy():
+            return
+        if self.by_worker:
+            self.finish_with_worker(None)
+        else:
+            self.end_turn(None)
+
+    def finish_with_worker(self, data: Any) -> None:
+        turn = self.s.turn
+        assert turn is not None
+        trigger: dict[str, Any] = {
+            "type": "turn.finished",
+            "turn_id": turn.id,
+            "cost": turn.cost,
+            "usage": turn.usage,
+        }
+        done: dict[str, Any] = {"type": "done"}
+        if data is not None:
+            trigger["data"] = data
+            done["data"] = data
+        self.trigger(trigger, {"actions": [done]})
+
+    def close_open_calls(self) -> None:
+        """A turn that ends closes what it still has open, each with an event of its own."""
+        for call in self.open_calls():
+            self.emit(
+                {
+                    "type": f"{call.kind}.call.errored",
+                    "id": call.id,
+                    "attempt": call.attempt,
+                    "error": {
+                        "message": "the turn ended before the call finished",
+                        "code": "internal",
+                        "detail": {"reason": "turn_ended"},
+                    },
+                    "retryable": False,
+                    "final": True,
+                }
+            )
+
+    def end_turn(self, data: Any) -> None:
+        turn = self.s.turn
+        assert turn is not None
+        self.close_open_calls()
+        payload: dict[str, Any] = {
+            "type": "turn.completed",
+            "turn_id": turn.id,
+            "cost": turn.cost,
+            "usage": turn.usage,
+        }
+        if data is not None:
+            payload["data"] = data
+        self.emit(payload)
+        self.next_queued()
+
+    def fail_turn(self, error: dict[str, Any]) -> None:
+        turn = self.s.turn
+        assert turn is not None
+        self.close_open_calls()
+        self.emit(
+            {
+                "type": "turn.failed",
+                "turn_id": turn.id,
+                "error": error,
+                "cost": turn.cost,
+                "usage": turn.usage,
+            }
+        )
+        self.next_queued()
+
+    def next_queued(self) -> None:
+        if self.s.queue:
+            nxt = self.s.queue[0]
+            self.start_turn(nxt["turn_id"], nxt["input"])
+
+    # -- interrupts (SPEC §8) --------------------------------------------------------
+
+    def raise_interrupt(self, action: dict[str, Any], origin: str) -> None:
+        iid = action.get("interrupt_id") or self.ids("int")
+        if iid in self.s.interrupts:
+            return
+        self.emit(
+            {
+                "type": "session.interrupted",
+                "interrupt_id": iid,
+                "origin": origin,
+                "reason": action.get("reason") or "",
+                "payload": action.get("payload"),
+            }
+        )
+
+    def resume_interrupt(self, iid: str, payload: Any) -> bool:
+        """Resume; an old or repeated id does nothing."""
+        if self.state is None or iid not in self.s.interrupts:
+            self.ignore(f"interrupt {iid!r} is not open")
+            return False
+        resumed: dict[str, Any] = {"type": "session.interrupt_resumed", "interrupt_id": iid}
+        trigger: dict[str, Any] = {"type": "interrupt.resumed", "interrupt_id": iid}
+        if payload is not None:
+            resumed["payload"] = payload
+            trigger["payload"] = payload
+        self.emit(resumed)
+        self.trigger(trigger, self.reprompt_or_nothing())
+        return True
+
+    # -- messages between sessions ---------------------------------------------------
+
+    def send_message(self, action: dict[str, Any]) -> None:
+        message = {k: v for k, v in action["message"].items() if v is not None}
+        # The id travels with the message: the receiver drops one it has seen.
+        message["id"] = message.get("id") or f"{self.session_id}:{self.s.seq + 1}"
+        self.emit({"type": "message.sent", "to": action["session_id"], "message": message})
+        self.out.effects.append(SendMessage(action["session_id"], message))
+
+    def message_delivered(self, inp: MessageDelivered) -> None:
+        s = self.state
+        if s is None:
+            self.ignore(f"message.send to {self.session_id!r}, which does not exist")
+            return
+        body = {
+            "type": "client.append",
+            "agent_id": s.agent_id,
+            "messages": [inp.message],
+            "queue": True,
+        }
+        identity = {"subject": {"issuer": "session", "id": inp.from_session}}
+        self.submit_turn(ClientSubmitted(body, s.agent_id, identity, None), delivered=True)
+
+
+def _draft(message: dict[str, Any]) -> dict[str, Any]:
+    return dict(message)
