@@ -46,7 +46,9 @@ class DecisionRules(StepBase):
         self, trigger: dict[str, Any], proposed: dict[str, Any], *, from_queue: bool
     ) -> None:
         decision_id = self.ids("dec")
-        policy = resolve_policy("decision", self.s.agent)
+        # Before session.start is answered, the file's config (its proposal) sets the policy.
+        agent = self.s.agent if self.s.agent is not None else proposed.get("agent")
+        policy = resolve_policy("decision", agent)
         deadline = run_deadline(policy, self.now)
         self.emit(
             {

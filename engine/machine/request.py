@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .core import iso
 from .state import Call, SessionState
+from .tools import find_tool, validate_input
 from .tree import path_to
 
 _DRAFT_KEYS = ("id", "role", "content", "name", "tool_call_id", "tool_calls", "reasoning")
@@ -60,3 +62,157 @@ def build_llm_request(state: SessionState, call: Call) -> LlmCallPlan:
     if stream is None:
         stream = agent.get("stream", True) is not False
     return LlmCallPlan(llm=params.get("llm") or agent.get("llm"), request=request, stream=stream)
+
+
+# -- decision requests (SPEC §3) ------------------------------------------------------
+
+_STATUS = {
+    "requested": "pending",
+    "running": "running",
+    "waiting": "running",
+    "retry_scheduled": "retry_scheduled",
+    "failed": "failed",
+}
+# Our extensions to the agent config, kept in state but not on the wire (seed 002).
+_NOT_ON_WIRE = ("handler", "format", "stream")
+
+
+def wire_agent(agent: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not agent or "model" not in agent:
+        return None
+    return {k: v for k, v in agent.items() if k not in _NOT_ON_WIRE}
+
+
+def wire_proposed(proposed: dict[str, Any]) -> dict[str, Any]:
+    if proposed.get("agent") is None:
+        return proposed
+    out = dict(proposed)
+    agent = wire_agent(proposed["agent"])
+    if agent is None:
+        del out["agent"]
+    else:
+        out["agent"] = agent
+    return out
+
+
+def _identity(identity: dict[str, Any]) -> dict[str, Any]:
+    """The owner as a worker sees it: `{subject?, metadata, visibility?}`."""
+    out: dict[str, Any] = {"metadata": dict(identity.get("metadata") or {})}
+    if identity.get("subject"):
+        out["subject"] = identity["subject"]
+    if identity.get("visibility"):
+        out["visibility"] = identity["visibility"]
+    return out
+
+
+def _effect(call: Call) -> dict[str, Any]:
+    effect: dict[str, Any] = {
+        "id": call.id,
+        "kind": "llm_call" if call.kind == "llm" else "tool_call",
+        "status": _STATUS[call.status],
+        "attempt": call.attempt,
+        "handler": call.handler,
+    }
+    if call.name is not None:
+        effect["name"] = call.name
+    if call.arguments is not None:
+        effect["arguments"] = call.arguments
+    if call.anchor is not None:
+        effect["anchor"] = call.anchor
+    if call.deadline is not None:
+        effect["deadline"] = iso(call.deadline)
+    return effect
+
+
+def decision_request(
+    state: SessionState,
+    decision_id: str,
+    trigger: dict[str, Any],
+    proposed: dict[str, Any],
+    attempts: int,
+    deadline: int | None,
+) -> dict[str, Any]:
+    """The DecisionRequest a worker receives (schema `decision_request`)."""
+    messages = path_to(state.nodes, state.head_id)
+    calls = [_effect(c) for c in state.calls.values()]
+    return {
+        "session_id": state.session_id,
+        "decision_id": decision_id,
+        "agent_id": state.agent_id,
+        "identity": _identity(state.identity),
+        "trigger": trigger,
+        "proposed": wire_proposed(proposed),
+        "state": state.worker_state,
+        "agent": wire_agent(state.agent),
+        "calls": calls,
+        "pending_calls": sum(1 for c in state.calls.values() if c.kind == "tool"),
+        "messages": messages,
+        "message_tree": {
+            "nodes": [
+                {"message": n.message, "parent_id": n.parent_id} for n in state.nodes.values()
+            ],
+            "head_id": state.head_id,
+        },
+        "ancestry": [],
+        "attempts": attempts,
+        "deadline": None if deadline is None else iso(deadline),
+        "turn_id": state.turn.id if state.turn else None,
+    }
+
+
+def control_request(state: SessionState) -> dict[str, Any]:
+    """The request for the session's live decision."""
+    d = state.decision
+    assert d is not None
+    return decision_request(state, d.id, d.trigger, d.proposed, d.attempt, d.deadline)
+
+
+def execute_request(state: SessionState, call: Call) -> dict[str, Any]:
+    """The `tool.execute` / `llm.execute` request of a worker call's current attempt.
+
+    An `llm.execute` carries the neutral LlmRequest; the shell rewrites it into
+    the vendor's body when the call has a `format`.
+    """
+    deadline = None if call.deadline is None else iso(call.deadline)
+    if call.kind == "tool":
+        tool = find_tool(state.agent, call.name or "")
+        tool_input = validate_input(tool, call.arguments or "")
+        trigger: dict[str, Any] = {
+            "type": "tool.execute",
+            "id": call.id,
+            "name": call.name,
+            "arguments": call.arguments or "",
+            "input": tool_input,
+            "attempt": call.attempt,
+            "deadline": deadline,
+        }
+        problem = (
+            f"tool {call.name!r} is not declared"
+            if tool is None
+            else tool_input.get("error")
+            if tool_input["status"] != "valid"
+            else None
+        )
+        proposed = (
+            {}
+            if problem is None
+            else {"actions": [{"type": "tool.error", "id": call.id, "error": problem}]}
+        )
+    else:
+        plan = build_llm_request(state, call)
+        # A worker-run call streams only when asked to (seed 002: `stream` defaults to false).
+        stream = call.params.get("stream", (state.agent or {}).get("stream", False)) is True
+        trigger = {
+            "type": "llm.execute",
+            "id": call.id,
+            "request": plan.request,
+            "stream": stream,
+            "attempt": call.attempt,
+            "deadline": deadline,
+        }
+        if call.params.get("format"):
+            trigger["format"] = call.params["format"]
+        proposed = {}
+    return decision_request(
+        state, f"{call.id}/{call.attempt}", trigger, proposed, call.attempt, call.deadline
+    )

@@ -1,0 +1,374 @@
+"""The pure machine with a worker deciding: decisions, worker calls, interrupts, messages."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from engine.machine import (
+    CallDeadline,
+    CallLost,
+    CallSettled,
+    ClientSubmitted,
+    DecisionAnswered,
+    DecisionFailed,
+    ExecuteAnswered,
+    LlmCallSettled,
+    MachineError,
+    MessageDelivered,
+    RunDecision,
+    RunExecute,
+    RunLlmCall,
+    SendMessage,
+    StartTimer,
+)
+from engine.machine.request import control_request, execute_request
+from tests.machine_helpers import Session, text_reply, tool_reply
+
+SCHEMA = json.loads((Path(__file__).parents[1] / "spec" / "protocol.schema.json").read_text())
+REQUEST = Draft202012Validator({"$ref": "#/properties/decision_request", **SCHEMA})
+
+WORKER_AGENT = {
+    "llm": "vendor",
+    "model": "m1",
+    "system": "be brief",
+    "tools": [
+        {
+            "name": "lookup",
+            "description": "worker tool",
+            "input": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+            "output": {"type": "object", "required": ["hits"]},
+        },
+        {"name": "confirm", "description": "ask a person", "handler": "client"},
+    ],
+}
+
+
+class WorkerSession(Session):
+    """A session whose agent has a worker; answers come as inputs."""
+
+    def start(self, text: str = "hello", **extra) -> None:
+        body = {
+            "type": "client.message",
+            "agent_id": "a",
+            "message": {"role": "user", "content": text},
+            **extra,
+        }
+        self.last = self.apply(ClientSubmitted(body, "a", {}, self.agent, "worker"))
+
+    def request(self) -> dict:
+        req = control_request(self.state)
+        errors = list(REQUEST.iter_errors(json.loads(json.dumps(req))))
+        assert not errors, [e.message for e in errors]
+        return req
+
+    def answer(self, response: dict | None = None):
+        """Answer the live decision; None echoes the proposal."""
+        req = self.request()
+        resp = req["proposed"] if response is None else response
+        return self.apply(DecisionAnswered(req["decision_id"], req["attempts"], resp))
+
+    def execute(self, call_id: str) -> dict:
+        req = execute_request(self.state, self.state.calls[call_id])
+        errors = list(REQUEST.iter_errors(json.loads(json.dumps(req))))
+        assert not errors, [e.message for e in errors]
+        return req
+
+
+def effects(t, kind):
+    return [e for e in t.effects if isinstance(e, kind)]
+
+
+@pytest.fixture
+def w() -> WorkerSession:
+    return WorkerSession(agent=json.loads(json.dumps(WORKER_AGENT)))
+
+
+def test_every_trigger_waits_for_the_one_live_decision(w):
+    w.start()
+    assert w.types(w.last) == [
+        "session.created",
+        "turn.started",
+        "decision.dispatched",
+        "decision.queued",
+    ]
+    (run,) = effects(w.last, RunDecision)
+    req = w.request()
+    assert req["trigger"] == {"type": "session.start"} and req["decision_id"] == run.decision_id
+    assert req["proposed"]["agent"]["model"] == "m1"
+    t = w.answer()  # accept the file's config
+    assert w.types(t) == ["decision.completed", "agent.updated", "decision.dispatched"]
+    req = w.request()
+    assert req["trigger"]["type"] == "client.messages"
+    assert req["trigger"]["new_from"] == 0 and req["trigger"]["messages"][0]["content"] == "hello"
+    assert req["proposed"] == {
+        "messages": [{"role": "user", "content": "hello"}],
+        "actions": [{"type": "llm.call"}],
+    }
+    t = w.answer()
+    assert w.types(t) == [
+        "decision.completed",
+        "message.new",
+        "llm.call.requested",
+        "llm.call.dispatched",
+    ]
+    (llm,) = effects(t, RunLlmCall)
+    t = w.apply(LlmCallSettled(llm.call_id, 1, response=text_reply("hi there")))
+    assert w.request()["trigger"]["type"] == "llm.finished"
+    assert w.request()["proposed"]["actions"] == [{"type": "done"}]
+    w.answer()
+    req = w.request()
+    assert req["trigger"]["type"] == "turn.finished" and req["trigger"]["cost"] == "0.001"
+    t = w.answer()
+    assert w.types(t) == ["decision.completed", "turn.completed"]
+    assert w.state.status == "idle"
+    w.check_fold()
+
+
+def test_worker_tools_run_concurrently_and_validate_input_and_output(w):
+    w.start()
+    w.answer()
+    (llm,) = effects(w.answer(), RunLlmCall)
+    reply = tool_reply(
+        ("t1", "lookup", '{"q":"db"}'), ("t2", "lookup", '{"x":1}'), ("t3", "ghost", "[1]")
+    )
+    w.apply(LlmCallSettled(llm.call_id, 1, response=reply))
+    t = w.answer()  # llm.finished: record and start the three calls
+    assert sorted(e.call_id for e in effects(t, RunExecute)) == ["t1", "t2", "t3"]
+    assert len(effects(t, StartTimer)) == 3  # each worker call has a deadline
+    assert w.execute("t1")["trigger"]["input"] == {"status": "valid", "value": {"q": "db"}}
+    bad = w.execute("t2")
+    assert bad["trigger"]["input"]["status"] == "invalid"
+    assert bad["proposed"]["actions"][0]["type"] == "tool.error"
+    ghost = w.execute("t3")
+    assert ghost["trigger"]["input"]["status"] == "malformed"
+    assert "not declared" in ghost["proposed"]["actions"][0]["error"]
+
+    # t1 answers with a result that breaks the output schema: a non-retryable tool error.
+    t = w.apply(
+        ExecuteAnswered("t1", 1, {"actions": [{"type": "tool.result", "result": {"no": 1}}]})
+    )
+    errored = [e["payload"] for e in t.events if e["payload"]["type"] == "tool.call.errored"]
+    assert errored and "output schema" in errored[0]["error"]["message"] and errored[0]["final"]
+    # t2 takes the proposed error; t3 answers a valid result.
+    w.apply(ExecuteAnswered("t2", 1, bad["proposed"]))
+    t = w.apply(
+        ExecuteAnswered(
+            "t3",
+            1,
+            {
+                "actions": [
+                    {
+                        "type": "tool.result",
+                        "structured_content": {"hits": 1},
+                        "content": [{"type": "text", "text": "1 hit"}],
+                    }
+                ]
+            },
+        )
+    )
+    # Three tool.finished triggers went through the one decision slot, in order.
+    finished = []
+    while w.state.decision is not None and w.state.decision.trigger["type"] == "tool.finished":
+        finished.append(w.state.decision.trigger["id"])
+        proposed = w.request()["proposed"]
+        last = w.answer()
+    assert finished == ["t1", "t2", "t3"]
+    assert proposed["actions"] == [{"type": "llm.call"}]  # only the last re-prompts
+    assert effects(last, RunLlmCall)
+    w.check_fold()
+
+
+def test_async_tool_waits_for_a_settle_and_refuses_bad_ones(w):
+    w.start()
+    w.answer()
+    (llm,) = effects(w.answer(), RunLlmCall)
+    w.apply(LlmCallSettled(llm.call_id, 1, response=tool_reply(("t1", "lookup", '{"q":"a"}'))))
+    w.answer()
+    t = w.apply(ExecuteAnswered("t1", 1, {}))
+    assert w.types(t) == ["tool.call.waiting"]
+    assert w.apply(CallLost("t1", 1)).events == []  # a waiting call survives a restart
+    with pytest.raises(MachineError) as err:
+        w.apply(CallSettled("t1", 2, result={"hits": 0}))
+    assert err.value.code == "stale_attempt"
+    with pytest.raises(MachineError) as err:
+        w.apply(CallSettled("nope", None, result="x"))
+    assert err.value.code == "call_not_open"
+    t = w.apply(CallSettled("t1", 1, result={"hits": 3}))
+    assert "tool.call.completed" in w.types(t)
+    with pytest.raises(MachineError):
+        w.apply(CallSettled("t1", 1, result={"hits": 3}))
+    w.check_fold()
+
+
+def test_async_tool_deadline_ends_the_call(w):
+    w.start()
+    w.answer()
+    (llm,) = effects(w.answer(), RunLlmCall)
+    w.apply(LlmCallSettled(llm.call_id, 1, response=tool_reply(("t1", "lookup", '{"q":"a"}'))))
+    t = w.answer()
+    (timer,) = effects(t, StartTimer)
+    w.apply(ExecuteAnswered("t1", 1, {}))
+    t = w.apply(timer.input)
+    errored = [e["payload"] for e in t.events if e["payload"]["type"] == "tool.call.errored"]
+    assert errored[0]["error"]["code"] == "deadline_exceeded" and errored[0]["final"]
+    assert w.apply(CallDeadline("t1", 1)).events == []
+    w.check_fold()
+
+
+@pytest.mark.parametrize(
+    ("response", "reason"),
+    [
+        ({"actions": [{"type": "tool.result", "id": "nope", "result": 1}]}, "not open"),
+        ({"actions": [{"type": "llm.result", "response": {"model": "m"}}]}, "must name the call"),
+        (
+            {"actions": [{"type": "subagent.spawn", "agent_id": "x", "tool_call_id": "y"}]},
+            "not supported",
+        ),
+    ],
+)
+def test_an_answer_that_does_not_fit_the_session_is_a_failed_attempt(w, response, reason):
+    w.agent["retry"] = {"default": {"backoff_base_secs": 0}}
+    w.start()
+    before = w.request()
+    t = w.answer(response)
+    assert w.types(t) == ["decision.errored", "decision.dispatched"]
+    errored = t.events[0]["payload"]
+    assert errored["error"]["code"] == "invalid_response" and reason in errored["error"]["message"]
+    again = w.request()
+    assert again["decision_id"] == before["decision_id"] and again["attempts"] == 2
+    w.answer()  # the next attempt recovers
+    assert w.state.agent["model"] == "m1"
+    w.check_fold()
+
+
+def test_a_worker_that_keeps_failing_fails_the_turn_cleanly(w):
+    w.agent["retry"] = {"default": {"backoff_base_secs": 0, "max_attempts": 3}}
+    w.start()
+    error = {"message": "worker answered 401: bad signature", "code": "worker_unreachable"}
+    for _ in range(3):
+        req = w.request()
+        t = w.apply(DecisionFailed(req["decision_id"], req["attempts"], error))
+    assert w.types(t)[-2:] == ["decision.errored", "turn.failed"]
+    assert t.events[-1]["payload"]["error"]["code"] == "worker_unreachable"
+    assert w.state.decision is None and w.state.pending == [] and w.state.status == "idle"
+    w.check_fold()
+
+
+def test_a_lost_decision_is_sent_again_with_the_same_id(w):
+    w.start()
+    req = w.request()
+    t = w.apply(CallLost(req["decision_id"], 1))
+    (run,) = effects(t, RunDecision)
+    assert run.decision_id == req["decision_id"] and run.attempt == 2
+    late = w.apply(DecisionAnswered(req["decision_id"], 1, {}))
+    assert late.events == [] and late.ignored
+    w.answer()
+    assert w.apply(DecisionAnswered(req["decision_id"], 2, {})).events == []  # never applied twice
+    w.check_fold()
+
+
+def test_interrupt_pauses_refuses_messages_and_resumes_once(w):
+    w.start()
+    w.answer()
+    payload = {
+        "message": "Restart prod?",
+        "metadata": {"options": [{"label": "Yes", "value": "y"}]},
+    }
+    t = w.answer(
+        {
+            "actions": [
+                {
+                    "type": "interrupt",
+                    "interrupt_id": "i1",
+                    "reason": "approval",
+                    "payload": payload,
+                }
+            ]
+        }
+    )
+    assert "session.interrupted" in w.types(t) and w.state.status == "interrupted"
+    assert not effects(t, RunLlmCall)
+    with pytest.raises(MachineError) as err:
+        w.client(
+            {
+                "type": "client.message",
+                "agent_id": "a",
+                "message": {"role": "user", "content": "x"},
+                "queue": True,
+            }
+        )
+    assert err.value.code == "session_interrupted" and err.value.detail["interrupt_id"] == "i1"
+    t = w.client({"type": "interrupt.resume", "interrupt_id": "i1", "payload": {"value": "y"}})
+    assert w.types(t) == ["session.interrupt_resumed", "decision.dispatched"]
+    req = w.request()
+    assert req["trigger"] == {
+        "type": "interrupt.resumed",
+        "interrupt_id": "i1",
+        "payload": {"value": "y"},
+    }
+    assert req["proposed"] == {"actions": [{"type": "llm.call"}]}
+    again = w.client({"type": "interrupt.resume", "interrupt_id": "i1"})
+    assert again.events == [] and again.reply["resumed"] is False
+    w.check_fold()
+
+
+def test_message_send_leaves_through_an_effect_and_arrives_once():
+    sender = WorkerSession(agent=json.loads(json.dumps(WORKER_AGENT)))
+    sender.start()
+    sender.answer()
+    t = sender.answer(
+        {
+            "actions": [
+                {
+                    "type": "message.send",
+                    "session_id": "s2",
+                    "message": {"role": "user", "content": "ping"},
+                },
+                {"type": "done"},
+            ]
+        }
+    )
+    (send,) = effects(t, SendMessage)
+    assert send.to == "s2" and send.message["id"].startswith("s1:")
+
+    target = Session(session_id="s2")
+    run = next(e for e in target.say("hi").effects if isinstance(e, RunLlmCall))
+    t = target.apply(MessageDelivered("s1", send.message))
+    assert target.types(t) == ["turn.queued"]  # busy: it waits its turn
+    assert target.apply(MessageDelivered("s1", send.message)).events == []  # a duplicate
+    target.apply(LlmCallSettled(run.call_id, 1, response=text_reply("ok")))
+    contents = [
+        n.message["content"] for n in target.state.nodes.values() if n.message["role"] == "user"
+    ]
+    assert contents == ["hi", "ping"]
+    assert target.apply(MessageDelivered("s1", send.message)).events == []
+    assert Session(session_id="s3").apply(MessageDelivered("s1", send.message)).ignored
+    target.check_fold()
+
+
+def test_worker_run_model_call_from_the_seed_config(w):
+    w.start()
+    seed_agent = {
+        "model": "claude-haiku-4-5",
+        "stream": True,
+        "handler": "worker",
+        "format": "anthropic",
+    }
+    t = w.answer({"agent": seed_agent})
+    t = w.answer()
+    (run,) = effects(t, RunExecute)
+    req = w.execute(run.call_id)
+    assert req["trigger"]["type"] == "llm.execute" and req["trigger"]["format"] == "anthropic"
+    assert req["trigger"]["stream"] is True
+    assert "handler" not in (req["agent"] or {})  # our extension stays off the wire
+    resp = {"actions": [{"type": "llm.result", "response": text_reply("from the worker")}]}
+    t = w.apply(ExecuteAnswered(run.call_id, 1, resp))
+    assert w.request()["trigger"]["type"] == "llm.finished"
+    assert w.request()["trigger"]["message"]["content"] == "from the worker"
+    empty = w.apply(ExecuteAnswered(run.call_id, 1, {}))
+    assert empty.events == [] and empty.ignored
+    w.check_fold()
