@@ -48,6 +48,7 @@ class Session:
     state: SessionState | None = None
     log: list[Event] = field(default_factory=list)
     ids: CountingIds = field(default_factory=CountingIds)
+    decider: str = "engine"
 
     def apply(self, inp: Input) -> Transition:
         self.now += 10
@@ -63,10 +64,10 @@ class Session:
             "message": {"role": "user", "content": text},
         }
         body.update(extra)
-        return self.apply(ClientSubmitted(body, "a", {}, self.agent))
+        return self.client(body)
 
     def client(self, body: dict[str, Any]) -> Transition:
-        return self.apply(ClientSubmitted(body, "a", {}, self.agent))
+        return self.apply(ClientSubmitted(body, "a", {}, self.agent, self.decider))
 
     def types(self, t: Transition | None = None) -> list[str]:
         events = t.events if t is not None else self.log
