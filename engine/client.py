@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from .errors import SubsError
+from .machine import CallSettled, input_to_json
 from .runner import new_id
 from .store import Store
 
@@ -42,8 +43,12 @@ class Client:
     ) -> dict[str, Any]:
         """Send one ClientInput; returns `{session_id, turn_id, queued}` once committed."""
         sid = session_id or new_id("ses")
-        reply_to = self.store.reply_key(sid, secrets.token_hex(8))
         body = {"kind": "client", "input": payload, "identity": identity or {}}
+        return await self._request(sid, body, timeout)
+
+    async def _request(self, sid: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Put one input on the session's work stream and wait for the owner's answer."""
+        reply_to = self.store.reply_key(sid, secrets.token_hex(8))
         await self.store.enqueue(sid, body, reply_to)
         answer = await self.redis.blpop([reply_to], timeout=timeout)
         if answer is None:
@@ -60,6 +65,21 @@ class Client:
             )
         reply.setdefault("session_id", sid)
         return reply
+
+    async def settle(
+        self,
+        session_id: str,
+        call_id: str,
+        *,
+        attempt: int | None = None,
+        result: Any = None,
+        error: str | None = None,
+        retryable: bool = False,
+        timeout: float = 30.0,
+    ) -> dict[str, Any]:
+        """End an async worker tool call (or a client tool call) from outside (SPEC §6)."""
+        settled = CallSettled(call_id, attempt, result=result, error=error, retryable=retryable)
+        return await self._request(session_id, input_to_json(settled), timeout)
 
     async def events(self, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
         return await self.store.read_log(session_id, after_seq)

@@ -25,14 +25,21 @@ import httpx
 import redis.asyncio as aioredis
 
 from .config import Project
+from .errors import SubsError
 from .llm import LlmTarget, ProviderError, complete
 from .machine import (
     CallLost,
     ClientSubmitted,
+    DecisionFailed,
+    ExecuteFailed,
     Input,
     LlmCallSettled,
     MachineError,
+    MessageDelivered,
+    RunDecision,
+    RunExecute,
     RunLlmCall,
+    SendMessage,
     SessionState,
     StartTimer,
     build_llm_request,
@@ -44,6 +51,7 @@ from .machine import (
 )
 from .machine.evolve import at_ms
 from .store import Commit, Store, StoreConflict, WorkItem
+from .worker_effects import DecisionRun, ExecuteRun, WorkerTarget
 
 log = logging.getLogger("subs.engine")
 
@@ -51,6 +59,10 @@ log = logging.getLogger("subs.engine")
 def new_id(prefix: str) -> str:
     """Time-ordered, unique: 48 bits of milliseconds, 64 random bits."""
     return f"{prefix}_{int(time.time() * 1000):012x}{secrets.token_hex(8)}"
+
+
+class EngineConfigError(SubsError):
+    """The project cannot run as configured (found at start, before any work)."""
 
 
 @dataclass
@@ -102,6 +114,25 @@ class Engine:
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
         self._background: list[asyncio.Task[None]] = []
         self._ownership_changed = asyncio.Event()
+        self.workers = self._worker_targets()
+        self.llm_routes = {b.id: {"type": b.type, "format": b.format} for b in project.llm.values()}
+
+    def _worker_targets(self) -> dict[str, WorkerTarget]:
+        """Each worker agent's URL and signing secret; a named but empty secret is an error."""
+        targets = {}
+        for agent in self.project.agents.values():
+            if agent.worker is None:
+                continue
+            secret = None
+            if agent.signing_secret_env:
+                secret = self.env.get(agent.signing_secret_env) or None
+                if secret is None:
+                    raise EngineConfigError(
+                        f"agent.{agent.id}.signing_secret_env names {agent.signing_secret_env}, "
+                        "which is not set (or empty) in the environment"
+                    )
+            targets[agent.id] = WorkerTarget(agent.worker, secret)
+        return targets
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -174,10 +205,10 @@ class Engine:
         # Calls the previous owner had out are lost with it: send them again.
         for sid in await self.store.inflight_sessions(p):
             state = await self._load(sid)
-            for call in list(state.calls.values()) if state else ():
-                if call.handler == "server" and call.status == "running":
-                    lost = CallLost(call.id, call.attempt)
-                    part.queue.put_nowait(WorkItem(None, sid, input_to_json(lost)))
+            for lost in _lost_work(state):
+                part.queue.put_nowait(WorkItem(None, sid, input_to_json(lost)))
+        for entry_id, to, message in await self.store.outbox(p):
+            await self._relay(p, entry_id, to, message)
         part.tasks = [
             asyncio.create_task(self._read_work(part), name=f"subs-read-{p}"),
             asyncio.create_task(self._process(part), name=f"subs-apply-{p}"),
@@ -277,7 +308,8 @@ class Engine:
             )
         config = decl.wire_config(self.project) if decl else None
         decider = "worker" if decl and decl.worker else "engine"
-        return ClientSubmitted(inp, agent_id, body.get("identity") or {}, config, decider)
+        identity = body.get("identity") or {}
+        return ClientSubmitted(inp, agent_id, identity, config, decider, self.llm_routes)
 
     async def _apply(self, part: _Partition, item: WorkItem) -> None:
         started = time.perf_counter()
@@ -316,6 +348,11 @@ class Engine:
             ack_id=item.entry_id,
             inflight=_has_inflight(new_state) if t.events else None,
             timers=timers,
+            outbox=tuple(
+                json.dumps({"to": e.to, "from": sid, "message": e.message})
+                for e in t.effects
+                if isinstance(e, SendMessage)
+            ),
             reply={"ok": True, **t.reply} if t.reply else {"ok": True, "ignored": t.ignored},
             reply_to=item.reply_to,
         )
@@ -328,6 +365,11 @@ class Engine:
         for effect in t.effects:
             if isinstance(effect, RunLlmCall):
                 self._start_llm_call(part, new_state, effect)
+            elif isinstance(effect, RunDecision | RunExecute):
+                self._start_worker_effect(part, new_state, effect)
+        if any(isinstance(e, SendMessage) for e in t.effects):
+            for entry_id, to, message in await self.store.outbox(part.p):
+                await self._relay(part.p, entry_id, to, message)
         self.stats.steps += 1
         if self.stats.record_steps:
             self.stats.step_seconds.append(time.perf_counter() - started)
@@ -346,6 +388,60 @@ class Engine:
         task = asyncio.create_task(self._run_llm_call(part, sid, effect, plan))
         part.calls.add(task)
         task.add_done_callback(part.calls.discard)
+
+    def _track(self, part: _Partition, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        part.calls.add(task)
+        task.add_done_callback(part.calls.discard)
+
+    def _start_worker_effect(
+        self, part: _Partition, state: SessionState, effect: RunDecision | RunExecute
+    ) -> None:
+        sid = state.session_id
+        target = self.workers.get(state.agent_id)
+        if target is None:
+            error = {
+                "message": f"agent {state.agent_id!r} has no worker to send this to",
+                "code": "unroutable",
+            }
+            failed = (
+                DecisionFailed(effect.decision_id, effect.attempt, error, retryable=False)
+                if isinstance(effect, RunDecision)
+                else ExecuteFailed(effect.call_id, effect.attempt, error, retryable=False)
+            )
+            part.queue.put_nowait(WorkItem(None, sid, input_to_json(failed)))
+            return
+        now = self.now_ms()
+
+        async def add_delta(delta: dict[str, Any]) -> None:
+            await self.store.add_delta(sid, delta)
+
+        # Build the request now, from the state this transition committed.
+        if isinstance(effect, RunDecision):
+            decision = DecisionRun(state, target, now)
+
+            async def run_decision() -> None:
+                result = await decision.run(self.http)
+                part.queue.put_nowait(WorkItem(None, sid, input_to_json(result)))
+
+            self._track(part, run_decision())
+        else:
+            execute = ExecuteRun(state, effect.call_id, target, now)
+
+            async def run_execute() -> None:
+                result = await execute.run(self.http, add_delta)
+                part.queue.put_nowait(WorkItem(None, sid, input_to_json(result)))
+
+            self._track(part, run_execute())
+
+    async def _relay(self, p: int, entry_id: str, to: str, message_json: str) -> None:
+        """Hand a committed message.send to its target session, then forget it.
+
+        A crash between the two re-sends it; the receiver drops a message id it has."""
+        item = json.loads(message_json)
+        delivered = MessageDelivered(item["from"], item["message"])
+        await self.store.enqueue(to, input_to_json(delivered), None)
+        await self.store.outbox_done(p, entry_id)
 
     def _target(self, block_id: str | None) -> LlmTarget:
         block = self.project.llm.get(block_id or "")
@@ -417,8 +513,20 @@ class Engine:
         part.queue.put_nowait(WorkItem(None, sid, input_to_json(settled)))
 
 
+def _lost_work(state: SessionState | None) -> list[CallLost]:
+    """What a dead engine had out for this session: to be sent again."""
+    if state is None:
+        return []
+    lost = [
+        CallLost(c.id, c.attempt)
+        for c in state.calls.values()
+        if c.handler in ("server", "worker") and c.status == "running"
+    ]
+    if state.decision is not None and state.decision.status == "running":
+        lost.append(CallLost(state.decision.id, state.decision.attempt))
+    return lost
+
+
 def _has_inflight(state: SessionState | None) -> bool:
-    """Whether a crash would leave one of this session's engine-run calls unanswered."""
-    return state is not None and any(
-        c.handler == "server" and c.status == "running" for c in state.calls.values()
-    )
+    """Whether a crash would leave one of this session's requests unanswered."""
+    return bool(_lost_work(state))

@@ -39,10 +39,10 @@ class StoreConflict(SubsError):
         self.lease_lost = lease_lost
 
 
-# KEYS: log, snap, work, inflight, lease, timers, reply
+# KEYS: log, snap, work, inflight, lease, timers, reply, outbox
 # ARGV: lease_value, expected_seq, new_seq, snapshot ('' = unchanged), ack_id, inflight (+/-/''),
 #       session_id, reply ('' = none), n_events, (id, json)*, n_timers, (score, member)*,
-#       n_timer_removals, member*
+#       n_timer_removals, member*, n_outbox, item*
 _COMMIT = """
 if redis.call('GET', KEYS[5]) ~= ARGV[1] then return -1 end
 local cur = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0')
@@ -70,6 +70,11 @@ end
 n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
   redis.call('ZREM', KEYS[6], ARGV[i])
+  i = i + 1
+end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  redis.call('XADD', KEYS[8], '*', 'm', ARGV[i])
   i = i + 1
 end
 if ARGV[8] ~= '' then
@@ -115,6 +120,7 @@ class Commit:
     timers_done: tuple[str, ...] = ()
     reply: dict[str, Any] | None = None
     reply_to: str | None = None
+    outbox: tuple[str, ...] = ()  # messages to other sessions, relayed after the commit
 
 
 @dataclass(frozen=True)
@@ -179,6 +185,10 @@ class Store:
     def inflight_key(p: int) -> str:
         return f"subs:{{{p}}}:inflight"
 
+    @staticmethod
+    def outbox_key(p: int) -> str:
+        return f"subs:{{{p}}}:outbox"
+
     def reply_key(self, session_id: str, request_id: str) -> str:
         return f"subs:{{{self.partition_of(session_id)}}}:reply:{request_id}"
 
@@ -211,6 +221,8 @@ class Store:
             args += [due, member]
         args.append(len(c.timers_done))
         args += list(c.timers_done)
+        args.append(len(c.outbox))
+        args += list(c.outbox)
         keys = [
             self.log_key(sid),
             self.snap_key(sid),
@@ -219,6 +231,7 @@ class Store:
             self.lease_key(p),
             self.timers_key(p),
             c.reply_to or self.reply_key(sid, "none"),
+            self.outbox_key(p),
         ]
         result = await self._commit(keys=keys, args=args)
         if result == -1:
@@ -309,6 +322,18 @@ class Store:
 
     async def inflight_sessions(self, p: int) -> list[str]:
         return [s.decode() for s in await self.redis.smembers(self.inflight_key(p))]
+
+    async def outbox(self, p: int) -> list[tuple[str, str, str]]:
+        """Messages committed for other sessions and not yet handed over: (id, to, item)."""
+        entries = await self.redis.xrange(self.outbox_key(p))
+        out = []
+        for entry_id, fields in entries:
+            item = fields[b"m"].decode()
+            out.append((entry_id.decode(), json.loads(item)["to"], item))
+        return out
+
+    async def outbox_done(self, p: int, entry_id: str) -> None:
+        await self.redis.xdel(self.outbox_key(p), entry_id)
 
     # -- timers ----------------------------------------------------------------------
 

@@ -11,6 +11,8 @@ from redis.asyncio import Redis as AsyncRedis
 from engine.embedded import EmbeddedRedis
 from engine.store import connect
 
+pytest_plugins = ["tests.workers"]  # the test_worker fixture
+
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:

@@ -482,3 +482,24 @@ async def test_cancelling_an_attempt_is_not_a_failure(
     attempt.cancel()
     with pytest.raises(asyncio.CancelledError):
         await attempt
+
+
+# --- the test worker itself --------------------------------------------------------------
+
+
+async def test_the_test_worker_records_what_a_strict_worker_would_reject(
+    http: httpx.AsyncClient,
+) -> None:
+    unmarked_invalid = {"actions": [{"type": "nope"}]}
+    async with TestWorker(answer(unmarked_invalid)) as worker:
+        d = Delivery(url=worker.url, body=b'{"session_id": "s1"}', secret=None, timeout=5.0)
+        failed = await failure(http, d)
+        await http.post(worker.url, content=BODY)  # none of the delivery headers
+    assert failed.param == "actions.0.type"
+    assert "$: 'decision_id' is a required property" in worker.schema_errors
+    assert [e.split(" is ")[0] for e in worker.schema_errors if e.startswith("header")] == [
+        "header Content-Type",
+        "header Accept",
+        "header traceparent",
+    ]
+    assert worker.response_schema_errors != []

@@ -1,0 +1,270 @@
+"""One delivery attempt of a decision request to a user's worker (SPEC §3, §7).
+
+The worker answers with a JSON DecisionResponse or an event stream of token deltas
+ending in `decision.result`. Whatever goes wrong on the worker's side or on the way
+is one `DecisionFailure` whose message says what it was; the retry policy (§11)
+belongs to the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from httpx_sse import EventSource
+
+from engine.errors import ProtocolError, SubsError
+from engine.protocol import parse_decision_response, to_json
+
+__all__ = ["DecisionFailure", "Delivery", "deliver", "sign", "verify"]
+
+SIGNATURE_HEADER = "X-Substructure-Signature"
+_EXCERPT = 200
+_ERROR_BODY = 1024  # bytes of a non-2xx body worth reading for its excerpt
+
+OnDelta = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class DecisionFailure(SubsError):
+    """One failed delivery attempt.
+
+    `code` is `worker_unreachable` (connection error, timeout, non-2xx status),
+    `invalid_response` (an answer that is not a DecisionResponse, a stream without
+    `decision.result`) or `handler_error` (the worker's own `decision.error`).
+    Every failure is retryable except a `decision.error` saying `retryable: false`.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: str,
+        retryable: bool = True,
+        param: str | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message, code=code, retryable=retryable, param=param)
+        self.detail = detail or {}
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """What one attempt sends, and where; `body` is sent and signed byte for byte."""
+
+    url: str
+    body: bytes
+    secret: str | None
+    timeout: float
+    max_body: int = 8 * 1024 * 1024
+
+
+def sign(secret: str, body: bytes) -> str:
+    """The `X-Substructure-Signature` value: `sha256=` + hex HMAC-SHA256 of the raw body."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def verify(secret: str, body: bytes, header: str | None) -> bool:
+    """Whether `header` is the signature of `body`, compared in constant time."""
+    if header is None:
+        return False
+    return hmac.compare_digest(sign(secret, body).encode(), header.encode("utf-8", "replace"))
+
+
+def traceparent() -> str:
+    """A fresh W3C trace context: version 00, random trace and parent ids, sampled."""
+    trace_id = parent_id = 0
+    while trace_id == 0:
+        trace_id = secrets.randbits(128)
+    while parent_id == 0:
+        parent_id = secrets.randbits(64)
+    return f"00-{trace_id:032x}-{parent_id:016x}-01"
+
+
+async def deliver(
+    http: httpx.AsyncClient, d: Delivery, on_delta: OnDelta | None = None
+) -> dict[str, Any]:
+    """POST the request once and return the worker's DecisionResponse as `to_json` gives it.
+
+    `{}` is the empty decision (a `null` or `{}` answer). Token deltas of a streamed
+    answer go to `on_delta` in order, untouched. Raises DecisionFailure for anything
+    the worker or the network did; an exception raised by `on_delta` itself propagates.
+    """
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "text/event-stream, application/json",
+        "traceparent": traceparent(),
+    }
+    if d.secret is not None:
+        headers[SIGNATURE_HEADER] = sign(d.secret, d.body)
+    try:
+        async with asyncio.timeout(d.timeout):
+            async with http.stream(
+                "POST", d.url, content=d.body, headers=headers, timeout=d.timeout
+            ) as response:
+                return await _answer(response, d.max_body, on_delta)
+    except (TimeoutError, httpx.TimeoutException):
+        raise DecisionFailure(
+            f"no answer within {d.timeout:g} s",
+            code="worker_unreachable",
+            detail={"timeout": d.timeout},
+        ) from None
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise DecisionFailure(
+            f"cannot reach the worker: {reason}",
+            code="worker_unreachable",
+            detail={"error": type(exc).__name__},
+        ) from None
+
+
+async def _answer(response: httpx.Response, limit: int, on_delta: OnDelta | None) -> dict[str, Any]:
+    if not response.is_success:
+        raise await _status_failure(response)
+    if "text/event-stream" in response.headers.get("content-type", "").lower():
+        return await _read_stream(response, limit, on_delta)
+    body = await _read_body(response, limit)
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        shown = _excerpt(body) if body else "the body is empty"
+        raise _invalid(f"the answer is not JSON: {shown}") from None
+    return _decision(data, "")
+
+
+async def _status_failure(response: httpx.Response) -> DecisionFailure:
+    head = bytearray()
+    async for chunk in response.aiter_bytes():
+        head += chunk
+        if len(head) >= _ERROR_BODY:
+            break
+    message = f"worker answered {response.status_code}"
+    if head:
+        message += f": {_excerpt(bytes(head))}"
+    return DecisionFailure(
+        message, code="worker_unreachable", detail={"status": response.status_code}
+    )
+
+
+async def _read_body(response: httpx.Response, limit: int) -> bytes:
+    """The whole body, refused as soon as it is known to be longer than `limit`."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    body = bytearray()
+    async for chunk in response.aiter_bytes():
+        body += chunk
+        if len(body) > limit:
+            raise _too_large(limit)
+    return bytes(body)
+
+
+class _FrameBytes(httpx.AsyncByteStream):
+    """The body as httpx-sse reads it, refused once `limit` bytes pass without an event.
+
+    Bounding each frame rather than the whole stream lets a long answer stream as
+    many deltas as it has while no single frame can fill memory.
+    """
+
+    def __init__(self, response: httpx.Response, limit: int) -> None:
+        self._response = response
+        self._limit = limit
+        self.pending = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._response.aiter_bytes():
+            self.pending += len(chunk)
+            if self.pending > self._limit:
+                raise _too_large(self._limit, "an event-stream frame")
+            yield chunk
+
+
+async def _read_stream(
+    response: httpx.Response, limit: int, on_delta: OnDelta | None
+) -> dict[str, Any]:
+    frames = _FrameBytes(response, limit)
+    source = EventSource(
+        httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=frames)
+    )
+    async with aclosing(source.aiter_sse()) as events:
+        async for event in events:
+            frames.pending = 0
+            if event.event == "llm.token.delta":
+                delta = _frame_json(event.event, event.data)
+                if not isinstance(delta, dict):
+                    raise _invalid("llm.token.delta: the data is not a JSON object")
+                if on_delta is not None:
+                    await on_delta(delta)
+            elif event.event == "decision.result":
+                return _decision(_frame_json(event.event, event.data), "decision.result: ")
+            elif event.event == "decision.error":
+                raise _handler_error(_frame_json(event.event, event.data))
+    raise _invalid("the stream ended without decision.result")
+
+
+def _frame_json(event: str, data: str) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError):
+        shown = _excerpt(data.encode()) if data else "the data is empty"
+        raise _invalid(f"{event}: the data is not JSON: {shown}", event=event) from None
+
+
+def _decision(data: Any, where: str) -> dict[str, Any]:
+    try:
+        return to_json(parse_decision_response(data))
+    except ProtocolError as exc:
+        raise _invalid(where + exc.message, param=exc.param) from None
+
+
+def _handler_error(data: Any) -> DecisionFailure:
+    """The worker's own `decision.error {message, retryable?=true}`."""
+    message = data.get("message") if isinstance(data, dict) else None
+    retryable = data.get("retryable") if isinstance(data, dict) else None
+    if retryable is None:
+        retryable = True
+    if not isinstance(message, str) or not isinstance(retryable, bool):
+        return _invalid(
+            "decision.error: the data must be {message: string, retryable?: boolean}, got "
+            + _excerpt(json.dumps(data).encode()),
+            event="decision.error",
+        )
+    return DecisionFailure(
+        f"the worker failed: {message}",
+        code="handler_error",
+        retryable=retryable,
+        detail={"event": "decision.error", "retryable": retryable},
+    )
+
+
+def _invalid(
+    message: str, *, param: str | None = None, event: str | None = None
+) -> DecisionFailure:
+    detail: dict[str, Any] = {}
+    if param is not None:
+        detail["param"] = param
+    if event is not None:
+        detail["event"] = event
+    return DecisionFailure(message, code="invalid_response", param=param, detail=detail)
+
+
+def _too_large(limit: int, what: str = "the answer") -> DecisionFailure:
+    return DecisionFailure(
+        f"{what} is larger than the limit of {limit} bytes",
+        code="invalid_response",
+        detail={"limit": limit},
+    )
+
+
+def _excerpt(data: bytes) -> str:
+    """The first characters of a body, quoted on one line."""
+    text = data[: _EXCERPT * 4].decode("utf-8", "replace")
+    cut = len(text) > _EXCERPT or len(data) > _EXCERPT * 4
+    return repr(text[:_EXCERPT]) + ("…" if cut else "")
