@@ -115,6 +115,8 @@ class Engine:
         self._background: list[asyncio.Task[None]] = []
         self._ownership_changed = asyncio.Event()
         self.workers = self._worker_targets()
+        # Built once: the machine only reads these (events carry them by reference).
+        self.agent_configs = {a.id: a.wire_config(project) for a in project.agents.values()}
         self.llm_routes = {b.id: {"type": b.type, "format": b.format} for b in project.llm.values()}
 
     def _worker_targets(self) -> dict[str, WorkerTarget]:
@@ -248,21 +250,23 @@ class Engine:
     async def _timer_loop(self) -> None:
         while True:
             await asyncio.sleep(self.timer_poll_ms / 1000)
-            now = self.now_ms()
-            for part in list(self.owned.values()):
-                try:
-                    members = await self.store.due_timers(part.p, now)
-                except Exception:
-                    log.exception("reading timers failed")
+            owned = list(self.owned)
+            if not owned:
+                continue
+            try:
+                members = await self.store.due_timers_all(owned, self.now_ms())
+            except Exception:
+                log.exception("reading timers failed")
+                continue
+            for member in members:
+                body = json.loads(member)
+                part = self.owned.get(self.store.partition_of(body["sid"]))
+                if part is None or member in part.timers_queued:
                     continue
-                for member in members:
-                    if member in part.timers_queued:
-                        continue
-                    part.timers_queued.add(member)
-                    body = json.loads(member)
-                    part.queue.put_nowait(
-                        WorkItem(None, body["sid"], body["input"], timer_member=member)
-                    )
+                part.timers_queued.add(member)
+                part.queue.put_nowait(
+                    WorkItem(None, body["sid"], body["input"], timer_member=member)
+                )
 
     async def _process(self, part: _Partition) -> None:
         while True:
@@ -306,7 +310,7 @@ class Engine:
                 f"declared: {', '.join(sorted(self.project.agents)) or 'none'}",
                 status=404,
             )
-        config = decl.wire_config(self.project) if decl else None
+        config = self.agent_configs.get(agent_id)
         decider = "worker" if decl and decl.worker else "engine"
         identity = body.get("identity") or {}
         return ClientSubmitted(inp, agent_id, identity, config, decider, self.llm_routes)
@@ -413,9 +417,6 @@ class Engine:
             return
         now = self.now_ms()
 
-        async def add_delta(delta: dict[str, Any]) -> None:
-            await self.store.add_delta(sid, delta)
-
         # Build the request now, from the state this transition committed.
         if isinstance(effect, RunDecision):
             decision = DecisionRun(state, target, now)
@@ -429,7 +430,9 @@ class Engine:
             execute = ExecuteRun(state, effect.call_id, target, now)
 
             async def run_execute() -> None:
-                result = await execute.run(self.http, add_delta)
+                deltas = DeltaWriter(self.store, sid)
+                result = await execute.run(self.http, deltas.add)
+                await deltas.close()
                 part.queue.put_nowait(WorkItem(None, sid, input_to_json(result)))
 
             self._track(part, run_execute())
@@ -472,12 +475,13 @@ class Engine:
     async def _run_llm_call(self, part: _Partition, sid: str, effect: RunLlmCall, plan) -> None:
         delta_seq = 0
 
+        deltas = DeltaWriter(self.store, sid)
+
         async def on_delta(delta: dict[str, Any]) -> None:
             nonlocal delta_seq
             delta_seq += 1
-            await self.store.add_delta(
-                sid,
-                {"call_id": effect.call_id, "attempt": effect.attempt, "seq": delta_seq, **delta},
+            deltas.add(
+                {"call_id": effect.call_id, "attempt": effect.attempt, "seq": delta_seq, **delta}
             )
 
         settled: LlmCallSettled
@@ -510,7 +514,35 @@ class Engine:
             log.exception("model call %s failed", effect.call_id)
             info = {"message": f"internal error: {type(err).__name__}", "code": "internal"}
             settled = LlmCallSettled(effect.call_id, effect.attempt, error=info, retryable=True)
+        await deltas.close()  # every delta is out before the event that ends the call
         part.queue.put_nowait(WorkItem(None, sid, input_to_json(settled)))
+
+
+class DeltaWriter:
+    """Writes one call's token deltas in order, batching what piles up during a round trip."""
+
+    def __init__(self, store: Store, session_id: str) -> None:
+        self.store = store
+        self.session_id = session_id
+        self.buffer: list[dict[str, Any]] = []
+        self.task: asyncio.Task[None] | None = None
+
+    def add(self, delta: dict[str, Any]) -> None:
+        self.buffer.append(delta)
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self._flush())
+
+    async def _flush(self) -> None:
+        while self.buffer:
+            batch, self.buffer = self.buffer, []
+            try:
+                await self.store.add_deltas(self.session_id, batch)
+            except Exception:  # deltas are best effort; the reply itself is in the log
+                log.exception("writing token deltas of %s failed", self.session_id)
+
+    async def close(self) -> None:
+        if self.task is not None:
+            await self.task
 
 
 def _lost_work(state: SessionState | None) -> list[CallLost]:

@@ -337,10 +337,6 @@ class Store:
 
     # -- timers ----------------------------------------------------------------------
 
-    async def due_timers(self, p: int, now_ms: int, limit: int = 100) -> list[str]:
-        members = await self.redis.zrangebyscore(self.timers_key(p), "-inf", now_ms, 0, limit)
-        return [m.decode() for m in members]
-
     # -- leases ----------------------------------------------------------------------
 
     async def acquire(self, p: int, owner: str, ttl_ms: int) -> str | None:
@@ -369,7 +365,17 @@ class Store:
 
     # -- token deltas ----------------------------------------------------------------
 
-    async def add_delta(self, session_id: str, delta: dict[str, Any]) -> None:
-        await self.redis.xadd(
-            self.delta_key(session_id), {"d": _dumps(delta)}, maxlen=DELTA_CAP, approximate=True
-        )
+    async def add_deltas(self, session_id: str, deltas: list[dict[str, Any]]) -> None:
+        key = self.delta_key(session_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for delta in deltas:
+                pipe.xadd(key, {"d": _dumps(delta)}, maxlen=DELTA_CAP, approximate=True)
+            await pipe.execute()
+
+    async def due_timers_all(self, partitions: list[int], now_ms: int) -> list[str]:
+        """Due timers of several partitions in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for p in partitions:
+                pipe.zrangebyscore(self.timers_key(p), "-inf", now_ms, 0, 100)
+            replies = await pipe.execute()
+        return [m.decode() for members in replies for m in members]

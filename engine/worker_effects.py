@@ -8,7 +8,7 @@ later transition cannot change what was sent.
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,7 @@ from .machine.request import control_request, execute_request
 from .protocol import LlmResponse, to_json
 from .worker import DecisionFailure, Delivery, deliver
 
-AddDelta = Callable[[dict[str, Any]], Awaitable[None]]
+AddDelta = Callable[[dict[str, Any]], None]
 
 _VENDORS: dict[str, Any] = {"openai": openai, "anthropic": anthropic}
 
@@ -104,7 +104,7 @@ class ExecuteRun:
             deltas = self.accumulator.feed(frame) if self.accumulator else [frame]
             for delta in deltas:
                 self.delta_seq += 1
-                await add_delta(
+                add_delta(
                     {
                         "call_id": self.call_id,
                         "attempt": self.attempt,
