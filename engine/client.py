@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from .errors import SubsError
-from .machine import CallSettled, input_to_json
+from .machine import CallSettled, InterruptRequested, input_to_json
 from .runner import new_id
 from .store import Store
 
@@ -80,6 +80,13 @@ class Client:
         """End an async worker tool call (or a client tool call) from outside (SPEC §6)."""
         settled = CallSettled(call_id, attempt, result=result, error=error, retryable=retryable)
         return await self._request(session_id, input_to_json(settled), timeout)
+
+    async def interrupt(
+        self, session_id: str, reason: str, payload: Any = None, *, timeout: float = 30.0
+    ) -> dict[str, Any]:
+        """Pause the session's running turn (SPEC §8); returns `{interrupt_id}`."""
+        inp = InterruptRequested(reason, payload)
+        return await self._request(session_id, input_to_json(inp), timeout)
 
     async def events(self, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
         return await self.store.read_log(session_id, after_seq)

@@ -372,3 +372,19 @@ def test_worker_run_model_call_from_the_seed_config(w):
     empty = w.apply(ExecuteAnswered(run.call_id, 1, {}))
     assert empty.events == [] and empty.ignored
     w.check_fold()
+
+
+def test_a_client_interrupts_the_running_turn(w):
+    from engine.machine import InterruptRequested
+
+    with pytest.raises(MachineError):
+        Session().apply(InterruptRequested("stop"))
+    w.start()
+    t = w.apply(InterruptRequested("hold on", {"message": "Wait for me"}))
+    assert w.types(t) == ["session.interrupted"]
+    assert t.events[0]["payload"]["origin"] == "client"
+    iid = t.reply["interrupt_id"]
+    assert w.state.status == "interrupted"
+    t = w.client({"type": "interrupt.resume", "interrupt_id": iid})
+    assert t.reply["resumed"] is True
+    w.check_fold()

@@ -120,6 +120,15 @@ class CallSettled:
 
 
 @dataclass(frozen=True)
+class InterruptRequested:
+    """A client asked to pause the running turn (SPEC §8, the API's interrupt endpoint)."""
+
+    reason: str
+    payload: Any = None
+    interrupt_id: str | None = None
+
+
+@dataclass(frozen=True)
 class MessageDelivered:
     """Another session's `message.send` arrived; `message.id` makes it idempotent."""
 
@@ -139,6 +148,7 @@ Input = (
     | ExecuteFailed
     | CallDeadline
     | CallSettled
+    | InterruptRequested
     | MessageDelivered
 )
 
@@ -156,6 +166,7 @@ _KINDS: dict[str, type] = {
         ExecuteFailed,
         CallDeadline,
         CallSettled,
+        InterruptRequested,
         MessageDelivered,
     )
 }

@@ -29,6 +29,7 @@ from .inputs import (
     ExecuteAnswered,
     ExecuteFailed,
     Input,
+    InterruptRequested,
     LlmCallSettled,
     MessageDelivered,
     TimerFired,
@@ -52,6 +53,20 @@ class _Step(TurnRules, CallRules, DecisionRules):
         else:
             raise MachineError("invalid_input", f"unsupported input type {kind!r}", status=422)
 
+    def interrupt_requested(self, inp: InterruptRequested) -> None:
+        if self.s.turn is None:
+            raise MachineError(
+                "no_turn", f"session {self.session_id} has no running turn to interrupt"
+            )
+        action = {"interrupt_id": inp.interrupt_id, "reason": inp.reason, "payload": inp.payload}
+        before = set(self.s.interrupts)
+        self.raise_interrupt(action, "client")
+        new = set(self.s.interrupts) - before
+        self.out.reply = {
+            "session_id": self.session_id,
+            "interrupt_id": next(iter(new)) if new else inp.interrupt_id,
+        }
+
 
 _DISPATCH: dict[type, Callable[[_Step, Any], None]] = {
     ClientSubmitted: _Step.client_submitted,
@@ -65,6 +80,7 @@ _DISPATCH: dict[type, Callable[[_Step, Any], None]] = {
     ExecuteFailed: _Step.execute_failed,
     CallDeadline: _Step.call_deadline,
     CallSettled: _Step.api_settles_call,
+    InterruptRequested: _Step.interrupt_requested,
     MessageDelivered: _Step.message_delivered,
 }
 
@@ -81,7 +97,7 @@ def step(state: SessionState | None, session_id: str, inp: Input, now: int, ids:
     if state is None:
         if isinstance(inp, ClientSubmitted) and inp.input["type"] not in TURN_STARTS:
             raise MachineError("unknown_session", f"session {session_id!r} does not exist", 404)
-        if isinstance(inp, CallSettled):
+        if isinstance(inp, CallSettled | InterruptRequested):
             raise MachineError("unknown_session", f"session {session_id!r} does not exist", 404)
         if not isinstance(inp, ClientSubmitted):
             return Transition(state=None, ignored=f"session {session_id!r} does not exist")
