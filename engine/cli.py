@@ -20,7 +20,7 @@ from .client import Client, ClientError
 from .config import ConfigError, Project, load_project
 from .embedded import EmbeddedRedis, EmbeddedRedisError
 from .runner import Engine
-from .store import connect
+from .store import Store, connect
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,6 +34,20 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("-o", "--output", choices=["pretty", "jsonl"], default="pretty")
     run.add_argument("-c", "--config", default="subs.toml")
     run.add_argument("--redis", help="Redis URL (default: the file's, else an embedded server)")
+    check = sub.add_parser("check", help="validate subs.toml and list missing env vars")
+    check.add_argument("-c", "--config", default="subs.toml")
+    sessions = sub.add_parser("sessions", help="list sessions or print a session's events")
+    sessions_sub = sessions.add_subparsers(dest="sessions_command", required=True)
+    listing = sessions_sub.add_parser("list", help="sessions, newest first")
+    listing.add_argument("--limit", type=int, default=50)
+    events = sessions_sub.add_parser("events", help="a session's events")
+    events.add_argument("session")
+    events.add_argument("--from", dest="after", type=int, default=0, help="after this seq")
+    events.add_argument("--follow", action="store_true", help="keep printing new events")
+    events.add_argument("-o", "--output", choices=["pretty", "jsonl"], default=None)
+    for command in (listing, events):
+        command.add_argument("-c", "--config", default="subs.toml")
+        command.add_argument("--redis", help="Redis URL (default: the file's, else embedded)")
     serve = sub.add_parser("serve", help="run the engine until SIGTERM/SIGINT")
     serve.add_argument("-c", "--config", default="subs.toml")
     serve.add_argument("--redis", help="Redis URL (default: the file's, else an embedded server)")
@@ -230,11 +244,66 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check(args: argparse.Namespace) -> int:
+    """Exit 1 when the file is wrong or an environment variable it needs is missing."""
+    project = load_project(args.config)
+    missing = project.missing_env(os.environ)
+    if sys.stdout.isatty():
+        agents = ", ".join(
+            f"{a.id} ({'worker' if a.worker else 'engine'})" for a in project.agents.values()
+        )
+        print(f"{project.path}: ok; agents: {agents or 'none'}")
+        for m in missing:
+            print(f"missing {m.var}: needed by {m.needed_by} ({m.why})")
+    else:
+        for m in missing:
+            print(json.dumps({"missing": m.var, "needed_by": m.needed_by, "why": m.why}))
+    return 1 if missing else 0
+
+
+async def _sessions(args: argparse.Namespace) -> int:
+    project = load_project(args.config)
+    async with _redis_for(project, args.redis) as redis:
+        store = await Store.open(redis)
+        if args.sessions_command == "list":
+            for sid in await store.list_sessions(0, args.limit):
+                print(sid)
+            return 0
+        client = Client(store)
+        jsonl = args.output == "jsonl" or (args.output is None and not sys.stdout.isatty())
+        events = await client.events(args.session, args.after)
+        if not events and args.after == 0 and not args.follow:
+            print(f"subs: no session {args.session!r}", file=sys.stderr)
+            return 1
+        for event in events:
+            _print_event(event, jsonl)
+        if args.follow:
+            after = events[-1]["seq"] if events else args.after
+            async for _, event in client.follow(args.session, after):
+                _print_event(event, jsonl)
+    return 0
+
+
+def _print_event(event: dict[str, Any], jsonl: bool) -> None:
+    if jsonl:
+        print(json.dumps(event), flush=True)
+        return
+    p = event["payload"]
+    detail = {k: v for k, v in p.items() if k != "type"}
+    text = json.dumps(detail, ensure_ascii=False)
+    print(
+        f"{event['seq']:>5} {event['occurred_at']} {p['type']:<26} {_short(text, 120)}", flush=True
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("SUBS_LOG", "WARNING"), stream=sys.stderr)
     args = _parser().parse_args(argv)
     try:
-        return asyncio.run(_serve(args) if args.command == "serve" else _run(args))
+        if args.command == "check":
+            return _check(args)
+        runs = {"serve": _serve, "run": _run, "sessions": _sessions}
+        return asyncio.run(runs[args.command](args))
     except ConfigError as err:
         print(f"subs: {err}", file=sys.stderr)
         return 2

@@ -139,3 +139,26 @@ async def test_killed_mid_turn_then_run_again_the_session_is_still_there(config,
     contents = [m["content"] for m in vendor.requests[-1].body["messages"]]
     assert contents[1:] == ["long one", "Recovered answer.", "are you back?"]
     assert len(vendor.requests) == 3
+
+
+async def test_check_lists_missing_variables_and_fails(config):
+    code, out, _ = await subs("check", "-c", str(config), env={"OPENAI_API_KEY": ""})
+    assert code == 1
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert {"missing": "OPENAI_API_KEY", "needed_by": "llm.openai"}.items() <= rows[0].items()
+    code, out, _ = await subs("check", "-c", str(config))
+    assert code == 0 and out == ""
+
+
+async def test_sessions_list_and_events(config, vendor):
+    vendor.push(Text("listed"))
+    code, _, err = await subs("run", "ops_openai", "hi", "-c", str(config))
+    assert code == 0, err
+    sid = session_of(err)
+    code, out, _ = await subs("sessions", "list", "-c", str(config))
+    assert code == 0 and out.split() == [sid]
+    code, out, _ = await subs("sessions", "events", sid, "--from", "2", "-c", str(config))
+    events = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and events[0]["seq"] == 3 and events[-1]["payload"]["type"] == "turn.completed"
+    code, _, err = await subs("sessions", "events", "nope", "-c", str(config))
+    assert code == 1 and "no session" in err
