@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import getpass
 import json
 import logging
 import os
@@ -174,7 +175,8 @@ async def _one_turn(
         events = await client.events(sid)
         after = events[-1]["seq"] if events else 0
         cursor = await client.delta_cursor(sid)
-    reply = await client.submit(payload, session_id=sid, identity={"issuer": "cli"})
+    identity = {"subject": {"issuer": "cli", "id": getpass.getuser()}, "metadata": {}}
+    reply = await client.submit(payload, session_id=sid, identity=identity)
     sid, turn_id = reply["session_id"], reply["turn_id"]
     if not printer.jsonl:
         waiting = " (queued behind the running turn)" if reply.get("queued") else ""
