@@ -388,3 +388,21 @@ def test_a_client_interrupts_the_running_turn(w):
     t = w.client({"type": "interrupt.resume", "interrupt_id": iid})
     assert t.reply["resumed"] is True
     w.check_fold()
+
+
+def test_a_worker_call_lost_or_unreachable_is_sent_again_despite_one_attempt(w):
+    from engine.machine import ExecuteFailed
+
+    w.agent["retry"] = {"default": {"backoff_base_secs": 0}}
+    w.start()
+    w.answer()
+    (llm,) = effects(w.answer(), RunLlmCall)
+    w.apply(LlmCallSettled(llm.call_id, 1, response=tool_reply(("t1", "lookup", '{"q":"a"}'))))
+    w.answer()
+    assert w.state.calls["t1"].retry["max_attempts"] == 1
+    t = w.apply(CallLost("t1", 1))
+    assert [e.attempt for e in effects(t, RunExecute)] == [2]
+    error = {"message": "cannot reach the worker", "code": "worker_unreachable"}
+    t = w.apply(ExecuteFailed("t1", 2, error))
+    assert [e.attempt for e in effects(t, RunExecute)] == [3]  # the decision policy: 10 attempts
+    w.check_fold()

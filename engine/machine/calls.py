@@ -194,14 +194,21 @@ class CallRules(StepBase):
         retry_after: float | None,
         *,
         at_once: bool = False,
+        policy: dict[str, Any] | None = None,
+        counted: bool = True,
     ) -> None:
-        """Retry under the call's policy, or end it for good."""
+        """Retry under the call's policy (or `policy`), or end it for good.
+
+        An attempt lost with its engine is not `counted` against max_attempts: the
+        call did not fail, the engine did. The total timeout still bounds it.
+        """
+        policy = policy or call.retry
         next_attempt = call.attempt + 1
-        wait = 0 if at_once else backoff_ms(call.retry, next_attempt)
+        wait = 0 if at_once else backoff_ms(policy, next_attempt)
         if retry_after is not None:
             wait = max(wait, int(retry_after * 1000))
         due = self.now + wait
-        final = not retryable or next_attempt > call.retry["max_attempts"]
+        final = not retryable or (counted and next_attempt > policy["max_attempts"])
         if not final and past_total(call.retry, call.started_at, due):
             final = True
             error = {
@@ -262,8 +269,14 @@ class CallRules(StepBase):
         if call is None or call.status == "waiting":
             return
         error = {"message": "the engine running this call stopped", "code": "internal"}
-        self.call_failed(call, error, retryable=True, retry_after=None, at_once=True)
+        self.call_failed(call, error, True, None, at_once=True, counted=False)
         self.settle_turn()
+
+    def delivery_failed(self, call: Call, error: dict[str, Any], retryable: bool) -> None:
+        """The worker was not reached or answered nonsense: retried like a decision
+        (SPEC §11, worker decision row), not under the tool's own attempts."""
+        policy = resolve_policy("decision", self.s.agent)
+        self.call_failed(call, error, retryable, None, policy=policy)
 
     def call_deadline(self, inp: CallDeadline) -> None:
         call = self.live_call(inp.call_id, inp.attempt, None)

@@ -191,7 +191,7 @@ class DecisionRules(StepBase):
         if problem is None and call.kind == "llm" and not _ends(inp.response, call.id):
             problem = "llm.execute must be answered with llm.result or llm.error"
         if problem is not None:
-            self.call_failed(call, {"message": problem, "code": "invalid_response"}, True, None)
+            self.delivery_failed(call, {"message": problem, "code": "invalid_response"}, True)
             self.after_decision()
             return
         self.apply_decision(inp.response, trigger)
@@ -205,7 +205,7 @@ class DecisionRules(StepBase):
         call = self.live_call(inp.call_id, inp.attempt, None)
         if call is None:
             return
-        self.call_failed(call, inp.error, inp.retryable, None)
+        self.delivery_failed(call, inp.error, inp.retryable)
         self.after_decision()
 
     # -- checking and applying ---------------------------------------------------------
