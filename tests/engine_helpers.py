@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -14,6 +17,8 @@ from engine.machine import fold, state_to_json
 from engine.store import Store
 
 ENV = {"OPENAI_API_KEY": "test-openai", "ANTHROPIC_API_KEY": "test-anthropic"}
+LEASE_MS = 1500  # short, for tests that kill engines on purpose
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def project_toml(vendor_url: str, *, retry: str = "") -> str:
@@ -109,3 +114,52 @@ async def poll_until(predicate, timeout: float, what: str):
         if loop.time() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+class EngineProcess:
+    """`subs serve` in its own process, on the test's Redis."""
+
+    def __init__(self, config: Path, redis_url: str, env: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.redis_url = redis_url
+        self.extra_env = env or {}
+        self.proc: asyncio.subprocess.Process | None = None
+        self.owner = ""
+
+    async def start(self) -> EngineProcess:
+        env = {
+            **os.environ,
+            **ENV,
+            "SUBS_LEASE_MS": str(LEASE_MS),
+            "PYTHONPATH": str(ROOT),
+            **self.extra_env,
+        }
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "engine.cli",
+            "serve",
+            "-c",
+            str(self.config),
+            "--redis",
+            self.redis_url,
+            env=env,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert self.proc.stderr is not None
+        async with asyncio.timeout(20):
+            line = (await self.proc.stderr.readline()).decode()
+        assert line.startswith("subs: engine "), line
+        self.owner = line.split()[2]
+        return self
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+
+    async def stop(self) -> int:
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(15):
+            return await self.proc.wait()

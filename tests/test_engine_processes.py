@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -14,7 +12,8 @@ import pytest
 from engine.client import Client
 from engine.store import Store
 from tests.engine_helpers import (
-    ENV,
+    LEASE_MS,
+    EngineProcess,
     assert_consistent,
     payloads,
     poll_until,
@@ -23,51 +22,6 @@ from tests.engine_helpers import (
     wait_for_event,
 )
 from tests.fakes.llm_vendor import FakeVendor, Text
-
-LEASE_MS = 1500
-ROOT = Path(__file__).resolve().parents[1]
-
-
-class EngineProcess:
-    """`subs serve` in its own process, on the test's Redis."""
-
-    def __init__(self, config: Path, redis_url: str) -> None:
-        self.config = config
-        self.redis_url = redis_url
-        self.proc: asyncio.subprocess.Process | None = None
-        self.owner = ""
-
-    async def start(self) -> EngineProcess:
-        env = {**os.environ, **ENV, "SUBS_LEASE_MS": str(LEASE_MS), "PYTHONPATH": str(ROOT)}
-        self.proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "engine.cli",
-            "serve",
-            "-c",
-            str(self.config),
-            "--redis",
-            self.redis_url,
-            env=env,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        assert self.proc.stderr is not None
-        async with asyncio.timeout(20):
-            line = (await self.proc.stderr.readline()).decode()
-        assert line.startswith("subs: engine "), line
-        self.owner = line.split()[2]
-        return self
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-
-    async def stop(self) -> int:
-        assert self.proc is not None
-        if self.proc.returncode is None:
-            self.proc.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(15):
-            return await self.proc.wait()
 
 
 @pytest.fixture

@@ -1,0 +1,355 @@
+"""Seed 002 end to end: a worker runs the agent's model calls itself (`handler: "worker"`).
+
+The Anthropic-format worker is the seed's Hono server in Python: it sends the engine's
+`llm.execute` body to the (fake) vendor, streams the vendor's events back as
+`llm.token.delta` frames and ends with the final Message in `llm.result`. The same
+conversation run by the engine against the same vendor must record the same thing.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import textwrap
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from httpx_sse import aconnect_sse
+from jsonschema import Draft202012Validator
+
+from engine.client import Client
+from engine.config import Project, parse_project
+from engine.runner import Engine
+from engine.store import Store
+from tests.engine_helpers import ENV, assert_consistent, payloads, turn_ended, wait_for_event
+from tests.fakes.llm_vendor import FakeVendor, Reply, Text, ToolCalls
+from tests.workers import RESPONSE_SCHEMA, SCHEMA_PATH, Json, Stream, schema_errors
+
+SECRET = "byo-secret-for-tests"
+MODEL = "claude-haiku-4-5-20251001"
+SYSTEM = "You are the on-call assistant."
+REPLY = "The pager is quiet."
+QUESTION = "is anything paging?"
+CONFIRM_TOML = (
+    '{ name = "confirm", description = "Ask the person", handler = "client", input = { '
+    'type = "object", properties = { question = { type = "string" } }, required = ["question"] } }'
+)
+CONFIRM = tomllib.loads(f"tool = {CONFIRM_TOML}")["tool"]
+# Seed 002's agent fields that the schema's AgentConfig does not list (engine/protocol.py
+# keeps them as extensions).
+SEED_EXTENSIONS = ("handler", "format", "stream")
+
+_DEFS = json.loads(SCHEMA_PATH.read_text())["$defs"]
+
+
+def defined_as(name: str, value: Any) -> list[str]:
+    """What is wrong with `value` as the schema's `$defs/<name>`."""
+    validator = Draft202012Validator({"$defs": _DEFS, "$ref": f"#/$defs/{name}"})
+    return [f"{e.json_path}: {e.message}" for e in validator.iter_errors(value)]
+
+
+def project(tmp_path: Path, vendor: FakeVendor, worker_url: str) -> Project:
+    """`byo` takes its whole config from its worker; `direct` is run by the engine."""
+    text = textwrap.dedent(
+        f"""\
+        [llm.anthropic]
+        type = "anthropic"
+        base_url = "{vendor.anthropic_base()}"
+
+        [agent.byo]
+        worker = "{worker_url}"
+        signing_secret_env = "BYO_SECRET"
+
+        [agent.direct]
+        llm = "anthropic"
+        model = "{MODEL}"
+        system = "{SYSTEM}"
+        tools = [{CONFIRM_TOML}]
+        """
+    )
+    path = tmp_path / "subs.toml"
+    path.write_text(text)
+    return parse_project(text, str(path), env={})
+
+
+@pytest.fixture
+async def vendor():
+    async with FakeVendor() as v:
+        yield v
+
+
+@pytest.fixture
+async def engine_for(redis):
+    started: list[Engine] = []
+
+    async def start(project: Project) -> Engine:
+        engine = Engine(project, redis, env={**ENV, "BYO_SECRET": SECRET}, lease_ms=3000)
+        await engine.start()
+        started.append(engine)
+        return engine
+
+    yield start
+    for engine in started:
+        await engine.stop()
+
+
+# --- the seed's worker ---------------------------------------------------------------
+
+
+class FinalMessage:
+    """Builds the Message a Messages stream describes: what the SDK's `finalMessage()` gives."""
+
+    def __init__(self) -> None:
+        self.message: dict[str, Any] = {}
+        self._json: dict[int, list[str]] = {}
+
+    def feed(self, event: dict[str, Any]) -> None:
+        kind = event["type"]
+        if kind == "message_start":
+            self.message = copy.deepcopy(event["message"])
+        elif kind == "content_block_start":
+            assert event["index"] == len(self.message["content"])
+            self.message["content"].append(copy.deepcopy(event["content_block"]))
+        elif kind == "content_block_delta":
+            block, delta = self.message["content"][event["index"]], event["delta"]
+            if delta["type"] == "text_delta":
+                block["text"] += delta["text"]
+            elif delta["type"] == "input_json_delta":
+                self._json.setdefault(event["index"], []).append(delta["partial_json"])
+        elif kind == "content_block_stop":
+            block = self.message["content"][event["index"]]
+            if block["type"] == "tool_use":
+                block["input"] = json.loads("".join(self._json.get(event["index"], [])) or "{}")
+        elif kind == "message_delta":
+            self.message.update(event["delta"])
+            usage = {k: v for k, v in event["usage"].items() if v is not None}
+            self.message["usage"] = {**self.message["usage"], **usage}
+
+
+def seed_worker(vendor: FakeVendor, agent: dict[str, Any]):
+    """The seed's `server.mjs`: config at session.start, model calls on llm.execute."""
+
+    async def decide(request: dict[str, Any]) -> Any:
+        trigger = request["trigger"]
+        if trigger["type"] == "session.start":
+            # Schema-checked in the test without the seed's extensions; see SEED_EXTENSIONS.
+            return Json({"agent": agent}, invalid=True)
+        if trigger["type"] == "llm.execute":
+            return await stream_from_vendor(vendor, trigger["request"])
+        return request["proposed"]
+
+    return decide
+
+
+async def stream_from_vendor(vendor: FakeVendor, request: dict[str, Any]) -> Stream:
+    """`anthropic.messages.stream(request)`, each event re-sent as `llm.token.delta`."""
+    body = {**request, "stream": True}  # the SDK's stream() adds it; the engine leaves it out
+    headers = {"x-api-key": "worker-key", "anthropic-version": "2023-06-01"}
+    frames: list[tuple[str, Any]] = []
+    final = FinalMessage()
+    url = vendor.anthropic_base() + "/v1/messages"
+    async with (
+        httpx.AsyncClient() as http,
+        aconnect_sse(http, "POST", url, json=body, headers=headers) as source,
+    ):
+        source.response.raise_for_status()
+        async for sse in source.aiter_sse():
+            event = json.loads(sse.data)
+            assert event["type"] == sse.event
+            final.feed(event)
+            frames.append(("llm.token.delta", event))  # pings too: the engine ignores them
+    result = {"actions": [{"type": "llm.result", "response": final.message}]}
+    return Stream([*frames, ("decision.result", result)])
+
+
+# --- one conversation ----------------------------------------------------------------
+
+
+def say(agent: str, text: str) -> dict[str, Any]:
+    return {
+        "type": "client.message",
+        "agent_id": agent,
+        "message": {"role": "user", "content": text},
+    }
+
+
+def asks_or_ends(turn_id: str, after_seq: int):
+    """A client tool call dispatched, or the turn's end, after `after_seq`."""
+    ended = turn_ended(turn_id)
+    return lambda e: (
+        e["seq"] > after_seq and (e["payload"]["type"] == "tool.call.dispatched" or ended(e))
+    )
+
+
+async def converse(engine: Engine, agent: str, sid: str) -> tuple[dict[str, Any], list[dict]]:
+    """One turn; a `confirm` call is answered by the client. Returns turn end and log."""
+    client = Client(engine.store)
+    reply = await client.submit(say(agent, QUESTION), session_id=sid)
+    seen = 0
+    while True:
+        event = await wait_for_event(client, sid, asks_or_ends(reply["turn_id"], seen))
+        if event["payload"]["type"] != "tool.call.dispatched":
+            return event, await assert_consistent(engine.store, sid)
+        seen = event["seq"]
+        answer = {"type": "tool.result", "id": event["payload"]["id"], "result": "yes"}
+        await client.submit(answer, session_id=sid)
+
+
+def transcript(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The recorded messages without the ids each run mints; tool arguments parsed."""
+    out = []
+    for p in payloads(events, "message.new"):
+        message = p["message"]
+        calls = [
+            (c["function"]["name"], json.loads(c["function"]["arguments"]))
+            for c in message.get("tool_calls") or ()
+        ]
+        out.append({"role": message["role"], "content": message.get("content"), "calls": calls})
+    return out
+
+
+async def deltas_of(store: Store, sid: str) -> list[dict[str, Any]]:
+    entries = await store.redis.xrange(store.delta_key(sid))
+    return [json.loads(fields[b"d"]) for _, fields in entries]
+
+
+SCRIPTS: dict[str, list[Reply]] = {
+    "text": [Text(REPLY, chunks=4)],
+    "client_tool": [
+        ToolCalls([("confirm", {"question": "Page the on-call?"})], text="Let me ask."),
+        Text(REPLY, chunks=4),
+    ],
+}
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+async def test_the_seed_worker_records_what_the_engine_would(
+    vendor, test_worker, engine_for, tmp_path, script
+):
+    agent = {
+        "model": MODEL,
+        "stream": True,
+        "handler": "worker",  # run LLM calls here, not on the engine
+        "format": "anthropic",  # trigger.request is a Messages API body
+        "system": SYSTEM,
+        "tools": [CONFIRM],
+    }
+    plain = {k: v for k, v in agent.items() if k not in SEED_EXTENSIONS}
+    assert schema_errors(RESPONSE_SCHEMA, {"agent": plain}) == []
+    worker = await test_worker(seed_worker(vendor, agent), secret=SECRET)
+    engine = await engine_for(project(tmp_path, vendor, worker.url))
+
+    vendor.push(*SCRIPTS[script])
+    by_worker, worker_events = await converse(engine, "byo", "by-worker")
+    by_worker_requests = len(vendor.requests)
+    vendor.push(*SCRIPTS[script])
+    by_engine, engine_events = await converse(engine, "direct", "by-engine")
+
+    # Each llm.execute carried a Messages body, ready to send but for `stream`.
+    executes = [r["trigger"] for r in worker.requests if r["trigger"]["type"] == "llm.execute"]
+    assert len(executes) == by_worker_requests == len(SCRIPTS[script])
+    for trigger in executes:
+        assert trigger["format"] == "anthropic" and trigger["stream"] is True
+        request = trigger["request"]
+        assert request["model"] == MODEL and request["system"] == SYSTEM
+        assert isinstance(request["max_tokens"], int) and "stream" not in request
+        assert request["messages"][0] == {"role": "user", "content": QUESTION}
+    # ... the very body the engine sends the vendor itself (tool ids are the vendor's own).
+    sent = [re.sub(r"toolu_\w+", "toolu_…", json.dumps(r.body)) for r in vendor.requests]
+    assert sent[:by_worker_requests] == sent[by_worker_requests:]
+
+    assert by_worker["payload"]["type"] == by_engine["payload"]["type"] == "turn.completed"
+    assert transcript(worker_events) == transcript(engine_events)
+    assert transcript(worker_events)[-1] == {"role": "assistant", "content": REPLY, "calls": []}
+    assert by_worker["payload"]["usage"] == by_engine["payload"]["usage"]
+    assert by_worker["payload"]["usage"]["output"] > 0
+    assert by_worker["payload"]["cost"] == by_engine["payload"]["cost"]
+
+    # The vendor's events reached the session's delta stream as neutral deltas.
+    deltas = await deltas_of(engine.store, "by-worker")
+    for completed in payloads(worker_events, "llm.call.completed"):
+        call_id = completed["id"]
+        texts = [d["text"] for d in deltas if d["call_id"] == call_id and d.get("text")]
+        (message,) = [
+            p["message"]
+            for p in payloads(worker_events, "message.new")
+            if p["message"].get("id") == call_id
+        ]
+        assert "".join(texts) == (message["content"] or "")
+        for call in message.get("tool_calls") or ():
+            pieces = [
+                chunk.get("arguments") or ""
+                for d in deltas
+                if d["call_id"] == call_id
+                for chunk in d.get("tool_calls") or ()
+                if chunk["id"] == call["id"]
+            ]
+            assert json.loads("".join(pieces)) == json.loads(call["function"]["arguments"])
+    final_call = payloads(worker_events, "llm.call.completed")[-1]["id"]
+    final_texts = [d for d in deltas if d["call_id"] == final_call and d.get("text")]
+    assert len(final_texts) > 1
+
+
+NEUTRAL_USAGE = {
+    "input": 14,
+    "output": 5,
+    "uncached_input": 14,
+    "cache_read": 0,
+    "cache_write": 0,
+    "total": 19,
+}
+
+
+async def test_a_neutral_worker_answer_is_checked_then_recorded(
+    vendor, test_worker, engine_for, tmp_path
+):
+    good = {"model": MODEL, "content": REPLY, "finish_reason": "stop", "usage": NEUTRAL_USAGE}
+    bad = {"content": REPLY, "finish_reason": "stop"}  # no model
+    assert defined_as("LlmResponse", good) == []
+    assert defined_as("LlmResponse", bad) != []
+    agent = {
+        "model": MODEL,
+        "system": SYSTEM,
+        "handler": "worker",
+        "retry": {"default": {"backoff_base_secs": 0}},
+    }
+
+    async def decide(request: dict[str, Any]) -> Any:
+        trigger = request["trigger"]
+        if trigger["type"] == "session.start":
+            return Json({"agent": agent}, invalid=True)  # the seed's `handler`: see above
+        if trigger["type"] == "llm.execute":
+            response = bad if trigger["attempt"] == 1 else good
+            return {"actions": [{"type": "llm.result", "response": response}]}
+        return request["proposed"]
+
+    worker = await test_worker(decide, secret=SECRET)
+    engine = await engine_for(project(tmp_path, vendor, worker.url))
+    end, events = await converse(engine, "byo", "neutral")
+
+    executes = [r["trigger"] for r in worker.requests if r["trigger"]["type"] == "llm.execute"]
+    assert [t["attempt"] for t in executes] == [1, 2]
+    assert executes[0]["id"] == executes[1]["id"]
+    for trigger in executes:
+        assert trigger.get("format") is None and trigger["stream"] is False
+        assert defined_as("LlmRequest", trigger["request"]) == []
+        assert trigger["request"]["model"] == MODEL
+        messages = [(m["role"], m["content"]) for m in trigger["request"]["messages"]]
+        assert messages == [("system", SYSTEM), ("user", QUESTION)]
+
+    (errored,) = payloads(events, "llm.call.errored")
+    assert errored["attempt"] == 1 and not errored["final"]
+    assert errored["error"]["code"] == "invalid_response"
+    assert "response.model" in errored["error"]["message"]
+    assert [p["attempt"] for p in payloads(events, "llm.call.completed")] == [2]
+    assert end["payload"]["type"] == "turn.completed"
+    assert transcript(events) == [
+        {"role": "user", "content": QUESTION, "calls": []},
+        {"role": "assistant", "content": REPLY, "calls": []},
+    ]
+    assert end["payload"]["usage"] == NEUTRAL_USAGE
+    assert vendor.requests == []  # the worker ran the call; the engine called no vendor
