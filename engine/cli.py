@@ -13,13 +13,15 @@ import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import redis.asyncio as aioredis
 
 from .client import Client, ClientError
 from .config import ConfigError, Project, load_project
+from .console import Printer, short, watch_turn
 from .embedded import EmbeddedRedis, EmbeddedRedisError
+from .http_client import HttpClient
 from .runner import Engine
 from .store import Store, connect
 
@@ -35,6 +37,13 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("-o", "--output", choices=["pretty", "jsonl"], default="pretty")
     run.add_argument("-c", "--config", default="subs.toml")
     run.add_argument("--redis", help="Redis URL (default: the file's, else an embedded server)")
+    run.add_argument("--url", help="drive a remote engine through its HTTP API instead")
+    chat = sub.add_parser("chat", help="talk to an agent interactively")
+    chat.add_argument("agent")
+    chat.add_argument("--session", help="continue this session")
+    chat.add_argument("-c", "--config", default="subs.toml")
+    chat.add_argument("--redis", help="Redis URL (default: the file's, else an embedded server)")
+    chat.add_argument("--url", help="talk to a remote engine through its HTTP API")
     check = sub.add_parser("check", help="validate subs.toml and list missing env vars")
     check.add_argument("-c", "--config", default="subs.toml")
     sessions = sub.add_parser("sessions", help="list sessions or print a session's events")
@@ -72,148 +81,139 @@ async def _redis_for(project: Project, url: str | None) -> AsyncIterator[aioredi
             await asyncio.to_thread(embedded.stop)
 
 
-class _Printer:
-    """Pretty output: tokens as they stream, tool calls as compact lines."""
-
-    def __init__(self, out: TextIO, jsonl: bool) -> None:
-        self.out = out
-        self.jsonl = jsonl
-        self.open_line = False
-
-    def write(self, text: str) -> None:
-        self.out.write(text)
-        self.out.flush()
-        self.open_line = not text.endswith("\n")
-
-    def line(self, text: str) -> None:
-        if self.open_line:
-            self.write("\n")
-        self.write(text + "\n")
-
-    def delta(self, delta: dict[str, Any]) -> None:
-        if self.jsonl:
-            self.write(json.dumps({"type": "llm.token.delta", **delta}) + "\n")
-        elif delta.get("text"):
-            self.write(delta["text"])
-
-    def event(self, event: dict[str, Any]) -> None:
-        if self.jsonl:
-            self.write(json.dumps(event) + "\n")
-            return
-        p = event["payload"]
-        kind = p["type"]
-        if kind == "tool.call.requested":
-            self.line(f"→ {p['name']}({_short(p.get('arguments') or '')})")
-        elif kind == "tool.call.errored" and p.get("final"):
-            self.line(f"✗ {p['error']['message']}")
-        elif kind == "llm.call.errored" and not p.get("final"):
-            self.line(f"… retrying: {p['error']['message']}")
+def _identity() -> dict[str, Any]:
+    return {"subject": {"issuer": "cli", "id": getpass.getuser()}, "metadata": {}}
 
 
-def _short(text: str, limit: int = 80) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+def _message(agent: str, text: str) -> dict[str, Any]:
+    # Queued: a turn still running in this session (say, one a killed run left
+    # behind) finishes first, then this one runs.
+    message = {"role": "user", "content": text}
+    return {"type": "client.message", "agent_id": agent, "message": message, "queue": True}
 
 
-async def _answer_client_tool(client: Client, sid: str, payload: dict[str, Any]) -> None:
-    """A client tool runs here, at the keyboard: ask, and send the answer back."""
-    question = payload.get("arguments") or "{}"
-    with contextlib.suppress(ValueError, AttributeError):
-        question = json.loads(question).get("question", question)
-    sys.stderr.write(f"{payload['name']}: {question}\n> ")
-    sys.stderr.flush()
-    answer = await asyncio.to_thread(sys.stdin.readline)
-    if answer:
-        body = {"type": "tool.result", "id": payload["id"], "result": answer.rstrip("\n")}
-    else:
-        body = {"type": "tool.error", "id": payload["id"], "error": "no answer", "retryable": False}
-    await client.submit(body, session_id=sid)
-
-
-async def _run(args: argparse.Namespace) -> int:
+@contextlib.asynccontextmanager
+async def _session_client(args: argparse.Namespace) -> AsyncIterator[Any]:
+    """A remote engine's HTTP API with `--url`, else an engine in this process."""
+    if getattr(args, "url", None):
+        client = HttpClient(args.url, os.environ.get("SUBS_API_KEY"))
+        try:
+            yield client
+        finally:
+            await client.aclose()
+        return
     project = load_project(args.config)
     if args.agent not in project.agents:
         declared = ", ".join(sorted(project.agents)) or "none"
-        print(
-            f"subs: no agent {args.agent!r} in {project.path}; declared: {declared}",
-            file=sys.stderr,
-        )
-        return 2
-    if args.input:
-        payload = json.loads(args.input)
-        payload.setdefault("agent_id", args.agent)
-    elif args.message is not None:
-        message = {"role": "user", "content": args.message}
-        # Queued: a turn still running in this session (say, one a killed run left
-        # behind) finishes first, then this one runs.
-        payload = {
-            "type": "client.message",
-            "agent_id": args.agent,
-            "message": message,
-            "queue": True,
-        }
-    else:
-        print("subs run: give a message or --input", file=sys.stderr)
-        return 2
-    printer = _Printer(sys.stdout, args.output == "jsonl")
+        raise _Usage(f"no agent {args.agent!r} in {project.path}; declared: {declared}")
     async with _redis_for(project, args.redis) as redis:
         engine = Engine(project, redis, lease_ms=_lease_ms())
         await engine.start()
         try:
-            return await _one_turn(engine, payload, args, printer)
+            yield Client(engine.store)
         finally:
             await engine.stop()
 
 
-async def _one_turn(
-    engine: Engine, payload: dict[str, Any], args: argparse.Namespace, printer: _Printer
-) -> int:
-    client = Client(engine.store)
-    sid = args.session
-    after = 0
-    cursor = "0-0"
-    if sid:
-        events = await client.events(sid)
-        after = events[-1]["seq"] if events else 0
-        cursor = await client.delta_cursor(sid)
-    identity = {"subject": {"issuer": "cli", "id": getpass.getuser()}, "metadata": {}}
-    reply = await client.submit(payload, session_id=sid, identity=identity)
-    sid, turn_id = reply["session_id"], reply["turn_id"]
+class _Usage(Exception):
+    """A command-line mistake: exit 2 with this message."""
+
+
+async def _run(args: argparse.Namespace) -> int:
+    if args.input:
+        payload = json.loads(args.input)
+        payload.setdefault("agent_id", args.agent)
+    elif args.message is not None:
+        payload = _message(args.agent, args.message)
+    else:
+        raise _Usage("subs run: give a message or --input")
+    printer = Printer(sys.stdout, args.output == "jsonl", sys.stderr)
+
+    def announce(sid: str, queued: bool) -> None:
+        if not printer.jsonl:
+            waiting = " (queued behind the running turn)" if queued else ""
+            print(f"session {sid}{waiting}", file=sys.stderr, flush=True)
+
+    async with _session_client(args) as client:
+        outcome = await watch_turn(
+            client,
+            payload,
+            printer,
+            session_id=args.session,
+            identity=_identity(),
+            on_session=announce,
+        )
     if not printer.jsonl:
-        waiting = " (queued behind the running turn)" if reply.get("queued") else ""
-        print(f"session {sid}{waiting}", file=sys.stderr, flush=True)
-    client_calls: dict[str, dict[str, Any]] = {}
-    ours: set[str] = set()  # model calls of this turn: only their tokens are printed
-    early: dict[str, list[dict[str, Any]]] = {}  # deltas read before their call's event
-    async for kind, item in client.follow(sid, after, delta_cursor=cursor):
-        if kind == "delta":
-            if item["call_id"] in ours:
-                printer.delta(item)
-            else:
-                early.setdefault(item["call_id"], []).append(item)
+        print(
+            f'continue: subs run {args.agent} "..." --session {outcome.session_id}', file=sys.stderr
+        )
+    if outcome.status == "failed":
+        print(f"subs: the turn failed: {outcome.error}", file=sys.stderr)
+        return 1
+    return 0 if outcome.status == "completed" else 1
+
+
+async def _read_message() -> str | None:
+    """One message from the keyboard; a line ending in a backslash continues it."""
+    lines: list[str] = []
+    prompt = "you> "
+    while True:
+        line = await asyncio.to_thread(_input, prompt)
+        if line is None:
+            return None if not lines else "\n".join(lines)
+        if line.endswith("\\"):
+            lines.append(line[:-1])
+            prompt = "...> "
             continue
-        p = item["payload"]
-        if item.get("turn_id") != turn_id:
-            if printer.jsonl:
-                printer.event(item)
-            continue
-        printer.event(item)
-        if p["type"] == "llm.call.requested":
-            ours.add(p["id"])
-            for delta in early.pop(p["id"], ()):
-                printer.delta(delta)
-        elif p["type"] == "tool.call.requested" and p["handler"] == "client":
-            client_calls[p["id"]] = p
-        elif p["type"] == "tool.call.dispatched" and p["id"] in client_calls:
-            await _answer_client_tool(client, sid, client_calls.pop(p["id"]))
-        elif p["type"] in ("turn.completed", "turn.failed"):
-            if not printer.jsonl:
-                printer.line("")
-                print(f'continue: subs run {args.agent} "..." --session {sid}', file=sys.stderr)
-            if p["type"] == "turn.failed":
-                print(f"subs: the turn failed: {p['error']['message']}", file=sys.stderr)
-                return 1
-            return 0
-    return 1
+        lines.append(line)
+        return "\n".join(lines)
+
+
+def _input(prompt: str) -> str | None:
+    try:
+        return input(prompt)
+    except EOFError:
+        return None
+
+
+async def _chat(args: argparse.Namespace) -> int:
+    """Talk to an agent; Ctrl-C stops watching a turn (it goes on), Ctrl-D leaves."""
+    with contextlib.suppress(ImportError):
+        import readline  # noqa: F401  (line editing and history for input())
+    printer = Printer(sys.stdout, False, sys.stderr)
+    sid = args.session
+    async with _session_client(args) as client:
+        while True:
+            text = await _read_message()
+            if text is None:
+                break
+            if not text.strip():
+                continue
+            watching = asyncio.create_task(
+                watch_turn(
+                    client,
+                    _message(args.agent, text),
+                    printer,
+                    session_id=sid,
+                    identity=_identity(),
+                )
+            )
+            try:
+                outcome = await watching
+            except asyncio.CancelledError:
+                # Ctrl-C cancelled us: stop watching, keep the session (and the turn) going.
+                current = asyncio.current_task()
+                if current is not None:
+                    current.uncancel()
+                watching.cancel()
+                print("\n(stopped watching; the turn goes on)", file=sys.stderr)
+                continue
+            sid = outcome.session_id
+            if outcome.status == "failed":
+                print(f"subs: the turn failed: {outcome.error}", file=sys.stderr)
+    if sid:
+        print(f"session {sid}", file=sys.stderr)
+    return 0
 
 
 def _lease_ms() -> int:
@@ -294,7 +294,7 @@ def _print_event(event: dict[str, Any], jsonl: bool) -> None:
     detail = {k: v for k, v in p.items() if k != "type"}
     text = json.dumps(detail, ensure_ascii=False)
     print(
-        f"{event['seq']:>5} {event['occurred_at']} {p['type']:<26} {_short(text, 120)}", flush=True
+        f"{event['seq']:>5} {event['occurred_at']} {p['type']:<26} {short(text, 120)}", flush=True
     )
 
 
@@ -304,9 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "check":
             return _check(args)
-        runs = {"serve": _serve, "run": _run, "sessions": _sessions}
+        runs = {"serve": _serve, "run": _run, "chat": _chat, "sessions": _sessions}
         return asyncio.run(runs[args.command](args))
-    except ConfigError as err:
+    except (ConfigError, _Usage) as err:
         print(f"subs: {err}", file=sys.stderr)
         return 2
     except (ClientError, EmbeddedRedisError) as err:

@@ -162,3 +162,14 @@ async def test_sessions_list_and_events(config, vendor):
     assert code == 0 and events[0]["seq"] == 3 and events[-1]["payload"]["type"] == "turn.completed"
     code, _, err = await subs("sessions", "events", "nope", "-c", str(config))
     assert code == 1 and "no session" in err
+
+
+async def test_chat_keeps_one_session_and_joins_continued_lines(config, vendor):
+    vendor.push(Text("First answer."), Text("Second answer."))
+    stdin = b"hello\\\nthere\nand again\n"
+    code, out, err = await subs("chat", "ops_openai", "-c", str(config), stdin=stdin)
+    assert code == 0, err
+    assert "First answer." in out and "Second answer." in out
+    sent = [m["content"] for m in vendor.requests[1].body["messages"]]
+    assert sent == ["You are terse.", "hello\nthere", "First answer.", "and again"]
+    assert session_of(err)

@@ -1,0 +1,237 @@
+"""Watching a turn at a terminal: tokens as they stream, compact tool lines, a status line,
+client tools and interrupt prompts answered at the keyboard.
+
+Works with either client: `Client` (Redis, in process) or `HttpClient` (a remote engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TextIO
+
+_SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
+_STEPS = {
+    "llm.call.dispatched": "model call",
+    "tool.call.dispatched": "tool {name}",
+    "decision.dispatched": "worker decision",
+    "session.interrupted": "paused",
+}
+
+
+class SessionClient(Protocol):
+    async def submit(
+        self,
+        payload: dict[str, Any],
+        *,
+        session_id: str | None = None,
+        identity: dict[str, Any] | None = None,
+    ) -> dict[str, Any]: ...
+
+    async def events(self, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]: ...
+
+    async def delta_cursor(self, session_id: str) -> str: ...
+
+    def follow(
+        self, session_id: str, after_seq: int = 0, *, delta_cursor: str | None = None
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]: ...
+
+
+Ask = Callable[[str], "asyncio.Future[str] | Any"]
+
+
+def short(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+class Printer:
+    """Pretty output (or JSON lines), with a status line on a terminal's stderr."""
+
+    def __init__(self, out: TextIO, jsonl: bool, status: TextIO | None = None) -> None:
+        self.out = out
+        self.jsonl = jsonl
+        self.open_line = False
+        self.status_out = status if status is not None and status.isatty() and not jsonl else None
+        self.step: str | None = None
+        self.step_since = 0.0
+        self.status_shown = False
+
+    def clear_status(self) -> None:
+        if self.status_shown and self.status_out is not None:
+            self.status_out.write("\r\x1b[2K")
+            self.status_out.flush()
+            self.status_shown = False
+
+    def tick(self) -> None:
+        """Redraw the status line: the running step and how long it has run."""
+        if self.status_out is None or self.step is None or self.open_line:
+            return
+        elapsed = time.monotonic() - self.step_since
+        frame = _SPINNER[int(elapsed * 10) % len(_SPINNER)]
+        self.status_out.write(f"\r\x1b[2K{frame} {self.step} {elapsed:.1f}s")
+        self.status_out.flush()
+        self.status_shown = True
+
+    def write(self, text: str) -> None:
+        self.clear_status()
+        self.out.write(text)
+        self.out.flush()
+        self.open_line = not text.endswith("\n")
+
+    def line(self, text: str) -> None:
+        if self.open_line:
+            self.write("\n")
+        self.write(text + "\n")
+
+    def delta(self, delta: dict[str, Any]) -> None:
+        if self.jsonl:
+            self.write(json.dumps({"type": "llm.token.delta", **delta}) + "\n")
+        elif delta.get("text"):
+            self.write(delta["text"])
+
+    def event(self, event: dict[str, Any]) -> None:
+        p = event["payload"]
+        kind = p["type"]
+        label = _STEPS.get(kind)
+        if label is not None:
+            self.step, self.step_since = label.format(name=p.get("id", "")), time.monotonic()
+        if self.jsonl:
+            self.write(json.dumps(event) + "\n")
+        elif kind == "tool.call.requested":
+            self.line(f"→ {p['name']}({short(p.get('arguments') or '')})")
+        elif kind == "tool.call.errored" and p.get("final"):
+            self.line(f"✗ {p['error']['message']}")
+        elif kind in ("llm.call.errored", "decision.errored") and not p.get("final"):
+            self.line(f"… retrying: {p['error']['message']}")
+
+
+@dataclass
+class TurnOutcome:
+    session_id: str
+    turn_id: str | None
+    status: str  # completed | failed | detached
+    error: str | None = None
+
+
+async def ask_line(prompt: str) -> str:
+    sys.stderr.write(prompt)
+    sys.stderr.flush()
+    return await asyncio.to_thread(sys.stdin.readline)
+
+
+async def answer_client_tool(client: Any, sid: str, payload: dict[str, Any]) -> None:
+    """A client tool runs here, at the keyboard: ask, and send the answer back."""
+    question = payload.get("arguments") or "{}"
+    with contextlib.suppress(ValueError, AttributeError):
+        question = json.loads(question).get("question", question)
+    answer = await ask_line(f"{payload['name']}: {question}\n> ")
+    if answer:
+        body = {"type": "tool.result", "id": payload["id"], "result": answer.rstrip("\n")}
+    else:
+        body = {"type": "tool.error", "id": payload["id"], "error": "no answer", "retryable": False}
+    await client.submit(body, session_id=sid)
+
+
+async def answer_interrupt(client: Any, sid: str, payload: dict[str, Any]) -> None:
+    """An interrupt prompt: show its message and options, resume with the chosen value."""
+    body = payload.get("payload") or {}
+    message = body.get("message") or f"Paused: {payload.get('reason') or 'no reason given'}"
+    options = (body.get("metadata") or {}).get("options") or []
+    lines = [message] + [
+        f"  {i}. {o.get('label', o.get('value'))}" for i, o in enumerate(options, 1)
+    ]
+    if body.get("expiresAt"):
+        lines.append(f"  (expires {body['expiresAt']})")
+    answer = (await ask_line("\n".join(lines) + "\n> ")).strip()
+    chosen: Any = answer
+    if options and answer.isdigit() and 1 <= int(answer) <= len(options):
+        chosen = options[int(answer) - 1].get("value")
+    resume = {"type": "interrupt.resume", "interrupt_id": payload["interrupt_id"]}
+    resume["payload"] = {"value": chosen}
+    await client.submit(resume, session_id=sid)
+
+
+async def watch_turn(
+    client: SessionClient,
+    payload: dict[str, Any],
+    printer: Printer,
+    *,
+    session_id: str | None,
+    identity: dict[str, Any] | None,
+    on_session: Callable[[str, bool], None] | None = None,
+) -> TurnOutcome:
+    """Submit one input and print its turn until it ends."""
+    after, cursor = 0, "0-0"
+    if session_id:
+        events = await client.events(session_id)
+        after = events[-1]["seq"] if events else 0
+        cursor = await client.delta_cursor(session_id)
+    reply = await client.submit(payload, session_id=session_id, identity=identity)
+    sid, turn_id = reply["session_id"], reply.get("turn_id")
+    if on_session is not None:
+        on_session(sid, bool(reply.get("queued")))
+    if turn_id is None:
+        return TurnOutcome(sid, None, "completed")
+    ticker = asyncio.create_task(_tick(printer))
+    try:
+        return await _follow_turn(client, sid, turn_id, after, cursor, printer)
+    finally:
+        ticker.cancel()
+        printer.clear_status()
+
+
+async def _tick(printer: Printer) -> None:
+    while True:
+        printer.tick()
+        await asyncio.sleep(0.1)
+
+
+async def _follow_turn(
+    client: SessionClient,
+    sid: str,
+    turn_id: str,
+    after: int,
+    cursor: str,
+    printer: Printer,
+) -> TurnOutcome:
+    client_calls: dict[str, dict[str, Any]] = {}
+    ours: set[str] = set()  # model calls of this turn: only their tokens are printed
+    early: dict[str, list[dict[str, Any]]] = {}  # deltas read before their call's event
+    async for kind, item in client.follow(sid, after, delta_cursor=cursor):
+        if kind == "delta":
+            if item["call_id"] in ours:
+                printer.delta(item)
+            else:
+                early.setdefault(item["call_id"], []).append(item)
+            continue
+        p = item["payload"]
+        if item.get("turn_id") != turn_id:
+            if printer.jsonl:
+                printer.event(item)
+            continue
+        printer.event(item)
+        if p["type"] == "llm.call.requested":
+            ours.add(p["id"])
+            for delta in early.pop(p["id"], ()):
+                printer.delta(delta)
+        elif p["type"] == "tool.call.requested" and p["handler"] == "client":
+            client_calls[p["id"]] = p
+        elif p["type"] == "tool.call.dispatched" and p["id"] in client_calls:
+            printer.clear_status()
+            await answer_client_tool(client, sid, client_calls.pop(p["id"]))
+        elif p["type"] == "session.interrupted" and not printer.jsonl:
+            printer.clear_status()
+            printer.line("")
+            await answer_interrupt(client, sid, p)
+        elif p["type"] in ("turn.completed", "turn.failed"):
+            if not printer.jsonl:
+                printer.line("")
+            if p["type"] == "turn.failed":
+                return TurnOutcome(sid, turn_id, "failed", p["error"]["message"])
+            return TurnOutcome(sid, turn_id, "completed")
+    return TurnOutcome(sid, turn_id, "detached")
