@@ -37,6 +37,7 @@ import signal
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields, replace
 from multiprocessing.connection import Connection
 from typing import Any
@@ -104,19 +105,24 @@ async def _vendor_serve(conn: Connection) -> None:
         await vendor.stop()
 
 
-class VendorProcess:
-    def __init__(self) -> None:
+class ChildServer:
+    """A server in a spawned child: sends its URL, then answers `take` until `stop`."""
+
+    def __init__(self, target: Callable[[Connection], None]) -> None:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_vendor_child, args=(child,), daemon=True)
+        self._proc = ctx.Process(target=target, args=(child,), daemon=True)
         self.url = ""
 
     def start(self) -> None:
+        """Spawn the child; `ready()` waits for its URL, so several children boot at once."""
         self._proc.start()
+
+    def ready(self) -> None:
         self.url = self._ask(None)
 
     def take(self) -> dict[str, float]:
-        """Seconds spent in the fake per turn tag since the last take."""
+        """Seconds spent per request key since the last take."""
         return self._ask("take")
 
     def stop(self) -> None:
@@ -133,7 +139,7 @@ class VendorProcess:
         if command is not None:
             self._conn.send(command)
         if not self._conn.poll(30):
-            raise RuntimeError("the fake vendor process did not answer")
+            raise RuntimeError("a child server process did not answer")
         return self._conn.recv()
 
 
@@ -189,7 +195,7 @@ async def one_session(client: Client, label: str, turns: int, out: list[tuple[st
 
 
 async def run_once(
-    engine: Engine, client: Client, vendor: VendorProcess, label: str, sessions: int, turns: int
+    engine: Engine, client: Client, vendor: ChildServer, label: str, sessions: int, turns: int
 ) -> Run:
     vendor.take()
     steps_before = engine.stats.steps
@@ -269,7 +275,7 @@ def report(f: Figures, *, steps: int, turns: int, spt: float, sessions: int, t: 
     print(f"  cpu of this process (engine + clients): {f.cpu_per_step:.3f} ms per step")
 
 
-async def bench(args: argparse.Namespace, redis_url: str, vendor: VendorProcess, tmp: Path) -> None:
+async def bench(args: argparse.Namespace, redis_url: str, vendor: ChildServer, tmp: Path) -> None:
     main_task = asyncio.current_task()
     assert main_task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)  # as Ctrl-C
@@ -338,10 +344,11 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="subs-bench-") as tmp:
         server = EmbeddedRedis(Path(tmp) / "redis")
-        vendor = VendorProcess()
+        vendor = ChildServer(_vendor_child)
         try:
             url = server.start()
             vendor.start()
+            vendor.ready()
             asyncio.run(bench(args, url, vendor, Path(tmp)))
         except (KeyboardInterrupt, asyncio.CancelledError):
             print("interrupted", file=sys.stderr)

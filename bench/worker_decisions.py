@@ -48,23 +48,21 @@ import asyncio
 import contextlib
 import cProfile
 import json
-import multiprocessing
 import pstats
 import signal
 import statistics
 import tempfile
 import textwrap
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from multiprocessing.connection import Connection
-from typing import Any
 from unittest import mock
 
 import httpx
 from aiohttp import web
 
-from bench.step_overhead import _recv, _vendor_child, p99
+from bench.step_overhead import ChildServer, _recv, _vendor_child, p99
 from engine.client import Client
 from engine.config import Project, parse_project
 from engine.embedded import EmbeddedRedis
@@ -118,44 +116,6 @@ async def _worker_serve(conn: Connection) -> None:
             conn.send(taken)
     finally:
         await runner.cleanup()
-
-
-class ChildServer:
-    """A server in a spawned child: sends its URL, then answers `take` until `stop`."""
-
-    def __init__(self, target: Callable[[Connection], None]) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=target, args=(child,), daemon=True)
-        self.url = ""
-
-    def start(self) -> None:
-        """Spawn the child; `ready()` waits for its URL, so several children boot at once."""
-        self._proc.start()
-
-    def ready(self) -> None:
-        self.url = self._ask(None)
-
-    def take(self) -> dict[str, float]:
-        """Seconds spent per request key since the last take."""
-        return self._ask("take")
-
-    def stop(self) -> None:
-        if self._proc.pid is None:
-            return
-        with contextlib.suppress(OSError):
-            self._conn.send("stop")
-        self._proc.join(5)
-        if self._proc.is_alive():
-            self._proc.terminate()
-            self._proc.join()
-
-    def _ask(self, command: str | None) -> Any:
-        if command is not None:
-            self._conn.send(command)
-        if not self._conn.poll(30):
-            raise RuntimeError("a child server process did not answer")
-        return self._conn.recv()
 
 
 # --- stamps taken inside the engine -----------------------------------------------------
