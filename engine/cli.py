@@ -16,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
+from aiohttp import web
 
+from .api import ApiKeys, bind_warning, check_bind, make_app
 from .client import Client, ClientError
 from .config import ConfigError, Project, load_project
 from .console import Printer, short, watch_turn
 from .embedded import EmbeddedRedis, EmbeddedRedisError
 from .http_client import HttpClient
+from .metrics import Metrics
 from .runner import Engine
 from .store import Store, connect
 
@@ -61,6 +64,8 @@ def _parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the engine until SIGTERM/SIGINT")
     serve.add_argument("-c", "--config", default="subs.toml")
     serve.add_argument("--redis", help="Redis URL (default: the file's, else an embedded server)")
+    serve.add_argument("--host", help="address to bind (default: [serve] host)")
+    serve.add_argument("--port", type=int, help="port to bind, 0 for any (default: [serve] port)")
     return parser
 
 
@@ -222,10 +227,24 @@ def _lease_ms() -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    """Engine and HTTP API in one process, until SIGTERM/SIGINT (SPEC §15)."""
     project = load_project(args.config)
+    host = args.host or project.serve.host
+    port = project.serve.port if args.port is None else args.port
+    keys = ApiKeys.from_env(os.environ)
+    refusal = check_bind(host, keys)
+    if refusal is not None:
+        raise _Usage(refusal)
     async with _redis_for(project, args.redis) as redis:
-        engine = Engine(project, redis, lease_ms=_lease_ms())
+        metrics = Metrics()
+        engine = Engine(project, redis, lease_ms=_lease_ms(), metrics=metrics)
         await engine.start()
+        app = make_app(Client(engine.store), engine.store, keys=keys, metrics=metrics)
+        runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=3)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0]
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -237,11 +256,17 @@ async def _serve(args: argparse.Namespace) -> int:
         where = args.redis or project.redis or "embedded redis under .subs/"
         missing = ", ".join(m.var for m in project.missing_env(os.environ)) or "none"
         print(
-            f"subs: engine {engine.owner} on {where}; agents: {deciders}; missing env: {missing}",
+            f"subs: engine {engine.owner} on {where}; api http://{bound[0]}:{bound[1]}; "
+            f"agents: {deciders}; missing env: {missing}",
             file=sys.stderr,
             flush=True,
         )
+        warning = bind_warning(host, keys)
+        if warning:
+            print(f"subs: {warning}", file=sys.stderr, flush=True)
         await stop.wait()
+        # Stop taking requests (open streams end), then hand back partitions and calls.
+        await runner.cleanup()
         await engine.stop()
     return 0
 

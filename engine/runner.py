@@ -50,6 +50,7 @@ from .machine import (
     step,
 )
 from .machine.evolve import at_ms
+from .metrics import Metrics
 from .store import Commit, Store, StoreConflict, WorkItem
 from .worker_effects import DecisionRun, ExecuteRun, WorkerTarget
 
@@ -98,6 +99,7 @@ class Engine:
         timer_poll_ms: int = 50,
         partitions: int | None = None,
         clock: Callable[[], float] = time.time,
+        metrics: Metrics | None = None,
     ) -> None:
         self.project = project
         self.redis = redis
@@ -107,6 +109,7 @@ class Engine:
         self.timer_poll_ms = timer_poll_ms
         self.clock = clock
         self.stats = EngineStats()
+        self.metrics = metrics or Metrics()
         self._want_partitions = partitions
         self.store: Store
         self.owned: dict[int, _Partition] = {}
@@ -197,6 +200,7 @@ class Engine:
             lease = await self.store.acquire(p, self.owner, self.lease_ms)
             if lease is not None:
                 await self._take(p, lease)
+        self.metrics.partitions_owned(len(self.owned))
 
     async def _take(self, p: int, lease: str) -> None:
         part = _Partition(p, lease)
@@ -374,9 +378,23 @@ class Engine:
         if any(isinstance(e, SendMessage) for e in t.effects):
             for entry_id, to, message in await self.store.outbox(part.p):
                 await self._relay(part.p, entry_id, to, message)
+        self._count(t.events)
         self.stats.steps += 1
         if self.stats.record_steps:
             self.stats.step_seconds.append(time.perf_counter() - started)
+
+    def _count(self, events: list[dict[str, Any]]) -> None:
+        if not events:
+            return
+        self.metrics.steps_committed(1)
+        for event in events:
+            kind = event["payload"]["type"]
+            if kind == "turn.started":
+                self.metrics.turn_started()
+            elif kind == "turn.completed":
+                self.metrics.turn_completed()
+            elif kind == "turn.failed":
+                self.metrics.turn_failed()
 
     @staticmethod
     def _with_timer(commit: Commit, item: WorkItem) -> Commit:
@@ -422,7 +440,9 @@ class Engine:
             decision = DecisionRun(state, target, now)
 
             async def run_decision() -> None:
+                started = time.perf_counter()
                 result = await decision.run(self.http)
+                self.metrics.observe_worker_call(time.perf_counter() - started)
                 part.queue.put_nowait(WorkItem(None, sid, input_to_json(result)))
 
             self._track(part, run_decision())
@@ -431,7 +451,9 @@ class Engine:
 
             async def run_execute() -> None:
                 deltas = DeltaWriter(self.store, sid)
+                started = time.perf_counter()
                 result = await execute.run(self.http, deltas.add)
+                self.metrics.observe_worker_call(time.perf_counter() - started)
                 await deltas.close()
                 part.queue.put_nowait(WorkItem(None, sid, input_to_json(result)))
 
@@ -485,6 +507,7 @@ class Engine:
             )
 
         settled: LlmCallSettled
+        started = time.perf_counter()
         try:
             target = self._target(plan.llm)
             timeout = None if effect.deadline is None else (effect.deadline - self.now_ms()) / 1000
@@ -514,6 +537,7 @@ class Engine:
             log.exception("model call %s failed", effect.call_id)
             info = {"message": f"internal error: {type(err).__name__}", "code": "internal"}
             settled = LlmCallSettled(effect.call_id, effect.attempt, error=info, retryable=True)
+        self.metrics.observe_model_call(time.perf_counter() - started)
         await deltas.close()  # every delta is out before the event that ends the call
         part.queue.put_nowait(WorkItem(None, sid, input_to_json(settled)))
 

@@ -123,6 +123,7 @@ class EngineProcess:
         self.config = config
         self.redis_url = redis_url
         self.extra_env = env or {}
+        self.api = ""  # the API's base URL, read from the startup line
         self.proc: asyncio.subprocess.Process | None = None
         self.owner = ""
 
@@ -143,6 +144,8 @@ class EngineProcess:
             str(self.config),
             "--redis",
             self.redis_url,
+            "--port",
+            "0",
             env=env,
             stderr=asyncio.subprocess.PIPE,
         )
@@ -151,6 +154,7 @@ class EngineProcess:
             line = (await self.proc.stderr.readline()).decode()
         assert line.startswith("subs: engine "), line
         self.owner = line.split()[2]
+        self.api = line.split("; api ")[1].split(";")[0]
         return self
 
     def kill(self) -> None:

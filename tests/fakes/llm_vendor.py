@@ -18,7 +18,7 @@ import re
 import string
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -219,6 +219,8 @@ class FakeVendor:
     def __init__(self, *, seed: int = 0) -> None:
         self.url = ""
         self.default: Reply | None = None
+        # Chooses a reply from the request when the script is empty (many sessions at once).
+        self.responder: Callable[[Any], Reply] | None = None
         self.requests: list[Recorded] = []
         self._script: deque[Reply] = deque()
         self._arrived = asyncio.Event()
@@ -280,7 +282,12 @@ class FakeVendor:
         headers = {name.lower(): value for name, value in request.headers.items()}
         self.requests.append(Recorded(request.path, headers, body, time.time()))
         self._arrived.set()
-        reply = self._script.popleft() if self._script else self.default
+        if self._script:
+            reply = self._script.popleft()
+        elif self.responder is not None:
+            reply = self.responder(body)
+        else:
+            reply = self.default
         if reply is None:
             return web.json_response(
                 {"error": {"message": "FakeVendor: the script ran out of replies."}},

@@ -1,0 +1,866 @@
+"""The HTTP API (SPEC §13): a thin aiohttp shell over the Redis-level `Client`.
+
+Handlers validate at the edge, call `Client`/`Store`, and map refusals to
+`{"error", "code"}` bodies. The event stream is one SSE writer per connection:
+a producer task reads the session (catch-up, then live tail) into a bounded
+queue and the handler writes the queue to the socket. A client that cannot
+keep up is sent `stream.overflow` and dropped, so it costs nobody else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import ipaddress
+import json
+import logging
+import socket
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .client import Client, ClientError
+from .errors import ProtocolError
+from .machine import SessionState, state_from_json
+from .machine.tree import path_to
+from .metrics import Metrics
+from .protocol import InterruptPayload, WorkerIdentity, parse_client_input
+from .store import Store
+
+log = logging.getLogger("subs.api")
+
+TURN_ENDS = frozenset({"turn.completed", "turn.failed"})
+CALL_ENDS = frozenset(
+    {"llm.call.completed", "llm.call.errored", "tool.call.completed", "tool.call.errored"}
+)
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    "X-Accel-Buffering": "no",
+}
+PING = b": ping\n\n"
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+class ApiError(Exception):
+    """A refusal with its status; the error middleware renders it as JSON."""
+
+    def __init__(self, status: int, code: str, message: str, **detail: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.detail = detail
+
+
+def _error_response(status: int, code: str, message: str, **detail: Any) -> web.Response:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    body = {"error": message, "code": code, **detail}
+    return web.json_response(body, status=status, headers=headers, dumps=_dumps)
+
+
+_HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+# --- auth -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: `key_id` is None when the API runs open."""
+
+    key_id: str | None
+    full: bool
+
+    def owns(self, identity: Mapping[str, Any] | None) -> bool:
+        """Full access owns everything; a scoped key owns what its first input created."""
+        if self.full:
+            return True
+        subject = (identity or {}).get("subject") or {}
+        return subject.get("issuer") == "api" and subject.get("id") == self.key_id
+
+    def identity(self) -> dict[str, Any]:
+        """The identity a new session created by this caller records."""
+        if self.key_id is None:
+            return {"metadata": {}}
+        return {"subject": {"issuer": "api", "id": self.key_id}, "metadata": {}}
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    digest: bytes = field(repr=False)  # sha256 of the key: compared instead, so lengths never leak
+    key_id: str
+    scoped: bool
+
+
+@dataclass(frozen=True)
+class ApiKeys:
+    """The configured bearer keys. None configured means the API runs open."""
+
+    keys: tuple[ApiKey, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> ApiKeys:
+        """Comma-separated entries: `KEY` (full access) or `KEY:own` (own sessions only).
+
+        Raises:
+            ValueError: an entry is empty before `:own` or has another suffix.
+        """
+        keys = []
+        for raw in text.split(","):
+            entry = raw.strip()
+            if not entry:
+                continue
+            secret, sep, scope = entry.rpartition(":")
+            if not sep:
+                secret, scope = entry, ""
+            if scope not in ("", "own"):
+                raise ValueError(f"SUBS_API_KEYS: an entry is KEY or KEY:own, not KEY:{scope}")
+            if not secret:
+                raise ValueError("SUBS_API_KEYS: an entry has an empty key before ':own'")
+            digest = hashlib.sha256(secret.encode()).digest()
+            keys.append(ApiKey(digest, digest.hex()[:12], scoped=scope == "own"))
+        return cls(tuple(keys))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> ApiKeys:
+        return cls.parse(env.get("SUBS_API_KEYS", ""))
+
+    @property
+    def open(self) -> bool:
+        return not self.keys
+
+    def authenticate(self, authorization: str | None) -> Principal | None:
+        """The caller a `Bearer` header names, or None. Every key is compared, always."""
+        if self.open:
+            return Principal(None, full=True)
+        scheme, _, token = (authorization or "").partition(" ")
+        digest = hashlib.sha256(token.strip().encode()).digest()
+        found: ApiKey | None = None
+        for key in self.keys:
+            if hmac.compare_digest(digest, key.digest) and found is None:
+                found = key
+        if found is None or scheme.lower() != "bearer":
+            return None
+        return Principal(found.key_id, full=not found.scoped)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, keys: ApiKeys) -> str | None:
+    """Why the API must not listen on `host` (SPEC §13), or None when it may."""
+    if keys.open and not _is_loopback(host):
+        return (
+            f"refusing to serve the API on {host} without keys: set SUBS_API_KEYS "
+            "or bind to 127.0.0.1"
+        )
+    return None
+
+
+def bind_warning(host: str, keys: ApiKeys) -> str | None:
+    """The one line to print at start when the API runs open on loopback."""
+    if keys.open and _is_loopback(host):
+        return f"the API on {host} is open: no SUBS_API_KEYS set, any local process may call it"
+    return None
+
+
+# --- SSE framing ---------------------------------------------------------------------------
+
+
+def sse_frame(kind: str, item: Mapping[str, Any]) -> bytes:
+    """One SSE frame for what `Client.follow` yields, or a named control frame.
+
+    A log event carries its seq as `id:` (the resume cursor); a token delta and a
+    control frame (`stream.overflow`) carry none, because they cannot be resumed
+    by seq. JSON never contains a raw newline, so `data:` is always one line.
+    """
+    if kind == "event":
+        head = f"id: {item['seq']}\nevent: {item['payload']['type']}\n"
+    elif kind == "delta":
+        head = "event: llm.token.delta\n"
+    else:
+        head = f"event: {kind}\n"
+    return f"{head}data: {_dumps(item)}\n\n".encode()
+
+
+@dataclass(frozen=True)
+class SseLimits:
+    """What one event-stream connection may cost before it is dropped."""
+
+    max_pending: int = 256  # frames read ahead of the socket; reading pauses when full
+    write_timeout: float = 10.0  # a write the socket does not take by then drops the client
+    close_grace: float = 5.0  # how long the final overflow frame gets before the socket is cut
+    send_buffer: int | None = 256 * 1024  # SO_SNDBUF per stream; None keeps the kernel's
+    page: int = 500  # catch-up events per Redis read
+    block_ms: int = 5000  # live tail: one blocking read's length
+
+
+# --- session reads ------------------------------------------------------------------------
+
+
+@dataclass
+class _Cut:
+    """A session's snapshot and token deltas read in one transaction: one instant."""
+
+    seq: int
+    state: SessionState
+    deltas: list[dict[str, Any]]
+    delta_cursor: str  # the delta stream's last id at the cut; "0-0" when empty
+
+
+async def _read_cut(store: Store, sid: str) -> _Cut | None:
+    """None when the session does not exist. Both keys share the session's slot."""
+    async with store.redis.pipeline(transaction=True) as pipe:
+        pipe.hmget(store.snap_key(sid), "seq", "state")
+        pipe.xrange(store.delta_key(sid))
+        (seq, raw), entries = await pipe.execute()
+    if raw is None:
+        return None
+    deltas = [json.loads(fields[b"d"]) for _, fields in entries]
+    cursor = entries[-1][0].decode() if entries else "0-0"
+    return _Cut(int(seq), state_from_json(json.loads(raw)), deltas, cursor)
+
+
+def _delta_key(delta: Mapping[str, Any]) -> tuple[Any, Any]:
+    return delta.get("call_id"), delta.get("attempt")
+
+
+def _ended_deltas(
+    pending: dict[tuple[Any, Any], list[dict[str, Any]]], event: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """The deltas of the call attempt this event ends (a result without an attempt
+    ends the latest one)."""
+    payload = event["payload"]
+    if payload["type"] not in CALL_ENDS:
+        return []
+    call_id, attempt = payload.get("id"), payload.get("attempt")
+    if attempt is None:
+        attempts = [a for c, a in pending if c == call_id]
+        if not attempts:
+            return []
+        attempt = max(attempts, key=lambda a: a or 0)
+    return pending.pop((call_id, attempt), [])
+
+
+def _ends_turn(event: Mapping[str, Any], turn_id: str | None) -> bool:
+    return (
+        turn_id is not None
+        and event.get("turn_id") == turn_id
+        and event["payload"]["type"] in TURN_ENDS
+    )
+
+
+async def _session_feed(
+    client: Client,
+    cut: _Cut,
+    after_seq: int,
+    *,
+    turn_id: str | None = None,
+    page: int = 500,
+    block_ms: int = 5000,
+) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
+    """Events after `after_seq` and token deltas, in order, with no gap or repeat.
+
+    Catch-up reads the log up to the cut; the live tail follows the log and the
+    delta stream from the cut's cursors, so the seam is the cut itself. Deltas:
+    each call attempt that had not ended at `after_seq` gets its deltas replayed
+    whole (clients dedupe by `call_id`, `attempt`, `seq`): those of an attempt that
+    ended during catch-up come right before the event that ends it, those of an
+    attempt still running at the cut come after catch-up. Deltas of attempts that
+    ended at or before `after_seq` are dropped. With `turn_id`, stops after that
+    turn's end event (or after catch-up when the turn ended at or before `after_seq`).
+    """
+    sid = cut.state.session_id
+    pending: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for delta in cut.deltas:
+        pending.setdefault(_delta_key(delta), []).append(delta)
+    cursor = after_seq
+    while cursor < cut.seq:
+        # Seqs are gapless stream ids, so this count stops exactly at the cut.
+        events = await client.store.read_log(sid, cursor, count=min(page, cut.seq - cursor))
+        if not events:
+            break
+        for event in events:
+            for delta in _ended_deltas(pending, event):
+                yield "delta", delta
+            yield "event", event
+            if _ends_turn(event, turn_id):
+                return
+        cursor = events[-1]["seq"]
+    if turn_id is not None and cut.state.turns.get(turn_id) in ("completed", "failed"):
+        return
+    running = {
+        (c.id, c.attempt) for c in cut.state.calls.values() if c.status in ("running", "waiting")
+    }
+    for delta in cut.deltas:
+        key = _delta_key(delta)
+        if key in pending and key in running:
+            yield "delta", delta
+    tail = client.follow(sid, cut.seq, delta_cursor=cut.delta_cursor, block_ms=block_ms)
+    async with contextlib.aclosing(tail):
+        async for kind, item in tail:
+            yield kind, item
+            if kind == "event" and _ends_turn(item, turn_id):
+                return
+
+
+# --- the SSE writer --------------------------------------------------------------------------
+
+
+class _SseStream:
+    """One connection: a producer fills a bounded queue, `run` empties it onto the socket.
+
+    The producer pulls from Redis, so a full queue just pauses it: memory stays at
+    `max_pending` frames however far behind the client is, and the log keeps the
+    rest. What ends a slow client is a write that the socket does not take within
+    `write_timeout` (its kernel and transport buffers are full): it gets a
+    `stream.overflow` frame naming the seq to resume after, and is disconnected.
+    """
+
+    def __init__(
+        self,
+        request: web.Request,
+        feed: AsyncGenerator[tuple[str, dict[str, Any]], None],
+        *,
+        after_seq: int,
+        limits: SseLimits,
+        heartbeat: float,
+        metrics: Metrics,
+    ) -> None:
+        self.request = request
+        self.feed = feed
+        self.limits = limits
+        self.heartbeat = heartbeat
+        self.metrics = metrics
+        self.last_sent = after_seq  # seq of the last event handed to the socket
+        self.overflow: str | None = None
+        self.queue: asyncio.Queue[tuple[bytes, int | None] | None] = asyncio.Queue(
+            limits.max_pending
+        )
+        self.finished = False  # the producer is done: end once the queue is empty
+        self.producer: asyncio.Task[None] | None = None
+
+    async def _produce(self) -> None:
+        try:
+            async for kind, item in self.feed:
+                seq = item["seq"] if kind == "event" else None
+                await self.queue.put((sse_frame(kind, item), seq))
+        except Exception:
+            log.exception("event stream of %s failed", self.request.match_info.get("sid"))
+        finally:
+            self.finished = True
+            if self.queue.empty():
+                self.queue.put_nowait(None)  # wake the writer; it fits in an empty queue
+
+    def stop(self) -> None:
+        """End the stream after what is queued (server shutdown)."""
+        if self.producer is not None:
+            self.producer.cancel()
+
+    async def run(self) -> web.StreamResponse:
+        resp = web.StreamResponse(headers=SSE_HEADERS)
+        resp.force_close()
+        sock = self.request.transport.get_extra_info("socket") if self.request.transport else None
+        if sock is not None and self.limits.send_buffer:
+            # Bounds what the kernel holds for a client that stops reading.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.send_buffer)
+        await resp.prepare(self.request)
+        self.producer = asyncio.create_task(self._produce())
+        try:
+            if await self._pump(resp):
+                async with asyncio.timeout(self.limits.write_timeout):
+                    await resp.write_eof()
+            else:
+                await self._overflowed(resp)
+        except ConnectionError:
+            pass  # the client is gone
+        except TimeoutError:
+            self._abort()  # the client stopped reading at the very end
+        finally:
+            self.producer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.producer
+            await self.feed.aclose()
+        return resp
+
+    async def _pump(self, resp: web.StreamResponse) -> bool:
+        """Write frames until the feed ends (True) or the client stops reading (False)."""
+        while True:
+            if self.finished and self.queue.empty():
+                return True
+            try:
+                async with asyncio.timeout(self.heartbeat):
+                    item = await self.queue.get()
+            except TimeoutError:
+                item = (PING, None)
+            if item is None:
+                continue
+            frame, seq = item
+            if seq is not None:
+                self.last_sent = seq
+            try:
+                async with asyncio.timeout(self.limits.write_timeout):
+                    await resp.write(frame)
+            except TimeoutError:
+                self.overflow = f"the client read nothing for {self.limits.write_timeout:g} s"
+                return False
+
+    async def _overflowed(self, resp: web.StreamResponse) -> None:
+        """Say why and where to resume, best effort; then cut the connection.
+
+        `resume_after_seq` is the last event handed to the socket before this frame:
+        a client that reads this frame has read that event too.
+        """
+        self.metrics.inc("subs_sse_overflows_total")
+        body = {"reason": self.overflow, "resume_after_seq": self.last_sent}
+        try:
+            async with asyncio.timeout(self.limits.close_grace):
+                await resp.write(sse_frame("stream.overflow", body))
+                await resp.write_eof()
+        except (ConnectionError, TimeoutError):
+            self._abort()
+
+    def _abort(self) -> None:
+        """Drop the connection with whatever the client never read: a plain close
+        would keep that buffer until the client reads it, maybe never."""
+        if self.request.transport is not None:
+            self.request.transport.abort()
+
+
+# --- request bodies ---------------------------------------------------------------------------
+
+
+class _InputBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str | None = Field(default=None, min_length=1, max_length=200)
+    input: Any = Field(...)
+    identity: dict[str, Any] | None = None
+
+
+class _SettleBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1)
+    attempt: int | None = Field(default=None, ge=1)
+    result: Any = None
+    error: str | None = None
+    retryable: bool = False
+
+
+class _InterruptBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str
+    payload: dict[str, Any] | None = None
+
+
+def _invalid(exc: ValidationError, prefix: str = "") -> ApiError:
+    """422 naming the first bad field as a dotted path."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in (prefix, *first["loc"]) if p != "")
+    text = "required field is missing" if first["type"] == "missing" else first["msg"]
+    if first["type"] == "extra_forbidden":
+        text = "unknown field"
+    return ApiError(422, "invalid_input", f"{where}: {text}" if where else text, param=where)
+
+
+def _validate(model: type[BaseModel], data: Any, prefix: str = "") -> Any:
+    if not isinstance(data, dict):
+        raise ApiError(422, "invalid_input", "the body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _invalid(exc, prefix) from None
+
+
+def _client_input(data: Any) -> None:
+    """Validate a ClientInput; the error names the field under `input.`."""
+    try:
+        parse_client_input(data)
+    except ProtocolError as err:
+        text = err.message.removeprefix("invalid client input: ")
+        where = f"input.{err.param}" if err.param else "input"
+        message = f"input.{text}" if err.param else f"input: {text}"
+        raise ApiError(422, "invalid_input", message, param=where) from None
+
+
+# --- the app -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Api:
+    client: Client
+    store: Store
+    keys: ApiKeys
+    metrics: Metrics
+    max_body: int
+    heartbeat: float
+    limits: SseLimits
+    cors_origin: str
+    request_timeout: float
+    streams: set[_SseStream] = field(default_factory=set)
+
+
+API = web.AppKey("subs_api", _Api)
+PRINCIPAL = web.RequestKey("subs_principal", Principal)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_OPEN_PATHS = frozenset({"/healthz"})
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Outermost: every refusal becomes `{"error", "code"}`; counts and times requests."""
+    api = request.app[API]
+    started = time.perf_counter()
+    try:
+        response = await handler(request)
+    except ApiError as err:
+        response = _error_response(err.status, err.code, err.message, **err.detail)
+    except web.HTTPException as err:
+        if err.status < 400:
+            raise
+        code = _HTTP_CODES.get(err.status, "http_error")
+        response = _error_response(err.status, code, err.reason)
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        response = _error_response(500, "internal", "internal error (logged by the API)")
+    route = request.match_info.route.resource
+    path = route.canonical if route is not None else "unmatched"
+    status = str(response.status)
+    api.metrics.inc("subs_http_requests_total", method=request.method, route=path, status=status)
+    api.metrics.observe("subs_http_request_seconds", time.perf_counter() - started, route=path)
+    return response
+
+
+@web.middleware
+async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Preflights pass unauthenticated; everything but /healthz needs a key when any exist."""
+    api = request.app[API]
+    if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
+        return web.Response(
+            status=204,
+            headers={
+                "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+                "Access-Control-Allow-Headers": "Authorization, Content-Type, Last-Event-ID",
+                "Access-Control-Max-Age": "600",
+            },
+        )
+    if request.path in _OPEN_PATHS:
+        return await handler(request)
+    principal = api.keys.authenticate(request.headers.get("Authorization"))
+    if principal is None:
+        raise ApiError(401, "unauthorized", "missing or unknown API key (Authorization: Bearer)")
+    request[PRINCIPAL] = principal
+    return await handler(request)
+
+
+async def _cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response, streams included (their headers go out at `prepare`)."""
+    origin = request.app[API].cors_origin
+    response.headers["Access-Control-Allow-Origin"] = origin
+    if origin != "*":
+        response.headers["Vary"] = "Origin"
+
+
+async def _stop_streams(app: web.Application) -> None:
+    for stream in list(app[API].streams):
+        stream.stop()
+
+
+def _principal(request: web.Request) -> Principal:
+    return request[PRINCIPAL]
+
+
+def _full_access(request: web.Request) -> None:
+    if not _principal(request).full:
+        raise ApiError(403, "forbidden", "this key may only use its own sessions")
+
+
+def _int_query(request: web.Request, name: str, default: int, *, lo: int, hi: int) -> int:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ApiError(400, "invalid_query", f"{name}: expected an integer, got {raw!r}") from None
+    if not lo <= value <= hi:
+        raise ApiError(400, "invalid_query", f"{name}: expected {lo}..{hi}, got {value}")
+    return value
+
+
+async def _json_body(request: web.Request) -> Any:
+    """The body as JSON; 413 past `max_body` (declared or read), 400 when not JSON."""
+    limit = request.app[API].max_body
+    too_large = ApiError(413, "too_large", f"the body is larger than {limit} bytes")
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large from None
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise ApiError(400, "invalid_json", "the body is not JSON") from None
+
+
+async def _owned_state(request: web.Request, sid: str) -> SessionState:
+    """The session's state, 404 when unknown, 403 when the caller does not own it."""
+    _, snap = await request.app[API].store.load_snapshot(sid)
+    if snap is None:
+        raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
+    state = state_from_json(snap)
+    if not _principal(request).owns(state.identity):
+        raise ApiError(403, "forbidden", f"session {sid!r} belongs to another key")
+    return state
+
+
+def _refused(err: ClientError) -> ApiError:
+    return ApiError(err.status, err.code, err.message, **err.detail)
+
+
+# --- handlers -----------------------------------------------------------------------------------
+
+
+async def post_input(request: web.Request) -> web.Response:
+    api = request.app[API]
+    body: _InputBody = _validate(_InputBody, await _json_body(request))
+    _client_input(body.input)
+    principal = _principal(request)
+    identity = principal.identity()
+    if body.identity is not None:
+        if not principal.full:
+            raise ApiError(403, "forbidden", "identity: only a full-access key may set it")
+        given = {"metadata": {}, **body.identity}
+        supplied = _validate(WorkerIdentity, given, "identity").model_dump(
+            mode="json", exclude_unset=True
+        )
+        metadata = {**identity["metadata"], **supplied.get("metadata", {})}
+        identity = {**identity, **supplied, "metadata": metadata}
+    if body.session_id is not None and not principal.full:
+        _, snap = await api.store.load_snapshot(body.session_id)
+        if snap is not None and not principal.owns(snap.get("identity")):
+            raise ApiError(403, "forbidden", f"session {body.session_id!r} belongs to another key")
+    try:
+        reply = await api.client.submit(
+            body.input,
+            session_id=body.session_id,
+            identity=identity,
+            timeout=api.request_timeout,
+        )
+    except ClientError as err:
+        raise _refused(err) from None
+    return web.json_response(reply, status=202, dumps=_dumps)
+
+
+async def get_session(request: web.Request) -> web.Response:
+    state = await _owned_state(request, request.match_info["sid"])
+    view = {
+        "session_id": state.session_id,
+        "agent_id": state.agent_id,
+        "status": state.status,
+        "turn_id": state.turn.id if state.turn else None,
+        "seq": state.seq,
+        "interrupts": list(state.interrupts.values()),
+        "messages": path_to(state.nodes, state.head_id),
+        "message_tree": {
+            "nodes": [
+                {"message": n.message, "parent_id": n.parent_id} for n in state.nodes.values()
+            ],
+            "head_id": state.head_id,
+        },
+    }
+    return web.json_response(view, dumps=_dumps)
+
+
+async def stream_events(request: web.Request) -> web.StreamResponse:
+    api = request.app[API]
+    sid = request.match_info["sid"]
+    header = request.headers.get("Last-Event-ID")
+    if header is not None and header.strip():
+        try:
+            after = int(header)
+        except ValueError:
+            raise ApiError(400, "invalid_query", f"Last-Event-ID: not a seq: {header!r}") from None
+    else:
+        after = _int_query(request, "after_seq", 0, lo=0, hi=2**63)
+    turn_id = request.query.get("turn_id") or None
+    cut = await _read_cut(api.store, sid)
+    if cut is None:
+        raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
+    if not _principal(request).owns(cut.state.identity):
+        raise ApiError(403, "forbidden", f"session {sid!r} belongs to another key")
+    if after > cut.seq:
+        raise ApiError(400, "invalid_query", f"seq {after} is past the log's end ({cut.seq})")
+    limits = api.limits
+    feed = _session_feed(
+        api.client, cut, after, turn_id=turn_id, page=limits.page, block_ms=limits.block_ms
+    )
+    stream = _SseStream(
+        request, feed, after_seq=after, limits=limits, heartbeat=api.heartbeat, metrics=api.metrics
+    )
+    api.streams.add(stream)
+    api.metrics.inc("subs_sse_streams_open")
+    try:
+        return await stream.run()
+    finally:
+        api.metrics.inc("subs_sse_streams_open", -1)
+        api.streams.discard(stream)
+
+
+async def post_interrupt(request: web.Request) -> web.Response:
+    api = request.app[API]
+    sid = request.match_info["sid"]
+    body: _InterruptBody = _validate(_InterruptBody, await _json_body(request))
+    if body.payload is not None:
+        _validate(InterruptPayload, body.payload, "payload")
+    await _owned_state(request, sid)
+    try:
+        reply = await api.client.interrupt(
+            sid, body.reason, body.payload, timeout=api.request_timeout
+        )
+    except ClientError as err:
+        raise _refused(err) from None
+    return web.json_response(reply, status=202, dumps=_dumps)
+
+
+async def post_settle(request: web.Request) -> web.Response:
+    api = request.app[API]
+    sid = request.match_info["sid"]
+    body: _SettleBody = _validate(_SettleBody, await _json_body(request))
+    if body.error is not None and "result" in body.model_fields_set:
+        raise ApiError(422, "invalid_input", "result: give either result or error, not both")
+    if not _principal(request).full:
+        await _owned_state(request, sid)
+    try:
+        reply = await api.client.settle(
+            sid,
+            body.id,
+            attempt=body.attempt,
+            result=body.result,
+            error=body.error,
+            retryable=body.retryable,
+            timeout=api.request_timeout,
+        )
+    except ClientError as err:
+        raise _refused(err) from None
+    return web.json_response(reply, status=202, dumps=_dumps)
+
+
+async def admin_sessions(request: web.Request) -> web.Response:
+    _full_access(request)
+    store = request.app[API].store
+    offset = _int_query(request, "offset", 0, lo=0, hi=2**31)
+    limit = _int_query(request, "limit", 50, lo=1, hi=500)
+    ids = await store.list_sessions(offset, limit)
+    snaps = await asyncio.gather(*(store.load_snapshot(sid) for sid in ids))
+    sessions = []
+    for sid, (_, snap) in zip(ids, snaps, strict=True):
+        if snap is None:
+            continue  # indexed, then lost with its snapshot: nothing to show
+        state = state_from_json(snap)
+        sessions.append(
+            {
+                "session_id": sid,
+                "agent_id": state.agent_id,
+                "status": state.status,
+                "created_at": state.created_at,
+                "seq": state.seq,
+            }
+        )
+    more = len(ids) == limit
+    body = {"sessions": sessions, "next_offset": offset + limit if more else None}
+    return web.json_response(body, dumps=_dumps)
+
+
+async def admin_events(request: web.Request) -> web.Response:
+    _full_access(request)
+    store = request.app[API].store
+    sid = request.match_info["sid"]
+    after = _int_query(request, "after_seq", 0, lo=0, hi=2**63)
+    limit = _int_query(request, "limit", 100, lo=1, hi=1000)
+    seq, snap = await store.load_snapshot(sid)
+    if snap is None:
+        raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
+    events = await store.read_log(sid, after, count=limit)
+    last = events[-1]["seq"] if events else after
+    body = {"events": events, "next_after_seq": last if last < seq else None}
+    return web.json_response(body, dumps=_dumps)
+
+
+async def get_healthz(request: web.Request) -> web.Response:
+    try:
+        async with asyncio.timeout(2.0):
+            await request.app[API].store.redis.ping()
+    except Exception as err:
+        raise ApiError(503, "unavailable", f"Redis does not answer: {type(err).__name__}") from None
+    return web.json_response({"ok": True})
+
+
+async def get_metrics(request: web.Request) -> web.Response:
+    text = request.app[API].metrics.render()
+    return web.Response(
+        body=text.encode(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+    )
+
+
+def make_app(
+    engine_client: Client,
+    store: Store,
+    *,
+    keys: ApiKeys,
+    max_body: int = 1 << 20,
+    metrics: Metrics | None = None,
+    heartbeat: float = 15.0,
+    sse: SseLimits | None = None,
+    cors_origin: str = "*",
+    request_timeout: float = 30.0,
+) -> web.Application:
+    """The API as an aiohttp app; the caller runs it (and decides where, see `check_bind`)."""
+    app = web.Application(middlewares=[_errors, _auth], client_max_size=max_body)
+    app[API] = _Api(
+        client=engine_client,
+        store=store,
+        keys=keys,
+        metrics=metrics or Metrics(),
+        max_body=max_body,
+        heartbeat=heartbeat,
+        limits=sse or SseLimits(),
+        cors_origin=cors_origin,
+        request_timeout=request_timeout,
+    )
+    app.on_response_prepare.append(_cors_headers)
+    app.on_shutdown.append(_stop_streams)
+    r = app.router
+    r.add_post("/api/client/sessions/input", post_input)
+    r.add_get("/api/client/sessions/{sid}", get_session)
+    r.add_get("/api/client/sessions/{sid}/events/stream", stream_events)
+    r.add_post("/api/client/sessions/{sid}/interrupt", post_interrupt)
+    r.add_post("/api/machine/sessions/{sid}/calls/settle", post_settle)
+    r.add_get("/api/admin/sessions", admin_sessions)
+    r.add_get("/api/admin/sessions/{sid}/events", admin_events)
+    r.add_get("/healthz", get_healthz)
+    r.add_get("/metrics", get_metrics)
+    return app

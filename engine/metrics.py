@@ -1,0 +1,122 @@
+"""Prometheus metrics (text format 0.0.4): what the engine and the API count.
+
+Both sides write into one `Metrics` object per process; `/metrics` renders it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+_SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+@dataclass
+class _Histogram:
+    buckets: tuple[float, ...] = _SECONDS
+    counts: list[int] = field(default_factory=lambda: [0] * len(_SECONDS))
+    total: float = 0.0
+    count: int = 0
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+        self.total += value
+        self.count += 1
+
+
+def _labels(pairs: tuple[tuple[str, str], ...]) -> str:
+    if not pairs:
+        return ""
+    escaped = (
+        (k, v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")) for k, v in pairs
+    )
+    return "{" + ",".join(f'{k}="{v}"' for k, v in escaped) + "}"
+
+
+class Metrics:
+    """Counters, gauges and histograms in Prometheus text format 0.0.4.
+
+    The API feeds the HTTP and SSE series; the engine calls the hooks for turns,
+    steps, partitions and call durations.
+    """
+
+    _HELP = {
+        "subs_turns_started_total": ("counter", "Turns started."),
+        "subs_turns_completed_total": ("counter", "Turns that completed."),
+        "subs_turns_failed_total": ("counter", "Turns that failed."),
+        "subs_steps_committed_total": ("counter", "Machine transitions committed to Redis."),
+        "subs_sse_overflows_total": ("counter", "Event streams dropped as too slow."),
+        "subs_http_requests_total": ("counter", "HTTP requests answered."),
+        "subs_sse_streams_open": ("gauge", "Event streams open now."),
+        "subs_partitions_owned": ("gauge", "Partitions this process owns."),
+        "subs_model_call_seconds": ("histogram", "Duration of one model call attempt."),
+        "subs_worker_call_seconds": ("histogram", "Duration of one worker delivery."),
+        "subs_http_request_seconds": ("histogram", "HTTP request duration (to the last byte)."),
+    }
+
+    def __init__(self) -> None:
+        self._values: dict[str, dict[tuple[tuple[str, str], ...], float]] = {
+            name: {} for name, (kind, _) in self._HELP.items() if kind != "histogram"
+        }
+        self._histograms: dict[str, dict[tuple[tuple[str, str], ...], _Histogram]] = {
+            name: {} for name, (kind, _) in self._HELP.items() if kind == "histogram"
+        }
+
+    def inc(self, name: str, amount: float = 1, **labels: str) -> None:
+        series = self._values[name]
+        key = tuple(sorted(labels.items()))
+        series[key] = series.get(key, 0) + amount
+
+    def set(self, name: str, value: float, **labels: str) -> None:
+        self._values[name][tuple(sorted(labels.items()))] = value
+
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        series = self._histograms[name]
+        key = tuple(sorted(labels.items()))
+        series.setdefault(key, _Histogram()).observe(value)
+
+    def value(self, name: str, **labels: str) -> float:
+        return self._values[name].get(tuple(sorted(labels.items())), 0)
+
+    # The engine's hooks.
+    def turn_started(self) -> None:
+        self.inc("subs_turns_started_total")
+
+    def turn_completed(self) -> None:
+        self.inc("subs_turns_completed_total")
+
+    def turn_failed(self) -> None:
+        self.inc("subs_turns_failed_total")
+
+    def steps_committed(self, n: int = 1) -> None:
+        self.inc("subs_steps_committed_total", n)
+
+    def partitions_owned(self, n: int) -> None:
+        self.set("subs_partitions_owned", n)
+
+    def observe_model_call(self, seconds: float) -> None:
+        self.observe("subs_model_call_seconds", seconds)
+
+    def observe_worker_call(self, seconds: float) -> None:
+        self.observe("subs_worker_call_seconds", seconds)
+
+    def render(self) -> str:
+        lines: list[str] = []
+        for name, (kind, text) in self._HELP.items():
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+            if kind != "histogram":
+                series = self._values[name] or {(): 0}
+                lines += [f"{name}{_labels(k)} {_num(v)}" for k, v in sorted(series.items())]
+                continue
+            for key, h in sorted(self._histograms[name].items()) or [((), _Histogram())]:
+                for bound, n in zip(h.buckets, h.counts, strict=True):
+                    lines.append(f"{name}_bucket{_labels((*key, ('le', _num(bound))))} {n}")
+                lines.append(f"{name}_bucket{_labels((*key, ('le', '+Inf')))} {h.count}")
+                lines.append(f"{name}_sum{_labels(key)} {_num(h.total)}")
+                lines.append(f"{name}_count{_labels(key)} {h.count}")
+        return "\n".join(lines) + "\n"
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
