@@ -25,10 +25,22 @@ DEFAULT_PARTITIONS = 16
 DELTA_CAP = 2000
 
 
-def connect(url: str) -> aioredis.Redis:
-    """A client for the engine's use: no socket read timeout, because blocking stream
-    reads wait on purpose (redis-py's default of 5 s would cut them off)."""
-    return aioredis.Redis.from_url(url, socket_timeout=None, socket_connect_timeout=10)
+def connect(url: str, max_connections: int = 1024) -> aioredis.Redis:
+    """A client for the engine's use.
+
+    No socket read timeout: blocking stream reads wait on purpose (redis-py's
+    default of 5 s would cut them off). A blocking pool: each event-stream
+    watcher and each waiting submit holds a connection, and past the cap a
+    caller should wait for one, not fail.
+    """
+    pool = aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=30,
+        socket_timeout=None,
+        socket_connect_timeout=10,
+    )
+    return aioredis.Redis.from_pool(pool)
 
 
 class StoreConflict(SubsError):

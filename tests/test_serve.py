@@ -1,0 +1,156 @@
+"""`subs serve` as a process: watchers over real HTTP, SIGTERM mid-turn, and a bounded load test."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine.client import ClientError
+from engine.http_client import HttpClient
+from tests.engine_helpers import EngineProcess, project_toml
+from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
+
+
+@pytest.fixture
+async def vendor():
+    async with FakeVendor() as v:
+        yield v
+
+
+@pytest.fixture
+def config(tmp_path, vendor) -> Path:
+    path = tmp_path / "subs.toml"
+    path.write_text(project_toml(vendor.url, retry="retry = { llm = { backoff_base_secs = 0 } }"))
+    return path
+
+
+@pytest.fixture
+async def serve(config, redis_url):
+    started: list[EngineProcess] = []
+
+    async def start() -> EngineProcess:
+        proc = await EngineProcess(config, redis_url).start()
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        await proc.stop()
+
+
+def say(text: str) -> dict:
+    message = {"role": "user", "content": text}
+    return {"type": "client.message", "agent_id": "ops_openai", "message": message}
+
+
+async def collect(client: HttpClient, sid: str, turn_id: str, after: int = 0) -> list[dict]:
+    return [
+        item async for kind, item in client.follow(sid, after, turn_id=turn_id) if kind == "event"
+    ]
+
+
+async def test_two_watchers_one_reconnecting_see_the_same_events(serve, vendor):
+    slow = " ".join(f"w{i}" for i in range(30))
+    vendor.push(Text(slow, chunk_delay=0.02))
+    proc = await serve()
+    http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
+    client = HttpClient(proc.api, http=http)
+    reply = await client.submit(say("go"))
+    sid, turn_id = reply["session_id"], reply["turn_id"]
+
+    steady = asyncio.create_task(collect(client, sid, turn_id))
+    # The second watcher reads a few events, hangs up, then reconnects with Last-Event-ID.
+    first_part: list[dict] = []
+    stream = f"{proc.api}/api/client/sessions/{sid}/events/stream"
+    async with http.stream("GET", stream) as response:
+        async for line in response.aiter_lines():
+            if line.startswith("data:") and '"seq"' in line and len(first_part) < 3:
+                first_part.append(line)
+            if len(first_part) == 3:
+                break
+    seen_seq = 3
+    rest = await collect(client, sid, turn_id, after=seen_seq)
+    full = await asyncio.wait_for(steady, 30)
+    assert [e["seq"] for e in full] == list(range(1, len(full) + 1))
+    assert [e["seq"] for e in rest] == list(range(seen_seq + 1, len(full) + 1))
+    assert rest == full[seen_seq:]
+    assert full[-1]["payload"]["type"] == "turn.completed"
+    await http.aclose()
+
+
+async def test_sigterm_mid_turn_exits_fast_and_a_new_serve_finishes_the_turn(serve, vendor):
+    slow = " ".join(f"w{i}" for i in range(200))
+    vendor.push(Text(slow, chunk_delay=0.05), Text("Finished after the restart."))
+    proc = await serve()
+    client = HttpClient(proc.api)
+    reply = await client.submit(say("long job"))
+    sid, turn_id = reply["session_id"], reply["turn_id"]
+    await vendor.wait_for_requests(1)
+    started = time.monotonic()
+    assert proc.proc is not None
+    proc.proc.send_signal(signal.SIGTERM)
+    assert await proc.stop() == 0
+    assert time.monotonic() - started < 10
+
+    proc = await serve()
+    client = HttpClient(proc.api)
+    events = await asyncio.wait_for(collect(client, sid, turn_id), 30)
+    assert events[-1]["payload"]["type"] == "turn.completed"
+    replies = [
+        e["payload"]["message"]["content"]
+        for e in events
+        if e["payload"]["type"] == "message.new" and e["payload"]["message"]["role"] == "assistant"
+    ]
+    assert replies == ["Finished after the restart."]
+    assert len(vendor.requests) == 2
+    with pytest.raises(ClientError) as err:
+        await client.session("nope")
+    assert err.value.status == 404
+
+
+def three_steps(body: dict) -> ToolCalls | Text:
+    """A model that calls an undeclared tool once, then answers: three steps per turn."""
+    if body["messages"][-1]["role"] == "tool":
+        return Text("done")
+    return ToolCalls([("ghost", {})])
+
+
+async def test_load_100_sessions_with_100_watchers(serve, vendor):
+    vendor.responder = three_steps
+    proc = await serve()
+    limits = httpx.Limits(max_connections=300, max_keepalive_connections=300)
+    http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, read=None), limits=limits)
+    client = HttpClient(proc.api, http=http)
+
+    async def one(n: int) -> list[dict]:
+        sid = f"load-{n}"
+        await client.submit(say(f"job {n}"), session_id=sid)
+        return await _watch_until_done(client, sid)  # from seq 0: catch-up, then live
+
+    started = time.monotonic()
+    results = await asyncio.wait_for(asyncio.gather(*(one(n) for n in range(100))), 120)
+    elapsed = time.monotonic() - started
+    for n, events in enumerate(results):
+        log = await client.events(f"load-{n}")
+        assert events == log, f"watcher {n} missed or reordered events"
+        assert events[-1]["payload"]["type"] == "turn.completed"
+        calls = [e for e in events if e["payload"]["type"] == "llm.call.completed"]
+        assert len(calls) == 2
+    assert elapsed < 120
+    await http.aclose()
+
+
+async def _watch_until_done(client: HttpClient, sid: str) -> list[dict]:
+    events = []
+    async for kind, item in client.follow(sid, 0):
+        if kind != "event":
+            continue
+        events.append(item)
+        if item["payload"]["type"] in ("turn.completed", "turn.failed"):
+            return events
+    return events
