@@ -668,6 +668,7 @@ async def post_input(request: web.Request) -> web.Response:
             body.input,
             session_id=body.session_id,
             identity=identity,
+            owner=None if principal.full else identity.get("subject"),
             timeout=api.request_timeout,
         )
     except ClientError as err:

@@ -39,11 +39,15 @@ class Client:
         *,
         session_id: str | None = None,
         identity: dict[str, Any] | None = None,
+        owner: dict[str, Any] | None = None,
         timeout: float = 30.0,
     ) -> dict[str, Any]:
-        """Send one ClientInput; returns `{session_id, turn_id, queued}` once committed."""
+        """Send one ClientInput; returns `{session_id, turn_id, queued}` once committed.
+
+        With `owner`, an existing session must belong to that subject (else 403).
+        """
         sid = session_id or new_id("ses")
-        body = {"kind": "client", "input": payload, "identity": identity or {}}
+        body = {"kind": "client", "input": payload, "identity": identity or {}, "owner": owner}
         return await self._request(sid, body, timeout)
 
     async def _request(self, sid: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:

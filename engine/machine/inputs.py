@@ -20,6 +20,9 @@ class ClientSubmitted:
     agent_config: dict[str, Any] | None
     decider: str = "engine"
     llm_routes: dict[str, dict[str, Any]] | None = None
+    # When set, the session must belong to this subject (`{issuer, id}`): a scoped
+    # API key. Checked here, with the session, so no other writer can slip between.
+    owner: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,11 @@ class _Step(TurnRules, CallRules, DecisionRules):
     def client_submitted(self, inp: ClientSubmitted) -> None:
         body = inp.input
         kind = body["type"]
+        s = self.state
+        if inp.owner is not None and s is not None and s.identity.get("subject") != inp.owner:
+            raise MachineError(
+                "forbidden", f"session {self.session_id} belongs to another owner", 403
+            )
         if kind in TURN_STARTS:
             self.submit_turn(inp)
         elif kind in ("tool.result", "tool.error"):
