@@ -61,6 +61,7 @@ def _parser() -> argparse.ArgumentParser:
     for command in (listing, events):
         command.add_argument("-c", "--config", default="subs.toml")
         command.add_argument("--redis", help="Redis URL (default: the file's, else embedded)")
+        command.add_argument("--url", help="read from a remote engine's HTTP API instead")
     serve = sub.add_parser("serve", help="run the engine until SIGTERM/SIGINT")
     serve.add_argument("-c", "--config", default="subs.toml")
     serve.add_argument("--redis", help="Redis URL (default: the file's, else an embedded server)")
@@ -288,15 +289,27 @@ def _check(args: argparse.Namespace) -> int:
     return 1 if missing else 0
 
 
-async def _sessions(args: argparse.Namespace) -> int:
+@contextlib.asynccontextmanager
+async def _reader(args: argparse.Namespace) -> AsyncIterator[Any]:
+    """Read sessions from a remote engine (`--url`) or straight from Redis."""
+    if args.url:
+        client = HttpClient(args.url, os.environ.get("SUBS_API_KEY"))
+        try:
+            yield client
+        finally:
+            await client.aclose()
+        return
     project = load_project(args.config)
     async with _redis_for(project, args.redis) as redis:
-        store = await Store.open(redis)
+        yield Client(await Store.open(redis))
+
+
+async def _sessions(args: argparse.Namespace) -> int:
+    async with _reader(args) as client:
         if args.sessions_command == "list":
-            for sid in await store.list_sessions(0, args.limit):
-                print(sid)
+            for row in await client.sessions(0, args.limit):
+                print(row if isinstance(row, str) else row["session_id"])
             return 0
-        client = Client(store)
         jsonl = args.output == "jsonl" or (args.output is None and not sys.stdout.isatty())
         events = await client.events(args.session, args.after)
         if not events and args.after == 0 and not args.follow:
@@ -306,8 +319,9 @@ async def _sessions(args: argparse.Namespace) -> int:
             _print_event(event, jsonl)
         if args.follow:
             after = events[-1]["seq"] if events else args.after
-            async for _, event in client.follow(args.session, after):
-                _print_event(event, jsonl)
+            async for kind, event in client.follow(args.session, after):
+                if kind == "event":
+                    _print_event(event, jsonl)
     return 0
 
 

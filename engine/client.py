@@ -92,6 +92,10 @@ class Client:
         inp = InterruptRequested(reason, payload)
         return await self._request(session_id, input_to_json(inp), timeout)
 
+    async def sessions(self, offset: int = 0, limit: int = 50) -> list[str]:
+        """Session ids, newest first."""
+        return await self.store.list_sessions(offset, limit)
+
     async def events(self, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
         return await self.store.read_log(session_id, after_seq)
 

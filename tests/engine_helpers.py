@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import sys
 import textwrap
@@ -167,3 +168,32 @@ class EngineProcess:
             self.proc.send_signal(signal.SIGTERM)
         async with asyncio.timeout(15):
             return await self.proc.wait()
+
+
+# -- the `subs` command as a user runs it ------------------------------------------------
+
+
+async def subs(*args: str, stdin: bytes = b"", env: dict | None = None, timeout: float = 30):
+    proc = await start_subs(*args, env=env)
+    out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def start_subs(*args: str, env: dict | None = None) -> asyncio.subprocess.Process:
+    full_env = {**os.environ, **ENV, "PYTHONPATH": str(ROOT), **(env or {})}
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "engine.cli",
+        *args,
+        env=full_env,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+
+
+def session_of(stderr: str) -> str:
+    match = re.search(r"session (ses_[0-9a-f]+)", stderr)
+    assert match, stderr
+    return match.group(1)

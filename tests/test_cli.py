@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import re
 import signal
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.engine_helpers import ENV, project_toml
+from tests.engine_helpers import project_toml, session_of, start_subs, subs
 from tests.fakes.llm_vendor import FakeVendor, HttpError, Text, ToolCalls
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -29,32 +24,6 @@ def config(tmp_path, vendor) -> Path:
     path = tmp_path / "subs.toml"
     path.write_text(project_toml(vendor.url))
     return path
-
-
-async def subs(*args: str, stdin: bytes = b"", env: dict | None = None, timeout: float = 30):
-    proc = await start_subs(*args, env=env)
-    out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
-    return proc.returncode, out.decode(), err.decode()
-
-
-async def start_subs(*args: str, env: dict | None = None) -> asyncio.subprocess.Process:
-    full_env = {**os.environ, **ENV, "PYTHONPATH": str(ROOT), **(env or {})}
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "engine.cli",
-        *args,
-        env=full_env,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-
-
-def session_of(stderr: str) -> str:
-    match = re.search(r"session (ses_[0-9a-f]+)", stderr)
-    assert match, stderr
-    return match.group(1)
 
 
 async def test_run_streams_the_reply_and_continues_the_session(config, vendor):

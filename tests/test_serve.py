@@ -12,7 +12,7 @@ import pytest
 
 from engine.client import ClientError
 from engine.http_client import HttpClient
-from tests.engine_helpers import EngineProcess, project_toml
+from tests.engine_helpers import EngineProcess, project_toml, session_of, subs
 from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
 
 
@@ -154,3 +154,16 @@ async def _watch_until_done(client: HttpClient, sid: str) -> list[dict]:
         if item["payload"]["type"] in ("turn.completed", "turn.failed"):
             return events
     return events
+
+
+async def test_the_cli_drives_a_remote_engine_with_url(serve, vendor):
+    vendor.push(Text("Remote answer.", chunks=3))
+    proc = await serve()
+    code, out, err = await subs("run", "ops_openai", "hello", "--url", proc.api)
+    assert code == 0, err
+    assert out.strip() == "Remote answer."
+    sid = session_of(err)
+    code, out, _ = await subs("sessions", "list", "--url", proc.api)
+    assert code == 0 and sid in out.split()
+    code, out, _ = await subs("sessions", "events", sid, "--url", proc.api, "-o", "jsonl")
+    assert code == 0 and '"turn.completed"' in out.splitlines()[-1]
