@@ -55,6 +55,7 @@ class Printer:
     def __init__(self, out: TextIO, jsonl: bool, status: TextIO | None = None) -> None:
         self.out = out
         self.jsonl = jsonl
+        self.colour = not jsonl and out.isatty()
         self.open_line = False
         self.status_out = status if status is not None and status.isatty() and not jsonl else None
         self.step: str | None = None
@@ -83,9 +84,12 @@ class Printer:
         self.out.flush()
         self.open_line = not text.endswith("\n")
 
-    def line(self, text: str) -> None:
+    def line(self, text: str, style: str = "") -> None:
+        """A whole line; `style` is an SGR code (2 dim, 31 red, 33 yellow), used on a TTY."""
         if self.open_line:
             self.write("\n")
+        if style and self.colour:
+            text = f"\x1b[{style}m{text}\x1b[0m"
         self.write(text + "\n")
 
     def delta(self, delta: dict[str, Any]) -> None:
@@ -103,11 +107,11 @@ class Printer:
         if self.jsonl:
             self.write(json.dumps(event) + "\n")
         elif kind == "tool.call.requested":
-            self.line(f"→ {p['name']}({short(p.get('arguments') or '')})")
+            self.line(f"→ {p['name']}({short(p.get('arguments') or '')})", "2")
         elif kind == "tool.call.errored" and p.get("final"):
-            self.line(f"✗ {p['error']['message']}")
+            self.line(f"✗ {p['error']['message']}", "31")
         elif kind in ("llm.call.errored", "decision.errored") and not p.get("final"):
-            self.line(f"… retrying: {p['error']['message']}")
+            self.line(f"… retrying: {p['error']['message']}", "33")
 
 
 @dataclass
