@@ -150,6 +150,8 @@ class HttpClient:
                             detail=detail,
                         )
                     async for sse in source.aiter_sse():
+                        if not sse.data:
+                            continue  # a heartbeat comment, decoded as an empty frame
                         data = json.loads(sse.data)
                         if sse.event == "llm.token.delta":
                             yield "delta", data

@@ -698,3 +698,46 @@ async def test_shutdown_ends_open_streams_cleanly(engine, vendor, metrics):
         frames = await reader
     assert [e["seq"] for e in events_of(frames)] == list(range(1, len(events_of(frames)) + 1))
     assert metrics.value("subs_sse_streams_open") == 0
+
+
+async def test_the_python_client_follows_through_heartbeats(engine, vendor, metrics):
+    from engine.http_client import HttpClient
+
+    vendor.push(Text("first"), Text("second"))
+    async with serve(app_for(engine, metrics, heartbeat=0.05)) as url:
+        client = HttpClient(url, ROOT)
+        first = await client.submit(say("one"))
+        sid = first["session_id"]
+        seen: list[dict] = []
+
+        async def follow() -> None:
+            async for kind, item in client.follow(sid, 0):
+                if kind == "event":
+                    seen.append(item)
+                    if (
+                        item["payload"]["type"] == "turn.completed"
+                        and len([e for e in seen if e["payload"]["type"] == "turn.completed"]) == 2
+                    ):
+                        return
+
+        watcher = asyncio.create_task(follow())
+        await poll_until(lambda: _has_turns(seen, 1), 10, "the first turn")
+        await streams_open(metrics, 1)
+        # Idle through several heartbeats (time itself is what we wait for), then a
+        # second turn still arrives on the same stream.
+        loop = asyncio.get_running_loop()
+        idle_since = loop.time()
+
+        async def heartbeats_passed() -> bool:
+            return loop.time() - idle_since > 0.3
+
+        await poll_until(heartbeats_passed, 5, "a few heartbeat intervals")
+        assert not watcher.done(), watcher
+        await client.submit(say("two"), session_id=sid)
+        await asyncio.wait_for(watcher, 10)
+        assert [e["seq"] for e in seen] == list(range(1, len(seen) + 1))
+        await client.aclose()
+
+
+async def _has_turns(seen: list[dict], n: int) -> bool:
+    return sum(e["payload"]["type"] == "turn.completed" for e in seen) >= n
