@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 
 import pytest
 from redis import Redis as SyncRedis
@@ -10,6 +11,8 @@ from redis.asyncio import Redis as AsyncRedis
 
 from engine.embedded import EmbeddedRedis
 from engine.store import connect
+from tests.engine_helpers import EngineProcess, project_toml
+from tests.fakes.llm_vendor import FakeVendor
 
 pytest_plugins = ["tests.workers"]  # the test_worker fixture
 
@@ -41,3 +44,35 @@ async def redis(redis_url: str) -> AsyncIterator[AsyncRedis]:
         yield client
     finally:
         await client.aclose()
+
+
+@pytest.fixture
+async def vendor() -> AsyncIterator[FakeVendor]:
+    """A scripted LLM vendor on a real port (OpenAI, OpenRouter and Anthropic routes)."""
+    async with FakeVendor() as fake:
+        yield fake
+
+
+@pytest.fixture
+def config(tmp_path: Path, vendor: FakeVendor) -> Path:
+    """A subs.toml with one agent per vendor format, retrying model calls at once."""
+    path = tmp_path / "subs.toml"
+    path.write_text(project_toml(vendor.url, retry="retry = { llm = { backoff_base_secs = 0 } }"))
+    return path
+
+
+@pytest.fixture
+async def serve_processes(
+    config: Path, redis_url: str
+) -> AsyncIterator[Callable[[], Awaitable[EngineProcess]]]:
+    """Starts `subs serve` processes on the test's Redis; stops them all afterwards."""
+    started: list[EngineProcess] = []
+
+    async def start() -> EngineProcess:
+        proc = await EngineProcess(config, redis_url).start()
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        await proc.stop()

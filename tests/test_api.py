@@ -30,15 +30,9 @@ from tests.api_helpers import (
     stream_path,
 )
 from tests.engine_helpers import ENV, make_project, poll_until
-from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
+from tests.fakes.llm_vendor import Text, ToolCalls
 
 MAX_BODY = 64 * 1024
-
-
-@pytest.fixture
-async def vendor():
-    async with FakeVendor() as v:
-        yield v
 
 
 @pytest.fixture

@@ -5,25 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-from pathlib import Path
 
-import pytest
-
-from tests.engine_helpers import project_toml, session_of, start_subs, subs
-from tests.fakes.llm_vendor import FakeVendor, HttpError, Text, ToolCalls
-
-
-@pytest.fixture
-async def vendor():
-    async with FakeVendor() as v:
-        yield v
-
-
-@pytest.fixture
-def config(tmp_path, vendor) -> Path:
-    path = tmp_path / "subs.toml"
-    path.write_text(project_toml(vendor.url))
-    return path
+from tests.engine_helpers import session_of, start_subs, subs
+from tests.fakes.llm_vendor import HttpError, Text, ToolCalls
 
 
 async def test_run_streams_the_reply_and_continues_the_session(config, vendor):

@@ -14,13 +14,7 @@ from tests.engine_helpers import (
     turn_ended,
     wait_for_event,
 )
-from tests.fakes.llm_vendor import FakeVendor, HttpError, Text, ToolCalls
-
-
-@pytest.fixture
-async def vendor():
-    async with FakeVendor() as v:
-        yield v
+from tests.fakes.llm_vendor import HttpError, Text, ToolCalls
 
 
 @pytest.fixture

@@ -5,50 +5,18 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections import Counter
-from pathlib import Path
-
-import pytest
 
 from engine.client import Client
 from engine.store import Store
 from tests.engine_helpers import (
     LEASE_MS,
-    EngineProcess,
     assert_consistent,
     payloads,
     poll_until,
-    project_toml,
     turn_ended,
     wait_for_event,
 )
-from tests.fakes.llm_vendor import FakeVendor, Text
-
-
-@pytest.fixture
-async def vendor():
-    async with FakeVendor() as v:
-        yield v
-
-
-@pytest.fixture
-def config(tmp_path, vendor) -> Path:
-    path = tmp_path / "subs.toml"
-    path.write_text(project_toml(vendor.url, retry="retry = { llm = { backoff_base_secs = 0 } }"))
-    return path
-
-
-@pytest.fixture
-async def engines(config, redis_url):
-    started: list[EngineProcess] = []
-
-    async def start() -> EngineProcess:
-        proc = await EngineProcess(config, redis_url).start()
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        await proc.stop()
+from tests.fakes.llm_vendor import Text
 
 
 async def lease_owners(redis, partitions: int) -> dict[int, str]:
@@ -65,10 +33,12 @@ def say(text: str, **extra) -> dict:
     return {"type": "client.message", "agent_id": "ops_openai", "message": message, **extra}
 
 
-async def test_sigkill_mid_stream_then_a_new_engine_completes_the_turn(redis, vendor, engines):
+async def test_sigkill_mid_stream_then_a_new_engine_completes_the_turn(
+    redis, vendor, serve_processes
+):
     slow = " ".join(f"word{i}" for i in range(60))
     vendor.push(Text(slow, chunk_delay=0.05), Text("The final answer.", chunks=3))
-    first = await engines()
+    first = await serve_processes()
     store = await Store.open(redis)
     client = Client(store)
     reply = await client.submit(say("why is it paging?"))
@@ -82,7 +52,7 @@ async def test_sigkill_mid_stream_then_a_new_engine_completes_the_turn(redis, ve
     first.kill()
     assert await first.stop() == -signal.SIGKILL
 
-    await engines()
+    await serve_processes()
     end = await wait_for_event(client, sid, turn_ended(turn_id), timeout=30)
     assert end["payload"]["type"] == "turn.completed"
 
@@ -100,10 +70,12 @@ async def test_sigkill_mid_stream_then_a_new_engine_completes_the_turn(redis, ve
     assert len(vendor.requests) == 2
 
 
-async def test_two_engines_share_partitions_and_take_over_a_dead_ones(redis, vendor, engines):
+async def test_two_engines_share_partitions_and_take_over_a_dead_ones(
+    redis, vendor, serve_processes
+):
     vendor.default = Text("ok")
-    a = await engines()
-    b = await engines()
+    a = await serve_processes()
+    b = await serve_processes()
     store = await Store.open(redis)
 
     async def balanced() -> dict[int, str] | None:

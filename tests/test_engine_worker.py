@@ -11,7 +11,7 @@ from engine.client import Client, ClientError
 from engine.config import parse_project
 from engine.runner import Engine, EngineConfigError
 from tests.engine_helpers import ENV, assert_consistent, payloads, turn_ended, wait_for_event
-from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
+from tests.fakes.llm_vendor import Text, ToolCalls
 from tests.workers import Json, Reply, echo_proposed
 
 SECRET = "worker-secret-for-tests"
@@ -42,12 +42,6 @@ def worker_project(tmp_path: Path, vendor_url: str, worker_url: str, *, retry: s
     path = tmp_path / "subs.toml"
     path.write_text(text)
     return parse_project(text, str(path), env={})
-
-
-@pytest.fixture
-async def vendor():
-    async with FakeVendor() as v:
-        yield v
 
 
 async def start_engine(redis, project, secret: str = SECRET) -> Engine:

@@ -53,12 +53,6 @@ DELTA_SCHEMA = _validator("StreamDelta")
 REQUEST_SCHEMA = _validator("LlmRequest")
 
 
-@pytest.fixture
-async def vendor():
-    async with FakeVendor() as fake:
-        yield fake
-
-
 # Building a TLS context costs ~60 ms; the fake speaks plain HTTP, so share one.
 _TLS = ssl.create_default_context()
 

@@ -5,42 +5,14 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from engine.client import ClientError
 from engine.http_client import HttpClient
-from tests.engine_helpers import EngineProcess, project_toml, session_of, subs
-from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
-
-
-@pytest.fixture
-async def vendor():
-    async with FakeVendor() as v:
-        yield v
-
-
-@pytest.fixture
-def config(tmp_path, vendor) -> Path:
-    path = tmp_path / "subs.toml"
-    path.write_text(project_toml(vendor.url, retry="retry = { llm = { backoff_base_secs = 0 } }"))
-    return path
-
-
-@pytest.fixture
-async def serve(config, redis_url):
-    started: list[EngineProcess] = []
-
-    async def start() -> EngineProcess:
-        proc = await EngineProcess(config, redis_url).start()
-        started.append(proc)
-        return proc
-
-    yield start
-    for proc in started:
-        await proc.stop()
+from tests.engine_helpers import session_of, subs
+from tests.fakes.llm_vendor import Text, ToolCalls
 
 
 def say(text: str) -> dict:
@@ -54,10 +26,10 @@ async def collect(client: HttpClient, sid: str, turn_id: str, after: int = 0) ->
     ]
 
 
-async def test_two_watchers_one_reconnecting_see_the_same_events(serve, vendor):
+async def test_two_watchers_one_reconnecting_see_the_same_events(serve_processes, vendor):
     slow = " ".join(f"w{i}" for i in range(30))
     vendor.push(Text(slow, chunk_delay=0.02))
-    proc = await serve()
+    proc = await serve_processes()
     http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
     client = HttpClient(proc.api, http=http)
     reply = await client.submit(say("go"))
@@ -83,10 +55,12 @@ async def test_two_watchers_one_reconnecting_see_the_same_events(serve, vendor):
     await http.aclose()
 
 
-async def test_sigterm_mid_turn_exits_fast_and_a_new_serve_finishes_the_turn(serve, vendor):
+async def test_sigterm_mid_turn_exits_fast_and_a_new_serve_finishes_the_turn(
+    serve_processes, vendor
+):
     slow = " ".join(f"w{i}" for i in range(200))
     vendor.push(Text(slow, chunk_delay=0.05), Text("Finished after the restart."))
-    proc = await serve()
+    proc = await serve_processes()
     client = HttpClient(proc.api)
     reply = await client.submit(say("long job"))
     sid, turn_id = reply["session_id"], reply["turn_id"]
@@ -97,7 +71,7 @@ async def test_sigterm_mid_turn_exits_fast_and_a_new_serve_finishes_the_turn(ser
     assert await proc.stop() == 0
     assert time.monotonic() - started < 10
 
-    proc = await serve()
+    proc = await serve_processes()
     client = HttpClient(proc.api)
     events = await asyncio.wait_for(collect(client, sid, turn_id), 30)
     assert events[-1]["payload"]["type"] == "turn.completed"
@@ -120,9 +94,9 @@ def three_steps(body: dict) -> ToolCalls | Text:
     return ToolCalls([("ghost", {})])
 
 
-async def test_load_100_sessions_with_100_watchers(serve, vendor):
+async def test_load_100_sessions_with_100_watchers(serve_processes, vendor):
     vendor.responder = three_steps
-    proc = await serve()
+    proc = await serve_processes()
     limits = httpx.Limits(max_connections=300, max_keepalive_connections=300)
     http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, read=None), limits=limits)
     client = HttpClient(proc.api, http=http)
@@ -156,9 +130,9 @@ async def _watch_until_done(client: HttpClient, sid: str) -> list[dict]:
     return events
 
 
-async def test_the_cli_drives_a_remote_engine_with_url(serve, vendor):
+async def test_the_cli_drives_a_remote_engine_with_url(serve_processes, vendor):
     vendor.push(Text("Remote answer.", chunks=3))
-    proc = await serve()
+    proc = await serve_processes()
     code, out, err = await subs("run", "ops_openai", "hello", "--url", proc.api)
     assert code == 0, err
     assert out.strip() == "Remote answer."

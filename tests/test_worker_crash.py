@@ -30,12 +30,6 @@ REPLY = "Nothing is paging."
 
 
 @pytest.fixture
-async def vendor():
-    async with FakeVendor() as v:
-        yield v
-
-
-@pytest.fixture
 async def engines(redis_url):
     """Starts `subs serve` processes (they inherit os.environ); stops each at teardown."""
     started: list[EngineProcess] = []

@@ -77,12 +77,6 @@ def project(tmp_path: Path, vendor: FakeVendor, worker_url: str) -> Project:
 
 
 @pytest.fixture
-async def vendor():
-    async with FakeVendor() as v:
-        yield v
-
-
-@pytest.fixture
 async def engine_for(redis):
     started: list[Engine] = []
 
