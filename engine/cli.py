@@ -37,7 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("message", nargs="?")
     run.add_argument("--session", help="continue this session")
     run.add_argument("--input", help="a ClientInput as JSON instead of a message")
-    run.add_argument("-o", "--output", choices=["pretty", "jsonl"], default="pretty")
+    run.add_argument(
+        "-o",
+        "--output",
+        choices=["pretty", "jsonl"],
+        help="default: pretty on a terminal, else jsonl",
+    )
     run.add_argument("-c", "--config", default="subs.toml")
     run.add_argument("--redis", help="Redis URL (default: the file's, else an embedded server)")
     run.add_argument("--url", help="drive a remote engine through its HTTP API instead")
@@ -133,7 +138,7 @@ async def _run(args: argparse.Namespace) -> int:
         payload = _message(args.agent, args.message)
     else:
         raise _Usage("subs run: give a message or --input")
-    printer = Printer(sys.stdout, args.output == "jsonl", sys.stderr)
+    printer = Printer(sys.stdout, _jsonl(args.output), sys.stderr)
 
     def announce(sid: str, queued: bool) -> None:
         if not printer.jsonl:
@@ -310,7 +315,7 @@ async def _sessions(args: argparse.Namespace) -> int:
             for row in await client.sessions(0, args.limit):
                 print(row if isinstance(row, str) else row["session_id"])
             return 0
-        jsonl = args.output == "jsonl" or (args.output is None and not sys.stdout.isatty())
+        jsonl = _jsonl(args.output)
         events = await client.events(args.session, args.after)
         if not events and args.after == 0 and not args.follow:
             print(f"subs: no session {args.session!r}", file=sys.stderr)
@@ -323,6 +328,11 @@ async def _sessions(args: argparse.Namespace) -> int:
                 if kind == "event":
                     _print_event(event, jsonl)
     return 0
+
+
+def _jsonl(output: str | None) -> bool:
+    """JSON lines when asked, or by default when stdout is not a terminal."""
+    return output == "jsonl" or (output is None and not sys.stdout.isatty())
 
 
 def _print_event(event: dict[str, Any], jsonl: bool) -> None:

@@ -12,7 +12,9 @@ from tests.fakes.llm_vendor import HttpError, Text, ToolCalls
 
 async def test_run_streams_the_reply_and_continues_the_session(config, vendor):
     vendor.push(Text("Nothing is paging right now.", chunks=4), Text("Still quiet."))
-    code, out, err = await subs("run", "ops_openai", "what's paging?", "-c", str(config))
+    code, out, err = await subs(
+        "run", "-o", "pretty", "ops_openai", "what's paging?", "-c", str(config)
+    )
     assert code == 0, err
     assert out.strip() == "Nothing is paging right now."
     sid = session_of(err)
@@ -22,7 +24,7 @@ async def test_run_streams_the_reply_and_continues_the_session(config, vendor):
     )
 
     code, out, err = await subs(
-        "run", "ops_openai", "and now?", "--session", sid, "-c", str(config)
+        "run", "-o", "pretty", "ops_openai", "and now?", "--session", sid, "-c", str(config)
     )
     assert code == 0, err
     assert out.strip() == "Still quiet."
@@ -31,9 +33,10 @@ async def test_run_streams_the_reply_and_continues_the_session(config, vendor):
     assert sent == ["You are terse.", "what's paging?", "Nothing is paging right now.", "and now?"]
 
 
-async def test_jsonl_prints_every_event_and_delta(config, vendor):
+async def test_piped_output_is_json_lines_of_every_event_and_delta(config, vendor):
     vendor.push(Text("one two three", chunks=3))
-    code, out, err = await subs("run", "ops_anthropic", "hi", "-o", "jsonl", "-c", str(config))
+    # Piped, the default output is JSON lines.
+    code, out, err = await subs("run", "ops_anthropic", "hi", "-c", str(config))
     assert code == 0, err
     lines = [json.loads(line) for line in out.splitlines()]
     events = [x for x in lines if "payload" in x]
@@ -47,7 +50,7 @@ async def test_jsonl_prints_every_event_and_delta(config, vendor):
 async def test_a_client_tool_is_answered_at_the_keyboard(config, vendor):
     vendor.push(ToolCalls([("confirm", {"question": "Restart the db?"})]), Text("Restarted."))
     code, out, err = await subs(
-        "run", "ops_openai", "fix it", "-c", str(config), stdin=b"yes, go ahead\n"
+        "run", "-o", "pretty", "ops_openai", "fix it", "-c", str(config), stdin=b"yes, go ahead\n"
     )
     assert code == 0, err
     assert "confirm: Restart the db?" in err
@@ -58,7 +61,7 @@ async def test_a_client_tool_is_answered_at_the_keyboard(config, vendor):
 
 async def test_a_failed_turn_exits_non_zero_with_the_error(config, vendor):
     vendor.push(HttpError(401))
-    code, _, err = await subs("run", "ops_openai", "hi", "-c", str(config))
+    code, _, err = await subs("run", "-o", "pretty", "ops_openai", "hi", "-c", str(config))
     assert code == 1
     assert "the turn failed:" in err and "Traceback" not in err
 
@@ -66,9 +69,9 @@ async def test_a_failed_turn_exits_non_zero_with_the_error(config, vendor):
 async def test_bad_config_and_unknown_agent_are_clear_errors(tmp_path, config):
     bad = tmp_path / "bad.toml"
     bad.write_text('[agent.x]\nllm = "nope"\nmodel = "m"\n')
-    code, _, err = await subs("run", "x", "hi", "-c", str(bad))
+    code, _, err = await subs("run", "-o", "pretty", "x", "hi", "-c", str(bad))
     assert code == 2 and "agent.x.llm" in err and str(bad) in err
-    code, _, err = await subs("run", "ghost", "hi", "-c", str(config))
+    code, _, err = await subs("run", "-o", "pretty", "ghost", "hi", "-c", str(config))
     assert code == 2 and "ops_openai" in err
 
 
@@ -76,7 +79,9 @@ async def test_killed_mid_turn_then_run_again_the_session_is_still_there(config,
     slow = " ".join(f"w{i}" for i in range(80))
     vendor.push(Text(slow, chunk_delay=0.05), Text("Recovered answer."), Text("Second answer."))
     env = {"SUBS_LEASE_MS": "1000"}
-    proc = await start_subs("run", "ops_openai", "long one", "-c", str(config), env=env)
+    proc = await start_subs(
+        "run", "-o", "pretty", "ops_openai", "long one", "-c", str(config), env=env
+    )
     assert proc.stderr is not None and proc.stdout is not None
     sid = session_of((await asyncio.wait_for(proc.stderr.readline(), 20)).decode())
     await asyncio.wait_for(proc.stdout.read(20), 20)  # the answer is streaming
@@ -84,7 +89,16 @@ async def test_killed_mid_turn_then_run_again_the_session_is_still_there(config,
     await proc.wait()
 
     code, out, err = await subs(
-        "run", "ops_openai", "are you back?", "--session", sid, "-c", str(config), env=env
+        "run",
+        "-o",
+        "pretty",
+        "ops_openai",
+        "are you back?",
+        "--session",
+        sid,
+        "-c",
+        str(config),
+        env=env,
     )
     assert code == 0, err
     assert out.strip() == "Second answer."
@@ -105,7 +119,7 @@ async def test_check_lists_missing_variables_and_fails(config):
 
 async def test_sessions_list_and_events(config, vendor):
     vendor.push(Text("listed"))
-    code, _, err = await subs("run", "ops_openai", "hi", "-c", str(config))
+    code, _, err = await subs("run", "-o", "pretty", "ops_openai", "hi", "-c", str(config))
     assert code == 0, err
     sid = session_of(err)
     code, out, _ = await subs("sessions", "list", "-c", str(config))

@@ -133,7 +133,7 @@ async def _watch_until_done(client: HttpClient, sid: str) -> list[dict]:
 async def test_the_cli_drives_a_remote_engine_with_url(serve_processes, vendor):
     vendor.push(Text("Remote answer.", chunks=3))
     proc = await serve_processes()
-    code, out, err = await subs("run", "ops_openai", "hello", "--url", proc.api)
+    code, out, err = await subs("run", "-o", "pretty", "ops_openai", "hello", "--url", proc.api)
     assert code == 0, err
     assert out.strip() == "Remote answer."
     sid = session_of(err)
