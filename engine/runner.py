@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -29,17 +30,17 @@ from .errors import SubsError
 from .llm import LlmTarget, ProviderError, complete
 from .machine import (
     CallLost,
+    ChildSpawned,
     ClientSubmitted,
     DecisionFailed,
+    Deliver,
     ExecuteFailed,
     Input,
     LlmCallSettled,
     MachineError,
-    MessageDelivered,
     RunDecision,
     RunExecute,
     RunLlmCall,
-    SendMessage,
     SessionState,
     StartTimer,
     build_llm_request,
@@ -303,7 +304,17 @@ class Engine:
 
     def _machine_input(self, state: SessionState | None, body: dict[str, Any]) -> Input:
         if body.get("kind") != "client":
-            return input_from_json(body)
+            inp = input_from_json(body)
+            if isinstance(inp, ChildSpawned):
+                # A child starts with its agent's file config, like a client's first input.
+                decl = self.project.agents.get(inp.agent_id)
+                return dataclasses.replace(
+                    inp,
+                    agent_config=self.agent_configs.get(inp.agent_id),
+                    decider="worker" if decl and decl.worker else "engine",
+                    llm_routes=self.llm_routes,
+                )
+            return inp
         inp = body["input"]
         agent_id = inp.get("agent_id") or (state.agent_id if state else "")
         decl = self.project.agents.get(agent_id)
@@ -358,9 +369,9 @@ class Engine:
             inflight=_has_inflight(new_state) if t.events else None,
             timers=timers,
             outbox=tuple(
-                json.dumps({"to": e.to, "from": sid, "message": e.message})
+                json.dumps({"to": e.to, "input": input_to_json(e.input)})
                 for e in t.effects
-                if isinstance(e, SendMessage)
+                if isinstance(e, Deliver)
             ),
             reply={"ok": True, **t.reply} if t.reply else {"ok": True, "ignored": t.ignored},
             reply_to=item.reply_to,
@@ -376,7 +387,7 @@ class Engine:
                 self._start_llm_call(part, new_state, effect)
             elif isinstance(effect, RunDecision | RunExecute):
                 self._start_worker_effect(part, new_state, effect)
-        if any(isinstance(e, SendMessage) for e in t.effects):
+        if any(isinstance(e, Deliver) for e in t.effects):
             for entry_id, to, message in await self.store.outbox(part.p):
                 await self._relay(part.p, entry_id, to, message)
         self._count(t.events)
@@ -460,13 +471,13 @@ class Engine:
 
             self._track(part, run_execute())
 
-    async def _relay(self, p: int, entry_id: str, to: str, message_json: str) -> None:
-        """Hand a committed message.send to its target session, then forget it.
+    async def _relay(self, p: int, entry_id: str, to: str, item_json: str) -> None:
+        """Hand a committed delivery to its target session, then forget it.
 
-        A crash between the two re-sends it; the receiver drops a message id it has."""
-        item = json.loads(message_json)
-        delivered = MessageDelivered(item["from"], item["message"])
-        await self.store.enqueue(to, input_to_json(delivered), None)
+        A crash between the two relays it again; every delivered input is idempotent
+        at the receiver (message ids, turn ids derived from the parent's call)."""
+        item = json.loads(item_json)
+        await self.store.enqueue(to, item["input"], None)
         await self.store.outbox_done(p, entry_id)
 
     def _target(self, block_id: str | None) -> LlmTarget:

@@ -15,6 +15,7 @@ from engine.machine import (
     ClientSubmitted,
     DecisionAnswered,
     DecisionFailed,
+    Deliver,
     ExecuteAnswered,
     LlmCallSettled,
     MachineError,
@@ -22,7 +23,6 @@ from engine.machine import (
     RunDecision,
     RunExecute,
     RunLlmCall,
-    SendMessage,
     StartTimer,
 )
 from engine.machine.request import control_request, execute_request
@@ -225,7 +225,7 @@ def test_async_tool_deadline_ends_the_call(w):
         ({"actions": [{"type": "tool.result", "id": "nope", "result": 1}]}, "not open"),
         ({"actions": [{"type": "llm.result", "response": {"model": "m"}}]}, "must name the call"),
         (
-            {"actions": [{"type": "subagent.spawn", "agent_id": "x", "tool_call_id": "y"}]},
+            {"actions": [{"type": "connector.sync", "path": "conn-1"}]},
             "not supported",
         ),
     ],
@@ -332,21 +332,22 @@ def test_message_send_leaves_through_an_effect_and_arrives_once():
             ]
         }
     )
-    (send,) = effects(t, SendMessage)
-    assert send.to == "s2" and send.message["id"].startswith("s1:")
+    (send,) = effects(t, Deliver)
+    assert send.to == "s2" and isinstance(send.input, MessageDelivered)
+    assert send.input.message["id"].startswith("s1:")
 
     target = Session(session_id="s2")
     run = next(e for e in target.say("hi").effects if isinstance(e, RunLlmCall))
-    t = target.apply(MessageDelivered("s1", send.message))
+    t = target.apply(send.input)
     assert target.types(t) == ["turn.queued"]  # busy: it waits its turn
-    assert target.apply(MessageDelivered("s1", send.message)).events == []  # a duplicate
+    assert target.apply(send.input).events == []  # a duplicate
     target.apply(LlmCallSettled(run.call_id, 1, response=text_reply("ok")))
     contents = [
         n.message["content"] for n in target.state.nodes.values() if n.message["role"] == "user"
     ]
     assert contents == ["hi", "ping"]
-    assert target.apply(MessageDelivered("s1", send.message)).events == []
-    assert Session(session_id="s3").apply(MessageDelivered("s1", send.message)).ignored
+    assert target.apply(send.input).events == []
+    assert Session(session_id="s3").apply(send.input).ignored
     target.check_fold()
 
 

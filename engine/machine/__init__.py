@@ -1,12 +1,14 @@
 """The pure core: session state + input -> (events, effects). No I/O, clock or randomness."""
 
 from .core import Ids, MachineError, Transition, iso
-from .effects import Effect, RunDecision, RunExecute, RunLlmCall, SendMessage, StartTimer
+from .effects import Deliver, Effect, RunDecision, RunExecute, RunLlmCall, StartTimer
 from .evolve import EVENT_TYPES, Event, evolve, fold
 from .inputs import (
     CallDeadline,
     CallLost,
     CallSettled,
+    ChildCancelled,
+    ChildSpawned,
     ClientSubmitted,
     DecisionAnswered,
     DecisionFailed,
@@ -17,6 +19,7 @@ from .inputs import (
     InterruptRequested,
     LlmCallSettled,
     MessageDelivered,
+    SubagentFinished,
     TimerFired,
     input_from_json,
     input_to_json,
@@ -31,10 +34,13 @@ __all__ = [
     "CallDeadline",
     "CallLost",
     "CallSettled",
+    "ChildCancelled",
+    "ChildSpawned",
     "ClientSubmitted",
     "DecisionAnswered",
     "DecisionFailed",
     "DecisionTimerFired",
+    "Deliver",
     "Effect",
     "Event",
     "ExecuteAnswered",
@@ -49,9 +55,9 @@ __all__ = [
     "RunDecision",
     "RunExecute",
     "RunLlmCall",
-    "SendMessage",
     "SessionState",
     "StartTimer",
+    "SubagentFinished",
     "TimerFired",
     "Transition",
     "build_llm_request",

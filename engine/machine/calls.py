@@ -6,8 +6,16 @@ import json
 from typing import Any
 
 from .core import MachineError, StepBase, iso
-from .effects import RunExecute, RunLlmCall, StartTimer
-from .inputs import CallDeadline, CallLost, CallSettled, LlmCallSettled, TimerFired
+from .effects import Deliver, RunExecute, RunLlmCall, StartTimer
+from .inputs import (
+    CallDeadline,
+    CallLost,
+    CallSettled,
+    ChildSpawned,
+    LlmCallSettled,
+    SubagentFinished,
+    TimerFired,
+)
 from .retry import backoff_ms, past_total, resolve_policy, run_deadline
 from .state import Call
 from .tools import check_output, find_tool, result_text, tool_result_of
@@ -162,15 +170,7 @@ class CallRules(StepBase):
         elif refused:
             actions = [_fail("the model declined to answer", "refused")]
         elif tool_calls:
-            actions = [
-                {
-                    "type": "tool.call",
-                    "id": tc["id"],
-                    "name": tc["function"]["name"],
-                    "arguments": tc["function"]["arguments"],
-                }
-                for tc in tool_calls
-            ]
+            actions = [self.tool_call_action(tc) for tc in tool_calls]
         else:
             actions = [{"type": "done"}]
         trigger: dict[str, Any] = {
@@ -185,6 +185,114 @@ class CallRules(StepBase):
         if usage:
             trigger["usage"] = usage
         self.trigger(trigger, {"messages": [message], "actions": actions})
+
+    def tool_call_action(self, tc: dict[str, Any]) -> dict[str, Any]:
+        """A model's tool call: a plain `tool.call`, or a `subagent.spawn` for a child's tool."""
+        name, arguments = tc["function"]["name"], tc["function"]["arguments"]
+        child = subagent_named(self.s.agent, name)
+        if child is None:
+            return {"type": "tool.call", "id": tc["id"], "name": name, "arguments": arguments}
+        try:
+            args = json.loads(arguments or "{}")
+        except ValueError:
+            args = {}
+        args = args if isinstance(args, dict) else {}
+        spawn: dict[str, Any] = {
+            "type": "subagent.spawn",
+            "agent_id": child,
+            "tool_call_id": tc["id"],
+        }
+        if isinstance(args.get("message"), str):
+            spawn["message"] = {"role": "user", "content": args["message"]}
+        if isinstance(args.get("session"), str):
+            spawn["session_id"] = args["session"]
+        return spawn
+
+    def start_subagent(self, action: dict[str, Any], unrunnable: list[tuple[Call, str]]) -> None:
+        """`subagent.spawn`: the child is an ordinary session whose id derives from this call."""
+        s = self.s
+        call_id, agent_id = action["tool_call_id"], action["agent_id"]
+        message = action.get("message")
+        arguments = {"message": (message or {}).get("content")}
+        if action.get("session_id"):
+            arguments["session"] = action["session_id"]
+        self.emit(
+            {
+                "type": "tool.call.requested",
+                "id": call_id,
+                "name": agent_id,
+                "arguments": json.dumps(arguments, separators=(",", ":")),
+                "handler": "subagent",
+                "retry": resolve_policy("subagent", s.agent, action.get("retry")),
+            }
+        )
+        call = s.calls[call_id]
+        child = action.get("session_id") or f"{self.session_id}~{call_id}"
+        limit = (s.agent or {}).get("max_subagent_depth")
+        limit = 5 if limit is None else limit
+        known = s.children.get(child)
+        problem = None
+        if len(s.ancestry) >= limit:
+            problem = f"subagent depth limit reached (max_subagent_depth = {limit})"
+        elif subagent_named(s.agent, agent_id) is None and agent_id not in _children(s.agent):
+            problem = f"agent {agent_id!r} is not a subagent of {s.agent_id!r}"
+        elif not message:
+            problem = "a subagent call needs a `message`"
+        elif action.get("session_id") and (known is None or known["agent_id"] != agent_id):
+            problem = (
+                f"session {child!r} is not an earlier child of this session running {agent_id!r}"
+            )
+        elif known is not None and known.get("call_id"):
+            problem = f"session {child!r} is busy with call {known['call_id']!r}"
+        if problem is not None:
+            unrunnable.append((call, problem))
+            return
+        self.dispatch(call, 1)
+        self.emit(
+            {
+                "type": "subagent.requested",
+                "id": child,
+                "tool_call_id": call_id,
+                "agent_id": agent_id,
+            }
+        )
+        spawned = ChildSpawned(
+            self.session_id, call_id, agent_id, message, [*s.ancestry, self.session_id]
+        )
+        self.out.effects.append(Deliver(child, spawned))
+
+    def subagent_finished(self, inp: SubagentFinished) -> None:
+        """The child's turn ended: roll its cost in, record the tool result, re-prompt."""
+        call = self.s.calls.get(inp.call_id)
+        if call is None or call.handler != "subagent" or call.status != "running":
+            self.ignore(f"call {inp.call_id!r} is not waiting for a subagent")
+            return
+        ended: dict[str, Any] = {
+            "type": "subagent.completed" if inp.ok else "subagent.errored",
+            "id": inp.child_session,
+            "tool_call_id": call.id,
+            "usage": inp.usage,
+            "cost": inp.cost,
+        }
+        if not inp.ok:
+            ended["error"] = inp.error
+        self.emit(ended)
+        text = inp.result if inp.ok else f"Error: {(inp.error or {}).get('message', 'failed')}"
+        result = tool_result_of({"session": inp.child_session, "result": text})
+        self.emit({"type": "tool.call.completed", "id": call.id, "result": result})
+        trigger: dict[str, Any] = {
+            "type": "subagent.finished",
+            "id": call.id,
+            "ok": inp.ok,
+            "session_id": inp.child_session,
+            "agent_id": inp.agent_id,
+        }
+        if inp.ok:
+            trigger["result"] = inp.result
+        else:
+            trigger["error"] = inp.error
+        self.tool_finished(call, result, None, trigger=trigger)
+        self.settle_turn()
 
     def call_failed(
         self,
@@ -306,21 +414,28 @@ class CallRules(StepBase):
         self.call_failed(call, {"message": error, "code": "handler_error"}, retryable, None)
 
     def tool_finished(
-        self, call: Call, result: dict[str, Any] | None, error: dict[str, Any] | None
+        self,
+        call: Call,
+        result: dict[str, Any] | None,
+        error: dict[str, Any] | None,
+        *,
+        trigger: dict[str, Any] | None = None,
     ) -> None:
-        """`tool.finished`: record the tool message; re-prompt once no other call is open."""
+        """`tool.finished` (or `subagent.finished`): record the tool message; re-prompt
+        once no other call is open."""
         content = result_text(result) if result is not None else f"Error: {error['message']}"  # type: ignore[index]
         message = {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
-        trigger: dict[str, Any] = {
-            "type": "tool.finished",
-            "id": call.id,
-            "ok": error is None,
-            "name": call.name,
-        }
-        if result is not None:
-            trigger["result"] = result
-        if error is not None:
-            trigger["error"] = error
+        if trigger is None:
+            trigger = {
+                "type": "tool.finished",
+                "id": call.id,
+                "ok": error is None,
+                "name": call.name,
+            }
+            if result is not None:
+                trigger["result"] = result
+            if error is not None:
+                trigger["error"] = error
         proposed = self.reprompt_or_nothing()
         proposed["messages"] = [message]
         self.trigger(trigger, proposed)
@@ -387,6 +502,19 @@ class CallRules(StepBase):
                 f"tool call {call.id!r} is at attempt {call.attempt}, not {attempt}",
             )
         return call
+
+
+def _children(agent: dict[str, Any] | None) -> list[str]:
+    return [sub["id"] for sub in (agent or {}).get("subagents") or ()]
+
+
+def subagent_named(agent: dict[str, Any] | None, tool_name: str) -> str | None:
+    """The child agent a tool name offers (`<id>`, or `agent__<id>` with `prefix`)."""
+    for sub in (agent or {}).get("subagents") or ():
+        offered = f"agent__{sub['id']}" if sub.get("prefix") else sub["id"]
+        if offered == tool_name:
+            return sub["id"]
+    return None
 
 
 def _fail(message: str, code: str) -> dict[str, Any]:

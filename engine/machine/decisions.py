@@ -26,7 +26,7 @@ from .state import Call, Decision
 from .tools import tool_result_of
 
 _SETTLES = {"tool.result": "tool", "tool.error": "tool", "llm.result": "llm", "llm.error": "llm"}
-_UNSUPPORTED = ("subagent.spawn", "connector.sync")
+_UNSUPPORTED = ("connector.sync",)
 
 
 class DecisionRules(StepBase):
@@ -275,6 +275,8 @@ class DecisionRules(StepBase):
                 self.start_llm_call(action)
         elif kind == "tool.call":
             self.start_tool_call(action, unrunnable)
+        elif kind == "subagent.spawn":
+            self.start_subagent(action, unrunnable)
         elif kind in _SETTLES:
             self.settle_from_worker(action, trigger)
         elif kind == "interrupt":

@@ -44,11 +44,15 @@ class StartTimer:
 
 
 @dataclass(frozen=True)
-class SendMessage:
-    """Deliver a message to another session. Committed to an outbox with the transition."""
+class Deliver:
+    """Hand an input to another session (a message, a child to start, a child's result).
+
+    Committed to the partition's outbox with the transition, then relayed: a crash
+    in between relays it again, and every receiving input is idempotent.
+    """
 
     to: str
-    message: dict[str, Any]
+    input: Any  # an Input of the receiving session
 
 
-Effect = RunLlmCall | RunDecision | RunExecute | StartTimer | SendMessage
+Effect = RunLlmCall | RunDecision | RunExecute | StartTimer | Deliver

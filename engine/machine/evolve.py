@@ -32,6 +32,7 @@ def _session_created(s: SessionState | None, e: Event, p: dict[str, Any]) -> Ses
         created_at=at_ms(e),
         identity=p.get("identity") or {},
         llm_routes=p.get("llm_routes") or {},
+        ancestry=p.get("ancestry") or [],
     )
 
 
@@ -64,7 +65,7 @@ def _turn_queued(s: SessionState, e: Event, p: dict[str, Any]) -> None:
 
 def _turn_started(s: SessionState, e: Event, p: dict[str, Any]) -> None:
     tid = p["turn_id"]
-    s.turn = Turn(id=tid, started_at=at_ms(e))
+    s.turn = Turn(id=tid, started_at=at_ms(e), parent=p.get("parent"))
     s.turns[tid] = "running"
     if s.queue and s.queue[0]["turn_id"] == tid:
         s.queue.pop(0)
@@ -111,10 +112,24 @@ def _call_dispatched(s: SessionState, e: Event, p: dict[str, Any]) -> None:
     c.deadline = p.get("deadline_ms")
 
 
+def _subagent_requested(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    s.children[p["id"]] = {"agent_id": p["agent_id"], "call_id": p["tool_call_id"]}
+
+
+def _subagent_ended(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    child = s.children.get(p["id"])
+    if child is not None:
+        child["call_id"] = None  # free for another call
+    _add_cost(s, p.get("usage"), p.get("cost") or "0")
+
+
 def _llm_completed(s: SessionState, e: Event, p: dict[str, Any]) -> None:
     s.calls.pop(p["id"])
-    usage = p.get("usage")
-    cost = p.get("cost") or "0"
+    _add_cost(s, p.get("usage"), p.get("cost") or "0")
+
+
+def _add_cost(s: SessionState, usage: dict[str, int] | None, cost: str) -> None:
+    """Usage and cost count toward the session and its running turn."""
     if usage:
         s.usage = add_usage(s.usage, usage)
     s.cost = add_cost(s.cost, cost)
@@ -225,6 +240,9 @@ _APPLY: dict[str, Callable[[SessionState, Event, dict[str, Any]], None]] = {
     "session.interrupted": _interrupted,
     "session.interrupt_resumed": _interrupt_resumed,
     "message.sent": _nothing,
+    "subagent.requested": _subagent_requested,
+    "subagent.completed": _subagent_ended,
+    "subagent.errored": _subagent_ended,
 }
 
 EVENT_TYPES = frozenset(_APPLY) | {"session.created"}

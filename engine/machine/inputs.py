@@ -23,6 +23,8 @@ class ClientSubmitted:
     # When set, the session must belong to this subject (`{issuer, id}`): a scoped
     # API key. Checked here, with the session, so no other writer can slip between.
     owner: dict[str, Any] | None = None
+    # A child session's first input (SPEC §9): who spawned it, and its ancestry.
+    ancestry: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,46 @@ class InterruptRequested:
 
 
 @dataclass(frozen=True)
+class ChildSpawned:
+    """A parent's `subagent.spawn` arrived at the child session.
+
+    The receiving engine fills in the child agent's file config (`agent_config`,
+    `decider`, `llm_routes`), as it does for a client's first input.
+    """
+
+    parent_session: str
+    call_id: str
+    agent_id: str
+    message: dict[str, Any]
+    ancestry: list[str]
+    agent_config: dict[str, Any] | None = None
+    decider: str = "engine"
+    llm_routes: dict[str, dict[str, Any]] | None = None
+
+
+@dataclass(frozen=True)
+class SubagentFinished:
+    """A child's turn for the parent's `call_id` ended."""
+
+    child_session: str
+    call_id: str
+    agent_id: str
+    ok: bool
+    result: str | None = None
+    error: dict[str, Any] | None = None
+    usage: dict[str, int] | None = None
+    cost: str = "0"
+
+
+@dataclass(frozen=True)
+class ChildCancelled:
+    """The parent's turn ended: the child's turn for `call_id` stops."""
+
+    parent_session: str
+    call_id: str
+
+
+@dataclass(frozen=True)
 class MessageDelivered:
     """Another session's `message.send` arrived; `message.id` makes it idempotent."""
 
@@ -153,6 +195,9 @@ Input = (
     | CallSettled
     | InterruptRequested
     | MessageDelivered
+    | ChildSpawned
+    | SubagentFinished
+    | ChildCancelled
 )
 
 _KINDS: dict[str, type] = {
@@ -171,6 +216,9 @@ _KINDS: dict[str, type] = {
         CallSettled,
         InterruptRequested,
         MessageDelivered,
+        ChildSpawned,
+        SubagentFinished,
+        ChildCancelled,
     )
 }
 

@@ -22,8 +22,19 @@ class LlmCallPlan:
     stream: bool
 
 
-def offered_tools(agent: dict[str, Any]) -> list[dict[str, Any]]:
-    """The agent's tools as the model sees them (LlmTool)."""
+_SUBAGENT_INPUT = {
+    "type": "object",
+    "properties": {
+        "message": {"type": "string", "description": "What to ask the agent."},
+        "session": {"type": "string", "description": "Continue an earlier call's session."},
+    },
+    "required": ["message"],
+}
+
+
+def offered_tools(agent: dict[str, Any], depth: int = 0) -> list[dict[str, Any]]:
+    """The agent's tools as the model sees them (LlmTool): its own, then one per
+    subagent while the session is above the depth limit (SPEC §9)."""
     tools = []
     for tool in agent.get("tools") or ():
         offered = {"name": tool["name"], "description": tool.get("description") or ""}
@@ -31,6 +42,12 @@ def offered_tools(agent: dict[str, Any]) -> list[dict[str, Any]]:
             if tool.get(key) is not None:
                 offered[key] = tool[key]
         tools.append(offered)
+    limit = agent.get("max_subagent_depth")
+    if depth < (5 if limit is None else limit):
+        for sub in agent.get("subagents") or ():
+            name = f"agent__{sub['id']}" if sub.get("prefix") else sub["id"]
+            description = sub.get("description") or f"Ask the {sub['id']} agent."
+            tools.append({"name": name, "description": description, "input": _SUBAGENT_INPUT})
     return tools
 
 
@@ -50,7 +67,11 @@ def build_llm_request(state: SessionState, call: Call) -> LlmCallPlan:
         "model": params.get("model") or agent.get("model") or "",
         "messages": messages,
     }
-    tools = params["tools"] if params.get("tools") is not None else offered_tools(agent)
+    tools = (
+        params["tools"]
+        if params.get("tools") is not None
+        else offered_tools(agent, len(state.ancestry))
+    )
     if tools:
         request["tools"] = tools
     for key in ("temperature", "max_completion_tokens", "reasoning"):
@@ -153,7 +174,7 @@ def decision_request(
             ],
             "head_id": state.head_id,
         },
-        "ancestry": [],
+        "ancestry": list(state.ancestry),
         "attempts": attempts,
         "deadline": None if deadline is None else iso(deadline),
         "turn_id": state.turn.id if state.turn else None,

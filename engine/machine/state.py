@@ -76,6 +76,7 @@ class Turn:
     started_at: int
     usage: dict[str, int] = field(default_factory=lambda: dict(ZERO_USAGE))
     cost: str = "0"
+    parent: dict[str, Any] | None = None  # {session_id, call_id} when a parent's call runs it
 
 
 @dataclass
@@ -103,6 +104,8 @@ class SessionState:
     pending: list[dict[str, Any]] = field(default_factory=list)  # triggers waiting for the slot
     interrupts: dict[str, dict[str, Any]] = field(default_factory=dict)  # open, by id
     llm_routes: dict[str, dict[str, Any]] = field(default_factory=dict)  # block -> type, format
+    ancestry: list[str] = field(default_factory=list)  # parent sessions, root first
+    children: dict[str, dict[str, Any]] = field(default_factory=dict)  # child -> agent, busy call
 
     @property
     def status(self) -> str:
@@ -132,6 +135,7 @@ def state_to_json(s: SessionState) -> dict[str, Any]:
             "started_at": turn.started_at,
             "usage": turn.usage,
             "cost": turn.cost,
+            "parent": turn.parent,
         },
         "queue": s.queue,
         "turns": s.turns,
@@ -143,6 +147,8 @@ def state_to_json(s: SessionState) -> dict[str, Any]:
         "pending": s.pending,
         "interrupts": s.interrupts,
         "llm_routes": s.llm_routes,
+        "ancestry": s.ancestry,
+        "children": s.children,
     }
 
 
@@ -170,4 +176,6 @@ def state_from_json(d: dict[str, Any]) -> SessionState:
         pending=d["pending"],
         interrupts=d["interrupts"],
         llm_routes=d["llm_routes"],
+        ancestry=d["ancestry"],
+        children=d["children"],
     )

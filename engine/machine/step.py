@@ -22,6 +22,8 @@ from .inputs import (
     CallDeadline,
     CallLost,
     CallSettled,
+    ChildCancelled,
+    ChildSpawned,
     ClientSubmitted,
     DecisionAnswered,
     DecisionFailed,
@@ -32,6 +34,7 @@ from .inputs import (
     InterruptRequested,
     LlmCallSettled,
     MessageDelivered,
+    SubagentFinished,
     TimerFired,
 )
 from .state import SessionState
@@ -87,6 +90,9 @@ _DISPATCH: dict[type, Callable[[_Step, Any], None]] = {
     CallSettled: _Step.api_settles_call,
     InterruptRequested: _Step.interrupt_requested,
     MessageDelivered: _Step.message_delivered,
+    ChildSpawned: _Step.child_spawned,
+    SubagentFinished: _Step.subagent_finished,
+    ChildCancelled: _Step.child_cancelled,
 }
 
 
@@ -104,7 +110,7 @@ def step(state: SessionState | None, session_id: str, inp: Input, now: int, ids:
             raise MachineError("unknown_session", f"session {session_id!r} does not exist", 404)
         if isinstance(inp, CallSettled | InterruptRequested):
             raise MachineError("unknown_session", f"session {session_id!r} does not exist", 404)
-        if not isinstance(inp, ClientSubmitted):
+        if not isinstance(inp, ClientSubmitted | ChildSpawned):
             return Transition(state=None, ignored=f"session {session_id!r} does not exist")
     st = _Step(state, session_id, now, ids)
     handler(st, inp)

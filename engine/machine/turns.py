@@ -5,8 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from .core import MachineError, StepBase
-from .effects import SendMessage
-from .inputs import ClientSubmitted, MessageDelivered
+from .effects import Deliver
+from .inputs import (
+    ChildCancelled,
+    ChildSpawned,
+    ClientSubmitted,
+    MessageDelivered,
+    SubagentFinished,
+)
 from .tree import match_view, path_to
 
 TURN_STARTS = ("client.message", "client.messages", "client.append", "client.action")
@@ -64,6 +70,7 @@ class TurnRules(StepBase):
                     "decider": inp.decider,
                     "identity": inp.identity,
                     "llm_routes": inp.llm_routes or {},
+                    "ancestry": inp.ancestry or [],
                 }
             )
             self.start_turn(turn_id, body, start_config=inp.agent_config or {})
@@ -102,7 +109,10 @@ class TurnRules(StepBase):
     def start_turn(
         self, turn_id: str, body: dict[str, Any], start_config: dict[str, Any] | None = None
     ) -> None:
-        self.emit({"type": "turn.started", "turn_id": turn_id}, turn_id)
+        started: dict[str, Any] = {"type": "turn.started", "turn_id": turn_id}
+        if body.get("parent"):
+            started["parent"] = body["parent"]
+        self.emit(started, turn_id)
         if start_config is not None:
             # session.start: the engine proposes the file's agent config.
             self.trigger({"type": "session.start"}, {"agent": start_config} if start_config else {})
@@ -184,9 +194,37 @@ class TurnRules(StepBase):
             done["data"] = data
         self.trigger(trigger, {"actions": [done]})
 
+    def tell_parent(self, turn: Any, *, ok: bool, error: dict[str, Any] | None) -> None:
+        """A child's turn ended: its parent's call gets the last reply, usage and cost."""
+        if turn.parent is None:
+            return
+        head = self.s.nodes.get(self.s.head_id or "")
+        reply = head.message if head is not None and head.message["role"] == "assistant" else {}
+        content = reply.get("content")
+        finished = SubagentFinished(
+            child_session=self.session_id,
+            call_id=turn.parent["call_id"],
+            agent_id=self.s.agent_id,
+            ok=ok,
+            result=content if isinstance(content, str) else None,
+            error=error,
+            usage=turn.usage,
+            cost=turn.cost,
+        )
+        self.out.effects.append(Deliver(turn.parent["session_id"], finished))
+
     def close_open_calls(self) -> None:
-        """A turn that ends closes what it still has open, each with an event of its own."""
+        """A turn that ends closes what it still has open, each with an event of its own;
+        a child still running for one of them is stopped."""
         for call in self.open_calls():
+            if call.handler == "subagent":
+                child = next(
+                    (c for c, v in self.s.children.items() if v.get("call_id") == call.id), None
+                )
+                if child is not None:
+                    self.out.effects.append(
+                        Deliver(child, ChildCancelled(self.session_id, call.id))
+                    )
             self.emit(
                 {
                     "type": f"{call.kind}.call.errored",
@@ -215,6 +253,7 @@ class TurnRules(StepBase):
         if data is not None:
             payload["data"] = data
         self.emit(payload)
+        self.tell_parent(turn, ok=True, error=None)
         self.next_queued()
 
     def fail_turn(self, error: dict[str, Any]) -> None:
@@ -230,6 +269,7 @@ class TurnRules(StepBase):
                 "usage": turn.usage,
             }
         )
+        self.tell_parent(turn, ok=False, error=error)
         self.next_queued()
 
     def next_queued(self) -> None:
@@ -274,7 +314,9 @@ class TurnRules(StepBase):
         # The id travels with the message: the receiver drops one it has seen.
         message["id"] = message.get("id") or f"{self.session_id}:{self.s.seq + 1}"
         self.emit({"type": "message.sent", "to": action["session_id"], "message": message})
-        self.out.effects.append(SendMessage(action["session_id"], message))
+        self.out.effects.append(
+            Deliver(action["session_id"], MessageDelivered(self.session_id, message))
+        )
 
     def message_delivered(self, inp: MessageDelivered) -> None:
         s = self.state
@@ -289,6 +331,44 @@ class TurnRules(StepBase):
         }
         identity = {"subject": {"issuer": "session", "id": inp.from_session}}
         self.submit_turn(ClientSubmitted(body, s.agent_id, identity, None), delivered=True)
+
+    # -- subagents: the child's side (SPEC §9) ---------------------------------------
+
+    def child_spawned(self, inp: ChildSpawned) -> None:
+        """Start (or continue) this child session with the parent's message, as one turn.
+
+        The turn id is derived from the parent's call, so a replayed spawn is the same turn.
+        """
+        parent = {"session_id": inp.parent_session, "call_id": inp.call_id}
+        body = {
+            "type": "client.message",
+            "agent_id": inp.agent_id,
+            "message": inp.message,
+            "turn_id": f"sub~{inp.parent_session}~{inp.call_id}",
+            "queue": True,
+            "parent": parent,
+        }
+        identity = {"subject": {"issuer": "session", "id": inp.parent_session}, "metadata": {}}
+        submitted = ClientSubmitted(
+            body,
+            inp.agent_id,
+            identity,
+            inp.agent_config,
+            inp.decider,
+            inp.llm_routes,
+            ancestry=inp.ancestry,
+        )
+        self.submit_turn(submitted, delivered=True)
+
+    def child_cancelled(self, inp: ChildCancelled) -> None:
+        turn = self.s.turn
+        if turn is None or turn.parent != {
+            "session_id": inp.parent_session,
+            "call_id": inp.call_id,
+        }:
+            self.ignore("no turn of this session runs for that call")
+            return
+        self.fail_turn({"message": "the parent's turn ended", "code": "internal"})
 
 
 def _draft(message: dict[str, Any]) -> dict[str, Any]:
