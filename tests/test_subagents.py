@@ -1,0 +1,164 @@
+"""Subagents through the real engine (SPEC §9): children are sessions of their own."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+from engine.client import Client
+from engine.config import parse_project
+from engine.runner import Engine
+from tests.engine_helpers import ENV, assert_consistent, payloads, turn_ended, wait_for_event
+from tests.fakes.llm_vendor import Text, ToolCalls
+
+SECRET = "child-secret"
+
+
+def system_of(body: dict) -> str:
+    first = body["messages"][0]
+    return first["content"] if first["role"] == "system" else ""
+
+
+def last_role(body: dict) -> str:
+    return body["messages"][-1]["role"]
+
+
+async def test_a_parent_delegates_to_a_worker_child_and_an_engine_child_at_once(
+    redis, vendor, test_worker, tmp_path: Path
+):
+    worker = await test_worker(secret=SECRET)  # echoes every proposal
+
+    def model(body: dict):
+        system = system_of(body)
+        if system == "You lead.":
+            if last_role(body) == "tool":
+                return Text("Both children answered.")
+            return ToolCalls(
+                [("researcher", {"message": "find it"}), ("checker", {"message": "check it"})]
+            )
+        return Text("researched" if system == "You research." else "checked")
+
+    vendor.responder = model
+    text = textwrap.dedent(
+        f"""\
+        [llm.openai]
+        type = "openai"
+        base_url = "{vendor.url}/v1"
+
+        [agent.lead]
+        llm = "openai"
+        model = "gpt-4.1-mini"
+        system = "You lead."
+        subagents = ["agent.researcher", "agent.checker"]
+
+        [agent.researcher]
+        llm = "openai"
+        model = "gpt-4.1-mini"
+        system = "You research."
+        description = "Finds things out."
+        worker = "{worker.url}"
+        signing_secret_env = "CHILD_SECRET"
+
+        [agent.checker]
+        llm = "openai"
+        model = "gpt-4.1-mini"
+        system = "You check."
+        description = "Checks things."
+        """
+    )
+    project = parse_project(text, str(tmp_path / "subs.toml"), env={})
+    engine = Engine(project, redis, env={**ENV, "CHILD_SECRET": SECRET}, lease_ms=3000)
+    await engine.start()
+    try:
+        client = Client(engine.store)
+        reply = await client.submit(
+            {
+                "type": "client.message",
+                "agent_id": "lead",
+                "message": {"role": "user", "content": "go"},
+            }
+        )
+        sid = reply["session_id"]
+        end = await wait_for_event(client, sid, turn_ended(reply["turn_id"]), timeout=30)
+        assert end["payload"]["type"] == "turn.completed"
+        events = await assert_consistent(engine.store, sid)
+        requested = payloads(events, "subagent.requested")
+        children = {p["agent_id"]: p["id"] for p in requested}
+        assert set(children) == {"researcher", "checker"}
+        for child in children.values():
+            child_events = await assert_consistent(engine.store, child)
+            assert child_events[-1]["payload"]["type"] == "turn.completed"
+    finally:
+        await engine.stop()
+
+    # The parent's model was offered one tool per child, described by the child.
+    first = vendor.requests[0].body
+    offered = {t["function"]["name"]: t["function"]["description"] for t in first["tools"]}
+    assert offered == {"researcher": "Finds things out.", "checker": "Checks things."}
+    # Both results reached the model together, in one re-prompt.
+    final = next(
+        r.body
+        for r in vendor.requests
+        if system_of(r.body) == "You lead." and last_role(r.body) == "tool"
+    )
+    results = [json.loads(m["content"]) for m in final["messages"] if m["role"] == "tool"]
+    assert sorted(r["result"] for r in results) == ["checked", "researched"]
+    assert {r["session"] for r in results} == set(children.values())
+    # The worker-decided child's requests carry its ancestry.
+    assert worker.requests and all(r["ancestry"] == [sid] for r in worker.requests)
+    # Cost rolls up: the parent's turn counts its own calls and both children's.
+    calls = len(vendor.requests)
+    assert calls == 4
+    usage = end["payload"]["usage"]
+    child_usage = [p["usage"]["total"] for p in payloads(events, "subagent.completed")]
+    own = [p["usage"]["total"] for p in payloads(events, "llm.call.completed")]
+    assert usage["total"] == sum(own) + sum(child_usage)
+
+
+async def test_a_chain_deeper_than_the_limit_stops_at_five(redis, vendor, tmp_path: Path):
+    depth = 7
+    names = [f"a{i}" for i in range(1, depth + 1)]
+
+    def model(body: dict):
+        me = system_of(body).removeprefix("You are ")
+        if last_role(body) == "tool":
+            return Text(f"{me} done")
+        nxt = f"a{int(me[1:]) + 1}"
+        return ToolCalls([(nxt, {"message": "deeper"})])
+
+    vendor.responder = model
+    blocks = [f'[llm.openai]\ntype = "openai"\nbase_url = "{vendor.url}/v1"\n']
+    for i, name in enumerate(names):
+        sub = f'subagents = ["agent.{names[i + 1]}"]\n' if i + 1 < depth else ""
+        blocks.append(
+            f'[agent.{name}]\nllm = "openai"\nmodel = "gpt-4.1-mini"\n'
+            f'system = "You are {name}"\n{sub}'
+        )
+    project = parse_project("\n".join(blocks), str(tmp_path / "subs.toml"), env={})
+    engine = Engine(project, redis, env=ENV, lease_ms=3000)
+    await engine.start()
+    try:
+        client = Client(engine.store)
+        message = {"role": "user", "content": "go"}
+        reply = await client.submit(
+            {"type": "client.message", "agent_id": "a1", "message": message}
+        )
+        sid = reply["session_id"]
+        end = await wait_for_event(client, sid, turn_ended(reply["turn_id"]), timeout=30)
+        assert end["payload"]["type"] == "turn.completed"
+        chain = [sid]
+        while True:
+            events = await assert_consistent(engine.store, chain[-1])
+            spawned = payloads(events, "subagent.requested")
+            if not spawned:
+                break
+            chain.append(spawned[0]["id"])
+    finally:
+        await engine.stop()
+    assert len(chain) == 6  # the root and five levels of children
+    errors = [p["error"]["message"] for p in payloads(events, "tool.call.errored")]
+    assert errors == ["subagent depth limit reached (max_subagent_depth = 5)"]
+    # At the limit the tool is not even offered to the model.
+    deepest = [r.body for r in vendor.requests if system_of(r.body) == "You are a6"]
+    assert deepest and all(not r.get("tools") for r in deepest)
