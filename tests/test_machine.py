@@ -254,26 +254,6 @@ def test_failing_a_turn_closes_its_open_calls():
     s.check_fold()
 
 
-def test_views_merge_by_id_and_a_shorter_view_only_moves_the_head():
-    s = Session()
-    run = only_llm(s.say("first"))
-    s.apply(LlmCallSettled(run.call_id, 1, response=text_reply("answer")))
-    user_id = next(i for i, n in s.state.nodes.items() if n.message["role"] == "user")
-    view = [{"id": user_id, "role": "user", "content": "first"}]
-    t = s.client({"type": "client.messages", "agent_id": "a", "messages": view})
-    assert s.types(t) == ["head.moved"] and s.state.head_id == user_id
-    t = s.client(
-        {
-            "type": "client.messages",
-            "agent_id": "a",
-            "messages": [*view, {"role": "user", "content": "more"}],
-        }
-    )
-    new = t.events[1]["payload"]
-    assert new["type"] == "message.new" and new["parent_id"] == user_id
-    s.check_fold()
-
-
 def test_unknown_session_and_agent_mismatch_are_refused():
     s = Session()
     with pytest.raises(MachineError) as err:

@@ -251,9 +251,10 @@ class DecisionRules(StepBase):
         if resp.get("messages"):
             self.record_messages(resp["messages"])
         if resp.get("state") is not None:
-            self.emit({"type": "worker.state.updated", "state": resp["state"]})
+            anchor = self.s.head_id
+            self.emit({"type": "worker.state.updated", "state": resp["state"], "anchor": anchor})
         if resp.get("agent") is not None:
-            self.emit({"type": "agent.updated", "agent": resp["agent"]})
+            self.emit({"type": "agent.updated", "agent": resp["agent"], "anchor": self.s.head_id})
         if resp.get("channels"):
             self.emit({"type": "channels.updated", "channels": resp["channels"]})
         unrunnable: list[tuple[Call, str]] = []

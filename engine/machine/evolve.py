@@ -37,11 +37,26 @@ def _session_created(s: SessionState | None, e: Event, p: dict[str, Any]) -> Ses
 
 
 def _agent_updated(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    s.agent_writes.append([p.get("anchor"), p["agent"]])
     s.agent = p["agent"]
 
 
 def _worker_state_updated(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+    s.state_writes.append([p.get("anchor"), p["state"]])
     s.worker_state = p["state"]
+
+
+def _on_path(s: SessionState, writes: list[list[Any]]) -> Any:
+    """The last write made at a node on the active path (or before any message)."""
+    path: set[str | None] = {None}
+    node_id = s.head_id
+    while node_id is not None:
+        path.add(node_id)
+        node_id = s.nodes[node_id].parent_id
+    for anchor, value in reversed(writes):
+        if anchor in path:
+            return value
+    return None
 
 
 def _nothing(s: SessionState, e: Event, p: dict[str, Any]) -> None:
@@ -56,6 +71,8 @@ def _message_new(s: SessionState, e: Event, p: dict[str, Any]) -> None:
 
 def _head_moved(s: SessionState, e: Event, p: dict[str, Any]) -> None:
     s.head_id = p["head_id"]
+    s.worker_state = _on_path(s, s.state_writes)
+    s.agent = _on_path(s, s.agent_writes)
 
 
 def _turn_queued(s: SessionState, e: Event, p: dict[str, Any]) -> None:

@@ -105,6 +105,10 @@ class SessionState:
     interrupts: dict[str, dict[str, Any]] = field(default_factory=dict)  # open, by id
     llm_routes: dict[str, dict[str, Any]] = field(default_factory=dict)  # block -> type, format
     ancestry: list[str] = field(default_factory=list)  # parent sessions, root first
+    # Every write of the worker state / agent config with the node it was made at, so
+    # both are read along the active path: after a branch, as of the branch point.
+    state_writes: list[list[Any]] = field(default_factory=list)  # [anchor, state]
+    agent_writes: list[list[Any]] = field(default_factory=list)  # [anchor, agent]
     children: dict[str, dict[str, Any]] = field(default_factory=dict)  # child -> agent, busy call
 
     @property
@@ -148,6 +152,8 @@ def state_to_json(s: SessionState) -> dict[str, Any]:
         "interrupts": s.interrupts,
         "llm_routes": s.llm_routes,
         "ancestry": s.ancestry,
+        "state_writes": s.state_writes,
+        "agent_writes": s.agent_writes,
         "children": s.children,
     }
 
@@ -177,5 +183,7 @@ def state_from_json(d: dict[str, Any]) -> SessionState:
         interrupts=d["interrupts"],
         llm_routes=d["llm_routes"],
         ancestry=d["ancestry"],
+        state_writes=d["state_writes"],
+        agent_writes=d["agent_writes"],
         children=d["children"],
     )

@@ -91,9 +91,15 @@ class TurnRules(StepBase):
         ]
 
     def _only_moves_head(self, body: dict[str, Any]) -> bool:
-        """A view with nothing new moves the head there and writes nothing else."""
+        """A view with nothing new moves the head there and writes nothing else.
+
+        Unless it ends at a user message: that is a regenerate (the view without the
+        reply), which runs a turn whose reply is a sibling of the old one.
+        """
         match = match_view(self.s.nodes, body["messages"])
         if match.new_from < len(body["messages"]):
+            return False
+        if match.known is not None and self.s.nodes[match.known].message["role"] == "user":
             return False
         if match.known != self.s.head_id:
             self.emit({"type": "head.moved", "head_id": match.known})
