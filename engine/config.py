@@ -286,7 +286,7 @@ class _Agent(_Model):
     description: str | None = None
     tools: list[_Tool] = Field(default_factory=list)
     subagents: list[str] = Field(default_factory=list)
-    max_subagent_depth: UInt32 = 5
+    max_subagent_depth: UInt32 | None = None  # None: the file's top-level value
     worker: HttpUrl | None = None
     signing_secret_env: EnvName | None = None
     retry: _Retry | None = None
@@ -296,6 +296,7 @@ class _Agent(_Model):
 class _Root(_Model):
     name: NonEmpty | None = None
     redis: RedisUrl | None = None
+    max_subagent_depth: UInt32 = 5  # every agent's default (SPEC §9)
     serve: _Serve = Field(default_factory=_Serve)
     llm: dict[str, _Llm] = Field(default_factory=dict)
     agent: dict[str, _Agent] = Field(default_factory=dict)
@@ -595,7 +596,9 @@ def _build(root: _Root, path: str) -> Project:
             description=a.description,
             tools=tuple(t.model_dump(exclude_none=True) for t in a.tools),
             subagents=tuple(ref.removeprefix("agent.") for ref in a.subagents),
-            max_subagent_depth=a.max_subagent_depth,
+            max_subagent_depth=root.max_subagent_depth
+            if a.max_subagent_depth is None
+            else a.max_subagent_depth,
             worker=a.worker,
             signing_secret_env=a.signing_secret_env,
             retry=None if a.retry is None else a.retry.model_dump(exclude_none=True),

@@ -471,3 +471,16 @@ def test_parse_project_and_missing_file(tmp_path: Path):
 def test_slack_env_suffix():
     assert slack_env_suffix("oncall") == "ONCALL"
     assert slack_env_suffix("on-call_2") == "ON_CALL_2"
+
+
+def test_max_subagent_depth_defaults_from_the_top_level(tmp_path):
+    text = (
+        "max_subagent_depth = 2\n"
+        '[llm.o]\ntype = "openai"\n'
+        '[agent.a]\nllm = "o"\nmodel = "m"\n'
+        '[agent.b]\nllm = "o"\nmodel = "m"\nmax_subagent_depth = 0\n'
+    )
+    project = parse_project(text, str(tmp_path / "subs.toml"), env={})
+    assert project.agents["a"].max_subagent_depth == 2
+    assert project.agents["b"].max_subagent_depth == 0
+    assert project.agents["b"].wire_config(project)["max_subagent_depth"] == 0
