@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 from engine.client import Client
 from engine.config import parse_project
 from engine.runner import Engine
-from tests.engine_helpers import ENV, assert_consistent, payloads, turn_ended, wait_for_event
+from engine.store import Store
+from tests.engine_helpers import (
+    ENV,
+    EngineProcess,
+    assert_consistent,
+    payloads,
+    poll_until,
+    turn_ended,
+    wait_for_event,
+)
 from tests.fakes.llm_vendor import Text, ToolCalls
 
 SECRET = "child-secret"
@@ -162,3 +174,83 @@ async def test_a_chain_deeper_than_the_limit_stops_at_five(redis, vendor, tmp_pa
     # At the limit the tool is not even offered to the model.
     deepest = [r.body for r in vendor.requests if system_of(r.body) == "You are a6"]
     assert deepest and all(not r.get("tools") for r in deepest)
+
+
+async def test_sigkill_between_the_spawn_and_the_childs_first_step(
+    redis, redis_url, vendor, tmp_path
+):
+    """The parent's engine dies right after committing the spawn, while the child's engine
+    is frozen: after a restart exactly one child runs, once, and the parent finishes."""
+    config = tmp_path / "subs.toml"
+    config.write_text(
+        f'[llm.openai]\ntype = "openai"\nbase_url = "{vendor.url}/v1"\n'
+        '[agent.lead]\nllm = "openai"\nmodel = "m"\nsystem = "You lead."\n'
+        'subagents = ["agent.helper"]\n'
+        '[agent.helper]\nllm = "openai"\nmodel = "m"\nsystem = "You help."\n'
+    )
+    lease = {"SUBS_LEASE_MS": "4000"}  # long enough to kill A before B's leases lapse
+    a = await EngineProcess(config, redis_url, lease).start()
+    b = await EngineProcess(config, redis_url, lease).start()
+    store = await Store.open(redis)
+
+    async def balanced() -> dict[int, str] | None:
+        owners = {}
+        for p in range(store.partitions):
+            value = await redis.get(Store.lease_key(p))
+            if value:
+                owners[p] = value.decode().rsplit(":", 1)[0]
+        return owners if sorted(Counter(owners.values()).values()) == [8, 8] else None
+
+    owners = await poll_until(balanced, 20, "both engines to own half the partitions")
+    parent = next(f"p{i}" for i in range(999) if owners[store.partition_of(f"p{i}")] == a.owner)
+    call_id = next(
+        f"call_{i}"
+        for i in range(999)
+        if owners[store.partition_of(f"{parent}~call_{i}")] == b.owner
+    )
+    child = f"{parent}~{call_id}"
+
+    def model(body: dict):
+        if system_of(body) == "You help.":
+            return Text("helped")
+        if last_role(body) == "tool":
+            return Text("lead done")
+        return ToolCalls([("helper", {"message": "please"})], ids=[call_id])
+
+    vendor.responder = model
+    try:
+        assert b.proc is not None and a.proc is not None
+        os.kill(b.proc.pid, signal.SIGSTOP)
+        client = Client(store)
+        message = {"role": "user", "content": "go"}
+        reply = await client.submit(
+            {"type": "client.message", "agent_id": "lead", "message": message}, session_id=parent
+        )
+        await wait_for_event(client, parent, lambda e: e["payload"]["type"] == "subagent.requested")
+        assert await store.load_snapshot(child) == (0, None)  # its engine is frozen
+        a.kill()
+        assert await a.stop() == -signal.SIGKILL
+        b.kill()
+        os.kill(b.proc.pid, signal.SIGCONT)
+        await b.stop()
+
+        c = await EngineProcess(config, redis_url, lease).start()
+        try:
+            end = await wait_for_event(client, parent, turn_ended(reply["turn_id"]), timeout=30)
+        finally:
+            await c.stop()
+    finally:
+        for proc in (a, b):
+            if proc.proc is not None and proc.proc.returncode is None:
+                proc.proc.kill()
+                await proc.proc.wait()
+    assert end["payload"]["type"] == "turn.completed"
+    parent_events = await assert_consistent(store, parent)
+    assert len(payloads(parent_events, "subagent.requested")) == 1
+    assert len(payloads(parent_events, "subagent.completed")) == 1
+    child_events = await assert_consistent(store, child)
+    assert len(payloads(child_events, "session.created")) == 1
+    assert [p["turn_id"] for p in payloads(child_events, "turn.started")] == [
+        f"sub~{parent}~{call_id}"
+    ]
+    assert sum(system_of(r.body) == "You help." for r in vendor.requests) == 1

@@ -61,6 +61,7 @@ class ToolCalls:
     calls: list[tuple[str, dict[str, Any]]]
     text: str | None = None
     chunk_delay: float = 0.0
+    ids: list[str] | None = None  # the calls' ids; default: the vendor's own style, random
 
 
 @dataclass
@@ -319,9 +320,10 @@ class FakeVendor:
         uncached = _request_text(body) // 4 + 1
         model = body.get("model", "") if isinstance(body, dict) else ""
         if isinstance(reply, ToolCalls):
+            ids = reply.ids or [vendor.call_id() for _ in reply.calls]
             calls = [
-                _Call(vendor.call_id(), name, json.dumps(args, ensure_ascii=False))
-                for name, args in reply.calls
+                _Call(call_id, name, json.dumps(args, ensure_ascii=False))
+                for call_id, (name, args) in zip(ids, reply.calls, strict=True)
             ]
             text = reply.text or ""
             output = len(text.split()) + sum(len(c.arguments) // 4 + 1 for c in calls)
