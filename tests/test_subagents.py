@@ -97,6 +97,8 @@ async def test_a_parent_delegates_to_a_worker_child_and_an_engine_child_at_once(
         events = await assert_consistent(engine.store, sid)
         requested = payloads(events, "subagent.requested")
         children = {p["agent_id"]: p["id"] for p in requested}
+        started = {p["id"] for p in payloads(events, "subagent.started")}
+        assert started == set(children.values())
         assert set(children) == {"researcher", "checker"}
         for child in children.values():
             child_events = await assert_consistent(engine.store, child)

@@ -14,6 +14,7 @@ from .inputs import (
     ChildSpawned,
     LlmCallSettled,
     SubagentFinished,
+    SubagentStarted,
     TimerFired,
 )
 from .retry import backoff_ms, past_total, resolve_policy, run_deadline
@@ -260,6 +261,13 @@ class CallRules(StepBase):
             self.session_id, call_id, agent_id, message, [*s.ancestry, self.session_id]
         )
         self.out.effects.append(Deliver(child, spawned))
+
+    def subagent_started(self, inp: SubagentStarted) -> None:
+        call = self.s.calls.get(inp.call_id)
+        if call is None or call.handler != "subagent" or call.status != "running":
+            self.ignore(f"call {inp.call_id!r} is not waiting for a subagent")
+            return
+        self.emit({"type": "subagent.started", "id": inp.child_session, "tool_call_id": call.id})
 
     def subagent_finished(self, inp: SubagentFinished) -> None:
         """The child's turn ended: roll its cost in, record the tool result, re-prompt."""

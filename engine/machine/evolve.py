@@ -258,6 +258,7 @@ _APPLY: dict[str, Callable[[SessionState, Event, dict[str, Any]], None]] = {
     "session.interrupt_resumed": _interrupt_resumed,
     "message.sent": _nothing,
     "subagent.requested": _subagent_requested,
+    "subagent.started": _nothing,
     "subagent.completed": _subagent_ended,
     "subagent.errored": _subagent_ended,
 }

@@ -166,6 +166,14 @@ class SubagentFinished:
 
 
 @dataclass(frozen=True)
+class SubagentStarted:
+    """The child session began the turn that runs the parent's `call_id`."""
+
+    child_session: str
+    call_id: str
+
+
+@dataclass(frozen=True)
 class ChildCancelled:
     """The parent's turn ended: the child's turn for `call_id` stops."""
 
@@ -196,6 +204,7 @@ Input = (
     | InterruptRequested
     | MessageDelivered
     | ChildSpawned
+    | SubagentStarted
     | SubagentFinished
     | ChildCancelled
 )
@@ -217,6 +226,7 @@ _KINDS: dict[str, type] = {
         InterruptRequested,
         MessageDelivered,
         ChildSpawned,
+        SubagentStarted,
         SubagentFinished,
         ChildCancelled,
     )

@@ -35,6 +35,7 @@ from .inputs import (
     LlmCallSettled,
     MessageDelivered,
     SubagentFinished,
+    SubagentStarted,
     TimerFired,
 )
 from .state import SessionState
@@ -91,6 +92,7 @@ _DISPATCH: dict[type, Callable[[_Step, Any], None]] = {
     InterruptRequested: _Step.interrupt_requested,
     MessageDelivered: _Step.message_delivered,
     ChildSpawned: _Step.child_spawned,
+    SubagentStarted: _Step.subagent_started,
     SubagentFinished: _Step.subagent_finished,
     ChildCancelled: _Step.child_cancelled,
 }

@@ -12,6 +12,7 @@ from .inputs import (
     ClientSubmitted,
     MessageDelivered,
     SubagentFinished,
+    SubagentStarted,
 )
 from .tree import match_view, path_to
 
@@ -118,6 +119,10 @@ class TurnRules(StepBase):
         started: dict[str, Any] = {"type": "turn.started", "turn_id": turn_id}
         if body.get("parent"):
             started["parent"] = body["parent"]
+            parent = body["parent"]
+            self.out.effects.append(
+                Deliver(parent["session_id"], SubagentStarted(self.session_id, parent["call_id"]))
+            )
         self.emit(started, turn_id)
         if start_config is not None:
             # session.start: the engine proposes the file's agent config.
