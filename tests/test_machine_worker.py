@@ -71,6 +71,12 @@ class WorkerSession(Session):
         resp = req["proposed"] if response is None else response
         return self.apply(DecisionAnswered(req["decision_id"], req["attempts"], resp))
 
+    def execute_plan(self, call_id: str) -> dict:
+        """The LlmRequest an engine-run model call sends."""
+        from engine.machine import build_llm_request
+
+        return build_llm_request(self.state, self.state.calls[call_id]).request
+
     def execute(self, call_id: str) -> dict:
         req = execute_request(self.state, self.state.calls[call_id])
         errors = list(REQUEST.iter_errors(json.loads(json.dumps(req))))
@@ -407,3 +413,39 @@ def test_a_worker_call_lost_or_unreachable_is_sent_again_despite_one_attempt(w):
     t = w.apply(ExecuteFailed("t1", 2, error))
     assert [e.attempt for e in effects(t, RunExecute)] == [3]  # the decision policy: 10 attempts
     w.check_fold()
+
+
+def test_failing_the_parents_turn_stops_its_running_child(w):
+    from engine.machine import ChildCancelled, ChildSpawned, SubagentFinished
+
+    w.agent["subagents"] = [{"id": "helper", "description": "helps"}]
+    w.agent["max_subagent_depth"] = 5
+    w.start()
+    w.answer()
+    (llm,) = effects(w.answer(), RunLlmCall)
+    assert "helper" in [t["name"] for t in w.execute_plan(llm.call_id)["tools"]]
+    spawn = tool_reply(("c1", "helper", '{"message":"go"}'), ("c2", "confirm", "{}"))
+    w.apply(LlmCallSettled(llm.call_id, 1, response=spawn))
+    assert w.request()["proposed"]["actions"][0]["type"] == "subagent.spawn"
+    t = w.answer()
+    (spawned,) = [e for e in effects(t, Deliver) if isinstance(e.input, ChildSpawned)]
+    assert spawned.to == "s1~c1" and spawned.input.ancestry == ["s1"]
+
+    child = Session(session_id="s1~c1")
+    child_run = next(e for e in child.apply(spawned.input).effects if isinstance(e, RunLlmCall))
+    assert child.state.ancestry == ["s1"] and child.state.turn.parent["call_id"] == "c1"
+
+    # The client answers its tool; the worker, deciding on that, fails the turn.
+    w.client({"type": "tool.result", "id": "c2", "result": "no"})
+    error = {"message": "giving up", "code": "handler_error"}
+    t = w.answer({"actions": [{"type": "fail", "error": error}]})
+    (cancel,) = [e for e in effects(t, Deliver) if isinstance(e.input, ChildCancelled)]
+    assert cancel.to == "s1~c1"
+    t = child.apply(cancel.input)
+    assert child.types(t)[-1] == "turn.failed" and child_run.call_id not in child.state.calls
+    (back,) = [e for e in t.effects if isinstance(e, Deliver)]
+    assert isinstance(back.input, SubagentFinished) and not back.input.ok
+    late = w.apply(back.input)
+    assert late.events == [] and late.ignored  # the parent's call is already closed
+    w.check_fold()
+    child.check_fold()

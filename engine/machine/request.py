@@ -126,14 +126,22 @@ def _identity(identity: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _effect(call: Call) -> dict[str, Any]:
+def _effect(state: SessionState, call: Call) -> dict[str, Any]:
     effect: dict[str, Any] = {
         "id": call.id,
         "kind": "llm_call" if call.kind == "llm" else "tool_call",
         "status": _STATUS[call.status],
         "attempt": call.attempt,
-        "handler": call.handler,
     }
+    if call.handler == "subagent":
+        # A subagent runs in a child session; its `id` is the tool call it answers.
+        effect["kind"] = "subagent"
+        effect["agent_id"] = call.name
+        effect["session_id"] = next(
+            (c for c, v in state.children.items() if v.get("call_id") == call.id), None
+        )
+    else:
+        effect["handler"] = call.handler
     if call.name is not None:
         effect["name"] = call.name
     if call.arguments is not None:
@@ -155,7 +163,7 @@ def decision_request(
 ) -> dict[str, Any]:
     """The DecisionRequest a worker receives (schema `decision_request`)."""
     messages = path_to(state.nodes, state.head_id)
-    calls = [_effect(c) for c in state.calls.values()]
+    calls = [_effect(state, c) for c in state.calls.values()]
     return {
         "session_id": state.session_id,
         "decision_id": decision_id,
@@ -166,7 +174,9 @@ def decision_request(
         "state": state.worker_state,
         "agent": wire_agent(state.agent),
         "calls": calls,
-        "pending_calls": sum(1 for c in state.calls.values() if c.kind == "tool"),
+        "pending_calls": sum(
+            1 for c in state.calls.values() if c.kind == "tool"
+        ),  # tools, subagents
         "messages": messages,
         "message_tree": {
             "nodes": [
