@@ -170,27 +170,38 @@ class Run:
         return self.steps / self.turns
 
 
+async def one_turn(
+    client: Client, sid: str | None, seen: int, text: str, agent: str = AGENT
+) -> tuple[str, int]:
+    """Submit one message and follow the session until that turn ends.
+
+    Returns the session id and the last seq seen, to continue from.
+    """
+    message = {"role": "user", "content": text}
+    reply = await client.submit(
+        {"type": "client.message", "agent_id": agent, "message": message}, session_id=sid
+    )
+    sid, turn_id = reply["session_id"], reply["turn_id"]
+    async with contextlib.aclosing(client.follow(sid, seen)) as events:
+        async for kind, event in events:
+            if kind != "event":
+                continue
+            seen = event["seq"]
+            end = event["payload"]["type"]
+            if event.get("turn_id") == turn_id and end in ("turn.completed", "turn.failed"):
+                if end == "turn.failed":
+                    raise RuntimeError(f"turn failed: {event['payload'].get('error')}")
+                break
+    return sid, seen
+
+
 async def one_session(client: Client, label: str, turns: int, out: list[tuple[str, float]]) -> None:
     sid: str | None = None
     seen = 0
     for t in range(turns):
         tag = f"{label} turn {t}"  # unique: lets the vendor's time be matched to this turn
         started = time.perf_counter()
-        message = {"role": "user", "content": tag}
-        reply = await client.submit(
-            {"type": "client.message", "agent_id": AGENT, "message": message}, session_id=sid
-        )
-        sid, turn_id = reply["session_id"], reply["turn_id"]
-        async with contextlib.aclosing(client.follow(sid, seen)) as events:
-            async for kind, event in events:
-                if kind != "event":
-                    continue
-                seen = event["seq"]
-                end = event["payload"]["type"]
-                if event.get("turn_id") == turn_id and end in ("turn.completed", "turn.failed"):
-                    if end == "turn.failed":
-                        raise RuntimeError(f"turn failed: {event['payload'].get('error')}")
-                    break
+        sid, seen = await one_turn(client, sid, seen, tag)
         out.append((tag, time.perf_counter() - started))
 
 

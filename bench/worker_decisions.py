@@ -62,7 +62,7 @@ from unittest import mock
 import httpx
 from aiohttp import web
 
-from bench.step_overhead import ChildServer, _recv, _vendor_child, p99
+from bench.step_overhead import ChildServer, _recv, _vendor_child, one_turn, p99
 from engine.client import Client
 from engine.config import Project, parse_project
 from engine.embedded import EmbeddedRedis
@@ -216,21 +216,7 @@ async def one_session(client: Client, label: str, turns: int) -> None:
     sid: str | None = None
     seen = 0
     for t in range(turns):
-        message = {"role": "user", "content": f"{label} turn {t}"}
-        reply = await client.submit(
-            {"type": "client.message", "agent_id": AGENT, "message": message}, session_id=sid
-        )
-        sid, turn_id = reply["session_id"], reply["turn_id"]
-        async with contextlib.aclosing(client.follow(sid, seen)) as events:
-            async for kind, event in events:
-                if kind != "event":
-                    continue
-                seen = event["seq"]
-                end = event["payload"]["type"]
-                if event.get("turn_id") == turn_id and end in ("turn.completed", "turn.failed"):
-                    if end == "turn.failed":
-                        raise RuntimeError(f"turn failed: {event['payload'].get('error')}")
-                    break
+        sid, seen = await one_turn(client, sid, seen, f"{label} turn {t}", AGENT)
 
 
 @dataclass

@@ -104,14 +104,21 @@ def _message(agent: str, text: str) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
+async def _remote(url: str) -> AsyncIterator[HttpClient]:
+    """A remote engine's HTTP API, with the key from `SUBS_API_KEY`."""
+    client = HttpClient(url, os.environ.get("SUBS_API_KEY"))
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@contextlib.asynccontextmanager
 async def _session_client(args: argparse.Namespace) -> AsyncIterator[Any]:
     """A remote engine's HTTP API with `--url`, else an engine in this process."""
     if getattr(args, "url", None):
-        client = HttpClient(args.url, os.environ.get("SUBS_API_KEY"))
-        try:
+        async with _remote(args.url) as client:
             yield client
-        finally:
-            await client.aclose()
         return
     project = load_project(args.config)
     if args.agent not in project.agents:
@@ -298,11 +305,8 @@ def _check(args: argparse.Namespace) -> int:
 async def _reader(args: argparse.Namespace) -> AsyncIterator[Any]:
     """Read sessions from a remote engine (`--url`) or straight from Redis."""
     if args.url:
-        client = HttpClient(args.url, os.environ.get("SUBS_API_KEY"))
-        try:
+        async with _remote(args.url) as client:
             yield client
-        finally:
-            await client.aclose()
         return
     project = load_project(args.config)
     async with _redis_for(project, args.redis) as redis:
