@@ -107,11 +107,22 @@ def test_regenerated_reply_is_a_sibling_of_the_old_one():
     ]
 
 
-def test_a_head_move_is_refused_while_a_turn_runs():
+def test_moving_the_head_away_voids_the_running_turn():
+    s, ids = two_turns()
+    s.say("third")
+    running = s.state.turn.id
+    t = submit_view(s, view(s, ids, "u1", "a1"))
+    assert s.types(t) == ["head.moved", "llm.call.errored", "turn.failed"]
+    assert s.state.turns[running] == "failed" and s.state.calls == {}
+    assert contents(s) == ["first", "answer one"]
+    s.check_fold()
+
+
+def test_an_edit_while_a_turn_runs_is_refused():
     s, ids = two_turns()
     s.say("third")
     with pytest.raises(MachineError) as err:
-        submit_view(s, view(s, ids, "u1", "a1"))
+        submit_view(s, [*view(s, ids, "u1", "a1"), {"role": "user", "content": "edited"}])
     assert err.value.code == "turn_already_active"
 
 

@@ -48,6 +48,17 @@ class TurnRules(StepBase):
             self.out.reply = {"session_id": self.session_id, "turn_id": None, "queued": False}
             self.ignore("every appended message is already recorded")
             return
+        if s is not None and s.turn is not None and self._moves_head_away(body):
+            # The client left the branch the turn works on: its in-flight work is void.
+            # (A queued turn then starts on the branch the client is looking at.)
+            self.emit(
+                {"type": "head.moved", "head_id": match_view(s.nodes, body["messages"]).known}
+            )
+            self.fail_turn(
+                {"message": "the conversation moved to another branch", "code": "internal"}
+            )
+            self.out.reply = {"session_id": self.session_id, "turn_id": None, "queued": False}
+            return
         if s is not None and s.turn is not None:
             if body.get("queue") and body["type"] in QUEUEABLE:
                 turn_id = turn_id or self.ids("turn")
@@ -90,6 +101,15 @@ class TurnRules(StepBase):
             for m in drafts
             if not (m.get("id") and (m["id"] in self.s.nodes or m["id"] in queued))
         ]
+
+    def _moves_head_away(self, body: dict[str, Any]) -> bool:
+        """A view with nothing new that ends at an earlier reply (see `_only_moves_head`)."""
+        if body["type"] != "client.messages":
+            return False
+        match = match_view(self.s.nodes, body["messages"])
+        if match.new_from < len(body["messages"]) or match.known == self.s.head_id:
+            return False
+        return match.known is None or self.s.nodes[match.known].message["role"] != "user"
 
     def _only_moves_head(self, body: dict[str, Any]) -> bool:
         """A view with nothing new moves the head there and writes nothing else.
