@@ -449,3 +449,36 @@ def test_failing_the_parents_turn_stops_its_running_child(w):
     assert late.events == [] and late.ignored  # the parent's call is already closed
     w.check_fold()
     child.check_fold()
+
+
+def test_a_spawn_naming_a_busy_or_unknown_child_is_a_tool_error(w):
+    w.agent["subagents"] = [{"id": "helper", "description": "helps"}]
+    w.agent["max_subagent_depth"] = 5
+    w.start()
+    w.answer()
+    (llm,) = effects(w.answer(), RunLlmCall)
+    calls = (("c1", "helper", '{"message":"a"}'), ("c2", "confirm", "{}"))
+    w.apply(LlmCallSettled(llm.call_id, 1, response=tool_reply(*calls)))
+    w.answer()  # spawn c1's child, open the client tool c2
+    child = next(iter(w.state.children))
+    w.client({"type": "tool.result", "id": "c2", "result": "ok"})
+
+    def spawn(call_id: str, session: str) -> dict:
+        return {
+            "type": "subagent.spawn",
+            "agent_id": "helper",
+            "tool_call_id": call_id,
+            "message": {"role": "user", "content": "again"},
+            "session_id": session,
+        }
+
+    t = w.answer({"actions": [spawn("c3", child), spawn("c4", "elsewhere")]})
+    errors = {
+        e["payload"]["id"]: e["payload"]["error"]["message"]
+        for e in t.events
+        if e["payload"]["type"] == "tool.call.errored"
+    }
+    assert "busy with call 'c1'" in errors["c3"]
+    assert "not an earlier child" in errors["c4"]
+    assert list(w.state.children) == [child]
+    w.check_fold()
