@@ -18,6 +18,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from bot.app import start_bots
+
 from .api import ApiKeys, bind_warning, check_bind, make_app
 from .client import Client, ClientError
 from .config import ConfigError, Project, load_project
@@ -252,7 +254,10 @@ async def _serve(args: argparse.Namespace) -> int:
         metrics = Metrics()
         engine = Engine(project, redis, lease_ms=_lease_ms(), metrics=metrics)
         await engine.start()
-        app = make_app(Client(engine.store), engine.store, keys=keys, metrics=metrics)
+        client = Client(engine.store)
+        bots = start_bots(project, client, os.environ)  # agents whose Slack tokens are set
+        app = make_app(client, engine.store, keys=keys, metrics=metrics)
+        app.add_routes(bots.routes())  # POST /slack/<agent>/events
         runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=3)
         await runner.setup()
         site = web.TCPSite(runner, host, port)
@@ -280,6 +285,7 @@ async def _serve(args: argparse.Namespace) -> int:
         await stop.wait()
         # Stop taking requests (open streams end), then hand back partitions and calls.
         await runner.cleanup()
+        await bots.aclose()
         await engine.stop()
     return 0
 

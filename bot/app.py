@@ -1,0 +1,293 @@
+"""The Slack bot over the HTTP Events API: one Bolt app per agent, turns through the Client.
+
+SPEC §14. `start_bots` builds a `Bots` for every agent with a `[agent.<id>.slack]` block whose
+bot token and signing secret are in the environment; `Bots.routes()` serves each at
+`POST /slack/<agent>/events` on any aiohttp app (`subs serve` shares its own). Bolt checks
+signatures and acks; the turn runs in a task of ours afterwards, so Slack never waits on it.
+
+A turn is one Slack message: posted with the first visible text, then edited through one
+`Paced` (shared by every thread of the process) until the final render, which is awaited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+from slack_bolt.async_app import AsyncApp, AsyncBoltContext
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from engine.client import Client
+from engine.config import Project, slack_env_suffix
+
+from .governor import Paced, RateGovernor, RateLimited, scope
+from .render import TurnView
+from .threads import (
+    missed_messages,
+    session_id_for,
+    strip_mention,
+    thread_ts_of,
+    wants_turn,
+)
+
+__all__ = ["Bot", "Bots", "start_bots"]
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+DEDUPE_SECONDS = 3600  # Slack retries within minutes; an hour covers replays too
+POST_ATTEMPTS = 5
+
+
+@dataclass
+class Bot:
+    """One agent's Slack app."""
+
+    agent: str
+    answers: str
+    app: AsyncApp
+    web: AsyncWebClient
+
+
+@dataclass
+class _Reply:
+    """Where one turn's message is in Slack."""
+
+    bot: Bot
+    team: str
+    channel: str
+    thread_ts: str
+    ts: str | None = None
+    shown: dict[str, Any] = field(default_factory=dict)
+    landed: asyncio.Future[None] | None = None  # the latest chat.update sent or waiting
+
+
+class Bots:
+    """Every agent's Slack app in this process, the shared pacing, and the running turns."""
+
+    def __init__(self, client: Client, governor: RateGovernor | None = None) -> None:
+        self.client = client
+        self.paced = Paced(governor or RateGovernor(), self._send)
+        self.bots: dict[str, Bot] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def add(
+        self, agent: str, answers: str, token: str, signing_secret: str, api_url: str | None
+    ) -> None:
+        web_client = AsyncWebClient(token=token, **({"base_url": api_url} if api_url else {}))
+        app = AsyncApp(client=web_client, signing_secret=signing_secret)
+        bot = Bot(agent=agent, answers=answers, app=app, web=web_client)
+
+        async def on_event(body: dict[str, Any], context: AsyncBoltContext) -> None:
+            await self._on_event(bot, body, context)
+
+        app.event(re.compile(".*"))(on_event)
+        self.bots[agent] = bot
+
+    def routes(self) -> list[web.RouteDef]:
+        """`POST /slack/<agent>/events` for every bot."""
+        return [web.post(f"/slack/{a}/events", self._handler(bot)) for a, bot in self.bots.items()]
+
+    async def idle(self) -> None:
+        """Wait until every turn started so far (and since) has ended."""
+        while self._tasks:
+            await asyncio.wait(list(self._tasks))
+
+    async def aclose(self) -> None:
+        """Stop following turns (the engine keeps running them) and the pacing."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.paced.aclose()
+
+    # -- receiving ----------------------------------------------------------------------
+
+    def _handler(self, bot: Bot) -> Handler:
+        async def events(request: web.Request) -> web.StreamResponse:
+            try:
+                bolt_request = await to_bolt_request(request)
+            except ValueError:  # not JSON: nothing Bolt (or we) can read
+                return web.Response(status=400, text="malformed body")
+            if not _readable(bolt_request.body):
+                return web.Response(status=400, text="malformed body")
+            return await to_aiohttp_response(await bot.app.async_dispatch(bolt_request))
+
+        return events
+
+    async def _on_event(self, bot: Bot, body: dict[str, Any], context: AsyncBoltContext) -> None:
+        """Runs after Bolt verified the signature and acked."""
+        event = body.get("event")
+        if not isinstance(event, dict):
+            return
+        bot_user, bot_id = context.bot_user_id, context.bot_id
+        if not wants_turn(event, bot.answers, bot_user, bot_id):
+            return
+        event_id = body.get("event_id")
+        if not isinstance(event_id, str) or not event_id:
+            return
+        fresh = await self.client.redis.set(
+            f"subs:slack:event:{event_id}", 1, nx=True, ex=DEDUPE_SECONDS
+        )
+        if not fresh:
+            return  # a retry or a replay: its turn started already
+        team = body.get("team_id") or context.team_id or ""
+        self._spawn(self._turn(bot, str(team), event, bot_user, bot_id))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._ended)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("slack turn failed", exc_info=task.exception())
+
+    # -- one turn -----------------------------------------------------------------------
+
+    async def _turn(
+        self, bot: Bot, team: str, event: dict[str, Any], bot_user: str | None, bot_id: str | None
+    ) -> None:
+        channel, ts, user = event["channel"], event["ts"], event["user"]
+        thread_ts = thread_ts_of(event)
+        assert thread_ts is not None  # wants_turn checked
+        messages: list[dict[str, Any]] = []
+        if thread_ts != ts:
+            replies = await bot.web.conversations_replies(channel=channel, ts=thread_ts)
+            for msg in missed_messages(replies.get("messages") or [], ts, bot_user, bot_id):
+                text = f"<@{msg['user']}>: {msg.get('text') or ''}"
+                messages.append({"id": f"slack:{msg['ts']}", "role": "user", "content": text})
+        text = strip_mention(event["text"], bot_user)
+        messages.append({"id": f"slack:{ts}", "role": "user", "content": text})
+        sid = session_id_for(bot.agent, channel, thread_ts)
+        events = await self.client.events(sid)
+        after = events[-1]["seq"] if events else 0
+        cursor = await self.client.delta_cursor(sid)
+        metadata = {"slack_channel": channel, "slack_thread_ts": thread_ts, "slack_team": team}
+        identity = {"subject": {"issuer": "slack", "id": user}, "metadata": metadata}
+        payload = {
+            "type": "client.append",
+            "agent_id": bot.agent,
+            "messages": messages,
+            "queue": True,
+        }
+        reply = await self.client.submit(payload, session_id=sid, identity=identity)
+        turn_id = reply.get("turn_id")
+        if turn_id is None:
+            return  # every message was known already: nothing to answer
+        await self._stream(_Reply(bot, team, channel, thread_ts), sid, turn_id, after, cursor)
+
+    async def _stream(self, out: _Reply, sid: str, turn_id: str, after: int, cursor: str) -> None:
+        """Follow the turn into one Slack message until its final render has landed."""
+        view = TurnView(turn_id)
+        async for kind, item in self.client.follow(sid, after, delta_cursor=cursor):
+            if kind == "delta":
+                view.apply_delta(item)
+            elif item.get("turn_id") != turn_id:
+                continue
+            else:
+                try:
+                    view.apply_event(item)
+                except ValueError as err:  # a newer engine's event: show the rest anyway
+                    log.warning("slack turn %s: %s", turn_id, err)
+                    continue
+            rendered = view.render()
+            content = {"text": rendered.text, "blocks": rendered.blocks}
+            if rendered.blocks and content != out.shown:
+                out.shown = content
+                if out.ts is None:
+                    out.ts = await self._post(out, content)
+                else:
+                    args = {"channel": out.channel, "ts": out.ts, **content}
+                    key = (out.channel, out.ts)
+                    out.landed = self.paced.submit(
+                        out.team, "chat.update", key, (out.bot.web, args)
+                    )
+            if rendered.done:
+                if out.landed is not None:
+                    await out.landed  # the final version, or a newer one of the same key
+                for more in rendered.continuations:
+                    await self._post(out, {"markdown_text": more})
+                return
+
+    async def _post(self, out: _Reply, content: Mapping[str, Any]) -> str:
+        """chat.postMessage into the thread, waiting out 429s (one post per turn)."""
+        budget = scope(out.team, "chat.postMessage", out.channel)
+        governor = self.paced.governor
+        loop = asyncio.get_running_loop()
+        for attempt in range(POST_ATTEMPTS):
+            slot = governor.next_slot(budget, "chat.postMessage", loop.time())
+            if slot > loop.time():
+                await asyncio.sleep(slot - loop.time())
+            governor.record(budget, "chat.postMessage", loop.time())
+            try:
+                return await _sent_ts(out, content)
+            except RateLimited as limited:
+                if attempt == POST_ATTEMPTS - 1:
+                    raise
+                governor.penalise(budget, "chat.postMessage", limited.retry_after, loop.time())
+        raise AssertionError("unreachable")
+
+    async def _send(self, team: str, method: str, payload: tuple[AsyncWebClient, dict]) -> None:
+        web_client, args = payload
+        await _call(web_client, method, args)
+
+
+def _readable(body: Any) -> bool:
+    """A body Bolt's own middleware can read without raising (it would answer 500)."""
+    return isinstance(body, dict) and isinstance(body.get("event", {}), dict)
+
+
+async def _sent_ts(out: _Reply, content: Mapping[str, Any]) -> str:
+    args = {"channel": out.channel, "thread_ts": out.thread_ts, **content}
+    response = await _call(out.bot.web, "chat.postMessage", args)
+    return str(response["ts"])
+
+
+async def _call(web_client: AsyncWebClient, method: str, args: dict[str, Any]) -> Any:
+    """One Web API call; a 429 becomes `RateLimited` for the governor."""
+    try:
+        return await web_client.api_call(method, json=args)
+    except SlackApiError as err:
+        if err.response.status_code == 429:
+            headers = {k.lower(): v for k, v in (err.response.headers or {}).items()}
+            retry_after = headers.get("retry-after")
+            if isinstance(retry_after, list):
+                retry_after = retry_after[0] if retry_after else None
+            raise RateLimited(float(retry_after or 1)) from err
+        raise
+
+
+def start_bots(
+    project: Project,
+    client: Client,
+    env: Mapping[str, str],
+    api_url: str | None = None,
+    *,
+    governor: RateGovernor | None = None,
+) -> Bots:
+    """A bot for each agent with a Slack block whose token and signing secret are set.
+
+    `api_url` (else `SLACK_API_URL`) is the Web API base, for a fake Slack in tests.
+    """
+    bots = Bots(client, governor)
+    api_url = api_url or env.get("SLACK_API_URL") or None
+    for agent in project.agents.values():
+        if agent.slack is None:
+            continue
+        suffix = slack_env_suffix(agent.id)
+        token = env.get(f"SLACK_BOT_TOKEN_{suffix}")
+        secret = env.get(f"SLACK_SIGNING_SECRET_{suffix}")
+        if not token or not secret:
+            log.info("agent %s: no Slack bot token or signing secret; no HTTP bot", agent.id)
+            continue
+        bots.add(agent.id, agent.slack.answers, token, secret, api_url)
+    return bots

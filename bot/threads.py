@@ -1,0 +1,113 @@
+"""Which Slack events start a turn, and in which session (SPEC §14: a thread is a session).
+
+Pure reads of an Events API `event` dict. Events come from outside, so every field is
+treated as possibly missing or of the wrong type: a predicate says no rather than raise.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+__all__ = [
+    "ANSWERS",
+    "is_dm",
+    "is_mention",
+    "is_own",
+    "missed_messages",
+    "session_id_for",
+    "strip_mention",
+    "thread_ts_of",
+    "wants_turn",
+]
+
+ANSWERS = frozenset({"dm", "channels", "both"})
+Event = dict[str, Any]
+
+
+def session_id_for(agent: str, channel: str, thread_ts: str) -> str:
+    return f"slack:{agent}:{channel}:{thread_ts}"
+
+
+def _str(event: Event, key: str) -> str | None:
+    value = event.get(key)
+    return value if isinstance(value, str) and value else None
+
+
+def thread_ts_of(event: Event) -> str | None:
+    """The thread a message belongs to: its `thread_ts`, or its own `ts` when top-level."""
+    return _str(event, "thread_ts") or _str(event, "ts")
+
+
+def is_dm(event: Event) -> bool:
+    """A person's plain message in the app's DM (`message.im`)."""
+    return (
+        event.get("type") == "message"
+        and event.get("channel_type") == "im"
+        and "subtype" not in event
+    )
+
+
+def is_mention(event: Event) -> bool:
+    """An `app_mention`: Slack sends it only for messages that mention this app."""
+    return event.get("type") == "app_mention" and "subtype" not in event
+
+
+def is_own(event: Event, bot_user: str | None, bot_id: str | None) -> bool:
+    """The app's own message (or one posted under its bot id): never starts a turn."""
+    if bot_id is not None and event.get("bot_id") == bot_id:
+        return True
+    return bot_user is not None and event.get("user") == bot_user
+
+
+def wants_turn(event: Event, answers: str, bot_user: str | None, bot_id: str | None) -> bool:
+    """Whether this event starts (or queues) a turn, honouring the agent's `answers`.
+
+    A channel mention is answered for `channels`/`both`, a DM for `dm`/`both`. A mention
+    inside a DM arrives as a DM message too; only the `message` event counts there.
+    """
+    if is_own(event, bot_user, bot_id):
+        return False
+    if not all(_str(event, key) for key in ("user", "channel", "ts")):
+        return False
+    if not isinstance(event.get("text"), str) or thread_ts_of(event) is None:
+        return False
+    if is_dm(event):
+        return answers in ("dm", "both")
+    if is_mention(event) and event.get("channel_type") != "im":
+        return answers in ("channels", "both")
+    return False
+
+
+def strip_mention(text: str, bot_user: str | None) -> str:
+    """The text without a leading `<@BOT>` (with or without a `|name` label)."""
+    if bot_user:
+        text = re.sub(rf"^\s*<@{re.escape(bot_user)}(?:\|[^>]*)?>[\s:,]*", "", text)
+    return text.strip()
+
+
+def missed_messages(
+    replies: list[dict[str, Any]], before_ts: str, bot_user: str | None, bot_id: str | None
+) -> list[dict[str, Any]]:
+    """People's messages of a thread (`conversations.replies`, oldest first) after the
+    app's last message and before `before_ts`: what the agent has not seen yet."""
+    missed: list[dict[str, Any]] = []
+    for msg in replies:
+        ts = _ts_key(msg.get("ts"))
+        if ts is None or ts >= (_ts_key(before_ts) or ts):
+            continue
+        if is_own(msg, bot_user, bot_id):
+            missed.clear()
+        elif isinstance(msg.get("user"), str) and not msg.get("bot_id") and "subtype" not in msg:
+            missed.append(msg)
+    return missed
+
+
+def _ts_key(ts: Any) -> tuple[int, int] | None:
+    """A Slack ts ("seconds.micros") as a sortable pair; floats would lose the micros."""
+    if not isinstance(ts, str):
+        return None
+    seconds, _, micros = ts.partition(".")
+    if not seconds.isdigit() or not (micros.isdigit() or micros == ""):
+        return None
+    return int(seconds), int(micros.ljust(6, "0")[:6] or 0)

@@ -1,0 +1,286 @@
+"""The Slack bot end to end: FakeSlack -> Bolt -> the real engine (real Redis, fake vendor)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from bot.app import Bots, start_bots
+from bot.governor import TIERS, RateGovernor
+from bot.mrkdwn import to_mrkdwn
+from bot.threads import missed_messages, session_id_for, strip_mention, wants_turn
+from engine.client import Client
+from engine.config import parse_project
+from engine.runner import Engine
+from tests.engine_helpers import ENV, project_toml
+from tests.fakes.llm_vendor import FakeVendor, HttpError, Text
+from tests.fakes.slack import FakeSlack, Message, sign
+
+AGENT = "ops_anthropic"
+ANSWER = "The **primary** database is back; see `db-1` for details."
+
+
+@dataclass
+class World:
+    fake: FakeSlack
+    vendor: FakeVendor
+    client: Client
+    bots: Bots
+    url: str
+
+    async def reply_to(self, msg: Message, nth: int = 1) -> Message:
+        """The bot's `nth` reply in the thread of `msg`, once its turn has ended."""
+        thread_ts = msg.thread_ts or msg.ts
+
+        def found() -> Message | None:
+            mine = [m for m in self.fake.thread(msg.channel, thread_ts) if m.bot_id]
+            return mine[nth - 1] if len(mine) >= nth else None
+
+        reply = await self.fake.until(found, timeout=10)
+        await self.bots.idle()
+        return reply
+
+    async def turns(self, channel: str, thread_ts: str) -> list[dict[str, Any]]:
+        events = await self.client.events(session_id_for(AGENT, channel, thread_ts))
+        return [e for e in events if e["payload"]["type"] == "turn.started"]
+
+
+@pytest.fixture
+async def world(redis, vendor: FakeVendor, tmp_path: Path) -> AsyncIterator[World]:
+    text = project_toml(vendor.url, retry="retry = { llm = { backoff_base_secs = 0 } }")
+    text += f'\n[agent.{AGENT}.slack]\nanswers = "both"\n'
+    project = parse_project(text, str(tmp_path / "subs.toml"), env={})
+    engine = Engine(project, redis, env=ENV, lease_ms=3000)
+    await engine.start()
+    async with FakeSlack() as fake:
+        env = {
+            "SLACK_BOT_TOKEN_OPS_ANTHROPIC": fake.bot_token,
+            "SLACK_SIGNING_SECRET_OPS_ANTHROPIC": fake.signing_secret,
+            "SLACK_API_URL": fake.url,
+        }
+        # Fast pacing so a test streams in milliseconds; the pacing itself is tested elsewhere.
+        fast = RateGovernor({**TIERS, "chat.update": 6000, "chat.postMessage": 6000})
+        client = Client(engine.store)
+        bots = start_bots(project, client, env, governor=fast)
+        assert list(bots.bots) == [AGENT]  # ops_openai has no Slack block
+        app = web.Application()
+        app.add_routes(bots.routes())
+        runner = web.AppRunner(app, shutdown_timeout=1)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/slack/{AGENT}/events"
+        try:
+            yield World(fake, vendor, client, bots, url)
+        finally:
+            await runner.cleanup()
+            await bots.aclose()
+            await engine.stop()
+
+
+async def test_a_mention_streams_one_reply_in_the_thread(world: World) -> None:
+    fake = world.fake
+    world.vendor.push(Text(ANSWER, chunks=6, chunk_delay=0.05))
+    mention = fake.post_as_user(fake.general, fake.mention("is the db ok?"))
+    delivered = await fake.send_event(world.url, fake.event_for(mention, kind="app_mention"))
+    assert delivered.status == 200 and delivered.elapsed < 3
+
+    reply = await world.reply_to(mention)
+    thread = fake.thread(fake.general.id, mention.ts)
+    assert [m.ts for m in thread] == [mention.ts, reply.ts]  # one message for the turn
+    assert reply.text == to_mrkdwn(ANSWER)
+    assert reply.blocks == [{"type": "markdown", "text": ANSWER}]
+    steps = [v.text for v in fake.edits(fake.general.id, reply.ts)]
+    assert len(steps) > 1 and steps[0] != steps[-1] and steps[-1] == to_mrkdwn(ANSWER)
+    assert ANSWER.startswith(steps[0].split("*")[0])  # the first step was part of the answer
+
+    assert len(await world.turns(fake.general.id, mention.ts)) == 1
+    events = await world.client.events(session_id_for(AGENT, fake.general.id, mention.ts))
+    created = events[0]["payload"]
+    assert created["type"] == "session.created"
+    assert created["identity"]["subject"] == {"issuer": "slack", "id": fake.user.id}
+    assert created["identity"]["metadata"] == {
+        "slack_channel": fake.general.id,
+        "slack_thread_ts": mention.ts,
+        "slack_team": fake.team.id,
+    }
+    users = [
+        e["payload"]["message"]
+        for e in events
+        if e["payload"]["type"] == "message.new" and e["payload"]["message"]["role"] == "user"
+    ]
+    assert [(m["id"], m["content"]) for m in users] == [(f"slack:{mention.ts}", "is the db ok?")]
+
+
+async def test_a_follow_up_mention_continues_the_session_with_missed_messages(
+    world: World,
+) -> None:
+    fake = world.fake
+    bob = fake.add_user("bob")
+    fake.channels[fake.general.id].members.add(bob.id)
+    world.vendor.push(Text("Looking."), Text("Clear the logs."))
+    first = fake.post_as_user(fake.general, fake.mention("the db is down"))
+    await fake.send_event(world.url, fake.event_for(first, kind="app_mention"))
+    await world.reply_to(first)
+
+    fake.post_as_user(fake.general, "the disk is full", user=bob, thread_ts=first.ts)
+    second = fake.post_as_user(fake.general, fake.mention("what now?"), thread_ts=first.ts)
+    await fake.send_event(world.url, fake.event_for(second, kind="app_mention"))
+    reply = await world.reply_to(first, nth=2)
+    assert reply.text == "Clear the logs." and reply.thread_ts == first.ts
+
+    assert len(await world.turns(fake.general.id, first.ts)) == 2
+    seen = str(world.vendor.requests[1].body)
+    assert f"<@{bob.id}>: the disk is full" in seen and "what now?" in seen
+    assert "the db is down" in seen and "Looking." in seen  # the same conversation
+
+
+async def test_a_dm_gets_a_reply_in_its_thread(world: World) -> None:
+    fake = world.fake
+    world.vendor.push(Text("Hi there."))
+    dm = fake.post_as_user(fake.dm, "hello")
+    await fake.send_event(world.url, fake.event_for(dm))
+    reply = await world.reply_to(dm)
+    assert reply.text == "Hi there." and reply.thread_ts == dm.ts
+    assert len(await world.turns(fake.dm.id, dm.ts)) == 1
+
+
+async def test_a_failed_turn_ends_its_message_with_the_error(world: World) -> None:
+    fake = world.fake
+    world.vendor.push(HttpError(400))
+    dm = fake.post_as_user(fake.dm, "hello")
+    await fake.send_event(world.url, fake.event_for(dm))
+    reply = await world.reply_to(dm)
+    events = await world.client.events(session_id_for(AGENT, fake.dm.id, dm.ts))
+    [failed] = [e["payload"] for e in events if e["payload"]["type"] == "turn.failed"]
+    first_line = failed["error"]["message"].split("\n")[0].strip()
+    assert reply.text.startswith(":warning: ") and first_line[:40] in reply.text
+    assert reply.blocks[-1]["type"] == "context"
+
+
+async def _sentinel(world: World) -> None:
+    """A DM whose reply proves every earlier delivery has been handled."""
+    fake = world.fake
+    world.vendor.push(Text("sentinel"))
+    dm = fake.post_as_user(fake.dm, "ping")
+    await fake.send_event(world.url, fake.event_for(dm))
+    assert (await world.reply_to(dm)).text == "sentinel"
+
+
+async def test_refused_repeated_and_own_events_start_no_turn(world: World) -> None:
+    fake = world.fake
+    world.vendor.push(Text("Once.", chunks=3, chunk_delay=0.1))  # running when the retry comes
+    root = fake.post_as_user(fake.general, "release day")
+    mention = fake.post_as_user(fake.general, fake.mention("deploy"), thread_ts=root.ts)
+    event = fake.event_for(mention, kind="app_mention")
+
+    forged = await fake.send_event(world.url, event, signing_secret="not-the-secret")
+    stale = await fake.send_event(world.url, event, ts=time.time() - 600)
+    assert forged.status == stale.status == 401
+
+    first = await fake.send_event(world.url, event)
+    retry = await fake.send_event(world.url, first.payload, retry_num=1)
+    assert first.status == retry.status == 200
+    reply = await world.reply_to(mention)
+    assert reply.text == "Once."
+
+    own = await fake.send_event(world.url, fake.event_for(reply))  # the bot's reply, echoed
+    assert own.status < 500
+    await _sentinel(world)
+    events = await world.client.events(session_id_for(AGENT, fake.general.id, root.ts))
+    kinds = [e["payload"]["type"] for e in events]
+    assert kinds.count("turn.started") == 1 and "turn.queued" not in kinds
+    assert [m.ts for m in fake.thread(fake.general.id, root.ts)] == [root.ts, mention.ts, reply.ts]
+    assert len(fake.calls("conversations.replies")) == 1  # the retry was dropped before any work
+    assert len(fake.calls("chat.postMessage")) == 2  # the reply and the sentinel's
+
+
+async def test_malformed_bodies_are_ignored(world: World) -> None:
+    fake = world.fake
+    bad_event = {"type": "app_mention", "text": "no channel, user or ts"}
+    odd = await fake.send_event(world.url, bad_event)
+    assert odd.status < 500
+    not_an_object = {**fake.envelope({"type": "x"}), "event": 7}
+    assert (await fake.send_event(world.url, not_an_object)).status == 400
+
+    raw, stamp = b"{not json", str(int(time.time()))
+    headers = {
+        "Content-Type": "application/json",
+        "X-Slack-Request-Timestamp": stamp,
+        "X-Slack-Signature": sign(fake.signing_secret, stamp, raw),
+    }
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(world.url, data=raw, headers=headers) as r,
+    ):
+        assert r.status == 400
+
+    await _sentinel(world)  # still serving
+    assert await world.client.sessions() == [
+        session_id_for(AGENT, fake.dm.id, fake.history(fake.dm.id)[-1].ts)
+    ]
+
+
+# -- the pure part ----------------------------------------------------------------------
+
+BOT, BOT_ID = "UBOT", "BBOT"
+
+
+def _event(**kw: Any) -> dict[str, Any]:
+    return {
+        "type": "message",
+        "channel": "D1",
+        "channel_type": "im",
+        "user": "U1",
+        "text": "hi",
+        "ts": "1.000001",
+        **kw,
+    }
+
+
+@pytest.mark.parametrize(
+    ("answers", "dm", "mention"),
+    [("both", True, True), ("dm", True, False), ("channels", False, True)],
+)
+def test_answers_decides_between_dms_and_channel_mentions(
+    answers: str, dm: bool, mention: bool
+) -> None:
+    channel_mention = _event(type="app_mention", channel="C1", channel_type="channel")
+    assert wants_turn(_event(), answers, BOT, BOT_ID) is dm
+    assert wants_turn(channel_mention, answers, BOT, BOT_ID) is mention
+
+
+def test_only_peoples_plain_messages_start_turns() -> None:
+    assert not wants_turn(_event(user=BOT), "both", BOT, BOT_ID)
+    assert not wants_turn(_event(bot_id=BOT_ID, user="U9"), "both", BOT, BOT_ID)
+    assert not wants_turn(_event(subtype="message_changed"), "both", BOT, BOT_ID)
+    assert not wants_turn(_event(channel_type="channel"), "both", BOT, BOT_ID)  # no mention
+    assert not wants_turn(_event(text=None), "both", BOT, BOT_ID)
+    assert not wants_turn({"type": "app_mention"}, "both", BOT, BOT_ID)
+
+
+def test_session_ids_and_mention_text() -> None:
+    assert session_id_for("ops", "C1", "1.2") == "slack:ops:C1:1.2"
+    assert strip_mention(f"<@{BOT}> restart it", BOT) == "restart it"
+    assert strip_mention(f"<@{BOT}|subs>: restart <@{BOT}>", BOT) == f"restart <@{BOT}>"
+    assert strip_mention("<@U2> hi", BOT) == "<@U2> hi"
+
+
+def test_missed_messages_are_the_peoples_since_the_bots_last_reply() -> None:
+    thread = [
+        {"ts": "10.000001", "user": "U1", "text": "root"},
+        {"ts": "10.000002", "user": BOT, "bot_id": BOT_ID, "text": "answer"},
+        {"ts": "10.000003", "user": "U2", "text": "seen later"},
+        {"ts": "10.000004", "user": "U3", "bot_id": "BOTHER", "text": "another bot"},
+        {"ts": "10.000005", "user": "U1", "text": "the mention"},
+        {"ts": "10.000006", "user": "U2", "text": "after it"},
+    ]
+    missed = missed_messages(thread, "10.000005", BOT, BOT_ID)
+    assert [m["text"] for m in missed] == ["seen later"]
+    assert [m["text"] for m in missed_messages(thread[:1], "10.000005", BOT, BOT_ID)] == ["root"]
