@@ -328,8 +328,17 @@ class Engine:
         config = self.agent_configs.get(agent_id)
         decider = "worker" if decl and decl.worker else "engine"
         identity = body.get("identity") or {}
-        owner = body.get("owner")
-        return ClientSubmitted(inp, agent_id, identity, config, decider, self.llm_routes, owner)
+        commands = tuple(decl.slack.commands) if decl and decl.slack else ()
+        return ClientSubmitted(
+            inp,
+            agent_id,
+            identity,
+            config,
+            decider,
+            self.llm_routes,
+            owner=body.get("owner"),
+            slash_commands=commands,
+        )
 
     async def _apply(self, part: _Partition, item: WorkItem) -> None:
         started = time.perf_counter()

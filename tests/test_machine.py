@@ -287,3 +287,25 @@ def test_the_machine_imports_no_io():
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 names = [node.module.split(".")[0]]
             assert not banned.intersection(names), f"{path} imports {names}"
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "recorded"),
+    [
+        ("oncall", {"text": "ack INC-42", "user_id": "U1"}, "/oncall ack INC-42"),
+        ("oncall", {"text": ""}, "/oncall"),
+        ("approve_button", {"value": "x"}, None),  # not a slash command: nothing proposed
+    ],
+)
+def test_a_slash_command_action_records_the_command_and_calls_the_model(name, args, recorded):
+    from engine.machine import ClientSubmitted
+
+    s = Session()
+    body = {"type": "client.action", "agent_id": "a", "name": name, "args": args}
+    t = s.apply(ClientSubmitted(body, "a", {}, s.agent, slash_commands=("/oncall",)))
+    users = [n.message["content"] for n in s.state.nodes.values() if n.message["role"] == "user"]
+    if recorded is None:
+        assert users == [] and s.types(t)[-1] == "turn.completed"
+    else:
+        assert users == [recorded] and s.types(t)[-1] == "llm.call.dispatched"
+    s.check_fold()

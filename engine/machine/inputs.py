@@ -25,6 +25,9 @@ class ClientSubmitted:
     owner: dict[str, Any] | None = None
     # A child session's first input (SPEC §9): who spawned it, and its ancestry.
     ancestry: list[str] | None = None
+    # The agent's Slack slash commands ("/oncall"): a `client.action` named after one
+    # proposes recording the command as the user's message (SPEC §14).
+    slash_commands: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

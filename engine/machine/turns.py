@@ -24,8 +24,11 @@ LLM_CALL = {"type": "llm.call"}
 class TurnRules(StepBase):
     # -- starting ------------------------------------------------------------------
 
+    slash_commands: tuple[str, ...] = ()
+
     def submit_turn(self, inp: ClientSubmitted, *, delivered: bool = False) -> None:
         body = inp.input
+        self.slash_commands = inp.slash_commands
         s = self.state
         if s is not None and s.agent_id != inp.agent_id:
             raise MachineError(
@@ -152,10 +155,21 @@ class TurnRules(StepBase):
             trigger = {"type": "client.action", "name": body["name"]}
             if body.get("args") is not None:
                 trigger["args"] = body["args"]
-            self.trigger(trigger, {})
+            self.trigger(trigger, self._action_proposal(body))
         else:
             self.trigger(*self._messages_trigger(body))
         self.settle_turn()
+
+    def _action_proposal(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Nothing, except for a slash command: record `/<command> <text>` and call the model,
+        so commands work with no worker code (a worker may replace it)."""
+        command = f"/{body['name']}"
+        if command not in self.slash_commands:
+            return {}
+        args = body.get("args")
+        text = args.get("text") if isinstance(args, dict) else None
+        content = f"{command} {text}".strip() if isinstance(text, str) else command
+        return {"messages": [{"role": "user", "content": content}], "actions": [LLM_CALL]}
 
     def _messages_trigger(self, body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         """Every message input reaches a worker as `client.messages` (SPEC §4)."""
