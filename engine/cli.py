@@ -19,10 +19,11 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from bot.app import start_bots
+from bot.manifest import events_path, manifest, to_yaml
 
 from .api import ApiKeys, bind_warning, check_bind, make_app
 from .client import Client, ClientError
-from .config import ConfigError, Project, load_project
+from .config import ConfigError, Project, load_project, slack_env_suffix
 from .console import Printer, short, watch_turn
 from .embedded import EmbeddedRedis, EmbeddedRedisError
 from .http_client import HttpClient
@@ -74,6 +75,19 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--redis", help="Redis URL (default: the file's, else an embedded server)")
     serve.add_argument("--host", help="address to bind (default: [serve] host)")
     serve.add_argument("--port", type=int, help="port to bind, 0 for any (default: [serve] port)")
+    man = sub.add_parser("manifest", help="print an agent's Slack app manifest")
+    man.add_argument("agent")
+    man.add_argument("-c", "--config", default="subs.toml")
+    transport = man.add_mutually_exclusive_group()
+    transport.add_argument(
+        "--socket-mode",
+        action="store_true",
+        default=None,
+        help="default when SLACK_APP_TOKEN_<AGENT> is set",
+    )
+    transport.add_argument(
+        "--url", help="public base URL for request URLs (default: http://[serve] host:port)"
+    )
     return parser
 
 
@@ -307,6 +321,33 @@ def _check(args: argparse.Namespace) -> int:
     return 1 if missing else 0
 
 
+def _manifest(args: argparse.Namespace) -> int:
+    """Print the agent's Slack app manifest; the transport follows the environment by default."""
+    project = load_project(args.config)
+    agent = project.agents.get(args.agent)
+    if agent is None:
+        declared = ", ".join(sorted(project.agents)) or "none"
+        raise _Usage(f"no agent {args.agent!r} in {project.path}; declared: {declared}")
+    if agent.slack is None:
+        raise _Usage(f"agent {agent.id!r} has no [agent.{agent.id}.slack] block in {project.path}")
+    socket_mode = args.socket_mode
+    if socket_mode is None:
+        socket_mode = args.url is None and bool(
+            os.environ.get(f"SLACK_APP_TOKEN_{slack_env_suffix(agent.id)}")
+        )
+    url = None
+    if not socket_mode:
+        base = args.url or f"http://{project.serve.host}:{project.serve.port}"
+        scheme = base.partition("://")[0]
+        if scheme not in ("http", "https") or not base.partition("://")[2]:
+            raise _Usage(f"--url must be an http(s) URL, got {base!r}")
+        if scheme != "https":
+            print("subs: Slack only calls public https URLs; pass --url", file=sys.stderr)
+        url = base.rstrip("/") + events_path(agent.id)
+    print(to_yaml(manifest(agent, socket_mode=socket_mode, request_url=url)), end="")
+    return 0
+
+
 @contextlib.asynccontextmanager
 async def _reader(args: argparse.Namespace) -> AsyncIterator[Any]:
     """Read sessions from a remote engine (`--url`) or straight from Redis."""
@@ -363,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "check":
             return _check(args)
+        if args.command == "manifest":
+            return _manifest(args)
         runs = {"serve": _serve, "run": _run, "chat": _chat, "sessions": _sessions}
         return asyncio.run(runs[args.command](args))
     except (ConfigError, _Usage) as err:
