@@ -7,6 +7,10 @@ signatures and acks; the turn runs in a task of ours afterwards, so Slack never 
 
 A turn is one Slack message: posted with the first visible text, then edited through one
 `Paced` (shared by every thread of the process) until the final render, which is awaited.
+
+A slash command posts a root message and runs as a `client.action` in that message's thread.
+An interrupt posts a prompt with one button per option; a click resumes with the option the
+engine recorded (read from the session snapshot, so a click cannot inject a value).
 """
 
 from __future__ import annotations
@@ -14,21 +18,29 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.async_app import AsyncApp, AsyncBoltContext
+from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from engine.client import Client
+from engine.client import Client, ClientError
 from engine.config import Project, slack_env_suffix
 
 from .governor import Paced, RateGovernor, RateLimited, scope
-from .render import TurnView
+from .mrkdwn import escape
+from .render import (
+    ACTION_PREFIX,
+    TurnView,
+    interrupt_prompt,
+    parse_interrupt_action,
+    resolved_prompt,
+)
 from .threads import (
     missed_messages,
     session_id_for,
@@ -44,6 +56,8 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 DEDUPE_SECONDS = 3600  # Slack retries within minutes; an hour covers replays too
 POST_ATTEMPTS = 5
+ANSWERED = "This prompt was already answered."
+COMMAND_ARGS = ("text", "user_id", "channel_id", "team_id", "response_url", "trigger_id")
 
 
 @dataclass
@@ -79,7 +93,13 @@ class Bots:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def add(
-        self, agent: str, answers: str, token: str, signing_secret: str, api_url: str | None
+        self,
+        agent: str,
+        answers: str,
+        token: str,
+        signing_secret: str,
+        api_url: str | None,
+        commands: Sequence[str] = (),
     ) -> None:
         web_client = AsyncWebClient(token=token, **({"base_url": api_url} if api_url else {}))
         app = AsyncApp(client=web_client, signing_secret=signing_secret)
@@ -88,7 +108,18 @@ class Bots:
         async def on_event(body: dict[str, Any], context: AsyncBoltContext) -> None:
             await self._on_event(bot, body, context)
 
+        async def on_command(ack: AsyncAck, body: dict[str, Any]) -> None:
+            await ack()
+            self._spawn(self._command(bot, body))
+
+        async def on_click(ack: AsyncAck, body: dict[str, Any]) -> None:
+            await ack()
+            self._spawn(self._click(bot, body))
+
         app.event(re.compile(".*"))(on_event)
+        for command in commands:
+            app.command(command)(on_command)
+        app.action(re.compile(rf"^{ACTION_PREFIX}:"))(on_click)
         self.bots[agent] = bot
 
     def routes(self) -> list[web.RouteDef]:
@@ -167,23 +198,59 @@ class Bots:
                 messages.append({"id": f"slack:{msg['ts']}", "role": "user", "content": text})
         text = strip_mention(event["text"], bot_user)
         messages.append({"id": f"slack:{ts}", "role": "user", "content": text})
-        sid = session_id_for(bot.agent, channel, thread_ts)
-        events = await self.client.events(sid)
-        after = events[-1]["seq"] if events else 0
-        cursor = await self.client.delta_cursor(sid)
-        metadata = {"slack_channel": channel, "slack_thread_ts": thread_ts, "slack_team": team}
-        identity = {"subject": {"issuer": "slack", "id": user}, "metadata": metadata}
         payload = {
             "type": "client.append",
             "agent_id": bot.agent,
             "messages": messages,
             "queue": True,
         }
-        reply = await self.client.submit(payload, session_id=sid, identity=identity)
+        await self._run(_Reply(bot, team, channel, thread_ts), user, payload)
+
+    async def _command(self, bot: Bot, body: dict[str, Any]) -> None:
+        """A slash command: a root message saying who ran what, its thread the session."""
+        args = {key: str(body.get(key) or "") for key in COMMAND_ARGS}
+        command = str(body.get("command") or "")
+        if not (command and args["channel_id"] and args["user_id"]):
+            return
+        team, channel, user = args["team_id"], args["channel_id"], args["user_id"]
+        ran = escape(f"{command} {args['text']}".strip())
+        root = _Reply(bot, team, channel, "")
+        root.thread_ts = await self._post(root, {"text": f"<@{user}> ran `{ran}`"})
+        payload = {
+            "type": "client.action",
+            "agent_id": bot.agent,
+            "name": command.removeprefix("/"),
+            "args": args,
+        }
+        await self._run(root, user, payload)
+
+    async def _run(self, out: _Reply, user: str, payload: dict[str, Any]) -> None:
+        """Submit a turn-starting input for the thread's session and stream its turn.
+
+        While a prompt is open the engine refuses new input; the open question is posted again.
+        """
+        sid = session_id_for(out.bot.agent, out.channel, out.thread_ts)
+        events = await self.client.events(sid)
+        after = events[-1]["seq"] if events else 0
+        cursor = await self.client.delta_cursor(sid)
+        metadata = {
+            "slack_channel": out.channel,
+            "slack_thread_ts": out.thread_ts,
+            "slack_team": out.team,
+        }
+        identity = {"subject": {"issuer": "slack", "id": user}, "metadata": metadata}
+        try:
+            reply = await self.client.submit(payload, session_id=sid, identity=identity)
+        except ClientError as err:
+            if err.code != "session_interrupted":
+                raise
+            for interrupt in (await self._open_interrupts(sid)).values():
+                await self._ask(out, interrupt)
+            return
         turn_id = reply.get("turn_id")
         if turn_id is None:
             return  # every message was known already: nothing to answer
-        await self._stream(_Reply(bot, team, channel, thread_ts), sid, turn_id, after, cursor)
+        await self._stream(out, sid, turn_id, after, cursor)
 
     async def _stream(self, out: _Reply, sid: str, turn_id: str, after: int, cursor: str) -> None:
         """Follow the turn into one Slack message until its final render has landed."""
@@ -199,6 +266,8 @@ class Bots:
                 except ValueError as err:  # a newer engine's event: show the rest anyway
                     log.warning("slack turn %s: %s", turn_id, err)
                     continue
+                if item["payload"]["type"] == "session.interrupted":
+                    await self._ask(out, item["payload"])
             rendered = view.render()
             content = {"text": rendered.text, "blocks": rendered.blocks}
             if rendered.blocks and content != out.shown:
@@ -218,8 +287,67 @@ class Bots:
                     await self._post(out, {"markdown_text": more})
                 return
 
+    # -- interrupts ---------------------------------------------------------------------
+
+    async def _open_interrupts(self, sid: str) -> dict[str, dict[str, Any]]:
+        """The session's open interrupts as the engine recorded them, by id."""
+        _, state = await self.client.store.load_snapshot(sid)
+        interrupts = (state or {}).get("interrupts")
+        return interrupts if isinstance(interrupts, dict) else {}
+
+    async def _ask(self, out: _Reply, interrupt: dict[str, Any]) -> None:
+        """Post the prompt for one interrupt into the thread."""
+        prompt = _prompt(interrupt)
+        if prompt is not None:
+            await self._post(out, prompt)
+
+    async def _click(self, bot: Bot, body: dict[str, Any]) -> None:
+        """A prompt button: resume with the recorded option, then show who answered."""
+        actions = body.get("actions")
+        action = actions[0] if isinstance(actions, list) and actions else None
+        parsed = parse_interrupt_action(action) if isinstance(action, dict) else None
+        container = body.get("container") or {}
+        channel = (body.get("channel") or {}).get("id") or container.get("channel_id")
+        message_ts = container.get("message_ts")
+        user = (body.get("user") or {}).get("id")
+        team = str((body.get("team") or {}).get("id") or "")
+        if parsed is None or not all(isinstance(v, str) for v in (channel, message_ts, user)):
+            return
+        interrupt_id, index = parsed
+        thread_ts = container.get("thread_ts") or message_ts
+        sid = session_id_for(bot.agent, channel, thread_ts)
+        interrupt = (await self._open_interrupts(sid)).get(interrupt_id)
+        option = _option(interrupt, index)
+        resumed = False
+        if interrupt is not None and option is not None:
+            responder = {"channel": "slack", "user": user}
+            responder |= {k: option[k] for k in ("label", "style") if option.get(k) is not None}
+            resume = {
+                "type": "interrupt.resume",
+                "interrupt_id": interrupt_id,
+                "payload": {"value": option.get("value"), "responder": responder},
+            }
+            try:
+                reply = await self.client.submit(resume, session_id=sid)
+            except ClientError as err:
+                log.warning("slack prompt %s: %s", interrupt_id, err)
+            else:
+                resumed = reply.get("resumed") is True
+        if not resumed or interrupt is None or option is None:
+            ephemeral = {"channel": channel, "user": user, "thread_ts": thread_ts, "text": ANSWERED}
+            await _call(bot.web, "chat.postEphemeral", ephemeral)
+            return
+        prompt = _prompt(interrupt) or {}
+        label = str(option.get("label") or "") or None
+        answered = resolved_prompt(prompt, label, user, option.get("style") != "danger")
+        args = {"channel": channel, "ts": message_ts, **answered}
+        await self.paced.submit(team, "chat.update", (channel, message_ts), (bot.web, args))
+
+    # -- posting ------------------------------------------------------------------------
+
     async def _post(self, out: _Reply, content: Mapping[str, Any]) -> str:
-        """chat.postMessage into the thread, waiting out 429s (one post per turn)."""
+        """chat.postMessage into the thread (or as a root message when `out` has no thread
+        yet), waiting out 429s."""
         budget = scope(out.team, "chat.postMessage", out.channel)
         governor = self.paced.governor
         loop = asyncio.get_running_loop()
@@ -241,13 +369,40 @@ class Bots:
         await _call(web_client, method, args)
 
 
+def _prompt(interrupt: dict[str, Any]) -> dict[str, Any] | None:
+    """The prompt message for a recorded interrupt; None when Slack cannot carry its id."""
+    payload = interrupt.get("payload")
+    try:
+        return interrupt_prompt(
+            str(interrupt["interrupt_id"]),
+            payload if isinstance(payload, dict) else None,
+            str(interrupt.get("reason") or ""),
+        )
+    except ValueError as err:
+        log.warning("slack prompt not shown: %s", err)
+        return None
+
+
+def _option(interrupt: dict[str, Any] | None, index: int) -> dict[str, Any] | None:
+    """Option `index` of an interrupt's `metadata.options`, when there is such a dict."""
+    payload = (interrupt or {}).get("payload")
+    metadata = payload.get("metadata") if isinstance(payload, dict) else None
+    options = metadata.get("options") if isinstance(metadata, dict) else None
+    if not isinstance(options, list) or index >= len(options):
+        return None
+    option = options[index]
+    return option if isinstance(option, dict) else None
+
+
 def _readable(body: Any) -> bool:
     """A body Bolt's own middleware can read without raising (it would answer 500)."""
     return isinstance(body, dict) and isinstance(body.get("event", {}), dict)
 
 
 async def _sent_ts(out: _Reply, content: Mapping[str, Any]) -> str:
-    args = {"channel": out.channel, "thread_ts": out.thread_ts, **content}
+    args = {"channel": out.channel, **content}
+    if out.thread_ts:
+        args["thread_ts"] = out.thread_ts
     response = await _call(out.bot.web, "chat.postMessage", args)
     return str(response["ts"])
 
@@ -289,5 +444,5 @@ def start_bots(
         if not token or not secret:
             log.info("agent %s: no Slack bot token or signing secret; no HTTP bot", agent.id)
             continue
-        bots.add(agent.id, agent.slack.answers, token, secret, api_url)
+        bots.add(agent.id, agent.slack.answers, token, secret, api_url, agent.slack.commands)
     return bots

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,11 +18,12 @@ from bot.governor import TIERS, RateGovernor
 from bot.mrkdwn import to_mrkdwn
 from bot.threads import missed_messages, session_id_for, strip_mention, wants_turn
 from engine.client import Client
-from engine.config import parse_project
+from engine.config import Project, parse_project, slack_env_suffix
 from engine.runner import Engine
 from tests.engine_helpers import ENV, project_toml
 from tests.fakes.llm_vendor import FakeVendor, HttpError, Text
 from tests.fakes.slack import FakeSlack, Message, sign
+from tests.workers import TestWorker, WorkerFactory
 
 AGENT = "ops_anthropic"
 ANSWER = "The **primary** database is back; see `db-1` for details."
@@ -34,6 +36,7 @@ class World:
     client: Client
     bots: Bots
     url: str
+    agent: str = AGENT
 
     async def reply_to(self, msg: Message, nth: int = 1) -> Message:
         """The bot's `nth` reply in the thread of `msg`, once its turn has ended."""
@@ -48,36 +51,44 @@ class World:
         return reply
 
     async def turns(self, channel: str, thread_ts: str) -> list[dict[str, Any]]:
-        events = await self.client.events(session_id_for(AGENT, channel, thread_ts))
+        events = await self.client.events(session_id_for(self.agent, channel, thread_ts))
         return [e for e in events if e["payload"]["type"] == "turn.started"]
 
 
 @pytest.fixture
 async def world(redis, vendor: FakeVendor, tmp_path: Path) -> AsyncIterator[World]:
     text = project_toml(vendor.url, retry="retry = { llm = { backoff_base_secs = 0 } }")
-    text += f'\n[agent.{AGENT}.slack]\nanswers = "both"\n'
+    text += f'\n[agent.{AGENT}.slack]\nanswers = "both"\ncommands = ["/oncall"]\n'
     project = parse_project(text, str(tmp_path / "subs.toml"), env={})
+    async with _serve(redis, vendor, project, AGENT) as served:
+        yield served
+
+
+@asynccontextmanager
+async def _serve(redis, vendor: FakeVendor, project: Project, agent: str) -> AsyncIterator[World]:
+    """The engine, a FakeSlack and the bots of `project` (only `agent` has a Slack block)."""
     engine = Engine(project, redis, env=ENV, lease_ms=3000)
     await engine.start()
+    suffix = slack_env_suffix(agent)
     async with FakeSlack() as fake:
         env = {
-            "SLACK_BOT_TOKEN_OPS_ANTHROPIC": fake.bot_token,
-            "SLACK_SIGNING_SECRET_OPS_ANTHROPIC": fake.signing_secret,
+            f"SLACK_BOT_TOKEN_{suffix}": fake.bot_token,
+            f"SLACK_SIGNING_SECRET_{suffix}": fake.signing_secret,
             "SLACK_API_URL": fake.url,
         }
         # Fast pacing so a test streams in milliseconds; the pacing itself is tested elsewhere.
         fast = RateGovernor({**TIERS, "chat.update": 6000, "chat.postMessage": 6000})
         client = Client(engine.store)
         bots = start_bots(project, client, env, governor=fast)
-        assert list(bots.bots) == [AGENT]  # ops_openai has no Slack block
+        assert list(bots.bots) == [agent]  # no other agent has a Slack block
         app = web.Application()
         app.add_routes(bots.routes())
         runner = web.AppRunner(app, shutdown_timeout=1)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}/slack/{AGENT}/events"
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/slack/{agent}/events"
         try:
-            yield World(fake, vendor, client, bots, url)
+            yield World(fake, vendor, client, bots, url, agent)
         finally:
             await runner.cleanup()
             await bots.aclose()
@@ -225,6 +236,175 @@ async def test_malformed_bodies_are_ignored(world: World) -> None:
     assert await world.client.sessions() == [
         session_id_for(AGENT, fake.dm.id, fake.history(fake.dm.id)[-1].ts)
     ]
+
+
+# -- slash commands and interrupt prompts (a worker-decided agent) ---------------------
+
+HELPER = "helper"
+
+
+@pytest.fixture
+async def helper(
+    redis, vendor: FakeVendor, tmp_path: Path, test_worker: WorkerFactory
+) -> AsyncIterator[tuple[World, TestWorker]]:
+    """A Slack app for an agent whose worker asks approval before answering a message."""
+    worker = await test_worker(_approval_first)
+    text = project_toml(vendor.url) + (
+        f'\n[agent.{HELPER}]\nllm = "anthropic"\nmodel = "claude-haiku-4-5"\n'
+        f'system = "You help."\nworker = "{worker.url}"\n'
+        f'[agent.{HELPER}.slack]\nanswers = "both"\ncommands = ["/oncall"]\n'
+    )
+    project = parse_project(text, str(tmp_path / "subs.toml"), env={})
+    async with _serve(redis, vendor, project, HELPER) as served:
+        yield served, worker
+
+
+OPTIONS = [
+    {"label": "Approve", "value": "go", "style": "primary"},
+    {"label": "Decline", "value": "stop", "style": "danger"},
+]
+
+
+async def _approval_first(request: dict[str, Any]) -> Any:
+    trigger = request["trigger"]
+    if trigger["type"] == "client.action":  # a slash command: say it, then ask the model
+        content = f"/{trigger['name']} {trigger['args']['text']}"
+        return {
+            "messages": [{"role": "user", "content": content}],
+            "actions": [{"type": "llm.call"}],
+        }
+    if trigger["type"] == "client.messages" and "restart" in str(trigger["messages"][-1]):
+        ask = {"message": "Restart **prod**?", "metadata": {"options": OPTIONS}}
+        interrupt = {"type": "interrupt", "interrupt_id": "ok-1", "reason": "approval"}
+        return {**request["proposed"], "actions": [{**interrupt, "payload": ask}]}
+    return request["proposed"]
+
+
+async def test_a_slash_command_runs_in_the_thread_of_a_root_message(
+    helper: tuple[World, TestWorker],
+) -> None:
+    world, worker = helper
+    fake = world.fake
+    world.vendor.push(Text("Acked INC-42.", chunks=3, chunk_delay=0.05))
+    delivered = await fake.send_command(world.url, "/oncall", "ack INC-42")
+    assert delivered.status == 200 and delivered.elapsed < 3
+
+    def root() -> Message | None:
+        roots = [m for m in fake.history(fake.general.id) if m.bot_id]
+        return roots[0] if roots else None
+
+    posted = await fake.until(root, timeout=10)
+    assert posted.text == f"<@{fake.user.id}> ran `/oncall ack INC-42`"
+    assert posted.thread_ts in (None, posted.ts)
+    reply = await world.reply_to(posted, nth=2)  # the root message is the first
+    assert reply.text == "Acked INC-42." and reply.thread_ts == posted.ts
+    assert len(await world.turns(fake.general.id, posted.ts)) == 1
+
+    [action] = [r["trigger"] for r in worker.requests if r["trigger"]["type"] == "client.action"]
+    [sent] = [c.args for c in fake.calls("chat.postMessage") if not c.args.get("thread_ts")]
+    assert sent["channel"] == fake.general.id
+    args = action["args"]
+    assert action["name"] == "oncall"
+    assert set(args) == {"text", "user_id", "channel_id", "team_id", "response_url", "trigger_id"}
+    assert (args["text"], args["user_id"], args["channel_id"], args["team_id"]) == (
+        "ack INC-42",
+        fake.user.id,
+        fake.general.id,
+        fake.team.id,
+    )
+    assert args["response_url"].startswith("http") and args["trigger_id"]
+    assert "/oncall ack INC-42" in str(world.vendor.requests[0].body)
+
+
+async def test_a_slash_command_reaches_an_engine_decided_agent_as_its_message(
+    world: World,
+) -> None:
+    fake = world.fake
+    world.vendor.push(Text("On it."))
+    await fake.send_command(world.url, "/oncall", "ack INC-7")
+    [root] = await fake.until(
+        lambda: [m for m in fake.history(fake.general.id) if m.bot_id] or None, timeout=10
+    )
+    reply = await world.reply_to(root, nth=2)
+    assert reply.text == "On it." and reply.thread_ts == root.ts
+    events = await world.client.events(session_id_for(AGENT, fake.general.id, root.ts))
+    said = [e["payload"]["message"] for e in events if e["payload"]["type"] == "message.new"]
+    assert [(m["role"], m["content"]) for m in said] == [
+        ("user", "/oncall ack INC-7"),
+        ("assistant", "On it."),
+    ]
+
+
+def _bot_messages(fake: FakeSlack, msg: Message) -> list[Message]:
+    """The app's messages in the thread of `msg` (without waiting for any turn to end)."""
+    return [m for m in fake.thread(msg.channel, msg.thread_ts or msg.ts) if m.bot_id]
+
+
+@pytest.mark.parametrize(("index", "verdict"), [(0, "✅ Approved"), (1, "❌ Declined")])
+async def test_an_approval_prompt_resumes_once_with_the_recorded_option(
+    helper: tuple[World, TestWorker], index: int, verdict: str
+) -> None:
+    world, worker = helper
+    fake = world.fake
+    world.vendor.push(Text("Restarted."))
+    mention = fake.post_as_user(fake.general, fake.mention("restart prod"))
+    await fake.send_event(world.url, fake.event_for(mention, kind="app_mention"))
+    [prompt] = await fake.until(lambda: _bot_messages(fake, mention)[:1] or None, timeout=10)
+    assert "Restart" in prompt.text
+    buttons = [e for b in prompt.blocks if b["type"] == "actions" for e in b["elements"]]
+    assert [(b["text"]["text"], b.get("style")) for b in buttons] == [
+        ("Approve", "primary"),
+        ("Decline", "danger"),
+    ]
+
+    # A message while the prompt is open gets the question again.
+    again = fake.post_as_user(fake.general, fake.mention("well?"), thread_ts=mention.ts)
+    await fake.send_event(world.url, fake.event_for(again, kind="app_mention"))
+    repeated = await fake.until(lambda: _bot_messages(fake, mention)[1:2] or None, timeout=10)
+    [repeated] = repeated
+    assert repeated.blocks == prompt.blocks and repeated.ts != prompt.ts
+
+    chosen = buttons[index]["action_id"]
+    click = fake.block_action(prompt, chosen)
+    double = fake.block_action(prompt, chosen)  # the same button, clicked twice
+    acked = await fake.send_action(world.url, click)
+    assert acked.status == 200 and acked.elapsed < 3
+    reply = await world.reply_to(mention, nth=3)
+    assert reply.text == "Restarted."
+
+    answered = fake.message(fake.general.id, prompt.ts)
+    assert f"{verdict} by <@{fake.user.id}>" in answered.text
+    assert not [b for b in answered.blocks if b["type"] == "actions"]
+    with pytest.raises(LookupError):
+        fake.block_action(answered, chosen)
+    [resumed] = [
+        r["trigger"] for r in worker.requests if r["trigger"]["type"] == "interrupt.resumed"
+    ]
+    option = OPTIONS[index]
+    assert resumed["payload"] == {
+        "value": option["value"],
+        "responder": {
+            "channel": "slack",
+            "user": fake.user.id,
+            "label": option["label"],
+            "style": option["style"],
+        },
+    }
+
+    edits = len(fake.edits(fake.general.id, prompt.ts))
+    assert (await fake.send_action(world.url, double)).status == 200
+    late = fake.block_action(
+        repeated, buttons[1 - index]["action_id"]
+    )  # the copy still shows buttons
+    assert (await fake.send_action(world.url, late)).status == 200
+    await fake.until(lambda: len(fake.ephemerals) == 2 or None, timeout=10)
+    await world.bots.idle()
+    assert {e.text for e in fake.ephemerals} == {"This prompt was already answered."}
+    assert {e.user for e in fake.ephemerals} == {fake.user.id}
+    assert len(fake.edits(fake.general.id, prompt.ts)) == edits
+    events = await world.client.events(session_id_for(HELPER, fake.general.id, mention.ts))
+    kinds = [e["payload"]["type"] for e in events]
+    assert kinds.count("session.interrupt_resumed") == 1 and kinds.count("turn.started") == 1
 
 
 # -- the pure part ----------------------------------------------------------------------
