@@ -1,12 +1,15 @@
-"""The Slack bot over the HTTP Events API: one Bolt app per agent, turns through the Client.
+"""The Slack bot: one Bolt app per agent, over Socket Mode or the HTTP Events API.
 
 SPEC §14. `start_bots` builds a `Bots` for every agent with a `[agent.<id>.slack]` block whose
-bot token and signing secret are in the environment; `Bots.routes()` serves each at
-`POST /slack/<agent>/events` on any aiohttp app (`subs serve` shares its own). Bolt checks
+bot token is in the environment, with either an app token (Socket Mode: no public URL needed;
+`Bots.start()` connects) or a signing secret (`Bots.routes()` serves it at
+`POST /slack/<agent>/events` on any aiohttp app; `subs serve` shares its own). Bolt checks
 signatures and acks; the turn runs in a task of ours afterwards, so Slack never waits on it.
 
 A turn is one Slack message: posted with the first visible text, then edited through one
 `Paced` (shared by every thread of the process) until the final render, which is awaited.
+While it runs the thread shows a working status (`assistant.threads.setStatus`); where Slack
+refuses that, a reaction on the triggering message instead, removed at the end.
 
 A slash command posts a root message and runs as a `client.action` in that message's thread.
 An interrupt posts a prompt with one button per option; a click resumes with the option the
@@ -24,6 +27,7 @@ from typing import Any
 
 from aiohttp import web
 from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
+from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_sdk.errors import SlackApiError
@@ -58,6 +62,8 @@ DEDUPE_SECONDS = 3600  # Slack retries within minutes; an hour covers replays to
 POST_ATTEMPTS = 5
 ANSWERED = "This prompt was already answered."
 COMMAND_ARGS = ("text", "user_id", "channel_id", "team_id", "response_url", "trigger_id")
+SET_STATUS = "assistant.threads.setStatus"
+WORKING_REACTION = "hourglass_flowing_sand"
 
 
 @dataclass
@@ -68,6 +74,7 @@ class Bot:
     answers: str
     app: AsyncApp
     web: AsyncWebClient
+    app_token: str | None = None  # set: Socket Mode; else the HTTP Events API
 
 
 @dataclass
@@ -81,6 +88,10 @@ class _Reply:
     ts: str | None = None
     shown: dict[str, Any] = field(default_factory=dict)
     landed: asyncio.Future[None] | None = None  # the latest chat.update sent or waiting
+    trigger: str = ""  # the message a working reaction goes on
+    status: str = ""  # the thread status as we last set it (or Slack cleared it)
+    status_sent: asyncio.Future[None] | None = None  # the latest setStatus sent or waiting
+    reaction: asyncio.Future[None] | None = None  # reactions.add, once setStatus was refused
 
 
 class Bots:
@@ -88,22 +99,31 @@ class Bots:
 
     def __init__(self, client: Client, governor: RateGovernor | None = None) -> None:
         self.client = client
-        self.paced = Paced(governor or RateGovernor(), self._send)
+        governor = governor or RateGovernor()
+        self.paced = Paced(governor, self._send)
         self.bots: dict[str, Bot] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._sockets: list[AsyncSocketModeHandler] = []
 
     def add(
         self,
         agent: str,
         answers: str,
         token: str,
-        signing_secret: str,
+        signing_secret: str | None,
         api_url: str | None,
         commands: Sequence[str] = (),
+        *,
+        app_token: str | None = None,
     ) -> None:
+        """One agent's app: Socket Mode with `app_token`, else HTTP with `signing_secret`."""
         web_client = AsyncWebClient(token=token, **({"base_url": api_url} if api_url else {}))
-        app = AsyncApp(client=web_client, signing_secret=signing_secret)
-        bot = Bot(agent=agent, answers=answers, app=app, web=web_client)
+        app = AsyncApp(
+            client=web_client,
+            signing_secret=signing_secret or "",
+            request_verification_enabled=app_token is None,  # Socket Mode has no signatures
+        )
+        bot = Bot(agent=agent, answers=answers, app=app, web=web_client, app_token=app_token)
 
         async def on_event(body: dict[str, Any], context: AsyncBoltContext) -> None:
             await self._on_event(bot, body, context)
@@ -123,8 +143,21 @@ class Bots:
         self.bots[agent] = bot
 
     def routes(self) -> list[web.RouteDef]:
-        """`POST /slack/<agent>/events` for every bot."""
-        return [web.post(f"/slack/{a}/events", self._handler(bot)) for a, bot in self.bots.items()]
+        """`POST /slack/<agent>/events` for every bot over HTTP (those without an app token)."""
+        return [
+            web.post(f"/slack/{a}/events", self._handler(bot))
+            for a, bot in self.bots.items()
+            if bot.app_token is None
+        ]
+
+    async def start(self) -> None:
+        """Connect every Socket Mode bot (its Web API client also opens the connection)."""
+        for bot in self.bots.values():
+            if bot.app_token is None:
+                continue
+            handler = AsyncSocketModeHandler(bot.app, bot.app_token, web_client=bot.web)
+            self._sockets.append(handler)
+            await handler.connect_async()
 
     async def idle(self) -> None:
         """Wait until every turn started so far (and since) has ended."""
@@ -132,7 +165,10 @@ class Bots:
             await asyncio.wait(list(self._tasks))
 
     async def aclose(self) -> None:
-        """Stop following turns (the engine keeps running them) and the pacing."""
+        """Stop receiving, following turns (the engine keeps running them) and the pacing."""
+        sockets, self._sockets = self._sockets, []
+        for handler in sockets:
+            await handler.close_async()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
@@ -204,7 +240,7 @@ class Bots:
             "messages": messages,
             "queue": True,
         }
-        await self._run(_Reply(bot, team, channel, thread_ts), user, payload)
+        await self._run(_Reply(bot, team, channel, thread_ts, trigger=ts), user, payload)
 
     async def _command(self, bot: Bot, body: dict[str, Any]) -> None:
         """A slash command: a root message saying who ran what, its thread the session."""
@@ -216,6 +252,7 @@ class Bots:
         ran = escape(f"{command} {args['text']}".strip())
         root = _Reply(bot, team, channel, "")
         root.thread_ts = await self._post(root, {"text": f"<@{user}> ran `{ran}`"})
+        root.trigger = root.thread_ts
         payload = {
             "type": "client.action",
             "agent_id": bot.agent,
@@ -253,6 +290,15 @@ class Bots:
         await self._stream(out, sid, turn_id, after, cursor)
 
     async def _stream(self, out: _Reply, sid: str, turn_id: str, after: int, cursor: str) -> None:
+        """Follow the turn into one Slack message, then take the working indicator down."""
+        try:
+            await self._follow(out, sid, turn_id, after, cursor)
+        finally:
+            task = asyncio.current_task()
+            if task is None or not task.cancelling():  # shutting down: Slack times it out
+                await self._unindicate(out)
+
+    async def _follow(self, out: _Reply, sid: str, turn_id: str, after: int, cursor: str) -> None:
         """Follow the turn into one Slack message until its final render has landed."""
         view = TurnView(turn_id)
         async for kind, item in self.client.follow(sid, after, delta_cursor=cursor):
@@ -274,18 +320,62 @@ class Bots:
                 out.shown = content
                 if out.ts is None:
                     out.ts = await self._post(out, content)
+                    out.status = ""  # Slack clears the thread status when the app replies
                 else:
                     args = {"channel": out.channel, "ts": out.ts, **content}
                     key = (out.channel, out.ts)
                     out.landed = self.paced.submit(
                         out.team, "chat.update", key, (out.bot.web, args)
                     )
+            if not rendered.done:
+                self._indicate(out, rendered.status or "")
             if rendered.done:
                 if out.landed is not None:
                     await out.landed  # the final version, or a newer one of the same key
                 for more in rendered.continuations:
                     await self._post(out, {"markdown_text": more})
                 return
+
+    # -- working indicator --------------------------------------------------------------
+
+    def _indicate(self, out: _Reply, status: str) -> None:
+        """Show `status` on the thread ("" clears it), unless Slack refused a status there."""
+        if out.reaction is not None or status == out.status:
+            return
+        out.status = status
+        out.status_sent = self._set_status(out, status)
+        out.status_sent.add_done_callback(lambda sent: self._refused(out, sent))
+
+    def _set_status(self, out: _Reply, status: str) -> asyncio.Future[None]:
+        args = {"channel_id": out.channel, "thread_ts": out.thread_ts, "status": status}
+        key = (out.channel, out.thread_ts)
+        return self.paced.submit(out.team, SET_STATUS, key, (out.bot.web, args))
+
+    def _refused(self, out: _Reply, sent: asyncio.Future[None]) -> None:
+        """Slack refused setStatus (not an assistant thread, say): react to the trigger."""
+        if sent.cancelled() or not isinstance(sent.exception(), SlackApiError):
+            return
+        if out.reaction is not None or not out.trigger:
+            return
+        out.reaction = self._reaction(out, "reactions.add")
+
+    def _reaction(self, out: _Reply, method: str) -> asyncio.Future[None]:
+        args = {"channel": out.channel, "timestamp": out.trigger, "name": WORKING_REACTION}
+        return self.paced.submit(out.team, method, (out.channel, out.trigger), (out.bot.web, args))
+
+    async def _unindicate(self, out: _Reply) -> None:
+        """Clear the status, or remove the reaction, once the turn's message has landed."""
+        if out.status_sent is None:
+            return  # nothing was shown
+        await asyncio.gather(out.status_sent, return_exceptions=True)  # settles `reaction`
+        if out.reaction is None:
+            shown = self._set_status(out, "")
+        else:
+            [added] = await asyncio.gather(out.reaction, return_exceptions=True)
+            if added is not None:
+                return  # no reaction to remove
+            shown = self._reaction(out, "reactions.remove")
+        await asyncio.gather(shown, return_exceptions=True)  # Paced logged a failure
 
     # -- interrupts ---------------------------------------------------------------------
 
@@ -429,7 +519,8 @@ def start_bots(
     *,
     governor: RateGovernor | None = None,
 ) -> Bots:
-    """A bot for each agent with a Slack block whose token and signing secret are set.
+    """A bot for each agent with a Slack block whose bot token is set, and an app token
+    (Socket Mode) or a signing secret (HTTP). Call `Bots.start()` to connect Socket Mode.
 
     `api_url` (else `SLACK_API_URL`) is the Web API base, for a fake Slack in tests.
     """
@@ -440,9 +531,18 @@ def start_bots(
             continue
         suffix = slack_env_suffix(agent.id)
         token = env.get(f"SLACK_BOT_TOKEN_{suffix}")
-        secret = env.get(f"SLACK_SIGNING_SECRET_{suffix}")
-        if not token or not secret:
-            log.info("agent %s: no Slack bot token or signing secret; no HTTP bot", agent.id)
+        secret = env.get(f"SLACK_SIGNING_SECRET_{suffix}") or None
+        app_token = env.get(f"SLACK_APP_TOKEN_{suffix}") or None
+        if not token or not (app_token or secret):
+            log.info("agent %s: no Slack bot token, or no app token or signing secret", agent.id)
             continue
-        bots.add(agent.id, agent.slack.answers, token, secret, api_url, agent.slack.commands)
+        bots.add(
+            agent.id,
+            agent.slack.answers,
+            token,
+            secret,
+            api_url,
+            agent.slack.commands,
+            app_token=app_token,
+        )
     return bots

@@ -38,6 +38,7 @@ TIERS: dict[str, float] = {
     # "special" with no published number (§1.4); Tier 3's floor is an assumption.
     "assistant.threads.setStatus": 50,
     "reactions.add": 50,  # Tier 3 (§1.5)
+    "reactions.remove": 20,  # Tier 2 (§1.5)
 }
 PER_CHANNEL = frozenset({"chat.postMessage"})
 

@@ -270,6 +270,7 @@ async def _serve(args: argparse.Namespace) -> int:
         await engine.start()
         client = Client(engine.store)
         bots = start_bots(project, client, os.environ)  # agents whose Slack tokens are set
+        await bots.start()  # connects the Socket Mode bots (SLACK_APP_TOKEN_<AGENT>)
         app = make_app(client, engine.store, keys=keys, metrics=metrics)
         app.add_routes(bots.routes())  # POST /slack/<agent>/events
         runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=3)

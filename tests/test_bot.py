@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from bot.app import Bots, start_bots
+from bot.app import SET_STATUS, Bots, start_bots
 from bot.governor import TIERS, RateGovernor
 from bot.mrkdwn import to_mrkdwn
 from bot.threads import missed_messages, session_id_for, strip_mention, wants_turn
@@ -22,7 +22,7 @@ from engine.config import Project, parse_project, slack_env_suffix
 from engine.runner import Engine
 from tests.engine_helpers import ENV, project_toml
 from tests.fakes.llm_vendor import FakeVendor, HttpError, Text
-from tests.fakes.slack import FakeSlack, Message, sign
+from tests.fakes.slack import FakeSlack, Message, SlackError, sign
 from tests.workers import TestWorker, WorkerFactory
 
 AGENT = "ops_anthropic"
@@ -64,25 +64,42 @@ async def world(redis, vendor: FakeVendor, tmp_path: Path) -> AsyncIterator[Worl
         yield served
 
 
+@pytest.fixture
+async def socket_world(redis, vendor: FakeVendor, tmp_path: Path) -> AsyncIterator[World]:
+    """`world` over Socket Mode: an app token and no signing secret."""
+    text = project_toml(vendor.url, retry="retry = { llm = { backoff_base_secs = 0 } }")
+    text += f'\n[agent.{AGENT}.slack]\nanswers = "both"\n'
+    project = parse_project(text, str(tmp_path / "subs.toml"), env={})
+    async with _serve(redis, vendor, project, AGENT, socket=True) as served:
+        yield served
+
+
 @asynccontextmanager
-async def _serve(redis, vendor: FakeVendor, project: Project, agent: str) -> AsyncIterator[World]:
-    """The engine, a FakeSlack and the bots of `project` (only `agent` has a Slack block)."""
+async def _serve(
+    redis, vendor: FakeVendor, project: Project, agent: str, *, socket: bool = False
+) -> AsyncIterator[World]:
+    """The engine, a FakeSlack and the bots of `project` (only `agent` has a Slack block),
+    over HTTP or, with `socket`, over Socket Mode."""
     engine = Engine(project, redis, env=ENV, lease_ms=3000)
     await engine.start()
     suffix = slack_env_suffix(agent)
     async with FakeSlack() as fake:
-        env = {
-            f"SLACK_BOT_TOKEN_{suffix}": fake.bot_token,
-            f"SLACK_SIGNING_SECRET_{suffix}": fake.signing_secret,
-            "SLACK_API_URL": fake.url,
-        }
+        env = {f"SLACK_BOT_TOKEN_{suffix}": fake.bot_token, "SLACK_API_URL": fake.url}
+        if socket:
+            env[f"SLACK_APP_TOKEN_{suffix}"] = fake.app_token
+        else:
+            env[f"SLACK_SIGNING_SECRET_{suffix}"] = fake.signing_secret
         # Fast pacing so a test streams in milliseconds; the pacing itself is tested elsewhere.
-        fast = RateGovernor({**TIERS, "chat.update": 6000, "chat.postMessage": 6000})
+        fast = RateGovernor(
+            {**TIERS, "chat.update": 6000, "chat.postMessage": 6000, SET_STATUS: 6000}
+        )
         client = Client(engine.store)
         bots = start_bots(project, client, env, governor=fast)
         assert list(bots.bots) == [agent]  # no other agent has a Slack block
+        await bots.start()
         app = web.Application()
         app.add_routes(bots.routes())
+        assert len(bots.routes()) == (0 if socket else 1)
         runner = web.AppRunner(app, shutdown_timeout=1)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
@@ -127,6 +144,73 @@ async def test_a_mention_streams_one_reply_in_the_thread(world: World) -> None:
         if e["payload"]["type"] == "message.new" and e["payload"]["message"]["role"] == "user"
     ]
     assert [(m["id"], m["content"]) for m in users] == [(f"slack:{mention.ts}", "is the db ok?")]
+
+
+async def test_a_slow_turn_shows_a_thread_status_until_it_ends(world: World) -> None:
+    fake = world.fake
+    world.vendor.push(Text(ANSWER, chunks=6, chunk_delay=0.05))
+    mention = fake.post_as_user(fake.general, fake.mention("is the db ok?"))
+    await fake.send_event(world.url, fake.event_for(mention, kind="app_mention"))
+    reply = await world.reply_to(mention)
+
+    shown = fake.statuses(fake.general.id, mention.ts)
+    assert shown[-1] == "" and fake.status(fake.general.id, mention.ts) == ""
+    assert {"is thinking…", "is writing…"} & set(shown)
+    calls = [
+        (c.method, c.args.get("status"))
+        for c in fake.requests
+        if c.method in ("assistant.threads.setStatus", "chat.update")
+    ]
+    first_status = next(i for i, c in enumerate(calls) if c[0] != "chat.update" and c[1])
+    last_edit = max(i for i, c in enumerate(calls) if c[0] == "chat.update")
+    assert first_status < last_edit < calls.index(("assistant.threads.setStatus", ""))
+    assert calls[-1] == ("assistant.threads.setStatus", "")  # cleared once, at the end
+    assert not fake.message(fake.general.id, mention.ts).reactions
+    assert reply.text == to_mrkdwn(ANSWER)
+
+
+async def test_where_slack_refuses_a_status_a_reaction_shows_instead(world: World) -> None:
+    fake = world.fake
+    method = "assistant.threads.setStatus"
+
+    def refuse(ctx: Any) -> dict[str, Any]:
+        raise SlackError("not_allowed")
+
+    fake._methods[method] = replace(fake._methods[method], handler=refuse)
+    world.vendor.push(Text(ANSWER, chunks=6, chunk_delay=0.05))
+    mention = fake.post_as_user(fake.general, fake.mention("is the db ok?"))
+    await fake.send_event(world.url, fake.event_for(mention, kind="app_mention"))
+
+    def reacted() -> bool | None:
+        reactions = fake.message(fake.general.id, mention.ts).reactions
+        return True if reactions.get("hourglass_flowing_sand") == [fake.bot_user] else None
+
+    await fake.until(reacted)  # the reaction is on the mention while the turn runs
+    reply = await world.reply_to(mention)
+    assert reply.text == to_mrkdwn(ANSWER)
+    assert not fake.message(fake.general.id, mention.ts).reactions  # removed at the end
+    assert [c.args["name"] for c in fake.calls("reactions.add")] == ["hourglass_flowing_sand"]
+    assert len(fake.calls("reactions.remove")) == 1
+    assert all(not c.response["ok"] for c in fake.calls(method))
+
+
+async def test_a_mention_over_socket_mode_streams_the_same_reply(socket_world: World) -> None:
+    world = socket_world
+    fake = world.fake
+    world.vendor.push(Text(ANSWER, chunks=6, chunk_delay=0.05))
+    mention = fake.post_as_user(fake.general, fake.mention("is the db ok?"))
+    envelope_id = await fake.socket_send("events_api", fake.event_for(mention, kind="app_mention"))
+    ack = await fake.wait_ack(envelope_id)
+    assert ack.envelope_id == envelope_id
+
+    reply = await world.reply_to(mention)
+    thread = fake.thread(fake.general.id, mention.ts)
+    assert [m.ts for m in thread] == [mention.ts, reply.ts]
+    assert reply.text == to_mrkdwn(ANSWER)
+    assert reply.blocks == [{"type": "markdown", "text": ANSWER}]
+    assert len(fake.edits(fake.general.id, reply.ts)) > 1
+    assert len(await world.turns(fake.general.id, mention.ts)) == 1
+    assert fake.connections == 1 and fake.calls("apps.connections.open")
 
 
 async def test_a_follow_up_mention_continues_the_session_with_missed_messages(
