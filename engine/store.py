@@ -252,18 +252,6 @@ class Store:
             raise StoreConflict(f"session {sid} moved past seq {c.expected_seq}", lease_lost=False)
         return int(result)
 
-    async def reply(self, reply_to: str, body: dict[str, Any]) -> None:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.rpush(reply_to, _dumps(body))
-            pipe.pexpire(reply_to, 60_000)
-            await pipe.execute()
-
-    async def ack(self, p: int, entry_id: str) -> None:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xack(self.work_key(p), GROUP, entry_id)
-            pipe.xdel(self.work_key(p), entry_id)
-            await pipe.execute()
-
     async def read_log(
         self, session_id: str, after_seq: int = 0, count: int | None = None
     ) -> list[dict[str, Any]]:

@@ -181,7 +181,7 @@ class TurnRules(StepBase):
                 self.emit({"type": "head.moved", "head_id": match.known})
             new, new_from = view[match.new_from :], match.new_from
         else:
-            path = [_draft(m) for m in path_to(self.s.nodes, self.s.head_id)]
+            path = [dict(m) for m in path_to(self.s.nodes, self.s.head_id)]
             new = [body["message"]] if kind == "client.message" else self._fresh(body["messages"])
             view, new_from = path + new, len(path)
         trigger = {
@@ -414,7 +414,3 @@ class TurnRules(StepBase):
             self.ignore("no turn of this session runs for that call")
             return
         self.fail_turn({"message": "the parent's turn ended", "code": "internal"})
-
-
-def _draft(message: dict[str, Any]) -> dict[str, Any]:
-    return dict(message)
