@@ -302,16 +302,20 @@ class Engine:
                 self.cache[sid] = state
         return state
 
+    def _decider(self, agent_id: str) -> str:
+        """Who decides for an agent: its worker when it names one, else the engine."""
+        decl = self.project.agents.get(agent_id)
+        return "worker" if decl and decl.worker else "engine"
+
     def _machine_input(self, state: SessionState | None, body: dict[str, Any]) -> Input:
         if body.get("kind") != "client":
             inp = input_from_json(body)
             if isinstance(inp, ChildSpawned):
                 # A child starts with its agent's file config, like a client's first input.
-                decl = self.project.agents.get(inp.agent_id)
                 return dataclasses.replace(
                     inp,
                     agent_config=self.agent_configs.get(inp.agent_id),
-                    decider="worker" if decl and decl.worker else "engine",
+                    decider=self._decider(inp.agent_id),
                     llm_routes=self.llm_routes,
                 )
             return inp
@@ -326,7 +330,7 @@ class Engine:
                 status=404,
             )
         config = self.agent_configs.get(agent_id)
-        decider = "worker" if decl and decl.worker else "engine"
+        decider = self._decider(agent_id)
         identity = body.get("identity") or {}
         commands = tuple(decl.slack.commands) if decl and decl.slack else ()
         return ClientSubmitted(
