@@ -6,23 +6,27 @@ bot token is in the environment, with either an app token (Socket Mode: no publi
 `POST /slack/<agent>/events` on any aiohttp app; `subs serve` shares its own). Bolt checks
 signatures and acks; the turn runs in a task of ours afterwards, so Slack never waits on it.
 
-A turn is one Slack message: posted with the first visible text, then edited through one
-`Paced` (shared by every thread of the process) until the final render, which is awaited.
-While it runs the thread shows a working status (`assistant.threads.setStatus`); where Slack
-refuses that, a reaction on the triggering message instead, removed at the end.
+Every turn the bot starts gets a turn id of its choosing and a checkpoint in Redis, written
+with the event's dedupe key before the input is submitted (bot/checkpoint.py). The follower
+of a turn writes it into one Slack message (bot/reply.py) and drops the checkpoint once the
+reply is whole; `Bots.start()` also resumes the turns a dead bot left half-written.
 
-A slash command posts a root message and runs as a `client.action` in that message's thread.
-An interrupt posts a prompt with one button per option; a click resumes with the option the
-engine recorded (read from the session snapshot, so a click cannot inject a value).
+A slash command posts a root message and runs as a `client.action` in that message's thread;
+so does a click on a custom button (`channels.slack`). An interrupt posts a prompt with one
+button per option; a click resumes with the option the engine recorded (read from the session
+snapshot, so a click cannot inject a value).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import re
+import secrets
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -30,13 +34,14 @@ from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from slack_bolt.context.ack.async_ack import AsyncAck
-from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from engine.client import Client, ClientError
 from engine.config import Project, slack_env_suffix
 
-from .governor import Paced, RateGovernor, RateLimited, scope
+from .checkpoint import Checkpoint, Checkpoints
+from .governor import Paced, RateGovernor
+from .indicator import SET_STATUS, Indicator
 from .mrkdwn import escape
 from .render import (
     ACTION_PREFIX,
@@ -45,6 +50,7 @@ from .render import (
     parse_interrupt_action,
     resolved_prompt,
 )
+from .reply import Reply
 from .threads import (
     missed_messages,
     session_id_for,
@@ -52,18 +58,17 @@ from .threads import (
     thread_ts_of,
     wants_turn,
 )
+from .webapi import call, governed
 
-__all__ = ["Bot", "Bots", "start_bots"]
+__all__ = ["SET_STATUS", "Bot", "Bots", "start_bots"]
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 DEDUPE_SECONDS = 3600  # Slack retries within minutes; an hour covers replays too
-POST_ATTEMPTS = 5
+LEASE_MS = 15_000  # a dead bot's turns move to a live one within this (plus a scan)
 ANSWERED = "This prompt was already answered."
 COMMAND_ARGS = ("text", "user_id", "channel_id", "team_id", "response_url", "trigger_id")
-SET_STATUS = "assistant.threads.setStatus"
-WORKING_REACTION = "hourglass_flowing_sand"
 
 
 @dataclass
@@ -75,35 +80,30 @@ class Bot:
     app: AsyncApp
     web: AsyncWebClient
     app_token: str | None = None  # set: Socket Mode; else the HTTP Events API
-
-
-@dataclass
-class _Reply:
-    """Where one turn's message is in Slack."""
-
-    bot: Bot
-    team: str
-    channel: str
-    thread_ts: str
-    ts: str | None = None
-    shown: dict[str, Any] = field(default_factory=dict)
-    landed: asyncio.Future[None] | None = None  # the latest chat.update sent or waiting
-    trigger: str = ""  # the message a working reaction goes on
-    status: str = ""  # the thread status as we last set it (or Slack cleared it)
-    status_sent: asyncio.Future[None] | None = None  # the latest setStatus sent or waiting
-    reaction: asyncio.Future[None] | None = None  # reactions.add, once setStatus was refused
+    native: bool = False  # stream replies with chat.startStream/appendStream/stopStream
 
 
 class Bots:
-    """Every agent's Slack app in this process, the shared pacing, and the running turns."""
+    """Every agent's Slack app in this process, the shared pacing, and the followed turns."""
 
-    def __init__(self, client: Client, governor: RateGovernor | None = None) -> None:
+    def __init__(
+        self,
+        client: Client,
+        governor: RateGovernor | None = None,
+        *,
+        owner: str | None = None,
+        lease_ms: int = LEASE_MS,
+    ) -> None:
         self.client = client
-        governor = governor or RateGovernor()
-        self.paced = Paced(governor, self._send)
+        self.paced = Paced(governor or RateGovernor(), _send)
+        self.checkpoints = Checkpoints(
+            client.redis, owner or f"bot-{secrets.token_hex(6)}", lease_ms
+        )
         self.bots: dict[str, Bot] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._following: dict[str, tuple[Checkpoint, asyncio.Task[None]]] = {}
         self._sockets: list[AsyncSocketModeHandler] = []
+        self._keeper: asyncio.Task[None] | None = None
 
     def add(
         self,
@@ -115,6 +115,7 @@ class Bots:
         commands: Sequence[str] = (),
         *,
         app_token: str | None = None,
+        stream: str = "edit",
     ) -> None:
         """One agent's app: Socket Mode with `app_token`, else HTTP with `signing_secret`."""
         web_client = AsyncWebClient(token=token, **({"base_url": api_url} if api_url else {}))
@@ -123,7 +124,7 @@ class Bots:
             signing_secret=signing_secret or "",
             request_verification_enabled=app_token is None,  # Socket Mode has no signatures
         )
-        bot = Bot(agent=agent, answers=answers, app=app, web=web_client, app_token=app_token)
+        bot = Bot(agent, answers, app, web_client, app_token, native=stream == "native")
 
         async def on_event(body: dict[str, Any], context: AsyncBoltContext) -> None:
             await self._on_event(bot, body, context)
@@ -136,10 +137,15 @@ class Bots:
             await ack()
             self._spawn(self._click(bot, body))
 
+        async def on_button(ack: AsyncAck, body: dict[str, Any]) -> None:
+            await ack()
+            self._spawn(self._button(bot, body))
+
         app.event(re.compile(".*"))(on_event)
         for command in commands:
             app.command(command)(on_command)
         app.action(re.compile(rf"^{ACTION_PREFIX}:"))(on_click)
+        app.action(re.compile(rf"^(?!{ACTION_PREFIX}:)"))(on_button)
         self.bots[agent] = bot
 
     def routes(self) -> list[web.RouteDef]:
@@ -151,28 +157,38 @@ class Bots:
         ]
 
     async def start(self) -> None:
-        """Connect every Socket Mode bot (its Web API client also opens the connection)."""
+        """Connect every Socket Mode bot, and start resuming turns left half-written."""
         for bot in self.bots.values():
             if bot.app_token is None:
                 continue
             handler = AsyncSocketModeHandler(bot.app, bot.app_token, web_client=bot.web)
             self._sockets.append(handler)
             await handler.connect_async()
+        if self.bots and self._keeper is None:
+            await self._resume_orphans()
+            self._keeper = asyncio.create_task(self._keep_leases())
 
     async def idle(self) -> None:
-        """Wait until every turn started so far (and since) has ended."""
+        """Wait until every turn started or resumed so far (and since) has ended."""
         while self._tasks:
             await asyncio.wait(list(self._tasks))
 
     async def aclose(self) -> None:
-        """Stop receiving, following turns (the engine keeps running them) and the pacing."""
+        """Stop receiving, following turns (the engine keeps running them) and the pacing.
+
+        Leases are released, so another bot resumes the turns at once."""
         sockets, self._sockets = self._sockets, []
         for handler in sockets:
             await handler.close_async()
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for cp, _ in list(self._following.values()):
+            await self.checkpoints.release(cp)
         await self.paced.aclose()
 
     # -- receiving ----------------------------------------------------------------------
@@ -200,47 +216,53 @@ class Bots:
         event_id = body.get("event_id")
         if not isinstance(event_id, str) or not event_id:
             return
-        fresh = await self.client.redis.set(
-            f"subs:slack:event:{event_id}", 1, nx=True, ex=DEDUPE_SECONDS
+        team = str(body.get("team_id") or context.team_id or "")
+        thread_ts = thread_ts_of(event)
+        assert thread_ts is not None  # wants_turn checked
+        mention = {"event": event, "bot_user": bot_user, "bot_id": bot_id}
+        start = self._start_turn(
+            bot,
+            team,
+            event["channel"],
+            thread_ts,
+            event["ts"],
+            event["user"],
+            None,
+            event_id,
+            mention=mention,
         )
-        if not fresh:
-            return  # a retry or a replay: its turn started already
-        team = body.get("team_id") or context.team_id or ""
-        self._spawn(self._turn(bot, str(team), event, bot_user, bot_id))
+        self._spawn(start)
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._ended)
+        return task
 
     def _ended(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("slack turn failed", exc_info=task.exception())
 
-    # -- one turn -----------------------------------------------------------------------
+    # -- starting a turn ----------------------------------------------------------------
 
-    async def _turn(
-        self, bot: Bot, team: str, event: dict[str, Any], bot_user: str | None, bot_id: str | None
-    ) -> None:
-        channel, ts, user = event["channel"], event["ts"], event["user"]
-        thread_ts = thread_ts_of(event)
-        assert thread_ts is not None  # wants_turn checked
+    async def _mention_payload(self, bot: Bot, cp: Checkpoint) -> dict[str, Any]:
+        """A mention or a DM: its message, and those the agent missed since, as one input."""
+        assert cp.mention is not None
+        event, bot_user, bot_id = cp.mention["event"], cp.mention["bot_user"], cp.mention["bot_id"]
+        ts = event["ts"]
         messages: list[dict[str, Any]] = []
-        if thread_ts != ts:
-            replies = await bot.web.conversations_replies(channel=channel, ts=thread_ts)
+        if cp.thread_ts != ts:
+            args = {"channel": cp.channel, "ts": cp.thread_ts}
+            replies = await governed(
+                self.paced.governor, cp.team, bot.web, "conversations.replies", args
+            )
             for msg in missed_messages(replies.get("messages") or [], ts, bot_user, bot_id):
                 text = f"<@{msg['user']}>: {msg.get('text') or ''}"
                 messages.append({"id": f"slack:{msg['ts']}", "role": "user", "content": text})
         text = strip_mention(event["text"], bot_user)
         messages.append({"id": f"slack:{ts}", "role": "user", "content": text})
-        payload = {
-            "type": "client.append",
-            "agent_id": bot.agent,
-            "messages": messages,
-            "queue": True,
-        }
-        await self._run(_Reply(bot, team, channel, thread_ts, trigger=ts), user, payload)
+        return {"type": "client.append", "messages": messages, "queue": True}
 
     async def _command(self, bot: Bot, body: dict[str, Any]) -> None:
         """A slash command: a root message saying who ran what, its thread the session."""
@@ -250,132 +272,179 @@ class Bots:
             return
         team, channel, user = args["team_id"], args["channel_id"], args["user_id"]
         ran = escape(f"{command} {args['text']}".strip())
-        root = _Reply(bot, team, channel, "")
-        root.thread_ts = await self._post(root, {"text": f"<@{user}> ran `{ran}`"})
-        root.trigger = root.thread_ts
-        payload = {
-            "type": "client.action",
-            "agent_id": bot.agent,
-            "name": command.removeprefix("/"),
-            "args": args,
-        }
-        await self._run(root, user, payload)
+        root = {"channel": channel, "text": f"<@{user}> ran `{ran}`"}
+        posted = await governed(self.paced.governor, team, bot.web, "chat.postMessage", root)
+        root_ts = str(posted["ts"])
+        payload = {"type": "client.action", "name": command.removeprefix("/"), "args": args}
+        key = args["trigger_id"] or root_ts  # Slack does not retry commands; ids are unique
+        await self._start_turn(bot, team, channel, root_ts, root_ts, user, payload, key)
 
-    async def _run(self, out: _Reply, user: str, payload: dict[str, Any]) -> None:
-        """Submit a turn-starting input for the thread's session and stream its turn.
+    async def _button(self, bot: Bot, body: dict[str, Any]) -> None:
+        """A custom button (from `channels.slack`): `client.action` named by its action_id."""
+        actions = body.get("actions")
+        action = actions[0] if isinstance(actions, list) and actions else None
+        container = body.get("container") or {}
+        channel = (body.get("channel") or {}).get("id") or container.get("channel_id")
+        message_ts = container.get("message_ts")
+        user = (body.get("user") or {}).get("id")
+        team = str((body.get("team") or {}).get("id") or "")
+        if not isinstance(action, dict) or not all(
+            isinstance(v, str) and v for v in (channel, message_ts, user, action.get("action_id"))
+        ):
+            return
+        thread_ts = str(container.get("thread_ts") or message_ts)
+        action_ts = str(action.get("action_ts") or body.get("trigger_id") or message_ts)
+        args = {
+            "value": action.get("value"),
+            "user_id": user,
+            "channel_id": channel,
+            "team_id": team,
+            "message_ts": message_ts,
+            "thread_ts": thread_ts,
+            "trigger_id": body.get("trigger_id"),
+            "response_url": body.get("response_url"),
+        }
+        payload = {"type": "client.action", "name": action["action_id"], "args": args}
+        key = f"{channel}:{message_ts}:{action['action_id']}:{action_ts}:{user}"
+        await self._start_turn(bot, team, channel, thread_ts, "", user, payload, key)
+
+    async def _start_turn(
+        self,
+        bot: Bot,
+        team: str,
+        channel: str,
+        thread_ts: str,
+        trigger: str,
+        user: str,
+        payload: dict[str, Any] | None,
+        dedupe: str,
+        *,
+        mention: dict[str, Any] | None = None,
+    ) -> None:
+        """Record the turn (once per Slack event, before any other work), then follow it."""
+        sid = session_id_for(bot.agent, channel, thread_ts)
+        events = await self.client.events(sid)
+        cp = Checkpoint(
+            agent=bot.agent,
+            team=team,
+            channel=channel,
+            thread_ts=thread_ts,
+            turn_id=f"slack-{trigger or secrets.token_hex(6)}",
+            user=user,
+            payload=payload,
+            after=events[-1]["seq"] if events else 0,
+            cursor=await self.client.delta_cursor(sid),
+            trigger=trigger,
+            mention=mention,
+        )
+        if not await self.checkpoints.start(_event_key(dedupe), DEDUPE_SECONDS, cp):
+            return  # a retry or a replay won the race to start it
+        await self._follow(cp, resumed=False)
+
+    # -- following a turn ---------------------------------------------------------------
+
+    async def _follow(self, cp: Checkpoint, *, resumed: bool) -> None:
+        """Submit the turn (again, when resumed: the engine knows its id) and stream it."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._following[cp.key] = (cp, task)
+        bot = self.bots[cp.agent]
+        view = TurnView(cp.turn_id)
+        reply = Reply(cp, view, bot.web, self.paced, self.checkpoints.save, native=bot.native)
+        working = Indicator(bot.web, self.paced, cp.team, cp.channel, cp.thread_ts, cp.trigger)
+        try:
+            if resumed:
+                await reply.adopt_stamps()
+                await reply.close_stale_stream()
+            if cp.payload is None:
+                cp.payload = await self._mention_payload(bot, cp)
+                await self.checkpoints.save(cp)
+            if await self._submit(cp, reply):
+                await self._stream(cp, view, reply, working)
+            await self.checkpoints.drop(cp)
+        finally:
+            self._following.pop(cp.key, None)
+            if not task.cancelling():  # shutting down: Slack times the status out
+                await working.clear()
+
+    async def _submit(self, cp: Checkpoint, reply: Reply) -> bool:
+        """Submit the turn's input; False when there is no turn to follow.
 
         While a prompt is open the engine refuses new input; the open question is posted again.
         """
-        sid = session_id_for(out.bot.agent, out.channel, out.thread_ts)
-        events = await self.client.events(sid)
-        after = events[-1]["seq"] if events else 0
-        cursor = await self.client.delta_cursor(sid)
         metadata = {
-            "slack_channel": out.channel,
-            "slack_thread_ts": out.thread_ts,
-            "slack_team": out.team,
+            "slack_channel": cp.channel,
+            "slack_thread_ts": cp.thread_ts,
+            "slack_team": cp.team,
         }
-        identity = {"subject": {"issuer": "slack", "id": user}, "metadata": metadata}
+        identity = {"subject": {"issuer": "slack", "id": cp.user}, "metadata": metadata}
         try:
-            reply = await self.client.submit(payload, session_id=sid, identity=identity)
+            payload = {**(cp.payload or {}), "agent_id": cp.agent, "turn_id": cp.turn_id}
+            answer = await self.client.submit(payload, session_id=cp.session_id, identity=identity)
         except ClientError as err:
             if err.code != "session_interrupted":
                 raise
-            for interrupt in (await self._open_interrupts(sid)).values():
-                await self._ask(out, interrupt)
-            return
-        turn_id = reply.get("turn_id")
-        if turn_id is None:
-            return  # every message was known already: nothing to answer
-        await self._stream(out, sid, turn_id, after, cursor)
+            for iid, interrupt in (await self._open_interrupts(cp.session_id)).items():
+                prompt = _prompt(interrupt)
+                if prompt is not None:
+                    await reply.post(f"prompt-{iid}", prompt)
+            return False
+        return answer.get("turn_id") is not None  # None: every message was known already
 
-    async def _stream(self, out: _Reply, sid: str, turn_id: str, after: int, cursor: str) -> None:
-        """Follow the turn into one Slack message, then take the working indicator down."""
-        try:
-            await self._follow(out, sid, turn_id, after, cursor)
-        finally:
-            task = asyncio.current_task()
-            if task is None or not task.cancelling():  # shutting down: Slack times it out
-                await self._unindicate(out)
-
-    async def _follow(self, out: _Reply, sid: str, turn_id: str, after: int, cursor: str) -> None:
-        """Follow the turn into one Slack message until its final render has landed."""
-        view = TurnView(turn_id)
-        async for kind, item in self.client.follow(sid, after, delta_cursor=cursor):
+    async def _stream(
+        self, cp: Checkpoint, view: TurnView, reply: Reply, working: Indicator
+    ) -> None:
+        """Fold the turn's events and deltas into its Slack message until the reply is whole."""
+        follow = self.client.follow(cp.session_id, cp.after, delta_cursor=cp.cursor)
+        async for kind, item in follow:
             if kind == "delta":
                 view.apply_delta(item)
-            elif item.get("turn_id") != turn_id:
+            elif item.get("turn_id") != cp.turn_id:
                 continue
             else:
                 try:
                     view.apply_event(item)
                 except ValueError as err:  # a newer engine's event: show the rest anyway
-                    log.warning("slack turn %s: %s", turn_id, err)
+                    log.warning("slack turn %s: %s", cp.turn_id, err)
                     continue
-                if item["payload"]["type"] == "session.interrupted":
-                    await self._ask(out, item["payload"])
+                payload = item["payload"]
+                if payload["type"] == "session.interrupted":
+                    prompt = _prompt(payload)
+                    if prompt is not None:
+                        await reply.post(f"prompt-{payload['interrupt_id']}", prompt)
+                await reply.show_channel()
             rendered = view.render()
-            content = {"text": rendered.text, "blocks": rendered.blocks}
-            if rendered.blocks and content != out.shown:
-                out.shown = content
-                if out.ts is None:
-                    out.ts = await self._post(out, content)
-                    out.status = ""  # Slack clears the thread status when the app replies
-                else:
-                    args = {"channel": out.channel, "ts": out.ts, **content}
-                    key = (out.channel, out.ts)
-                    out.landed = self.paced.submit(
-                        out.team, "chat.update", key, (out.bot.web, args)
-                    )
-            if not rendered.done:
-                self._indicate(out, rendered.status or "")
             if rendered.done:
-                if out.landed is not None:
-                    await out.landed  # the final version, or a newer one of the same key
-                for more in rendered.continuations:
-                    await self._post(out, {"markdown_text": more})
+                await reply.finish(rendered)
                 return
+            had_reply = reply.ts is not None
+            await reply.show(rendered)
+            if reply.ts is not None and not had_reply:
+                working.replied()
+            working.show(rendered.status or "")
 
-    # -- working indicator --------------------------------------------------------------
+    # -- resuming -----------------------------------------------------------------------
 
-    def _indicate(self, out: _Reply, status: str) -> None:
-        """Show `status` on the thread ("" clears it), unless Slack refused a status there."""
-        if out.reaction is not None or status == out.status:
-            return
-        out.status = status
-        out.status_sent = self._set_status(out, status)
-        out.status_sent.add_done_callback(lambda sent: self._refused(out, sent))
+    async def _resume_orphans(self) -> None:
+        """Follow every open turn of our agents that no live bot follows (lease lapsed)."""
+        for cp in await self.checkpoints.open():
+            if cp.agent not in self.bots or cp.key in self._following:
+                continue
+            if await self.checkpoints.claim(cp):
+                log.info("slack: resuming turn %s of %s", cp.turn_id, cp.session_id)
+                self._following[cp.key] = (cp, self._spawn(self._follow(cp, resumed=True)))
 
-    def _set_status(self, out: _Reply, status: str) -> asyncio.Future[None]:
-        args = {"channel_id": out.channel, "thread_ts": out.thread_ts, "status": status}
-        key = (out.channel, out.thread_ts)
-        return self.paced.submit(out.team, SET_STATUS, key, (out.bot.web, args))
-
-    def _refused(self, out: _Reply, sent: asyncio.Future[None]) -> None:
-        """Slack refused setStatus (not an assistant thread, say): react to the trigger."""
-        if sent.cancelled() or not isinstance(sent.exception(), SlackApiError):
-            return
-        if out.reaction is not None or not out.trigger:
-            return
-        out.reaction = self._reaction(out, "reactions.add")
-
-    def _reaction(self, out: _Reply, method: str) -> asyncio.Future[None]:
-        args = {"channel": out.channel, "timestamp": out.trigger, "name": WORKING_REACTION}
-        return self.paced.submit(out.team, method, (out.channel, out.trigger), (out.bot.web, args))
-
-    async def _unindicate(self, out: _Reply) -> None:
-        """Clear the status, or remove the reaction, once the turn's message has landed."""
-        if out.status_sent is None:
-            return  # nothing was shown
-        await asyncio.gather(out.status_sent, return_exceptions=True)  # settles `reaction`
-        if out.reaction is None:
-            shown = self._set_status(out, "")
-        else:
-            [added] = await asyncio.gather(out.reaction, return_exceptions=True)
-            if added is not None:
-                return  # no reaction to remove
-            shown = self._reaction(out, "reactions.remove")
-        await asyncio.gather(shown, return_exceptions=True)  # Paced logged a failure
+    async def _keep_leases(self) -> None:
+        """Renew the leases of the turns we follow; take over those whose follower died."""
+        period = self.checkpoints.lease_ms / 3000
+        while True:
+            await asyncio.sleep(period)
+            for key, (cp, task) in list(self._following.items()):
+                if not await self.checkpoints.renew(cp):
+                    log.warning("slack: lost the lease on turn %s; another bot follows it", key)
+                    task.cancel()
+            with contextlib.suppress(Exception):  # Redis away for a moment: next round
+                await self._resume_orphans()
 
     # -- interrupts ---------------------------------------------------------------------
 
@@ -384,12 +453,6 @@ class Bots:
         _, state = await self.client.store.load_snapshot(sid)
         interrupts = (state or {}).get("interrupts")
         return interrupts if isinstance(interrupts, dict) else {}
-
-    async def _ask(self, out: _Reply, interrupt: dict[str, Any]) -> None:
-        """Post the prompt for one interrupt into the thread."""
-        prompt = _prompt(interrupt)
-        if prompt is not None:
-            await self._post(out, prompt)
 
     async def _click(self, bot: Bot, body: dict[str, Any]) -> None:
         """A prompt button: resume with the recorded option, then show who answered."""
@@ -425,38 +488,14 @@ class Bots:
                 resumed = reply.get("resumed") is True
         if not resumed or interrupt is None or option is None:
             ephemeral = {"channel": channel, "user": user, "thread_ts": thread_ts, "text": ANSWERED}
-            await _call(bot.web, "chat.postEphemeral", ephemeral)
+            await governed(self.paced.governor, team, bot.web, "chat.postEphemeral", ephemeral)
             return
         prompt = _prompt(interrupt) or {}
         label = str(option.get("label") or "") or None
         answered = resolved_prompt(prompt, label, user, option.get("style") != "danger")
         args = {"channel": channel, "ts": message_ts, **answered}
-        await self.paced.submit(team, "chat.update", (channel, message_ts), (bot.web, args))
-
-    # -- posting ------------------------------------------------------------------------
-
-    async def _post(self, out: _Reply, content: Mapping[str, Any]) -> str:
-        """chat.postMessage into the thread (or as a root message when `out` has no thread
-        yet), waiting out 429s."""
-        budget = scope(out.team, "chat.postMessage", out.channel)
-        governor = self.paced.governor
-        loop = asyncio.get_running_loop()
-        for attempt in range(POST_ATTEMPTS):
-            slot = governor.next_slot(budget, "chat.postMessage", loop.time())
-            if slot > loop.time():
-                await asyncio.sleep(slot - loop.time())
-            governor.record(budget, "chat.postMessage", loop.time())
-            try:
-                return await _sent_ts(out, content)
-            except RateLimited as limited:
-                if attempt == POST_ATTEMPTS - 1:
-                    raise
-                governor.penalise(budget, "chat.postMessage", limited.retry_after, loop.time())
-        raise AssertionError("unreachable")
-
-    async def _send(self, team: str, method: str, payload: tuple[AsyncWebClient, dict]) -> None:
-        web_client, args = payload
-        await _call(web_client, method, args)
+        send = functools.partial(call, bot.web, "chat.update", args)
+        await self.paced.submit(team, "chat.update", (channel, message_ts), send)
 
 
 def _prompt(interrupt: dict[str, Any]) -> dict[str, Any] | None:
@@ -489,26 +528,13 @@ def _readable(body: Any) -> bool:
     return isinstance(body, dict) and isinstance(body.get("event", {}), dict)
 
 
-async def _sent_ts(out: _Reply, content: Mapping[str, Any]) -> str:
-    args = {"channel": out.channel, **content}
-    if out.thread_ts:
-        args["thread_ts"] = out.thread_ts
-    response = await _call(out.bot.web, "chat.postMessage", args)
-    return str(response["ts"])
+def _event_key(event: str) -> str:
+    return f"subs:slack:event:{event}"
 
 
-async def _call(web_client: AsyncWebClient, method: str, args: dict[str, Any]) -> Any:
-    """One Web API call; a 429 becomes `RateLimited` for the governor."""
-    try:
-        return await web_client.api_call(method, json=args)
-    except SlackApiError as err:
-        if err.response.status_code == 429:
-            headers = {k.lower(): v for k, v in (err.response.headers or {}).items()}
-            retry_after = headers.get("retry-after")
-            if isinstance(retry_after, list):
-                retry_after = retry_after[0] if retry_after else None
-            raise RateLimited(float(retry_after or 1)) from err
-        raise
+async def _send(team: str, method: str, send: Callable[[], Awaitable[Any]]) -> None:
+    """Paced payloads are the calls themselves, so a stream's append reads its text late."""
+    await send()
 
 
 def start_bots(
@@ -544,5 +570,6 @@ def start_bots(
             api_url,
             agent.slack.commands,
             app_token=app_token,
+            stream=agent.slack.stream,
         )
     return bots

@@ -39,6 +39,8 @@ TIERS: dict[str, float] = {
     "assistant.threads.setStatus": 50,
     "reactions.add": 50,  # Tier 3 (§1.5)
     "reactions.remove": 20,  # Tier 2 (§1.5)
+    "conversations.replies": 50,  # Tier 3 (§1.5)
+    "chat.postEphemeral": 100,  # Tier 4 (§1.5)
 }
 PER_CHANNEL = frozenset({"chat.postMessage"})
 

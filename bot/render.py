@@ -42,6 +42,7 @@ FALLBACK_LIMIT = 3_000
 BUTTON_TEXT_LIMIT = 75
 ID_LIMIT = 255
 ACTIONS_LIMIT = 25
+BLOCKS_LIMIT = 50
 ACTION_PREFIX = "subs_interrupt"
 _EXPIRY_PREFIX = "subs_expiry"
 _DETAIL_LIMIT = 100
@@ -133,6 +134,8 @@ class TurnView:
         self._lines: dict[str, _Line] = {}
         self._interrupts: dict[str, dict[str, Any]] = {}
         self._slack: dict[str, Any] = {}
+        self._prompts: list[tuple[int, dict[str, Any]]] = []
+        self._updates: list[tuple[int, str | None, dict[str, Any]]] = []
         self._done = False
         self._failed: str | None = None
 
@@ -247,6 +250,14 @@ class TurnView:
     def _channels(self, e: Event, p: dict[str, Any]) -> None:
         slack = (p.get("channels") or {}).get("slack")
         self._slack = slack if isinstance(slack, dict) else {}
+        prompt = _message_content(self._slack.get("prompt"))
+        if prompt is not None:
+            self._prompts.append((e["seq"], prompt))
+        update = self._slack.get("update")
+        content = _message_content(update)
+        if content is not None:
+            ts = update.get("ts") if isinstance(update, dict) else None
+            self._updates.append((e["seq"], str(ts) if ts else None, content))
 
     def _completed(self, e: Event, p: dict[str, Any]) -> None:
         self._done = True
@@ -268,6 +279,23 @@ class TurnView:
     def slack_channel(self) -> dict[str, Any]:
         """The latest `channels.slack` a decision passed through (SPEC §14), or {}."""
         return dict(self._slack)
+
+    @property
+    def slack_prompts(self) -> list[tuple[int, dict[str, Any]]]:
+        """Messages `channels.slack.prompt` asked to post, each `(seq, {"text", "blocks"?})`
+        keyed by the seq of the event that carried it (post each once)."""
+        return list(self._prompts)
+
+    @property
+    def slack_updates(self) -> list[tuple[int, str | None, dict[str, Any]]]:
+        """Rewrites `channels.slack.update` asked for: `(seq, ts or None for the thread's
+        root, {"text", "blocks"?})`."""
+        return list(self._updates)
+
+    @property
+    def tasks(self) -> list[tuple[str, str, str]]:
+        """Tool calls and subagent runs as `(id, title, running|ok|error)`, in order."""
+        return [(key, line.name, line.state) for key, line in self._lines.items()]
 
     def answer(self, *, closed: bool = True) -> str:
         """The answer so far as Markdown: every model reply of the turn, in order.
@@ -298,6 +326,9 @@ class TurnView:
             blocks.append(_context("_No reply._"))
         if self._failed:
             blocks.append(_context(f":warning: {escape(self._failed)}"))
+        view = self._slack.get("view")
+        if isinstance(view, list):
+            blocks += [b for b in view if isinstance(b, dict)][: BLOCKS_LIMIT - len(blocks)]
         return Rendered(
             text=self._fallback(chunks),
             blocks=blocks,
@@ -357,6 +388,21 @@ _APPLY = {
 
 
 # -- pieces of a message ---------------------------------------------------------------
+
+
+def _message_content(value: Any) -> dict[str, Any] | None:
+    """A `channels.slack` message as Slack takes it: a string is Markdown; a dict keeps its
+    `text` (mrkdwn fallback) and `blocks`. None for anything else, or nothing to show."""
+    if isinstance(value, str) and value.strip():
+        return {"text": to_mrkdwn(value), "blocks": [{"type": "markdown", "text": value}]}
+    if not isinstance(value, dict):
+        return None
+    content: dict[str, Any] = {}
+    if isinstance(value.get("text"), str) and value["text"]:
+        content["text"] = value["text"]
+    if isinstance(value.get("blocks"), list):
+        content["blocks"] = [b for b in value["blocks"] if isinstance(b, dict)][:BLOCKS_LIMIT]
+    return content or None
 
 
 def _ms(event: Event) -> int:

@@ -1,0 +1,285 @@
+"""One turn's reply in its Slack thread: the message that grows while the turn runs, its
+continuations and prompts, each posted exactly once.
+
+SPEC §14: one turn is one message, streamed as it is written, either by edits (post, then
+paced `chat.update`) or through Slack's native stream (`chat.startStream` / `appendStream` /
+`stopStream`), falling back to edits when Slack refuses the stream or it expires. Every post
+is one *part* of the reply (`reply`, `more-<n>`, `prompt-<id>`) and carries message metadata
+naming the turn and the part, so a bot that resumes a dead one's turn finds what already
+landed (`adopt_stamps`) and posts only the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from slack_sdk.web.async_client import AsyncWebClient
+
+from .checkpoint import Checkpoint
+from .governor import Paced
+from .render import DEFAULT_LIMIT, Rendered, TurnView
+from .webapi import call, governed, slack_error
+
+__all__ = ["STAMP", "Reply", "stamp", "stamped_parts"]
+
+log = logging.getLogger(__name__)
+
+STAMP = "subs_turn"  # message metadata event_type on every message the bot posts for a turn
+_TASK_STATUS = {"running": "in_progress", "ok": "complete", "error": "error"}
+
+Save = Callable[[Checkpoint], Awaitable[None]]
+
+
+def stamp(turn_id: str, part: str) -> dict[str, Any]:
+    return {"event_type": STAMP, "event_payload": {"turn_id": turn_id, "part": part}}
+
+
+def stamped_parts(messages: list[dict[str, Any]], turn_id: str) -> dict[str, str]:
+    """`part -> ts` of the thread's messages stamped for `turn_id`."""
+    parts: dict[str, str] = {}
+    for msg in messages:
+        meta = msg.get("metadata") or {}
+        payload = meta.get("event_payload") or {}
+        if meta.get("event_type") == STAMP and payload.get("turn_id") == turn_id:
+            parts.setdefault(str(payload.get("part")), str(msg["ts"]))
+    return parts
+
+
+class Reply:
+    """Posts, edits and streams one turn's message; `cp.posted` records what landed."""
+
+    def __init__(
+        self,
+        cp: Checkpoint,
+        view: TurnView,
+        web: AsyncWebClient,
+        paced: Paced,
+        save: Save,
+        *,
+        native: bool,
+    ) -> None:
+        self.cp = cp
+        self.view = view
+        self.web = web
+        self.paced = paced
+        self._save = save
+        self.native = native and not cp.streaming  # a resumed stream's text is unknown
+        self.shown: dict[str, Any] = {}
+        self.landed: asyncio.Future[None] | None = None  # the latest chat.update
+        self._sent = ""  # markdown appended to the native stream so far
+        self._tasks: dict[str, str] = {}  # task id -> status sent to the native stream
+        self._appended: asyncio.Future[None] | None = None
+        self._broken = False  # the native stream refused an append: edits from here on
+        self._updated: set[int] = set()  # channels.slack updates applied
+
+    @property
+    def ts(self) -> str | None:
+        return self.cp.posted.get("reply")
+
+    async def adopt_stamps(self) -> None:
+        """Learn the parts a dead follower posted after its last checkpoint."""
+        cp = self.cp
+        args = {"channel": cp.channel, "ts": cp.thread_ts, "include_all_metadata": True}
+        answer = await self._call("conversations.replies", args)
+        found = stamped_parts(answer.get("messages") or [], cp.turn_id)
+        if any(cp.posted.get(part) != ts for part, ts in found.items()):
+            cp.posted = {**found, **cp.posted}
+            await self._save(cp)
+
+    async def close_stale_stream(self) -> None:
+        """A resumed turn's native stream: stop it (its text is unknown), then edit it whole."""
+        if not self.cp.streaming:
+            return
+        args = {"channel": self.cp.channel, "ts": self.cp.streaming}
+        await self._try("chat.stopStream", args)
+        self.cp.streaming = ""
+        await self._save(self.cp)
+
+    # -- posting ------------------------------------------------------------------------
+
+    async def post(self, part: str, content: dict[str, Any]) -> str:
+        """Post `part` into the thread unless it landed already; its ts either way."""
+        cp = self.cp
+        if part in cp.posted:
+            return cp.posted[part]
+        args = {"channel": cp.channel, "thread_ts": cp.thread_ts, **content}
+        args["metadata"] = stamp(cp.turn_id, part)
+        answer = await self._call("chat.postMessage", args)
+        cp.posted[part] = str(answer["ts"])
+        await self._save(cp)
+        return cp.posted[part]
+
+    def update(self, ts: str, content: dict[str, Any]) -> asyncio.Future[None]:
+        """The latest version of message `ts`, paced and coalesced."""
+        args = {"channel": self.cp.channel, "ts": ts, **content}
+        send = functools.partial(call, self.web, "chat.update", args)
+        return self.paced.submit(self.cp.team, "chat.update", (self.cp.channel, ts), send)
+
+    async def show_channel(self) -> None:
+        """What `channels.slack` asked for: prompts posted once, rewrites of other messages
+        (the thread's root when no `ts` is named)."""
+        for seq, content in self.view.slack_prompts:
+            await self.post(f"channel-{seq}", content)
+        for seq, ts, content in self.view.slack_updates:
+            if seq not in self._updated:
+                self._updated.add(seq)
+                self.update(ts or self.cp.thread_ts, content)
+
+    # -- the growing message --------------------------------------------------------------
+
+    async def show(self, rendered: Rendered) -> None:
+        """Bring the message up to `rendered` (an interim version: it may be coalesced away)."""
+        if self.native and self._broken:
+            await self._fall_back()
+        if self.native and await self._stream():
+            return
+        await self._edit(rendered)
+
+    async def finish(self, rendered: Rendered) -> None:
+        """Land the final version, then the continuations; returns once all are in Slack."""
+        content = {"text": rendered.text, "blocks": rendered.blocks}
+        if self.native and self.cp.streaming and await self._stop(rendered):
+            content = {}  # the stream's final message is the whole reply
+        if content:
+            if self.native:  # a stream fell back to edits: stamp the message it left
+                content["metadata"] = stamp(self.cp.turn_id, "reply")
+            await self._edit(rendered, content)
+        if self.landed is not None:
+            await self.landed  # the final version, or a newer one of the same key
+        for n, more in enumerate(rendered.continuations, 1):
+            await self.post(f"more-{n}", {"markdown_text": more})
+
+    async def _edit(self, rendered: Rendered, content: dict[str, Any] | None = None) -> None:
+        content = content or {"text": rendered.text, "blocks": rendered.blocks}
+        if not rendered.blocks or content == self.shown:
+            return
+        self.shown = content
+        if self.ts is None:
+            await self.post("reply", content)
+        else:
+            self.landed = self.update(self.ts, content)
+
+    # -- native streaming -----------------------------------------------------------------
+
+    async def _stream(self) -> bool:
+        """Stream the answer's growth; False when it cannot (the caller edits instead)."""
+        text = self.view.answer(closed=False)
+        if not text.startswith(self._sent) or len(text) > DEFAULT_LIMIT:
+            await self._fall_back()  # text was taken back (a retried call), or too long
+            return False
+        if self.ts is None:
+            if not text:
+                return True  # nothing to show yet; the thread status says we are working
+            return await self._start(text)
+        if len(text) > len(self._sent) or self._changed_tasks():
+            self._appended = self.paced.submit(
+                self.cp.team, "chat.appendStream", (self.cp.channel, self.ts), self._append_next
+            )
+            self._appended.add_done_callback(self._append_failed)
+        return True
+
+    async def _start(self, text: str) -> bool:
+        cp = self.cp
+        args: dict[str, Any] = {
+            "channel": cp.channel,
+            "thread_ts": cp.thread_ts,
+            "recipient_user_id": cp.user,
+            "recipient_team_id": cp.team,
+            "chunks": [{"type": "markdown_text", "text": text}, *self._task_chunks()],
+        }
+        try:
+            answer = await self._call("chat.startStream", args)
+        except Exception as err:
+            if slack_error(err) is None:
+                raise
+            log.info("slack stream refused (%s): editing instead", slack_error(err))
+            self.native = False
+            return False
+        self._sent = text
+        cp.posted["reply"] = cp.streaming = str(answer["ts"])
+        await self._save(cp)
+        return True
+
+    def _task_chunks(self) -> list[dict[str, Any]]:
+        """task_update chunks for tool and subagent lines whose status changed; marks them sent."""
+        chunks = []
+        for key, title, state in self.view.tasks:
+            status = _TASK_STATUS[state]
+            if self._tasks.get(key) != status:
+                self._tasks[key] = status
+                chunks.append({"type": "task_update", "id": key, "title": title, "status": status})
+        return chunks
+
+    def _changed_tasks(self) -> bool:
+        return any(self._tasks.get(k) != _TASK_STATUS[s] for k, _, s in self.view.tasks)
+
+    async def _append_next(self) -> None:
+        """Send what the stream lacks at the moment the pacer's slot comes (so coalesced)."""
+        text = self.view.answer(closed=False)
+        if self._broken or not self.cp.streaming or not text.startswith(self._sent):
+            return
+        args: dict[str, Any] = {"channel": self.cp.channel, "ts": self.ts}
+        chunks = self._task_chunks()
+        delta = text[len(self._sent) :]
+        if delta:
+            chunks.insert(0, {"type": "markdown_text", "text": delta})
+        if not chunks:
+            return
+        args["chunks"] = chunks
+        await call(self.web, "chat.appendStream", args)
+        self._sent = text
+
+    def _append_failed(self, done: asyncio.Future[None]) -> None:
+        if not done.cancelled() and done.exception() is not None:
+            self._broken = True  # expired or stopped: the next show edits the whole message
+
+    async def _stop(self, rendered: Rendered) -> bool:
+        """Stop the stream with the rest of the answer; False when the final version must
+        be an edit (the stream broke, or the message shows more than the streamed answer)."""
+        if self._appended is not None:
+            await asyncio.gather(self._appended, return_exceptions=True)
+        view = self.view
+        text = view.answer(closed=False)
+        whole = (
+            text == view.answer()  # no code fence left open
+            and rendered.failed is None
+            and not rendered.continuations
+            and not view.slack_channel.get("view")
+        )
+        args: dict[str, Any] = {"channel": self.cp.channel, "ts": self.ts}
+        chunks = self._task_chunks()
+        if not self._broken and text.startswith(self._sent) and text[len(self._sent) :]:
+            chunks.insert(0, {"type": "markdown_text", "text": text[len(self._sent) :]})
+        if chunks:
+            args["chunks"] = chunks
+        args["metadata"] = stamp(self.cp.turn_id, "reply")
+        stopped = await self._try("chat.stopStream", args)
+        self.cp.streaming = ""
+        await self._save(self.cp)
+        return stopped and not self._broken and whole and text == view.answer()
+
+    async def _fall_back(self) -> None:
+        """Leave native streaming for edits, stopping a stream that is still open."""
+        self.native = False
+        if self.cp.streaming:
+            await self._try("chat.stopStream", {"channel": self.cp.channel, "ts": self.ts})
+            self.cp.streaming = ""
+            await self._save(self.cp)
+
+    async def _try(self, method: str, args: dict[str, Any]) -> bool:
+        """A governed call whose refusal (a stream already gone, say) only gets logged."""
+        try:
+            await self._call(method, args)
+        except Exception as err:
+            if slack_error(err) is None:
+                raise
+            log.info("slack %s refused: %s", method, slack_error(err))
+            return False
+        return True
+
+    async def _call(self, method: str, args: dict[str, Any]) -> Any:
+        return await governed(self.paced.governor, self.cp.team, self.web, method, args)

@@ -1,0 +1,66 @@
+"""Slack Web API calls under the workspace's rate governor.
+
+Two ways to call: through `Paced` (coalesced, for edits whose latest version is all that
+matters) or `governed` (awaited once in the method's next slot, for posts that must each land:
+a reply, a continuation, a prompt, a stream start). Both honour Retry-After on 429.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from .governor import RateGovernor, RateLimited, scope
+
+__all__ = ["ATTEMPTS", "call", "governed", "slack_error"]
+
+ATTEMPTS = 5  # 429s waited out before a governed call gives up
+
+
+async def call(web: AsyncWebClient, method: str, args: dict[str, Any]) -> Any:
+    """One Web API call, made the way slack_sdk's own method makes it (JSON, form or query,
+    as Slack takes each); a 429 becomes `RateLimited` for the governor."""
+    try:
+        return await getattr(web, method.replace(".", "_"))(**args)
+    except SlackApiError as err:
+        if err.response.status_code == 429:
+            headers = {k.lower(): v for k, v in (err.response.headers or {}).items()}
+            retry_after = headers.get("retry-after")
+            if isinstance(retry_after, list):
+                retry_after = retry_after[0] if retry_after else None
+            raise RateLimited(float(retry_after or 1)) from err
+        raise
+
+
+async def governed(
+    governor: RateGovernor,
+    team: str,
+    web: AsyncWebClient,
+    method: str,
+    args: dict[str, Any],
+) -> Any:
+    """`call` in the method's next free slot for the workspace, waiting out 429s."""
+    budget = scope(team, method, str(args.get("channel") or ""))
+    loop = asyncio.get_running_loop()
+    for attempt in range(ATTEMPTS):
+        slot = governor.next_slot(budget, method, loop.time())
+        if slot > loop.time():
+            await asyncio.sleep(slot - loop.time())
+        governor.record(budget, method, loop.time())
+        try:
+            return await call(web, method, args)
+        except RateLimited as limited:
+            if attempt == ATTEMPTS - 1:
+                raise
+            governor.penalise(budget, method, limited.retry_after, loop.time())
+    raise AssertionError("unreachable")
+
+
+def slack_error(err: BaseException) -> str | None:
+    """Slack's error code for a refused call (`message_not_in_streaming_state`, …), else None."""
+    if isinstance(err, SlackApiError):
+        return str(err.response.get("error") or "") or None
+    return None
