@@ -183,11 +183,12 @@ class Bots:
         if self._keeper is not None:
             self._keeper.cancel()
             await asyncio.gather(self._keeper, return_exceptions=True)
+        following = [cp for cp, _ in self._following.values()]
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for cp, _ in list(self._following.values()):
+        for cp in following:
             await self.checkpoints.release(cp)
         await self.paced.aclose()
 
@@ -306,7 +307,7 @@ class Bots:
         }
         payload = {"type": "client.action", "name": action["action_id"], "args": args}
         key = f"{channel}:{message_ts}:{action['action_id']}:{action_ts}:{user}"
-        await self._start_turn(bot, team, channel, thread_ts, "", user, payload, key)
+        await self._start_turn(bot, team, channel, thread_ts, "", user, payload, key, quiet=True)
 
     async def _start_turn(
         self,
@@ -320,6 +321,7 @@ class Bots:
         dedupe: str,
         *,
         mention: dict[str, Any] | None = None,
+        quiet: bool = False,
     ) -> None:
         """Record the turn (once per Slack event, before any other work), then follow it."""
         sid = session_id_for(bot.agent, channel, thread_ts)
@@ -336,6 +338,7 @@ class Bots:
             cursor=await self.client.delta_cursor(sid),
             trigger=trigger,
             mention=mention,
+            quiet=quiet,
         )
         if not await self.checkpoints.start(_event_key(dedupe), DEDUPE_SECONDS, cp):
             return  # a retry or a replay won the race to start it
@@ -544,13 +547,14 @@ def start_bots(
     api_url: str | None = None,
     *,
     governor: RateGovernor | None = None,
+    lease_ms: int = LEASE_MS,
 ) -> Bots:
     """A bot for each agent with a Slack block whose bot token is set, and an app token
     (Socket Mode) or a signing secret (HTTP). Call `Bots.start()` to connect Socket Mode.
 
     `api_url` (else `SLACK_API_URL`) is the Web API base, for a fake Slack in tests.
     """
-    bots = Bots(client, governor)
+    bots = Bots(client, governor, lease_ms=lease_ms)
     api_url = api_url or env.get("SLACK_API_URL") or None
     for agent in project.agents.values():
         if agent.slack is None:

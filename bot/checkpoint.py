@@ -67,6 +67,7 @@ class Checkpoint:
     cursor: str  # the delta stream's end at that moment
     trigger: str = ""  # the message a working reaction goes on
     mention: dict[str, Any] | None = None  # {event, bot_user, bot_id} to build `payload` from
+    quiet: bool = False  # a button's turn: no "No reply." message when it has nothing to say
     posted: dict[str, str] = field(default_factory=dict)  # reply part -> message ts
     streaming: str = ""  # ts of a native stream not known to be stopped
 

@@ -74,6 +74,7 @@ class Reply:
         self._tasks: dict[str, str] = {}  # task id -> status sent to the native stream
         self._appended: asyncio.Future[None] | None = None
         self._broken = False  # the native stream refused an append: edits from here on
+        self._streamed = bool(cp.streaming)  # the message began as a stream (no stamp yet)
         self._updated: set[int] = set()  # channels.slack updates applied
 
     @property
@@ -141,17 +142,24 @@ class Reply:
 
     async def finish(self, rendered: Rendered) -> None:
         """Land the final version, then the continuations; returns once all are in Slack."""
+        if self.cp.quiet and self.ts is None and self._silent(rendered):
+            return
         content = {"text": rendered.text, "blocks": rendered.blocks}
         if self.native and self.cp.streaming and await self._stop(rendered):
             content = {}  # the stream's final message is the whole reply
         if content:
-            if self.native:  # a stream fell back to edits: stamp the message it left
+            if self._streamed:  # a stream fell back to edits: stamp the message it left
                 content["metadata"] = stamp(self.cp.turn_id, "reply")
             await self._edit(rendered, content)
         if self.landed is not None:
             await self.landed  # the final version, or a newer one of the same key
         for n, more in enumerate(rendered.continuations, 1):
             await self.post(f"more-{n}", {"markdown_text": more})
+
+    def _silent(self, rendered: Rendered) -> bool:
+        view = self.view
+        shown = view.answer() or view.tasks or view.slack_channel.get("view")
+        return not shown and rendered.failed is None
 
     async def _edit(self, rendered: Rendered, content: dict[str, Any] | None = None) -> None:
         content = content or {"text": rendered.text, "blocks": rendered.blocks}
@@ -199,7 +207,7 @@ class Reply:
             log.info("slack stream refused (%s): editing instead", slack_error(err))
             self.native = False
             return False
-        self._sent = text
+        self._sent, self._streamed = text, True
         cp.posted["reply"] = cp.streaming = str(answer["ts"])
         await self._save(cp)
         return True

@@ -4,55 +4,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
-from bot.app import SET_STATUS, Bots, start_bots
-from bot.governor import TIERS, RateGovernor
 from bot.mrkdwn import to_mrkdwn
 from bot.threads import missed_messages, session_id_for, strip_mention, wants_turn
-from engine.client import Client
-from engine.config import Project, parse_project, slack_env_suffix
-from engine.runner import Engine
-from tests.engine_helpers import ENV, project_toml
+from engine.config import parse_project
+from tests.bot_helpers import AGENT, World, serve_bots
+from tests.engine_helpers import project_toml
 from tests.fakes.llm_vendor import FakeVendor, HttpError, Text
 from tests.fakes.slack import FakeSlack, Message, SlackError, sign
 from tests.workers import TestWorker, WorkerFactory
 
-AGENT = "ops_anthropic"
 ANSWER = "The **primary** database is back; see `db-1` for details."
-
-
-@dataclass
-class World:
-    fake: FakeSlack
-    vendor: FakeVendor
-    client: Client
-    bots: Bots
-    url: str
-    agent: str = AGENT
-
-    async def reply_to(self, msg: Message, nth: int = 1) -> Message:
-        """The bot's `nth` reply in the thread of `msg`, once its turn has ended."""
-        thread_ts = msg.thread_ts or msg.ts
-
-        def found() -> Message | None:
-            mine = [m for m in self.fake.thread(msg.channel, thread_ts) if m.bot_id]
-            return mine[nth - 1] if len(mine) >= nth else None
-
-        reply = await self.fake.until(found, timeout=10)
-        await self.bots.idle()
-        return reply
-
-    async def turns(self, channel: str, thread_ts: str) -> list[dict[str, Any]]:
-        events = await self.client.events(session_id_for(self.agent, channel, thread_ts))
-        return [e for e in events if e["payload"]["type"] == "turn.started"]
 
 
 @pytest.fixture
@@ -60,7 +28,7 @@ async def world(redis, vendor: FakeVendor, tmp_path: Path) -> AsyncIterator[Worl
     text = project_toml(vendor.url, retry="retry = { llm = { backoff_base_secs = 0 } }")
     text += f'\n[agent.{AGENT}.slack]\nanswers = "both"\ncommands = ["/oncall"]\n'
     project = parse_project(text, str(tmp_path / "subs.toml"), env={})
-    async with _serve(redis, vendor, project, AGENT) as served:
+    async with serve_bots(redis, vendor, project, AGENT) as served:
         yield served
 
 
@@ -70,46 +38,8 @@ async def socket_world(redis, vendor: FakeVendor, tmp_path: Path) -> AsyncIterat
     text = project_toml(vendor.url, retry="retry = { llm = { backoff_base_secs = 0 } }")
     text += f'\n[agent.{AGENT}.slack]\nanswers = "both"\n'
     project = parse_project(text, str(tmp_path / "subs.toml"), env={})
-    async with _serve(redis, vendor, project, AGENT, socket=True) as served:
+    async with serve_bots(redis, vendor, project, AGENT, socket=True) as served:
         yield served
-
-
-@asynccontextmanager
-async def _serve(
-    redis, vendor: FakeVendor, project: Project, agent: str, *, socket: bool = False
-) -> AsyncIterator[World]:
-    """The engine, a FakeSlack and the bots of `project` (only `agent` has a Slack block),
-    over HTTP or, with `socket`, over Socket Mode."""
-    engine = Engine(project, redis, env=ENV, lease_ms=3000)
-    await engine.start()
-    suffix = slack_env_suffix(agent)
-    async with FakeSlack() as fake:
-        env = {f"SLACK_BOT_TOKEN_{suffix}": fake.bot_token, "SLACK_API_URL": fake.url}
-        if socket:
-            env[f"SLACK_APP_TOKEN_{suffix}"] = fake.app_token
-        else:
-            env[f"SLACK_SIGNING_SECRET_{suffix}"] = fake.signing_secret
-        # Fast pacing so a test streams in milliseconds; the pacing itself is tested elsewhere.
-        fast = RateGovernor(
-            {**TIERS, "chat.update": 6000, "chat.postMessage": 6000, SET_STATUS: 6000}
-        )
-        client = Client(engine.store)
-        bots = start_bots(project, client, env, governor=fast)
-        assert list(bots.bots) == [agent]  # no other agent has a Slack block
-        await bots.start()
-        app = web.Application()
-        app.add_routes(bots.routes())
-        assert len(bots.routes()) == (0 if socket else 1)
-        runner = web.AppRunner(app, shutdown_timeout=1)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        url = f"http://127.0.0.1:{runner.addresses[0][1]}/slack/{agent}/events"
-        try:
-            yield World(fake, vendor, client, bots, url, agent)
-        finally:
-            await runner.cleanup()
-            await bots.aclose()
-            await engine.stop()
 
 
 async def test_a_mention_streams_one_reply_in_the_thread(world: World) -> None:
@@ -339,7 +269,7 @@ async def helper(
         f'[agent.{HELPER}.slack]\nanswers = "both"\ncommands = ["/oncall"]\n'
     )
     project = parse_project(text, str(tmp_path / "subs.toml"), env={})
-    async with _serve(redis, vendor, project, HELPER) as served:
+    async with serve_bots(redis, vendor, project, HELPER) as served:
         yield served, worker
 
 

@@ -1,0 +1,101 @@
+"""The Slack bot in process for tests: the real engine and Bots against a FakeSlack."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from bot.app import SET_STATUS, Bots, start_bots
+from bot.governor import TIERS, RateGovernor
+from bot.threads import session_id_for
+from engine.client import Client
+from engine.config import Project, slack_env_suffix
+from engine.runner import Engine
+from tests.engine_helpers import ENV
+from tests.fakes.llm_vendor import FakeVendor
+from tests.fakes.slack import FakeSlack, Message
+
+AGENT = "ops_anthropic"
+# Fast pacing so a test streams in milliseconds; the pacing itself is tested elsewhere.
+FAST = {
+    **TIERS,
+    "chat.update": 6000,
+    "chat.postMessage": 6000,
+    "chat.startStream": 6000,
+    "chat.stopStream": 6000,
+    "chat.appendStream": 6000,
+    "conversations.replies": 6000,
+    SET_STATUS: 6000,
+}
+
+
+@dataclass
+class World:
+    fake: FakeSlack
+    vendor: FakeVendor
+    client: Client
+    bots: Bots
+    url: str
+    agent: str = AGENT
+    project: Project | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def another_bot(self, **kw: Any) -> Bots:
+        """A second bot process's worth of apps on the same engine and Slack (not started)."""
+        assert self.project is not None
+        return start_bots(self.project, self.client, self.env, governor=RateGovernor(FAST), **kw)
+
+    async def reply_to(self, msg: Message, nth: int = 1) -> Message:
+        """The bot's `nth` reply in the thread of `msg`, once its turn has ended."""
+        thread_ts = msg.thread_ts or msg.ts
+
+        def found() -> Message | None:
+            mine = [m for m in self.fake.thread(msg.channel, thread_ts) if m.bot_id]
+            return mine[nth - 1] if len(mine) >= nth else None
+
+        reply = await self.fake.until(found, timeout=10)
+        await self.bots.idle()
+        return reply
+
+    async def turns(self, channel: str, thread_ts: str) -> list[dict[str, Any]]:
+        events = await self.client.events(session_id_for(self.agent, channel, thread_ts))
+        return [e for e in events if e["payload"]["type"] == "turn.started"]
+
+
+@asynccontextmanager
+async def serve_bots(
+    redis, vendor: FakeVendor, project: Project, agent: str, *, socket: bool = False
+) -> AsyncIterator[World]:
+    """The engine, a FakeSlack and the bots of `project` (only `agent` has a Slack block),
+    over HTTP or, with `socket`, over Socket Mode."""
+    engine = Engine(project, redis, env=ENV, lease_ms=3000)
+    await engine.start()
+    suffix = slack_env_suffix(agent)
+    async with FakeSlack() as fake:
+        env = {f"SLACK_BOT_TOKEN_{suffix}": fake.bot_token, "SLACK_API_URL": fake.url}
+        if socket:
+            env[f"SLACK_APP_TOKEN_{suffix}"] = fake.app_token
+        else:
+            env[f"SLACK_SIGNING_SECRET_{suffix}"] = fake.signing_secret
+        fast = RateGovernor(FAST)
+        client = Client(engine.store)
+        bots = start_bots(project, client, env, governor=fast)
+        assert list(bots.bots) == [agent]  # no other agent has a Slack block
+        await bots.start()
+        app = web.Application()
+        app.add_routes(bots.routes())
+        assert len(bots.routes()) == (0 if socket else 1)
+        runner = web.AppRunner(app, shutdown_timeout=1)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/slack/{agent}/events"
+        try:
+            yield World(fake, vendor, client, bots, url, agent, project, env)
+        finally:
+            await runner.cleanup()
+            await bots.aclose()
+            await engine.stop()

@@ -1,0 +1,267 @@
+"""Native streaming, resuming a turn another bot began, and `channels.slack` (in process)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bot.checkpoint import TURNS, Checkpoint
+from bot.reply import STAMP
+from bot.threads import session_id_for
+from engine.config import parse_project
+from tests.bot_helpers import AGENT, World, serve_bots
+from tests.engine_helpers import project_toml, turn_ended, wait_for_event
+from tests.fakes.llm_vendor import FakeVendor, Text
+from tests.fakes.slack import FakeSlack, Message
+from tests.workers import TestWorker, WorkerFactory
+
+ANSWER = "Checked **all** replicas.\n\n- `db-1` ok\n- `db-2` ok\n\nNothing to do."
+
+
+def _project(vendor: FakeVendor, tmp_path: Path, slack: str, extra: str = "") -> Any:
+    text = project_toml(vendor.url, retry="retry = { llm = { backoff_base_secs = 0 } }")
+    text += extra + f"\n[agent.{AGENT}.slack]\n{slack}\n"
+    return parse_project(text, str(tmp_path / "subs.toml"), env={})
+
+
+@pytest.fixture
+async def native(redis, vendor: FakeVendor, tmp_path: Path) -> AsyncIterator[World]:
+    project = _project(vendor, tmp_path, 'answers = "both"\nstream = "native"')
+    async with serve_bots(redis, vendor, project, AGENT) as served:
+        yield served
+
+
+@pytest.fixture
+async def world(redis, vendor: FakeVendor, tmp_path: Path) -> AsyncIterator[World]:
+    project = _project(vendor, tmp_path, 'answers = "both"')
+    async with serve_bots(redis, vendor, project, AGENT) as served:
+        yield served
+
+
+def _replies(fake: FakeSlack, msg: Message) -> list[Message]:
+    return [m for m in fake.thread(msg.channel, msg.thread_ts or msg.ts) if m.bot_id]
+
+
+async def _mention(world: World, text: str) -> Message:
+    fake = world.fake
+    mention = fake.post_as_user(fake.general, fake.mention(text))
+    delivered = await fake.send_event(world.url, fake.event_for(mention, kind="app_mention"))
+    assert delivered.status == 200
+    return mention
+
+
+async def _turn_ended(world: World, mention: Message) -> None:
+    sid = session_id_for(world.agent, mention.channel, mention.thread_ts or mention.ts)
+    await wait_for_event(world.client, sid, turn_ended(f"slack-{mention.ts}"))
+
+
+# -- native streaming -----------------------------------------------------------------
+
+
+async def test_native_streaming_writes_one_message_through_the_stream_methods(
+    native: World,
+) -> None:
+    fake = native.fake
+    native.vendor.push(Text(ANSWER, chunks=8, chunk_delay=0.05))
+    mention = await _mention(native, "are the replicas ok?")
+    await _turn_ended(native, mention)
+    await native.bots.idle()
+
+    [reply] = _replies(fake, mention)
+    assert reply.text == ANSWER and reply.stream == "stopped"
+    assert reply.metadata == {
+        "event_type": STAMP,
+        "event_payload": {"turn_id": f"slack-{mention.ts}", "part": "reply"},
+    }
+    [start] = fake.calls("chat.startStream")
+    assert start.args["recipient_user_id"] == fake.user.id
+    assert start.args["recipient_team_id"] == fake.team.id
+    assert len(fake.calls("chat.stopStream")) == 1
+    assert not fake.calls("chat.update") and not fake.calls("chat.postMessage")
+    visible = [v.text for v in fake.edits(reply.channel, reply.ts)]
+    assert len(set(visible)) > 1 and all(ANSWER.startswith(t) for t in visible)
+    assert await native.client.redis.hlen(TURNS) == 0
+
+
+async def test_an_expired_stream_falls_back_to_editing_the_same_message(native: World) -> None:
+    fake = native.fake
+    native.vendor.push(Text(ANSWER, chunks=12, chunk_delay=0.1))
+    mention = await _mention(native, "are the replicas ok?")
+    [start] = await fake.wait_for("chat.startStream", timeout=10)
+    fake.expire_stream(start.args["channel"], start.response["ts"])
+    await _turn_ended(native, mention)
+    await native.bots.idle()
+
+    [reply] = _replies(fake, mention)
+    assert reply.ts == start.response["ts"]
+    assert [b["text"] for b in reply.blocks if b["type"] == "markdown"] == [ANSWER]
+    assert any(c.error == "message_not_in_streaming_state" for c in fake.calls("chat.appendStream"))
+    assert fake.calls("chat.update") and not fake.calls("chat.postMessage")
+    assert reply.metadata is not None and reply.metadata["event_type"] == STAMP
+
+
+# -- resuming a turn ------------------------------------------------------------------
+
+
+async def test_a_bot_closed_mid_stream_hands_its_turn_to_the_next(world: World) -> None:
+    fake = world.fake
+    world.vendor.push(Text(ANSWER, chunks=20, chunk_delay=0.1))
+    mention = await _mention(world, "are the replicas ok?")
+    await fake.until(lambda: _replies(fake, mention) or None, timeout=10)
+    await world.bots.aclose()  # mid-stream: the checkpoint stays, the lease is released
+    assert await world.client.redis.hlen(TURNS) == 1
+
+    successor = world.another_bot()
+    await successor.start()
+    try:
+        await _turn_ended(world, mention)
+        await successor.idle()
+    finally:
+        await successor.aclose()
+    [reply] = _replies(fake, mention)
+    assert [b["text"] for b in reply.blocks if b["type"] == "markdown"] == [ANSWER]
+    assert len([c for c in fake.calls("chat.postMessage") if c.args.get("thread_ts")]) == 1
+    assert await world.client.redis.hlen(TURNS) == 0
+
+
+async def test_a_resumed_turn_finds_the_reply_a_dead_bot_posted_by_its_stamp(
+    world: World,
+) -> None:
+    """The dead bot posted the reply but died before checkpointing it: no second post."""
+    fake = world.fake
+    world.vendor.push(Text(ANSWER))
+    mention = await _mention(world, "are the replicas ok?")
+    await _turn_ended(world, mention)
+    await world.bots.idle()
+    [reply] = _replies(fake, mention)
+    posts = len(fake.calls("chat.postMessage"))
+
+    lost = Checkpoint(
+        agent=AGENT,
+        team=fake.team.id,
+        channel=mention.channel,
+        thread_ts=mention.ts,
+        turn_id=f"slack-{mention.ts}",
+        user=fake.user.id,
+        payload=None,
+        after=0,
+        cursor="0-0",
+        trigger=mention.ts,
+        mention={
+            "event": fake.event_for(mention, kind="app_mention"),
+            "bot_user": fake.bot_user,
+            "bot_id": None,
+        },
+    )
+    await world.client.redis.hset(TURNS, lost.key, lost.dumps())
+    successor = world.another_bot()
+    await successor.start()
+    try:
+        await successor.idle()
+    finally:
+        await successor.aclose()
+    assert [m.ts for m in _replies(fake, mention)] == [reply.ts]
+    assert len(fake.calls("chat.postMessage")) == posts
+    assert fake.calls("conversations.replies")[-1].args.get("include_all_metadata")
+    assert await world.client.redis.hlen(TURNS) == 0
+    assert len(await world.turns(mention.channel, mention.ts)) == 1
+
+
+# -- channels.slack -------------------------------------------------------------------
+
+HELPER = "helper"
+PAGE = {
+    "type": "actions",
+    "elements": [
+        {
+            "type": "button",
+            "action_id": "page_again",
+            "value": "INC-1",
+            "text": {"type": "plain_text", "text": "Page again"},
+        }
+    ],
+}
+VIEW = {"type": "context", "elements": [{"type": "mrkdwn", "text": "INC-1 · sev2"}]}
+
+
+async def _pager(request: dict[str, Any]) -> Any:
+    trigger = request["trigger"]
+    if trigger["type"] == "client.action" and trigger["name"] == "oncall":
+        slack = {
+            "status": "is paging the on-call…",
+            "prompt": {"text": "Page again?", "blocks": [PAGE]},
+            "update": {"text": "INC-1 · paging"},
+            "view": [VIEW],
+        }
+        return {
+            "messages": [{"role": "user", "content": f"/oncall {trigger['args']['text']}"}],
+            "actions": [{"type": "llm.call"}],
+            "channels": {"slack": slack},
+        }
+    return request["proposed"]
+
+
+@pytest.fixture
+async def pager(
+    redis, vendor: FakeVendor, tmp_path: Path, test_worker: WorkerFactory
+) -> AsyncIterator[tuple[World, TestWorker]]:
+    worker = await test_worker(_pager)
+    extra = (
+        f'\n[agent.{HELPER}]\nllm = "anthropic"\nmodel = "claude-haiku-4-5"\n'
+        f'system = "You page people."\nworker = "{worker.url}"\n'
+    )
+    text = project_toml(vendor.url) + extra
+    text += f'[agent.{HELPER}.slack]\nanswers = "both"\ncommands = ["/oncall"]\n'
+    project = parse_project(text, str(tmp_path / "subs.toml"), env={})
+    async with serve_bots(redis, vendor, project, HELPER) as served:
+        yield served, worker
+
+
+async def test_channels_slack_overrides_what_the_thread_shows(
+    pager: tuple[World, TestWorker],
+) -> None:
+    world, worker = pager
+    fake = world.fake
+    world.vendor.push(Text("Paged Ana.", chunks=4, chunk_delay=0.1))
+    await fake.send_command(world.url, "/oncall", "page INC-1")
+    [root] = await fake.until(
+        lambda: [m for m in fake.history(fake.general.id) if m.bot_id] or None, timeout=10
+    )
+    sid = session_id_for(HELPER, root.channel, root.ts)
+    await wait_for_event(world.client, sid, turn_ended(f"slack-{root.ts}"))
+    await world.bots.idle()
+
+    assert "is paging the on-call…" in fake.statuses(root.channel, root.ts)
+    assert fake.message(root.channel, root.ts).text == "INC-1 · paging"
+    thread = [m for m in fake.thread(root.channel, root.ts) if m.bot_id and m.ts != root.ts]
+    prompt, reply = sorted(thread, key=lambda m: m.ts)
+    assert prompt.text == "Page again?" and prompt.blocks == [PAGE]
+    assert reply.blocks[-1] == VIEW
+    assert [b["text"] for b in reply.blocks if b["type"] == "markdown"] == ["Paged Ana."]
+
+    # A custom button comes back as a client.action named by its action_id.
+    click = fake.block_action(prompt, "page_again")
+    assert (await fake.send_action(world.url, click)).status == 200
+
+    def clicked() -> dict[str, Any] | None:
+        actions = [
+            r["trigger"]
+            for r in worker.requests
+            if r["trigger"]["type"] == "client.action" and r["trigger"]["name"] == "page_again"
+        ]
+        return actions[0] if actions else None
+
+    action = await fake.until(clicked, timeout=10)
+    await world.bots.idle()
+    args = action["args"]
+    assert (args["value"], args["user_id"], args["channel_id"]) == (
+        "INC-1",
+        fake.user.id,
+        root.channel,
+    )
+    assert args["message_ts"] == prompt.ts and args["thread_ts"] == root.ts
+    # The worker kept the empty proposal: nothing to say, so nothing is posted.
+    assert len([m for m in fake.thread(root.channel, root.ts) if m.bot_id]) == 3
