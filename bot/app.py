@@ -156,6 +156,14 @@ class Bots:
             if bot.app_token is None
         ]
 
+    def describe(self) -> list[str]:
+        """One phrase per app for the startup line: agent, transport, streaming."""
+        return [
+            f"{a} ({'socket mode' if bot.app_token else f'POST /slack/{a}/events'}, "
+            f"{'native' if bot.native else 'edit'} streaming)"
+            for a, bot in self.bots.items()
+        ]
+
     async def start(self) -> None:
         """Connect every Socket Mode bot, and start resuming turns left half-written."""
         for bot in self.bots.values():
@@ -548,13 +556,14 @@ def start_bots(
     *,
     governor: RateGovernor | None = None,
     lease_ms: int = LEASE_MS,
+    owner: str | None = None,
 ) -> Bots:
     """A bot for each agent with a Slack block whose bot token is set, and an app token
     (Socket Mode) or a signing secret (HTTP). Call `Bots.start()` to connect Socket Mode.
 
     `api_url` (else `SLACK_API_URL`) is the Web API base, for a fake Slack in tests.
     """
-    bots = Bots(client, governor, lease_ms=lease_ms)
+    bots = Bots(client, governor, lease_ms=lease_ms, owner=owner)
     api_url = api_url or env.get("SLACK_API_URL") or None
     for agent in project.agents.values():
         if agent.slack is None:

@@ -3,7 +3,9 @@
 What the bot calls and why each grant is there:
 - `chat:write`: chat.postMessage / chat.update / chat.postEphemeral, the native
   chat.startStream / appendStream / stopStream, and assistant.threads.setStatus (its scope is
-  `chat:write`), so no `assistant:write`. The bot adds no reactions, so no `reactions:write`.
+  `chat:write`), so no `assistant:write`.
+- `reactions:write`: where Slack refuses a thread status, the working indicator is a reaction
+  on the triggering message (reactions.add / reactions.remove).
 - channels (`app_mention` only; follow-ups without a mention are picked up by
   conversations.replies at the next mention, so no `message.channels`): `app_mentions:read`,
   plus `channels:history` / `groups:history` for conversations.replies in public / private
@@ -46,7 +48,7 @@ def manifest(agent: AgentDecl, *, socket_mode: bool, request_url: str | None) ->
     dm = slack.answers in ("dm", "both")
     channels = slack.answers in ("channels", "both")
 
-    scopes = ["chat:write"]
+    scopes = ["chat:write", "reactions:write"]
     events: list[str] = []
     if channels:
         scopes += ["app_mentions:read", "channels:history", "groups:history"]

@@ -269,7 +269,8 @@ async def _serve(args: argparse.Namespace) -> int:
         engine = Engine(project, redis, lease_ms=_lease_ms(), metrics=metrics)
         await engine.start()
         client = Client(engine.store)
-        bots = start_bots(project, client, os.environ)  # agents whose Slack tokens are set
+        # The agents whose Slack tokens are set; a dead serve's turns move after one lease.
+        bots = start_bots(project, client, os.environ, lease_ms=_lease_ms(), owner=engine.owner)
         await bots.start()  # connects the Socket Mode bots (SLACK_APP_TOKEN_<AGENT>)
         app = make_app(client, engine.store, keys=keys, metrics=metrics)
         app.add_routes(bots.routes())  # POST /slack/<agent>/events
@@ -288,9 +289,10 @@ async def _serve(args: argparse.Namespace) -> int:
         )
         where = args.redis or project.redis or "embedded redis under .subs/"
         missing = ", ".join(m.var for m in project.missing_env(os.environ)) or "none"
+        slack = ", ".join(bots.describe()) or "none"
         print(
             f"subs: engine {engine.owner} on {where}; api http://{bound[0]}:{bound[1]}; "
-            f"agents: {deciders}; missing env: {missing}",
+            f"agents: {deciders}; slack: {slack}; missing env: {missing}",
             file=sys.stderr,
             flush=True,
         )

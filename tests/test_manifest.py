@@ -29,10 +29,17 @@ commands = {json.dumps(commands)}
 
 
 SCOPES = {
-    "dm": ["chat:write", "im:history"],
-    "channels": ["chat:write", "app_mentions:read", "channels:history", "groups:history"],
+    "dm": ["chat:write", "reactions:write", "im:history"],
+    "channels": [
+        "chat:write",
+        "reactions:write",
+        "app_mentions:read",
+        "channels:history",
+        "groups:history",
+    ],
     "both": [
         "chat:write",
+        "reactions:write",
         "app_mentions:read",
         "channels:history",
         "groups:history",
