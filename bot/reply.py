@@ -29,6 +29,7 @@ __all__ = ["STAMP", "Reply", "stamp", "stamped_parts"]
 log = logging.getLogger(__name__)
 
 STAMP = "subs_turn"  # message metadata event_type on every message the bot posts for a turn
+STARTING = "starting"  # Checkpoint.streaming while chat.startStream is under way
 _TASK_STATUS = {"running": "in_progress", "ok": "complete", "error": "error"}
 
 Save = Callable[[Checkpoint], Awaitable[None]]
@@ -67,7 +68,7 @@ class Reply:
         self.web = web
         self.paced = paced
         self._save = save
-        self.native = native and not cp.streaming  # a resumed stream's text is unknown
+        self.native = native and "reply" not in cp.posted  # resumed: what it shows is unknown
         self.shown: dict[str, Any] = {}
         self.landed: asyncio.Future[None] | None = None  # the latest chat.update
         self._sent = ""  # markdown appended to the native stream so far
@@ -82,14 +83,26 @@ class Reply:
         return self.cp.posted.get("reply")
 
     async def adopt_stamps(self) -> None:
-        """Learn the parts a dead follower posted after its last checkpoint."""
+        """Learn the parts a dead follower posted after its last checkpoint.
+
+        A native stream carries no stamp until it stops: one a follower was starting when it
+        died is the app's unstamped message in the thread after the trigger."""
         cp = self.cp
         args = {"channel": cp.channel, "ts": cp.thread_ts, "include_all_metadata": True}
         answer = await self._call("conversations.replies", args)
-        found = stamped_parts(answer.get("messages") or [], cp.turn_id)
-        if any(cp.posted.get(part) != ts for part, ts in found.items()):
-            cp.posted = {**found, **cp.posted}
-            await self._save(cp)
+        messages = answer.get("messages") or []
+        found = stamped_parts(messages, cp.turn_id)
+        if cp.streaming == STARTING:
+            orphans = [
+                str(m["ts"])
+                for m in messages
+                if m.get("bot_id") and not m.get("metadata") and m["ts"] > (cp.trigger or m["ts"])
+            ]
+            cp.streaming = orphans[-1] if orphans else ""
+            if cp.streaming:
+                found.setdefault("reply", cp.streaming)
+        cp.posted = {**found, **cp.posted}
+        await self._save(cp)
 
     async def close_stale_stream(self) -> None:
         """A resumed turn's native stream: stop it (its text is unknown), then edit it whole."""
@@ -97,7 +110,7 @@ class Reply:
             return
         args = {"channel": self.cp.channel, "ts": self.cp.streaming}
         await self._try("chat.stopStream", args)
-        self.cp.streaming = ""
+        self.native, self._streamed, self.cp.streaming = False, True, ""
         await self._save(self.cp)
 
     # -- posting ------------------------------------------------------------------------
@@ -192,6 +205,8 @@ class Reply:
 
     async def _start(self, text: str) -> bool:
         cp = self.cp
+        cp.streaming = STARTING  # a resumer looks for the message if we die in the call
+        await self._save(cp)
         args: dict[str, Any] = {
             "channel": cp.channel,
             "thread_ts": cp.thread_ts,
@@ -205,7 +220,7 @@ class Reply:
             if slack_error(err) is None:
                 raise
             log.info("slack stream refused (%s): editing instead", slack_error(err))
-            self.native = False
+            self.native, cp.streaming = False, ""
             return False
         self._sent, self._streamed = text, True
         cp.posted["reply"] = cp.streaming = str(answer["ts"])

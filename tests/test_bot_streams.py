@@ -106,6 +106,27 @@ async def test_an_expired_stream_falls_back_to_editing_the_same_message(native: 
 # -- resuming a turn ------------------------------------------------------------------
 
 
+async def test_a_native_stream_left_open_is_stopped_and_finished_by_edits(native: World) -> None:
+    fake = native.fake
+    native.vendor.push(Text(ANSWER, chunks=20, chunk_delay=0.1))
+    mention = await _mention(native, "are the replicas ok?")
+    [start] = await fake.wait_for("chat.startStream", timeout=10)
+    await native.bots.aclose()  # the stream stays open; what it shows is not checkpointed
+
+    successor = native.another_bot()
+    await successor.start()
+    try:
+        await _turn_ended(native, mention)
+        await successor.idle()
+    finally:
+        await successor.aclose()
+    [reply] = _replies(fake, mention)
+    assert reply.ts == start.response["ts"] and reply.stream == "stopped"
+    assert [b["text"] for b in reply.blocks if b["type"] == "markdown"] == [ANSWER]
+    assert reply.metadata is not None and reply.metadata["event_payload"]["part"] == "reply"
+    assert len(fake.calls("chat.startStream")) == 1
+
+
 async def test_a_bot_closed_mid_stream_hands_its_turn_to_the_next(world: World) -> None:
     fake = world.fake
     world.vendor.push(Text(ANSWER, chunks=20, chunk_delay=0.1))
