@@ -20,7 +20,6 @@ snapshot, so a click cannot inject a value).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import re
@@ -67,6 +66,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 DEDUPE_SECONDS = 3600  # Slack retries within minutes; an hour covers replays too
 LEASE_MS = 15_000  # a dead bot's turns move to a live one within this (plus a scan)
+MAX_RESUMES = 5
 ANSWERED = "This prompt was already answered."
 COMMAND_ARGS = ("text", "user_id", "channel_id", "team_id", "response_url", "trigger_id")
 
@@ -437,25 +437,37 @@ class Bots:
     # -- resuming -----------------------------------------------------------------------
 
     async def _resume_orphans(self) -> None:
-        """Follow every open turn of our agents that no live bot follows (lease lapsed)."""
+        """Follow every open turn of our agents that no live bot follows (lease lapsed).
+
+        A turn whose followers keep failing (the app was removed from the channel, say) is
+        given up after `MAX_RESUMES`, so it is not retried forever."""
         for cp in await self.checkpoints.open():
             if cp.agent not in self.bots or cp.key in self._following:
                 continue
-            if await self.checkpoints.claim(cp):
-                log.info("slack: resuming turn %s of %s", cp.turn_id, cp.session_id)
-                self._following[cp.key] = (cp, self._spawn(self._follow(cp, resumed=True)))
+            if not await self.checkpoints.claim(cp):
+                continue
+            cp.resumes += 1
+            if cp.resumes > MAX_RESUMES:
+                log.error("slack: giving up turn %s of %s", cp.turn_id, cp.session_id)
+                await self.checkpoints.drop(cp)
+                continue
+            await self.checkpoints.save(cp)
+            log.info("slack: resuming turn %s of %s", cp.turn_id, cp.session_id)
+            self._following[cp.key] = (cp, self._spawn(self._follow(cp, resumed=True)))
 
     async def _keep_leases(self) -> None:
         """Renew the leases of the turns we follow; take over those whose follower died."""
         period = self.checkpoints.lease_ms / 3000
         while True:
             await asyncio.sleep(period)
-            for key, (cp, task) in list(self._following.items()):
-                if not await self.checkpoints.renew(cp):
-                    log.warning("slack: lost the lease on turn %s; another bot follows it", key)
-                    task.cancel()
-            with contextlib.suppress(Exception):  # Redis away for a moment: next round
+            try:
+                for key, (cp, task) in list(self._following.items()):
+                    if not await self.checkpoints.renew(cp):
+                        log.warning("slack: lost the lease on turn %s; another bot has it", key)
+                        task.cancel()
                 await self._resume_orphans()
+            except Exception as err:  # Redis away for a moment: the next round retries
+                log.warning("slack: lease round failed: %s", err)
 
     # -- interrupts ---------------------------------------------------------------------
 

@@ -68,6 +68,7 @@ class Checkpoint:
     trigger: str = ""  # the message a working reaction goes on
     mention: dict[str, Any] | None = None  # {event, bot_user, bot_id} to build `payload` from
     quiet: bool = False  # a button's turn: no "No reply." message when it has nothing to say
+    resumes: int = 0  # followers that took the turn over from a dead or failed one
     posted: dict[str, str] = field(default_factory=dict)  # reply part -> message ts
     streaming: str = ""  # ts of a native stream not known to be stopped
 

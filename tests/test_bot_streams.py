@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 
+from bot.app import MAX_RESUMES
 from bot.checkpoint import TURNS, Checkpoint
 from bot.reply import STAMP
 from bot.threads import session_id_for
 from engine.config import parse_project
 from tests.bot_helpers import AGENT, World, serve_bots
-from tests.engine_helpers import project_toml, turn_ended, wait_for_event
+from tests.engine_helpers import poll_until, project_toml, turn_ended, wait_for_event
 from tests.fakes.llm_vendor import FakeVendor, Text
 from tests.fakes.slack import FakeSlack, Message
 from tests.workers import TestWorker, WorkerFactory
@@ -286,3 +287,34 @@ async def test_channels_slack_overrides_what_the_thread_shows(
     assert args["message_ts"] == prompt.ts and args["thread_ts"] == root.ts
     # The worker kept the empty proposal: nothing to say, so nothing is posted.
     assert len([m for m in fake.thread(root.channel, root.ts) if m.bot_id]) == 3
+
+
+async def test_a_turn_whose_followers_keep_failing_is_given_up(world: World) -> None:
+    """A thread the app can no longer write to (channel gone): retried, then dropped."""
+    fake = world.fake
+    gone = Checkpoint(
+        agent=AGENT,
+        team=fake.team.id,
+        channel="C0GONE",
+        thread_ts="1700000000.000100",
+        turn_id="slack-1700000000.000100",
+        user=fake.user.id,
+        payload={"type": "client.append", "messages": [{"role": "user", "content": "hi"}]},
+        after=0,
+        cursor="0-0",
+        trigger="1700000000.000100",
+    )
+    await world.client.redis.hset(TURNS, gone.key, gone.dumps())
+    successor = world.another_bot(lease_ms=300)
+    await successor.start()
+    try:
+
+        async def dropped() -> bool:
+            return await world.client.redis.hlen(TURNS) == 0
+
+        await poll_until(dropped, timeout=15, what="the checkpoint to be given up")
+    finally:
+        await successor.aclose()
+    tries = [c for c in fake.calls("conversations.replies") if c.args["channel"] == "C0GONE"]
+    assert len(tries) == MAX_RESUMES
+    assert all(c.error == "channel_not_found" for c in tries)
