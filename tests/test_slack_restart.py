@@ -1,0 +1,77 @@
+"""Kill `subs serve` mid-stream and start it again: the thread ends with one complete reply.
+
+The engine re-runs the model call the kill cut (attempt 2, so the vendor answers twice); the
+bot's checkpoint and message stamps let the new process finish the message the dead one
+began, in either transport and either streaming mode.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bot.checkpoint import TURNS
+from engine.store import connect
+from tests.engine_helpers import poll_until
+from tests.fakes.llm_vendor import FakeVendor, Text
+from tests.fakes.slack import Message
+from tests.slack_serve_helpers import of_type, slack_serve
+
+ANSWER = (
+    "The **primary** database is back.\n\n"
+    "1. `db-1` took over at 02:14\n"
+    "2. replication caught up at 02:16\n\n"
+    "Nothing else to do; the runbook has the details."
+)
+
+
+def _shown(msg: Message) -> str:
+    """The answer a message shows: its markdown block (edits) or its streamed text."""
+    blocks = [b["text"] for b in msg.blocks if b.get("type") == "markdown"]
+    return blocks[0] if blocks else msg.text
+
+
+@pytest.mark.parametrize(
+    ("transport", "stream"), [("http", "edit"), ("socket", "edit"), ("http", "native")]
+)
+async def test_a_serve_killed_mid_stream_leaves_one_complete_reply(
+    tmp_path: Path, redis_url: str, vendor: FakeVendor, transport: str, stream: str
+) -> None:
+    vendor.push(Text(ANSWER, chunks=40, chunk_delay=0.15))  # cut by the kill
+    vendor.push(Text(ANSWER, chunks=8, chunk_delay=0.05))  # the engine's second attempt
+    async with slack_serve(
+        tmp_path, redis_url, vendor.url, transport=transport, stream=stream
+    ) as app:
+        fake = app.fake
+        asked = fake.post_as_user(fake.general, fake.mention("is the db back?"))
+        sent = await app.send_event(fake.event_for(asked, kind="app_mention"))
+        assert sent.status == 200
+
+        def partly_shown() -> Message | None:
+            mine = app.bot_messages(asked)
+            return mine[0] if mine and 0 < len(_shown(mine[0])) < len(ANSWER) else None
+
+        first = await fake.until(partly_shown, timeout=20)
+        await app.kill()
+        assert _shown(first) != ANSWER  # the dead process left it half-written
+        await app.restart()
+
+        log = await app.turns_ended(asked, timeout=40)
+        await fake.until(lambda: _shown(first) == ANSWER or None, timeout=40)
+        redis = connect(redis_url)
+        try:
+
+            async def checkpoint_dropped() -> bool:
+                return await redis.hlen(TURNS) == 0
+
+            await poll_until(checkpoint_dropped, timeout=20, what="the turn's checkpoint to go")
+        finally:
+            await redis.aclose()
+
+        assert [m.ts for m in app.bot_messages(asked)] == [first.ts]  # one reply, the same one
+        assert _shown(fake.message(first.channel, first.ts)) == ANSWER
+        assert len(of_type(log, "turn.started")) == 1 and of_type(log, "turn.completed")
+        attempts = [p["attempt"] for p in of_type(log, "llm.call.dispatched")]
+        assert attempts == [1, 2]  # the kill cut the first attempt
+        assert not [c for c in fake.requests if c.error and c.status != 429]
