@@ -93,7 +93,7 @@ class RateGovernor:
         return max(now, earliest)
 
     def record(self, team: str, method: str, at: float) -> None:
-        """A call of `method` went at `at`. Mutates the budget."""
+        """A call of `method` went (or is booked) at `at`. Mutates the budget."""
         budget = self._budget(team, method)
         budget.last = at if budget.last is None else max(budget.last, at)
 

@@ -29,6 +29,7 @@ __all__ = ["STAMP", "Reply", "stamp", "stamped_parts"]
 log = logging.getLogger(__name__)
 
 STAMP = "subs_turn"  # message metadata event_type on every message the bot posts for a turn
+START_WAIT = 1.0  # seconds a reply's first text may wait for a stream slot; else edits
 STARTING = "starting"  # Checkpoint.streaming while chat.startStream is under way
 _TASK_STATUS = {"running": "in_progress", "ok": "complete", "error": "error"}
 
@@ -204,7 +205,13 @@ class Reply:
         return True
 
     async def _start(self, text: str) -> bool:
+        """Open the stream with the first text, or give up native streaming for this turn
+        when Slack's tier (20 starts a minute per workspace) would hold the text back."""
         cp = self.cp
+        now = asyncio.get_running_loop().time()
+        if self.paced.governor.next_slot(cp.team, "chat.startStream", now) - now > START_WAIT:
+            self.native = False
+            return False
         cp.streaming = STARTING  # a resumer looks for the message if we die in the call
         await self._save(cp)
         args: dict[str, Any] = {

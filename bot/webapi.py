@@ -42,14 +42,17 @@ async def governed(
     method: str,
     args: dict[str, Any],
 ) -> Any:
-    """`call` in the method's next free slot for the workspace, waiting out 429s."""
+    """`call` in the method's next free slot for the workspace, waiting out 429s.
+
+    The slot is taken before the wait, so concurrent callers queue one gap apart instead of
+    all waking for the same slot."""
     budget = scope(team, method, str(args.get("channel") or ""))
     loop = asyncio.get_running_loop()
     for attempt in range(ATTEMPTS):
         slot = governor.next_slot(budget, method, loop.time())
+        governor.record(budget, method, slot)
         if slot > loop.time():
             await asyncio.sleep(slot - loop.time())
-        governor.record(budget, method, loop.time())
         try:
             return await call(web, method, args)
         except RateLimited as limited:

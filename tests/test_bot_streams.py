@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,21 @@ async def test_an_expired_stream_falls_back_to_editing_the_same_message(native: 
     assert any(c.error == "message_not_in_streaming_state" for c in fake.calls("chat.appendStream"))
     assert fake.calls("chat.update") and not fake.calls("chat.postMessage")
     assert reply.metadata is not None and reply.metadata["event_type"] == STAMP
+
+
+async def test_a_reply_is_edited_when_no_stream_can_start_soon(native: World) -> None:
+    """chat.startStream's tier (20/min per workspace) is booked by other threads: the reply
+    does not wait for it, it is posted and edited."""
+    fake = native.fake
+    loop = asyncio.get_running_loop()
+    native.bots.paced.governor.record(fake.team.id, "chat.startStream", loop.time() + 30)
+    native.vendor.push(Text(ANSWER, chunks=4, chunk_delay=0.05))
+    mention = await _mention(native, "are the replicas ok?")
+    await _turn_ended(native, mention)
+    await native.bots.idle()
+    [reply] = _replies(fake, mention)
+    assert [b["text"] for b in reply.blocks if b["type"] == "markdown"] == [ANSWER]
+    assert not fake.calls("chat.startStream") and len(fake.calls("chat.postMessage")) == 1
 
 
 # -- resuming a turn ------------------------------------------------------------------
