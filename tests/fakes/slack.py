@@ -138,11 +138,17 @@ class Channel:
 
 @dataclass
 class Version:
-    """One visible state of a message."""
+    """One visible state of a message, and when it came to be (`time.time()`)."""
 
     text: str
     blocks: list[Any]
     tasks: list[dict[str, Any]]
+    at: float = field(default=0.0, compare=False)
+
+    @property
+    def shown(self) -> str:
+        """What a person reads: the text and every text inside the blocks."""
+        return "\n".join([self.text, *_texts(self.blocks)])
 
 
 @dataclass
@@ -813,7 +819,10 @@ class FakeSlack:
 
     def _touch(self, msg: Message) -> None:
         version = Version(
-            msg.text, json.loads(json.dumps(msg.blocks)), [dict(t) for t in msg.tasks.values()]
+            msg.text,
+            json.loads(json.dumps(msg.blocks)),
+            [dict(t) for t in msg.tasks.values()],
+            time.time(),
         )
         if not msg.versions or msg.versions[-1] != version:
             msg.versions.append(version)
