@@ -113,21 +113,28 @@ class SlackServe:
         self.serve: EngineProcess | None = None
         self.events_url = ""  # POST /slack/<agent>/events on the current process (HTTP only)
         self.stderr: list[str] = []  # everything every serve process wrote after its start line
-        self.redis = connect(redis_url)
-        self.client: Client | None = None
+        self.redis = connect(redis_url)  # the serve process's Redis, for reading sessions
+        self._client: Client | None = None
         self._drain: asyncio.Task[None] | None = None
+
+    @property
+    def client(self) -> Client:
+        """The engine's client API straight on Redis (events, sessions, follow)."""
+        assert self._client is not None, "start() first"
+        return self._client
 
     # -- the process ----------------------------------------------------------------------
 
     async def start(self) -> None:
         """Start `subs serve` and return once Slack can reach the app."""
         connected = self.fake.connections
-        self.serve = await EngineProcess(self.config, self.redis_url, self.env).start()
+        self.serve = EngineProcess(self.config, self.redis_url, self.env)  # aclose stops it
+        await self.serve.start()
         assert self.serve.proc is not None and self.serve.proc.stderr is not None
         self._drain = asyncio.create_task(self._read_stderr(self.serve.proc.stderr))
         self.events_url = f"{self.serve.api}/slack/{self.agent}/events"
-        if self.client is None:
-            self.client = Client(await Store.open(self.redis))
+        if self._client is None:
+            self._client = Client(await Store.open(self.redis))
         if self.transport == "socket":
 
             def reconnected() -> bool | None:
@@ -180,21 +187,29 @@ class SlackServe:
         await self.start()
 
     async def aclose(self) -> None:
-        if self.serve is not None and self.serve.proc is not None:
+        proc = self.serve.proc if self.serve is not None else None
+        if proc is not None:
             try:
-                await self.serve.stop()
+                if proc.returncode is None:
+                    proc.terminate()
+                async with asyncio.timeout(15):
+                    await proc.wait()
             finally:
-                if self.serve.proc.returncode is None:  # SIGTERM was not enough
-                    self.serve.kill()
-                    await self.serve.proc.wait()
+                if proc.returncode is None:  # SIGTERM was not enough
+                    proc.kill()
+                    await proc.wait()
         await self._stop_draining()
         await self.redis.aclose()
 
     async def _stop_draining(self) -> None:
-        if self._drain is not None:
-            with suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._drain, 5)  # ends at EOF, once the process is gone
-            self._drain = None
+        drain, self._drain = self._drain, None
+        if drain is not None:
+            try:
+                await asyncio.wait_for(drain, 5)  # ends at EOF, once the process is gone
+            except TimeoutError:
+                drain.cancel()
+                with suppress(asyncio.CancelledError):
+                    await drain
 
     @property
     def alive(self) -> bool:
@@ -256,14 +271,12 @@ class SlackServe:
 
     async def events(self, msg: Message) -> Events:
         """Every event of the session of `msg`'s thread."""
-        assert self.client is not None
         return await self.client.events(self.session_of(msg))
 
     async def wait_log(
         self, msg: Message, done: Callable[[Events], bool], timeout: float = REPLY_TIMEOUT
     ) -> Events:
         """The log of `msg`'s session once `done(log)` holds; checked again on each new event."""
-        assert self.client is not None
         sid = self.session_of(msg)
         try:
             async with asyncio.timeout(timeout):
