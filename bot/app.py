@@ -68,6 +68,7 @@ DEDUPE_SECONDS = 3600  # Slack retries within minutes; an hour covers replays to
 LEASE_MS = 15_000  # a dead bot's turns move to a live one within this (plus a scan)
 MAX_RESUMES = 5
 ANSWERED = "This prompt was already answered."
+BUSY = "Still working on this thread: try again once the reply is done."
 COMMAND_ARGS = ("text", "user_id", "channel_id", "team_id", "response_url", "trigger_id")
 
 
@@ -238,6 +239,7 @@ class Bots:
             event["user"],
             None,
             event_id,
+            f"slack-{event['ts']}",
             mention=mention,
         )
         self._spawn(start)
@@ -286,7 +288,9 @@ class Bots:
         root_ts = str(posted["ts"])
         payload = {"type": "client.action", "name": command.removeprefix("/"), "args": args}
         key = args["trigger_id"] or root_ts  # Slack does not retry commands; ids are unique
-        await self._start_turn(bot, team, channel, root_ts, root_ts, user, payload, key)
+        await self._start_turn(
+            bot, team, channel, root_ts, root_ts, user, payload, key, f"slack-{root_ts}"
+        )
 
     async def _button(self, bot: Bot, body: dict[str, Any]) -> None:
         """A custom button (from `channels.slack`): `client.action` named by its action_id."""
@@ -315,7 +319,10 @@ class Bots:
         }
         payload = {"type": "client.action", "name": action["action_id"], "args": args}
         key = f"{channel}:{message_ts}:{action['action_id']}:{action_ts}:{user}"
-        await self._start_turn(bot, team, channel, thread_ts, "", user, payload, key, quiet=True)
+        turn_id = f"slack-action-{action_ts}"
+        await self._start_turn(
+            bot, team, channel, thread_ts, "", user, payload, key, turn_id, quiet=True
+        )
 
     async def _start_turn(
         self,
@@ -327,22 +334,22 @@ class Bots:
         user: str,
         payload: dict[str, Any] | None,
         dedupe: str,
+        turn_id: str,
         *,
         mention: dict[str, Any] | None = None,
         quiet: bool = False,
     ) -> None:
         """Record the turn (once per Slack event, before any other work), then follow it."""
         sid = session_id_for(bot.agent, channel, thread_ts)
-        events = await self.client.events(sid)
         cp = Checkpoint(
             agent=bot.agent,
             team=team,
             channel=channel,
             thread_ts=thread_ts,
-            turn_id=f"slack-{trigger or secrets.token_hex(6)}",
+            turn_id=turn_id,
             user=user,
             payload=payload,
-            after=events[-1]["seq"] if events else 0,
+            after=await self.client.last_seq(sid),
             cursor=await self.client.delta_cursor(sid),
             trigger=trigger,
             mention=mention,
@@ -393,6 +400,12 @@ class Bots:
             payload = {**(cp.payload or {}), "agent_id": cp.agent, "turn_id": cp.turn_id}
             answer = await self.client.submit(payload, session_id=cp.session_id, identity=identity)
         except ClientError as err:
+            if err.code == "turn_already_active":  # an action (not queueable) mid-turn
+                bot = self.bots[cp.agent]
+                args = {"channel": cp.channel, "user": cp.user, "thread_ts": cp.thread_ts}
+                args["text"] = BUSY
+                await governed(self.paced.governor, cp.team, bot.web, "chat.postEphemeral", args)
+                return False
             if err.code != "session_interrupted":
                 raise
             for iid, interrupt in (await self._open_interrupts(cp.session_id)).items():

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bot.app import MAX_RESUMES
+from bot.app import BUSY, MAX_RESUMES
 from bot.checkpoint import TURNS, Checkpoint
 from bot.reply import STAMP
 from bot.threads import session_id_for
@@ -334,3 +334,33 @@ async def test_a_turn_whose_followers_keep_failing_is_given_up(world: World) -> 
     tries = [c for c in fake.calls("conversations.replies") if c.args["channel"] == "C0GONE"]
     assert len(tries) == MAX_RESUMES
     assert all(c.error == "channel_not_found" for c in tries)
+
+
+async def test_a_button_clicked_while_the_thread_is_busy_says_so_and_starts_nothing(
+    pager: tuple[World, TestWorker],
+) -> None:
+    world, worker = pager
+    fake = world.fake
+    world.vendor.push(Text("Paged Ana.", chunks=20, chunk_delay=0.1))
+    await fake.send_command(world.url, "/oncall", "page INC-1")
+    [root] = await fake.until(
+        lambda: [m for m in fake.history(fake.general.id) if m.bot_id] or None, timeout=10
+    )
+
+    def prompted() -> Message | None:
+        found = [m for m in fake.thread(root.channel, root.ts) if m.text == "Page again?"]
+        return found[0] if found else None
+
+    prompt = await fake.until(prompted, timeout=10)
+    assert (
+        await fake.send_action(world.url, fake.block_action(prompt, "page_again"))
+    ).status == 200
+    [busy] = await fake.until(lambda: fake.ephemerals or None, timeout=10)
+    assert busy.text == BUSY and busy.user == fake.user.id
+    await wait_for_event(
+        world.client, session_id_for(HELPER, root.channel, root.ts), turn_ended(f"slack-{root.ts}")
+    )
+    await world.bots.idle()
+    names = [r["trigger"].get("name") for r in worker.requests]
+    assert "page_again" not in names
+    assert await world.client.redis.hlen(TURNS) == 0
