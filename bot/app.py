@@ -20,10 +20,12 @@ snapshot, so a click cannot inject a value).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import re
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +40,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from engine.client import Client, ClientError
 from engine.config import Project, slack_env_suffix
 
-from .checkpoint import Checkpoint, Checkpoints
+from .checkpoint import Checkpoint, Checkpoints, LeaseLost
 from .governor import Paced, RateGovernor
 from .indicator import SET_STATUS, Indicator
 from .mrkdwn import escape
@@ -49,7 +51,7 @@ from .render import (
     parse_interrupt_action,
     resolved_prompt,
 )
-from .reply import Reply
+from .reply import Reply, stamped_parts
 from .threads import (
     missed_messages,
     session_id_for,
@@ -57,7 +59,7 @@ from .threads import (
     thread_ts_of,
     wants_turn,
 )
-from .webapi import call, governed
+from .webapi import call, governed, thread_messages
 
 __all__ = ["SET_STATUS", "Bot", "Bots", "start_bots"]
 
@@ -66,7 +68,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 DEDUPE_SECONDS = 3600  # Slack retries within minutes; an hour covers replays too
 LEASE_MS = 15_000  # a dead bot's turns move to a live one within this (plus a scan)
-MAX_RESUMES = 5
+MAX_FAILURES = 5
 ANSWERED = "This prompt was already answered."
 BUSY = "Still working on this thread: try again once the reply is done."
 COMMAND_ARGS = ("text", "user_id", "channel_id", "team_id", "response_url", "trigger_id")
@@ -119,28 +121,37 @@ class Bots:
         stream: str = "edit",
     ) -> None:
         """One agent's app: Socket Mode with `app_token`, else HTTP with `signing_secret`."""
-        web_client = AsyncWebClient(token=token, **({"base_url": api_url} if api_url else {}))
+        # No SDK retries: a post resent after a dropped connection could show twice; a failed
+        # call fails the follower, and its successor looks for what landed (the stamps).
+        web_client = AsyncWebClient(
+            token=token, retry_handlers=[], **({"base_url": api_url} if api_url else {})
+        )
         app = AsyncApp(
             client=web_client,
             signing_secret=signing_secret or "",
             request_verification_enabled=app_token is None,  # Socket Mode has no signatures
+            # Ack after the listener: an event is acked once its turn is recorded in Redis,
+            # so a crash before that leaves it unacked, and Slack delivers it again.
+            process_before_response=True,
         )
         bot = Bot(agent, answers, app, web_client, app_token, native=stream == "native")
 
         async def on_event(body: dict[str, Any], context: AsyncBoltContext) -> None:
             await self._on_event(bot, body, context)
 
-        async def on_command(ack: AsyncAck, body: dict[str, Any]) -> None:
-            await ack()
-            self._spawn(self._command(bot, body))
+        async def on_command(
+            ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext
+        ) -> None:
+            await ack()  # sent once the listener returns: the turn is recorded by then
+            await self._command(bot, body, context.bot_id or "")
 
         async def on_click(ack: AsyncAck, body: dict[str, Any]) -> None:
             await ack()
             self._spawn(self._click(bot, body))
 
-        async def on_button(ack: AsyncAck, body: dict[str, Any]) -> None:
+        async def on_button(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext) -> None:
             await ack()
-            self._spawn(self._button(bot, body))
+            await self._button(bot, body, context.bot_id or "")
 
         app.event(re.compile(".*"))(on_event)
         for command in commands:
@@ -216,7 +227,7 @@ class Bots:
         return events
 
     async def _on_event(self, bot: Bot, body: dict[str, Any], context: AsyncBoltContext) -> None:
-        """Runs after Bolt verified the signature and acked."""
+        """After Bolt verified the signature; Slack gets its ack once the turn is recorded."""
         event = body.get("event")
         if not isinstance(event, dict):
             return
@@ -226,23 +237,22 @@ class Bots:
         event_id = body.get("event_id")
         if not isinstance(event_id, str) or not event_id:
             return
-        team = str(body.get("team_id") or context.team_id or "")
         thread_ts = thread_ts_of(event)
         assert thread_ts is not None  # wants_turn checked
-        mention = {"event": event, "bot_user": bot_user, "bot_id": bot_id}
-        start = self._start_turn(
-            bot,
-            team,
-            event["channel"],
-            thread_ts,
-            event["ts"],
-            event["user"],
-            None,
-            event_id,
-            f"slack-{event['ts']}",
-            mention=mention,
+        cp = Checkpoint(
+            agent=bot.agent,
+            team=str(body.get("team_id") or context.team_id or ""),
+            channel=event["channel"],
+            thread_ts=thread_ts,
+            turn_id=f"slack-{event['ts']}",
+            user=event["user"],
+            payload=None,
+            trigger=event["ts"],
+            since=event["ts"],
+            bot_id=bot_id or "",
+            mention={"event": event, "bot_user": bot_user, "bot_id": bot_id},
         )
-        self._spawn(start)
+        await self._start_turn(cp, [_seen_key("event", event_id)])
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.create_task(work)
@@ -264,35 +274,37 @@ class Bots:
         ts = event["ts"]
         messages: list[dict[str, Any]] = []
         if cp.thread_ts != ts:
-            args = {"channel": cp.channel, "ts": cp.thread_ts}
-            replies = await governed(
-                self.paced.governor, cp.team, bot.web, "conversations.replies", args
+            thread = await thread_messages(
+                self.paced.governor, cp.team, bot.web, cp.channel, cp.thread_ts
             )
-            for msg in missed_messages(replies.get("messages") or [], ts, bot_user, bot_id):
+            for msg in missed_messages(thread, ts, bot_user, bot_id):
                 text = f"<@{msg['user']}>: {msg.get('text') or ''}"
                 messages.append({"id": f"slack:{msg['ts']}", "role": "user", "content": text})
         text = strip_mention(event["text"], bot_user)
         messages.append({"id": f"slack:{ts}", "role": "user", "content": text})
         return {"type": "client.append", "messages": messages, "queue": True}
 
-    async def _command(self, bot: Bot, body: dict[str, Any]) -> None:
-        """A slash command: a root message saying who ran what, its thread the session."""
+    async def _command(self, bot: Bot, body: dict[str, Any], bot_id: str) -> None:
+        """A slash command: its turn is recorded at once; its follower posts the root message
+        naming who ran what, whose thread is the session."""
         args = {key: str(body.get(key) or "") for key in COMMAND_ARGS}
         command = str(body.get("command") or "")
-        if not (command and args["channel_id"] and args["user_id"]):
+        if not (command and args["channel_id"] and args["user_id"] and args["trigger_id"]):
             return
-        team, channel, user = args["team_id"], args["channel_id"], args["user_id"]
-        ran = escape(f"{command} {args['text']}".strip())
-        root = {"channel": channel, "text": f"<@{user}> ran `{ran}`"}
-        posted = await governed(self.paced.governor, team, bot.web, "chat.postMessage", root)
-        root_ts = str(posted["ts"])
-        payload = {"type": "client.action", "name": command.removeprefix("/"), "args": args}
-        key = args["trigger_id"] or root_ts  # Slack does not retry commands; ids are unique
-        await self._start_turn(
-            bot, team, channel, root_ts, root_ts, user, payload, key, f"slack-{root_ts}"
+        cp = Checkpoint(
+            agent=bot.agent,
+            team=args["team_id"],
+            channel=args["channel_id"],
+            thread_ts="",  # the root message's ts, once posted
+            turn_id=f"slack-cmd-{args['trigger_id']}",
+            user=args["user_id"],
+            payload={"type": "client.action", "name": command.removeprefix("/"), "args": args},
+            since=f"{time.time() - 1:.6f}",  # Slack ts are epoch seconds: the root comes later
+            bot_id=bot_id,
         )
+        await self._start_turn(cp, [_seen_key("command", args["trigger_id"])])
 
-    async def _button(self, bot: Bot, body: dict[str, Any]) -> None:
+    async def _button(self, bot: Bot, body: dict[str, Any], bot_id: str) -> None:
         """A custom button (from `channels.slack`): `client.action` named by its action_id."""
         actions = body.get("actions")
         action = actions[0] if isinstance(actions, list) and actions else None
@@ -300,13 +312,14 @@ class Bots:
         channel = (body.get("channel") or {}).get("id") or container.get("channel_id")
         message_ts = container.get("message_ts")
         user = (body.get("user") or {}).get("id")
-        team = str((body.get("team") or {}).get("id") or "")
         if not isinstance(action, dict) or not all(
-            isinstance(v, str) and v for v in (channel, message_ts, user, action.get("action_id"))
+            isinstance(v, str) and v
+            for v in (channel, message_ts, user, action.get("action_id"), action.get("action_ts"))
         ):
             return
         thread_ts = str(container.get("thread_ts") or message_ts)
-        action_ts = str(action.get("action_ts") or body.get("trigger_id") or message_ts)
+        action_ts = str(action["action_ts"])
+        team = str((body.get("team") or {}).get("id") or "")
         args = {
             "value": action.get("value"),
             "user_id": user,
@@ -317,60 +330,51 @@ class Bots:
             "trigger_id": body.get("trigger_id"),
             "response_url": body.get("response_url"),
         }
-        payload = {"type": "client.action", "name": action["action_id"], "args": args}
-        key = f"{channel}:{message_ts}:{action['action_id']}:{action_ts}:{user}"
-        turn_id = f"slack-action-{action_ts}"
-        await self._start_turn(
-            bot, team, channel, thread_ts, "", user, payload, key, turn_id, quiet=True
-        )
-
-    async def _start_turn(
-        self,
-        bot: Bot,
-        team: str,
-        channel: str,
-        thread_ts: str,
-        trigger: str,
-        user: str,
-        payload: dict[str, Any] | None,
-        dedupe: str,
-        turn_id: str,
-        *,
-        mention: dict[str, Any] | None = None,
-        quiet: bool = False,
-    ) -> None:
-        """Record the turn (once per Slack event, before any other work), then follow it."""
-        sid = session_id_for(bot.agent, channel, thread_ts)
         cp = Checkpoint(
             agent=bot.agent,
             team=team,
-            channel=channel,
+            channel=str(channel),
             thread_ts=thread_ts,
-            turn_id=turn_id,
-            user=user,
-            payload=payload,
-            after=await self.client.last_seq(sid),
-            cursor=await self.client.delta_cursor(sid),
-            trigger=trigger,
-            mention=mention,
-            quiet=quiet,
+            turn_id=f"slack-action-{action_ts}",
+            user=str(user),
+            payload={"type": "client.action", "name": action["action_id"], "args": args},
+            since=action_ts,
+            bot_id=bot_id,
+            quiet=True,
         )
-        if not await self.checkpoints.start(_event_key(dedupe), DEDUPE_SECONDS, cp):
-            return  # a retry or a replay won the race to start it
-        await self._follow(cp, resumed=False)
+        seen = f"{channel}:{message_ts}:{action['action_id']}:{action_ts}:{user}"
+        await self._start_turn(cp, [_seen_key("action", seen)])
+
+    async def _start_turn(self, cp: Checkpoint, seen: list[str]) -> None:
+        """Record the turn, once per Slack input, then follow it in a task of its own.
+
+        Its id is in the dedupe keys too: an edited mention arrives as a new event with the
+        message's ts, and must not start that turn again."""
+        if cp.thread_ts:
+            cp.after = await self.client.last_seq(cp.session_id)
+            cp.cursor = await self.client.delta_cursor(cp.session_id)
+        keys = [*seen, _seen_key("turn", cp.key)]
+        if await self.checkpoints.start(keys, DEDUPE_SECONDS, cp):
+            self._following[cp.key] = (cp, self._spawn(self._follow(cp, resumed=False)))
 
     # -- following a turn ---------------------------------------------------------------
 
     async def _follow(self, cp: Checkpoint, *, resumed: bool) -> None:
-        """Submit the turn (again, when resumed: the engine knows its id) and stream it."""
+        """Submit the turn (again, when resumed: the engine knows its id) and stream it.
+
+        A follower that fails counts it in the checkpoint and lets go of the lease, so another
+        round retries the turn, up to `MAX_FAILURES`; one that lost its lease just stops."""
         task = asyncio.current_task()
         assert task is not None
         self._following[cp.key] = (cp, task)
         bot = self.bots[cp.agent]
         view = TurnView(cp.turn_id)
         reply = Reply(cp, view, bot.web, self.paced, self.checkpoints.save, native=bot.native)
-        working = Indicator(bot.web, self.paced, cp.team, cp.channel, cp.thread_ts, cp.trigger)
+        working: Indicator | None = None
         try:
+            if not cp.thread_ts:
+                await self._post_root(cp, reply, resumed=resumed)
+            working = Indicator(bot.web, self.paced, cp.team, cp.channel, cp.thread_ts, cp.trigger)
             if resumed:
                 await reply.adopt_stamps()
                 await reply.close_stale_stream()
@@ -380,10 +384,35 @@ class Bots:
             if await self._submit(cp, reply):
                 await self._stream(cp, view, reply, working)
             await self.checkpoints.drop(cp)
+        except LeaseLost:
+            log.warning("slack: turn %s is followed elsewhere now", cp.key)
+            working = None  # the other follower shows (and clears) the indicator
+        except Exception:
+            with contextlib.suppress(Exception):  # Redis away too: the lease lapses anyway
+                cp.failures += 1
+                await self.checkpoints.save(cp)
+                await self.checkpoints.release(cp)
+            raise
         finally:
             self._following.pop(cp.key, None)
-            if not task.cancelling():  # shutting down: Slack times the status out
-                await working.clear()
+            if working is not None and not task.cancelling():  # shutting down: Slack times it out
+                await working.clear(stale=resumed)
+
+    async def _post_root(self, cp: Checkpoint, reply: Reply, *, resumed: bool) -> None:
+        """A slash command's root message, once: its thread becomes the turn's session."""
+        if resumed and "root" not in cp.posted:
+            args = {"channel": cp.channel, "oldest": cp.since, "include_all_metadata": True}
+            history = await governed(
+                self.paced.governor, cp.team, reply.web, "conversations.history", args
+            )
+            found = stamped_parts(history.get("messages") or [], cp.turn_id)
+            if "root" in found:
+                cp.posted["root"] = found["root"]
+        args = cp.payload["args"] if cp.payload else {}
+        ran = escape(f"/{(cp.payload or {}).get('name')} {args.get('text') or ''}".strip())
+        root = await reply.post("root", {"text": f"<@{cp.user}> ran `{ran}`"}, thread=False)
+        cp.thread_ts = cp.trigger = cp.since = root
+        await self.checkpoints.save(cp)
 
     async def _submit(self, cp: Checkpoint, reply: Reply) -> bool:
         """Submit the turn's input; False when there is no turn to follow.
@@ -453,18 +482,17 @@ class Bots:
         """Follow every open turn of our agents that no live bot follows (lease lapsed).
 
         A turn whose followers keep failing (the app was removed from the channel, say) is
-        given up after `MAX_RESUMES`, so it is not retried forever."""
-        for cp in await self.checkpoints.open():
-            if cp.agent not in self.bots or cp.key in self._following:
+        given up after `MAX_FAILURES`, so it is not retried forever."""
+        for seen in await self.checkpoints.open():
+            if seen.agent not in self.bots or seen.key in self._following:
                 continue
-            if not await self.checkpoints.claim(cp):
-                continue
-            cp.resumes += 1
-            if cp.resumes > MAX_RESUMES:
+            cp = await self.checkpoints.claim(seen)
+            if cp is None:
+                continue  # finished meanwhile, or another live follower has it
+            if cp.failures >= MAX_FAILURES:
                 log.error("slack: giving up turn %s of %s", cp.turn_id, cp.session_id)
                 await self.checkpoints.drop(cp)
                 continue
-            await self.checkpoints.save(cp)
             log.info("slack: resuming turn %s of %s", cp.turn_id, cp.session_id)
             self._following[cp.key] = (cp, self._spawn(self._follow(cp, resumed=True)))
 
@@ -564,8 +592,8 @@ def _readable(body: Any) -> bool:
     return isinstance(body, dict) and isinstance(body.get("event", {}), dict)
 
 
-def _event_key(event: str) -> str:
-    return f"subs:slack:event:{event}"
+def _seen_key(kind: str, key: str) -> str:
+    return f"subs:slack:seen:{kind}:{key}"
 
 
 async def _send(team: str, method: str, send: Callable[[], Awaitable[Any]]) -> None:

@@ -40,6 +40,7 @@ TIERS: dict[str, float] = {
     "reactions.add": 50,  # Tier 3 (§1.5)
     "reactions.remove": 20,  # Tier 2 (§1.5)
     "conversations.replies": 50,  # Tier 3 (§1.5)
+    "conversations.history": 50,  # Tier 3 (§1.5)
     "chat.postEphemeral": 100,  # Tier 4 (§1.5)
 }
 PER_CHANNEL = frozenset({"chat.postMessage"})
@@ -91,6 +92,11 @@ class RateGovernor:
         if budget.last is not None:
             earliest = max(earliest, budget.last + gap)
         return max(now, earliest)
+
+    def blocked_until(self, team: str, method: str) -> float:
+        """Until when a 429's Retry-After holds calls back (-inf when none did)."""
+        budget = self._budgets.get((team, method))
+        return budget.blocked_until if budget is not None else float("-inf")
 
     def record(self, team: str, method: str, at: float) -> None:
         """A call of `method` went (or is booked) at `at`. Mutates the budget."""

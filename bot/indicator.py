@@ -14,7 +14,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from .governor import Paced
-from .webapi import call
+from .webapi import call, slack_error
 
 __all__ = ["SET_STATUS", "WORKING_REACTION", "Indicator"]
 
@@ -56,17 +56,26 @@ class Indicator:
         """The app posted into the thread: Slack clears the thread status then."""
         self.status = ""
 
-    async def clear(self) -> None:
-        """Clear the status, or remove the reaction, once the turn's message has landed."""
+    async def clear(self, *, stale: bool = False) -> None:
+        """Clear the status, or remove the reaction, once the turn's message has landed.
+
+        `stale`: a dead follower may have shown either, so clear both if nothing else did."""
         if self._sent is None:
-            return  # nothing was shown
+            if not stale:
+                return  # nothing was shown
+            self._sent = self._set_status("")
+            self._reaction = self._react("reactions.remove") if self.trigger else None
+            await asyncio.gather(
+                self._sent, *filter(None, [self._reaction]), return_exceptions=True
+            )
+            return
         await asyncio.gather(self._sent, return_exceptions=True)  # settles `_reaction`
         if self._reaction is None:
             shown = self._set_status("")
         else:
             [added] = await asyncio.gather(self._reaction, return_exceptions=True)
-            if added is not None:
-                return  # no reaction to remove
+            if added is not None and slack_error(added) != "already_reacted":
+                return  # no reaction of ours to remove
             shown = self._react("reactions.remove")
         await asyncio.gather(shown, return_exceptions=True)  # Paced logged a failure
 

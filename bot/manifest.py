@@ -11,7 +11,9 @@ What the bot calls and why each grant is there:
   plus `channels:history` / `groups:history` for conversations.replies in public / private
   channels.
 - DMs (`message.im`): `im:history`, which also covers conversations.replies in a DM thread.
-- `commands` only when the agent declares slash commands.
+- `commands` only when the agent declares slash commands, with `channels:history` /
+  `groups:history` (if not there already): a bot resuming a command's turn after a crash looks
+  for the root message it may have posted (conversations.history).
 Socket Mode's `connections:write` belongs to the app-level token, not the bot, so it is not here.
 
 `to_yaml` writes JSON: YAML 1.2 is a superset of JSON, so the text is a valid YAML manifest
@@ -58,6 +60,7 @@ def manifest(agent: AgentDecl, *, socket_mode: bool, request_url: str | None) ->
         events.append("message.im")
     if slack.commands:
         scopes.append("commands")
+        scopes += [s for s in ("channels:history", "groups:history") if s not in scopes]
 
     display: dict[str, Any] = {"name": slack.name}
     if slack.description:

@@ -17,18 +17,20 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from .checkpoint import Checkpoint
-from .governor import Paced
+from .governor import Paced, RateLimited
 from .render import DEFAULT_LIMIT, Rendered, TurnView
-from .webapi import call, governed, slack_error
+from .webapi import call, governed, slack_error, thread_messages
 
 __all__ = ["STAMP", "Reply", "stamp", "stamped_parts"]
 
 log = logging.getLogger(__name__)
 
 STAMP = "subs_turn"  # message metadata event_type on every message the bot posts for a turn
+STREAM_GONE = frozenset({"message_not_in_streaming_state", "stopped_by_user", "message_not_found"})
 START_WAIT = 1.0  # seconds a reply's first text may wait for a stream slot; else edits
 STARTING = "starting"  # Checkpoint.streaming while chat.startStream is under way
 _TASK_STATUS = {"running": "in_progress", "ok": "complete", "error": "error"}
@@ -87,42 +89,55 @@ class Reply:
         """Learn the parts a dead follower posted after its last checkpoint.
 
         A native stream carries no stamp until it stops: one a follower was starting when it
-        died is the app's unstamped message in the thread after the trigger."""
+        died is this app's first unstamped message in the thread since the turn began."""
         cp = self.cp
-        args = {"channel": cp.channel, "ts": cp.thread_ts, "include_all_metadata": True}
-        answer = await self._call("conversations.replies", args)
-        messages = answer.get("messages") or []
+        messages = await thread_messages(
+            self.paced.governor,
+            cp.team,
+            self.web,
+            cp.channel,
+            cp.thread_ts,
+            include_all_metadata=True,
+            **({"oldest": cp.since} if cp.since else {}),
+        )
         found = stamped_parts(messages, cp.turn_id)
         if cp.streaming == STARTING:
-            orphans = [
-                str(m["ts"])
-                for m in messages
-                if m.get("bot_id") and not m.get("metadata") and m["ts"] > (cp.trigger or m["ts"])
-            ]
-            cp.streaming = orphans[-1] if orphans else ""
+            cp.streaming = next(
+                (
+                    str(m["ts"])
+                    for m in messages
+                    if m.get("bot_id") == cp.bot_id
+                    and not m.get("metadata")
+                    and m.get("ts", "") > cp.since
+                ),
+                "",
+            )
             if cp.streaming:
                 found.setdefault("reply", cp.streaming)
         cp.posted = {**found, **cp.posted}
+        self.native = self.native and "reply" not in cp.posted
         await self._save(cp)
 
     async def close_stale_stream(self) -> None:
         """A resumed turn's native stream: stop it (its text is unknown), then edit it whole."""
         if not self.cp.streaming:
             return
-        args = {"channel": self.cp.channel, "ts": self.cp.streaming}
-        await self._try("chat.stopStream", args)
-        self.native, self._streamed, self.cp.streaming = False, True, ""
-        await self._save(self.cp)
+        await self._close_stream(self.cp.streaming)
+        self.native, self._streamed = False, True
 
     # -- posting ------------------------------------------------------------------------
 
-    async def post(self, part: str, content: dict[str, Any]) -> str:
-        """Post `part` into the thread unless it landed already; its ts either way."""
+    async def post(self, part: str, content: dict[str, Any], *, thread: bool = True) -> str:
+        """Post `part` into the thread (or, not `thread`, into the channel) unless it landed
+        already; its ts either way. The lease is checked first: a follower that lost the turn
+        posts nothing."""
         cp = self.cp
         if part in cp.posted:
             return cp.posted[part]
-        args = {"channel": cp.channel, "thread_ts": cp.thread_ts, **content}
-        args["metadata"] = stamp(cp.turn_id, part)
+        await self._save(cp)
+        args = {"channel": cp.channel, **content, "metadata": stamp(cp.turn_id, part)}
+        if thread:
+            args["thread_ts"] = cp.thread_ts
         answer = await self._call("chat.postMessage", args)
         cp.posted[part] = str(answer["ts"])
         await self._save(cp)
@@ -208,41 +223,48 @@ class Reply:
         """Open the stream with the first text, or give up native streaming for this turn
         when Slack's tier (20 starts a minute per workspace) would hold the text back."""
         cp = self.cp
-        now = asyncio.get_running_loop().time()
-        if self.paced.governor.next_slot(cp.team, "chat.startStream", now) - now > START_WAIT:
+        governor, loop = self.paced.governor, asyncio.get_running_loop()
+        slot = governor.next_slot(cp.team, "chat.startStream", loop.time())
+        if slot - loop.time() > START_WAIT:
             self.native = False
             return False
+        governor.record(cp.team, "chat.startStream", slot)  # booked before anything awaits
         cp.streaming = STARTING  # a resumer looks for the message if we die in the call
         await self._save(cp)
+        await asyncio.sleep(max(0.0, slot - loop.time()))
+        tasks = self._task_chunks()
         args: dict[str, Any] = {
             "channel": cp.channel,
             "thread_ts": cp.thread_ts,
             "recipient_user_id": cp.user,
             "recipient_team_id": cp.team,
-            "chunks": [{"type": "markdown_text", "text": text}, *self._task_chunks()],
+            "chunks": [{"type": "markdown_text", "text": text}, *tasks],
         }
         try:
-            answer = await self._call("chat.startStream", args)
-        except Exception as err:
-            if slack_error(err) is None:
-                raise
-            log.info("slack stream refused (%s): editing instead", slack_error(err))
+            answer = await call(self.web, "chat.startStream", args)
+        except (RateLimited, SlackApiError) as err:  # refused, or the tier is spent: edits
+            log.info("slack stream not started (%s): editing instead", slack_error(err) or err)
             self.native, cp.streaming = False, ""
             return False
         self._sent, self._streamed = text, True
+        self._sent_tasks(tasks)
         cp.posted["reply"] = cp.streaming = str(answer["ts"])
         await self._save(cp)
         return True
 
     def _task_chunks(self) -> list[dict[str, Any]]:
-        """task_update chunks for tool and subagent lines whose status changed; marks them sent."""
-        chunks = []
-        for key, title, state in self.view.tasks:
-            status = _TASK_STATUS[state]
-            if self._tasks.get(key) != status:
-                self._tasks[key] = status
-                chunks.append({"type": "task_update", "id": key, "title": title, "status": status})
-        return chunks
+        """task_update chunks for tool and subagent lines whose status the stream lacks."""
+        return [
+            {"type": "task_update", "id": key, "title": title, "status": _TASK_STATUS[state]}
+            for key, title, state in self.view.tasks
+            if self._tasks.get(key) != _TASK_STATUS[state]
+        ]
+
+    def _sent_tasks(self, chunks: list[dict[str, Any]]) -> None:
+        """The stream took these chunks: their task statuses are shown."""
+        for chunk in chunks:
+            if chunk["type"] == "task_update":
+                self._tasks[chunk["id"]] = chunk["status"]
 
     def _changed_tasks(self) -> bool:
         return any(self._tasks.get(k) != _TASK_STATUS[s] for k, _, s in self.view.tasks)
@@ -262,6 +284,7 @@ class Reply:
         args["chunks"] = chunks
         await call(self.web, "chat.appendStream", args)
         self._sent = text
+        self._sent_tasks(chunks)
 
     def _append_failed(self, done: asyncio.Future[None]) -> None:
         if not done.cancelled() and done.exception() is not None:
@@ -287,29 +310,33 @@ class Reply:
         if chunks:
             args["chunks"] = chunks
         args["metadata"] = stamp(self.cp.turn_id, "reply")
-        stopped = await self._try("chat.stopStream", args)
-        self.cp.streaming = ""
-        await self._save(self.cp)
+        stopped = await self._close_stream(str(self.ts), args)
         return stopped and not self._broken and whole and text == view.answer()
 
     async def _fall_back(self) -> None:
         """Leave native streaming for edits, stopping a stream that is still open."""
         self.native = False
         if self.cp.streaming:
-            await self._try("chat.stopStream", {"channel": self.cp.channel, "ts": self.ts})
-            self.cp.streaming = ""
-            await self._save(self.cp)
+            await self._close_stream(self.cp.streaming)
 
-    async def _try(self, method: str, args: dict[str, Any]) -> bool:
-        """A governed call whose refusal (a stream already gone, say) only gets logged."""
+    async def _close_stream(self, ts: str, args: dict[str, Any] | None = None) -> bool:
+        """chat.stopStream; True when it stopped now, False when Slack had ended it already.
+
+        Raises:
+            SlackApiError: any other refusal; the stream may still be open, so it stays in
+                the checkpoint for the next follower to close.
+        """
         try:
-            await self._call(method, args)
-        except Exception as err:
-            if slack_error(err) is None:
+            await self._call("chat.stopStream", args or {"channel": self.cp.channel, "ts": ts})
+            stopped = True
+        except SlackApiError as err:
+            if slack_error(err) not in STREAM_GONE:
                 raise
-            log.info("slack %s refused: %s", method, slack_error(err))
-            return False
-        return True
+            log.info("slack stream %s was over already: %s", ts, slack_error(err))
+            stopped = False
+        self.cp.streaming = ""
+        await self._save(self.cp)
+        return stopped
 
     async def _call(self, method: str, args: dict[str, Any]) -> Any:
         return await governed(self.paced.governor, self.cp.team, self.web, method, args)

@@ -66,8 +66,8 @@ def wants_turn(event: Event, answers: str, bot_user: str | None, bot_id: str | N
     A channel mention is answered for `channels`/`both`, a DM for `dm`/`both`. A mention
     inside a DM arrives as a DM message too; only the `message` event counts there.
     """
-    if is_own(event, bot_user, bot_id):
-        return False
+    if is_own(event, bot_user, bot_id) or "edited" in event:
+        return False  # an edit is no new question (and its ts names a turn already asked)
     if not all(_str(event, key) for key in ("user", "channel", "ts")):
         return False
     if not isinstance(event.get("text"), str) or thread_ts_of(event) is None:

@@ -15,7 +15,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from .governor import RateGovernor, RateLimited, scope
 
-__all__ = ["ATTEMPTS", "call", "governed", "slack_error"]
+__all__ = ["ATTEMPTS", "call", "governed", "slack_error", "thread_messages"]
 
 ATTEMPTS = 5  # 429s waited out before a governed call gives up
 
@@ -53,6 +53,8 @@ async def governed(
         governor.record(budget, method, slot)
         if slot > loop.time():
             await asyncio.sleep(slot - loop.time())
+        while (blocked := governor.blocked_until(budget, method)) > loop.time():
+            await asyncio.sleep(blocked - loop.time())  # a 429 came while we waited
         try:
             return await call(web, method, args)
         except RateLimited as limited:
@@ -60,6 +62,23 @@ async def governed(
                 raise
             governor.penalise(budget, method, limited.retry_after, loop.time())
     raise AssertionError("unreachable")
+
+
+async def thread_messages(
+    governor: RateGovernor, team: str, web: AsyncWebClient, channel: str, ts: str, **extra: Any
+) -> list[dict[str, Any]]:
+    """Every message of a thread (`conversations.replies`, all pages), oldest first."""
+    messages: list[dict[str, Any]] = []
+    cursor = ""
+    while True:
+        args = {"channel": channel, "ts": ts, "limit": 200, **extra}
+        if cursor:
+            args["cursor"] = cursor
+        page = await governed(governor, team, web, "conversations.replies", args)
+        messages += page.get("messages") or []
+        cursor = (page.get("response_metadata") or {}).get("next_cursor") or ""
+        if not cursor:
+            return messages
 
 
 def slack_error(err: BaseException) -> str | None:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from bot.app import BUSY, MAX_RESUMES
-from bot.checkpoint import TURNS, Checkpoint
+from bot.app import BUSY, MAX_FAILURES
+from bot.checkpoint import TURNS, Checkpoint, Checkpoints, LeaseLost
 from bot.reply import STAMP
 from bot.threads import session_id_for
 from engine.config import parse_project
@@ -58,6 +58,10 @@ async def _mention(world: World, text: str) -> Message:
 async def _turn_ended(world: World, mention: Message) -> None:
     sid = session_id_for(world.agent, mention.channel, mention.thread_ts or mention.ts)
     await wait_for_event(world.client, sid, turn_ended(f"slack-{mention.ts}"))
+
+
+def _any_turn_ended(event: dict[str, Any]) -> bool:
+    return event["payload"]["type"] in ("turn.completed", "turn.failed")
 
 
 # -- native streaming -----------------------------------------------------------------
@@ -269,7 +273,7 @@ async def test_channels_slack_overrides_what_the_thread_shows(
         lambda: [m for m in fake.history(fake.general.id) if m.bot_id] or None, timeout=10
     )
     sid = session_id_for(HELPER, root.channel, root.ts)
-    await wait_for_event(world.client, sid, turn_ended(f"slack-{root.ts}"))
+    await wait_for_event(world.client, sid, _any_turn_ended)
     await world.bots.idle()
 
     assert "is paging the on-call…" in fake.statuses(root.channel, root.ts)
@@ -332,7 +336,7 @@ async def test_a_turn_whose_followers_keep_failing_is_given_up(world: World) -> 
     finally:
         await successor.aclose()
     tries = [c for c in fake.calls("conversations.replies") if c.args["channel"] == "C0GONE"]
-    assert len(tries) == MAX_RESUMES
+    assert len(tries) == MAX_FAILURES
     assert all(c.error == "channel_not_found" for c in tries)
 
 
@@ -358,9 +362,58 @@ async def test_a_button_clicked_while_the_thread_is_busy_says_so_and_starts_noth
     [busy] = await fake.until(lambda: fake.ephemerals or None, timeout=10)
     assert busy.text == BUSY and busy.user == fake.user.id
     await wait_for_event(
-        world.client, session_id_for(HELPER, root.channel, root.ts), turn_ended(f"slack-{root.ts}")
+        world.client, session_id_for(HELPER, root.channel, root.ts), _any_turn_ended
     )
     await world.bots.idle()
     names = [r["trigger"].get("name") for r in worker.requests]
     assert "page_again" not in names
     assert await world.client.redis.hlen(TURNS) == 0
+
+
+# -- one turn per message -------------------------------------------------------------
+
+
+async def test_the_same_message_under_a_new_event_id_starts_no_second_turn(world: World) -> None:
+    """An edited mention (or any redelivery with a fresh event_id) names the same message:
+    one turn, one follower, one reply."""
+    fake = world.fake
+    world.vendor.push(Text(ANSWER, chunks=6, chunk_delay=0.05))
+    mention = await _mention(world, "are the replicas ok?")
+    event = fake.event_for(mention, kind="app_mention")
+    again = await fake.send_event(world.url, event)  # new envelope, new event_id
+    edited = await fake.send_event(world.url, {**event, "edited": {"user": fake.user.id}})
+    assert again.status == edited.status == 200
+    await _turn_ended(world, mention)
+    await world.bots.idle()
+    late = await fake.send_event(world.url, event)  # after the turn ended
+    assert late.status == 200
+    await world.bots.idle()
+    assert len(_replies(fake, mention)) == 1
+    assert len(await world.turns(mention.channel, mention.ts)) == 1
+    assert await world.client.redis.hlen(TURNS) == 0
+
+
+async def test_checkpoint_writes_are_fenced_by_the_followers_lease(redis) -> None:
+    mine, theirs = Checkpoints(redis, "mine", 60_000), Checkpoints(redis, "theirs", 60_000)
+    cp = Checkpoint(
+        agent=AGENT,
+        team="T1",
+        channel="C1",
+        thread_ts="1.000001",
+        turn_id="slack-1.000001",
+        user="U1",
+        payload=None,
+    )
+    assert await mine.start(["subs:test:seen:1"], 60, cp)
+    assert not await theirs.start(["subs:test:seen:2"], 60, cp)  # the turn is known
+    assert await theirs.claim(cp) is None  # leased to "mine"
+    await mine.release(cp)
+    taken = await theirs.claim(cp)
+    assert taken is not None and taken.key == cp.key
+    with pytest.raises(LeaseLost):
+        await mine.save(cp)  # the stalled follower writes nothing over its successor
+    with pytest.raises(LeaseLost):
+        await mine.drop(cp)
+    await theirs.drop(taken)
+    assert await theirs.claim(cp) is None  # finished: a stale copy cannot bring it back
+    assert await redis.hlen(TURNS) == 0

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.governor import TIERS, RateGovernor
+from bot.governor import TIERS, RateGovernor, scope
 from bot.webapi import governed
 from tests.fakes.slack import FakeSlack
 
@@ -33,3 +34,27 @@ async def test_concurrent_posts_in_one_channel_queue_without_a_429() -> None:
     gaps = [b.at - a.at for a, b in itertools.pairwise(calls)]
     gap = 60 / (TIERS["chat.postMessage"] * SPEEDUP)
     assert min(gaps) > gap * 0.8  # spaced at the tier, not fired together
+
+
+async def test_a_booked_call_waits_out_a_retry_after_that_came_meanwhile() -> None:
+    """A call waiting for its booked slot when another call's 429 arrives holds back until
+    the Retry-After has passed, not just until its slot."""
+    async with FakeSlack(time_scale=1 / SPEEDUP) as fake:
+        web = AsyncWebClient(token=fake.bot_token, base_url=fake.url)
+        governor = RateGovernor({m: per_minute * SPEEDUP for m, per_minute in TIERS.items()})
+        team, loop = fake.team.id, asyncio.get_running_loop()
+
+        async def post(text: str) -> None:
+            args = {"channel": fake.general.id, "text": text}
+            await governed(governor, team, web, "chat.postMessage", args)
+
+        await post("first")  # the next slot is one gap (50 ms) away
+        waiting = asyncio.create_task(post("second"))
+        await asyncio.sleep(0)  # it books that slot and sleeps towards it
+        penalised_at = time.time()
+        budget = scope(team, "chat.postMessage", fake.general.id)
+        governor.penalise(budget, "chat.postMessage", 0.3, loop.time())
+        await asyncio.wait_for(waiting, 5)
+    second = fake.calls("chat.postMessage")[1]
+    assert second.args["text"] == "second"
+    assert second.at - penalised_at >= 0.3
