@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 
 from bot.app import BUSY, MAX_FAILURES
 from bot.checkpoint import TURNS, Checkpoint, Checkpoints, LeaseLost
-from bot.reply import STAMP
+from bot.reply import STAMP, stamp
 from bot.threads import session_id_for
 from engine.config import parse_project
 from tests.bot_helpers import AGENT, World, serve_bots
@@ -417,3 +418,40 @@ async def test_checkpoint_writes_are_fenced_by_the_followers_lease(redis) -> Non
     await theirs.drop(taken)
     assert await theirs.claim(cp) is None  # finished: a stale copy cannot bring it back
     assert await redis.hlen(TURNS) == 0
+
+
+async def test_a_resumed_command_finds_the_root_message_a_dead_bot_posted(world: World) -> None:
+    """The dead bot posted the command's root message but died before checkpointing it."""
+    fake = world.fake
+    turn_id = "slack-cmd-T0DEAD"
+    web = world.bots.bots[AGENT].web
+    since = f"{time.time() - 1:.6f}"
+    root = await web.chat_postMessage(
+        channel=fake.general.id, text="ran `/oncall ack`", metadata=stamp(turn_id, "root")
+    )
+    args = {"text": "ack", "user_id": fake.user.id, "channel_id": fake.general.id}
+    lost = Checkpoint(
+        agent=AGENT,
+        team=fake.team.id,
+        channel=fake.general.id,
+        thread_ts="",
+        turn_id=turn_id,
+        user=fake.user.id,
+        payload={"type": "client.action", "name": "oncall", "args": args},
+        since=since,
+    )
+    await world.client.redis.hset(TURNS, lost.key, lost.dumps())
+    successor = world.another_bot()
+    await successor.start()
+    try:
+        await successor.idle()
+    finally:
+        await successor.aclose()
+    roots = [m for m in fake.history(fake.general.id) if m.bot_id]
+    assert [m.ts for m in roots] == [root["ts"]]
+    [reply] = [m for m in fake.thread(fake.general.id, root["ts"]) if m.ts != root["ts"]]
+    assert reply.metadata == stamp(turn_id, "reply")
+    sid = session_id_for(AGENT, fake.general.id, root["ts"])
+    kinds = [e["payload"]["type"] for e in await world.client.events(sid)]
+    assert kinds.count("turn.started") == 1 and "turn.completed" in kinds
+    assert await world.client.redis.hlen(TURNS) == 0
