@@ -45,7 +45,7 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -557,14 +557,25 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds before the window")
     parser.add_argument("--window", type=float, default=10.0, help="fan-out window, seconds")
     args = parser.parse_args()
+    return with_token_vendor(
+        lambda url, vendor, server, tmp: bench(args, url, vendor, server.pid if server else 0, tmp)
+    )
+
+
+Bench = Callable[[str, ChildServer, EmbeddedRedis | None, Path], Coroutine[Any, Any, None]]
+
+
+def with_token_vendor(run: Bench, redis_url: str | None = None) -> int:
+    """Redis (embedded unless `redis_url`) and the token vendor in a child process around
+    `run(url, vendor, embedded server or None, scratch dir)`; the process exit status."""
     with tempfile.TemporaryDirectory(prefix="subs-bench-") as tmp:
-        server = EmbeddedRedis(Path(tmp) / "redis")
+        server = None if redis_url else EmbeddedRedis(Path(tmp) / "redis")
         vendor = ChildServer(_token_vendor_child)
         try:
-            url = server.start()
+            url = server.start() if server is not None else str(redis_url)
             vendor.start()
             vendor.ready()
-            asyncio.run(bench(args, url, vendor, server.pid, Path(tmp)))
+            asyncio.run(run(url, vendor, server, Path(tmp)))
         except (KeyboardInterrupt, asyncio.CancelledError):
             print("interrupted", file=sys.stderr)
             return 130
@@ -580,7 +591,8 @@ def main() -> int:
             return 1
         finally:
             vendor.stop()
-            server.stop()
+            if server is not None:
+                server.stop()
     return 0
 
 

@@ -45,14 +45,12 @@ import json
 import re
 import signal
 import statistics
-import tempfile
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from bench.api_stream import Failure, _drain, _leaves, _token_vendor_child
+from bench.api_stream import Failure, _drain, with_token_vendor
 from bench.step_overhead import ChildServer, p99
 from engine.config import slack_env_suffix
-from engine.embedded import EmbeddedRedis
 from tests.engine_helpers import EngineProcess, project_toml
 from tests.fakes.slack import FakeSlack, Message
 
@@ -281,32 +279,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.chunks < 2 or min(args.threads) < 1:
         parser.error("--chunks must be at least 2 and every --threads at least 1")
-    with tempfile.TemporaryDirectory(prefix="subs-bench-") as tmp:
-        server = None if args.redis else EmbeddedRedis(Path(tmp) / "redis")
-        vendor = ChildServer(_token_vendor_child)
-        try:
-            url = server.start() if server is not None else args.redis
-            vendor.start()
-            vendor.ready()
-            asyncio.run(bench(args, url, vendor, Path(tmp)))
-        except (KeyboardInterrupt, asyncio.CancelledError):
-            print("interrupted", file=sys.stderr)
-            return 130
-        except Failure as err:
-            print(f"FAILED: {err}", file=sys.stderr)
-            return 1
-        except BaseExceptionGroup as group:
-            failures = [e for e in _leaves(group) if isinstance(e, Failure)]
-            if not failures:
-                raise
-            for err in failures:
-                print(f"FAILED: {err}", file=sys.stderr)
-            return 1
-        finally:
-            vendor.stop()
-            if server is not None:
-                server.stop()
-    return 0
+    return with_token_vendor(
+        lambda url, vendor, _server, tmp: bench(args, url, vendor, tmp), args.redis
+    )
 
 
 if __name__ == "__main__":

@@ -263,16 +263,23 @@ async def pager(
         yield served, worker
 
 
+async def _page(world: World) -> Message:
+    """`/oncall page INC-1`: the command's root message, once posted."""
+    fake = world.fake
+    await fake.send_command(world.url, "/oncall", "page INC-1")
+    [root] = await fake.until(
+        lambda: [m for m in fake.history(fake.general.id) if m.bot_id] or None, timeout=10
+    )
+    return root
+
+
 async def test_channels_slack_overrides_what_the_thread_shows(
     pager: tuple[World, TestWorker],
 ) -> None:
     world, worker = pager
     fake = world.fake
     world.vendor.push(Text("Paged Ana.", chunks=4, chunk_delay=0.1))
-    await fake.send_command(world.url, "/oncall", "page INC-1")
-    [root] = await fake.until(
-        lambda: [m for m in fake.history(fake.general.id) if m.bot_id] or None, timeout=10
-    )
+    root = await _page(world)
     sid = session_id_for(HELPER, root.channel, root.ts)
     await wait_for_event(world.client, sid, _any_turn_ended)
     await world.bots.idle()
@@ -347,10 +354,7 @@ async def test_a_button_clicked_while_the_thread_is_busy_says_so_and_starts_noth
     world, worker = pager
     fake = world.fake
     world.vendor.push(Text("Paged Ana.", chunks=20, chunk_delay=0.1))
-    await fake.send_command(world.url, "/oncall", "page INC-1")
-    [root] = await fake.until(
-        lambda: [m for m in fake.history(fake.general.id) if m.bot_id] or None, timeout=10
-    )
+    root = await _page(world)
 
     def prompted() -> Message | None:
         found = [m for m in fake.thread(root.channel, root.ts) if m.text == "Page again?"]
