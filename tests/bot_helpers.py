@@ -44,10 +44,17 @@ class World:
     project: Project | None = None
     env: dict[str, str] = field(default_factory=dict)
 
-    def another_bot(self, **kw: Any) -> Bots:
-        """A second bot process's worth of apps on the same engine and Slack (not started)."""
+    @asynccontextmanager
+    async def successor(self, **kw: Any) -> AsyncIterator[Bots]:
+        """A second bot process's worth of apps on the same engine and Slack, started (so
+        resuming what is open), closed afterwards."""
         assert self.project is not None
-        return start_bots(self.project, self.client, self.env, governor=RateGovernor(FAST), **kw)
+        bots = start_bots(self.project, self.client, self.env, governor=RateGovernor(FAST), **kw)
+        await bots.start()
+        try:
+            yield bots
+        finally:
+            await bots.aclose()
 
     async def reply_to(self, msg: Message, nth: int = 1) -> Message:
         """The bot's `nth` reply in the thread of `msg`, once its turn has ended."""

@@ -135,13 +135,9 @@ async def test_a_native_stream_left_open_is_stopped_and_finished_by_edits(native
     [start] = await fake.wait_for("chat.startStream", timeout=10)
     await native.bots.aclose()  # the stream stays open; what it shows is not checkpointed
 
-    successor = native.another_bot()
-    await successor.start()
-    try:
+    async with native.successor() as successor:
         await _turn_ended(native, mention)
         await successor.idle()
-    finally:
-        await successor.aclose()
     [reply] = _replies(fake, mention)
     assert reply.ts == start.response["ts"] and reply.stream == "stopped"
     assert [b["text"] for b in reply.blocks if b["type"] == "markdown"] == [ANSWER]
@@ -157,13 +153,9 @@ async def test_a_bot_closed_mid_stream_hands_its_turn_to_the_next(world: World) 
     await world.bots.aclose()  # mid-stream: the checkpoint stays, the lease is released
     assert await world.client.redis.hlen(TURNS) == 1
 
-    successor = world.another_bot()
-    await successor.start()
-    try:
+    async with world.successor() as successor:
         await _turn_ended(world, mention)
         await successor.idle()
-    finally:
-        await successor.aclose()
     [reply] = _replies(fake, mention)
     assert [b["text"] for b in reply.blocks if b["type"] == "markdown"] == [ANSWER]
     assert len([c for c in fake.calls("chat.postMessage") if c.args.get("thread_ts")]) == 1
@@ -200,12 +192,8 @@ async def test_a_resumed_turn_finds_the_reply_a_dead_bot_posted_by_its_stamp(
         },
     )
     await world.client.redis.hset(TURNS, lost.key, lost.dumps())
-    successor = world.another_bot()
-    await successor.start()
-    try:
+    async with world.successor() as successor:
         await successor.idle()
-    finally:
-        await successor.aclose()
     assert [m.ts for m in _replies(fake, mention)] == [reply.ts]
     assert len(fake.calls("chat.postMessage")) == posts
     assert fake.calls("conversations.replies")[-1].args.get("include_all_metadata")
@@ -333,16 +321,12 @@ async def test_a_turn_whose_followers_keep_failing_is_given_up(world: World) -> 
         trigger="1700000000.000100",
     )
     await world.client.redis.hset(TURNS, gone.key, gone.dumps())
-    successor = world.another_bot(lease_ms=300)
-    await successor.start()
-    try:
+    async with world.successor(lease_ms=300):
 
         async def dropped() -> bool:
             return await world.client.redis.hlen(TURNS) == 0
 
         await poll_until(dropped, timeout=15, what="the checkpoint to be given up")
-    finally:
-        await successor.aclose()
     tries = [c for c in fake.calls("conversations.replies") if c.args["channel"] == "C0GONE"]
     assert len(tries) == MAX_FAILURES
     assert all(c.error == "channel_not_found" for c in tries)
@@ -445,12 +429,8 @@ async def test_a_resumed_command_finds_the_root_message_a_dead_bot_posted(world:
         since=since,
     )
     await world.client.redis.hset(TURNS, lost.key, lost.dumps())
-    successor = world.another_bot()
-    await successor.start()
-    try:
+    async with world.successor() as successor:
         await successor.idle()
-    finally:
-        await successor.aclose()
     roots = [m for m in fake.history(fake.general.id) if m.bot_id]
     assert [m.ts for m in roots] == [root["ts"]]
     [reply] = [m for m in fake.thread(fake.general.id, root["ts"]) if m.ts != root["ts"]]
