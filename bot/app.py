@@ -59,7 +59,7 @@ from .threads import (
     thread_ts_of,
     wants_turn,
 )
-from .webapi import call, governed, thread_messages
+from .webapi import call, every_message, governed, thread_messages
 
 __all__ = ["SET_STATUS", "Bot", "Bots", "start_bots"]
 
@@ -69,6 +69,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 DEDUPE_SECONDS = 3600  # Slack retries within minutes; an hour covers replays too
 LEASE_MS = 15_000  # a dead bot's turns move to a live one within this (plus a scan)
 MAX_FAILURES = 5
+RETRY_SECONDS = 5.0  # a failed follower's turn is retried after 5 s, then 10, 20, 40
+CLOCK_SKEW = 60.0  # how far this host's clock may be off Slack's
+GAVE_UP = ":warning: This reply could not be finished: Slack or the engine kept failing."
 ANSWERED = "This prompt was already answered."
 BUSY = "Still working on this thread: try again once the reply is done."
 COMMAND_ARGS = ("text", "user_id", "channel_id", "team_id", "response_url", "trigger_id")
@@ -96,8 +99,10 @@ class Bots:
         *,
         owner: str | None = None,
         lease_ms: int = LEASE_MS,
+        retry_s: float = RETRY_SECONDS,
     ) -> None:
         self.client = client
+        self.retry_s = retry_s
         self.paced = Paced(governor or RateGovernor(), _send)
         self.checkpoints = Checkpoints(
             client.redis, owner or f"bot-{secrets.token_hex(6)}", lease_ms
@@ -146,8 +151,8 @@ class Bots:
             await self._command(bot, body, context.bot_id or "")
 
         async def on_click(ack: AsyncAck, body: dict[str, Any]) -> None:
-            await ack()
-            self._spawn(self._click(bot, body))
+            await ack()  # sent once the resume is recorded (or refused)
+            await self._click(bot, body)
 
         async def on_button(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext) -> None:
             await ack()
@@ -299,7 +304,8 @@ class Bots:
             turn_id=f"slack-cmd-{args['trigger_id']}",
             user=args["user_id"],
             payload={"type": "client.action", "name": command.removeprefix("/"), "args": args},
-            since=f"{time.time() - 1:.6f}",  # Slack ts are epoch seconds: the root comes later
+            # Slack ts are epoch seconds on Slack's clock: the root comes later, give or take.
+            since=f"{time.time() - CLOCK_SKEW:.6f}",
             bot_id=bot_id,
         )
         await self._start_turn(cp, [_seen_key("command", args["trigger_id"])])
@@ -390,6 +396,7 @@ class Bots:
         except Exception:
             with contextlib.suppress(Exception):  # Redis away too: the lease lapses anyway
                 cp.failures += 1
+                cp.retry_at = time.time() + self.retry_s * 2 ** (cp.failures - 1)
                 await self.checkpoints.save(cp)
                 await self.checkpoints.release(cp)
             raise
@@ -402,10 +409,10 @@ class Bots:
         """A slash command's root message, once: its thread becomes the turn's session."""
         if resumed and "root" not in cp.posted:
             args = {"channel": cp.channel, "oldest": cp.since, "include_all_metadata": True}
-            history = await governed(
+            history = await every_message(
                 self.paced.governor, cp.team, reply.web, "conversations.history", args
             )
-            found = stamped_parts(history.get("messages") or [], cp.turn_id)
+            found = stamped_parts(history, cp.turn_id)
             if "root" in found:
                 cp.posted["root"] = found["root"]
         args = cp.payload["args"] if cp.payload else {}
@@ -486,15 +493,28 @@ class Bots:
         for seen in await self.checkpoints.open():
             if seen.agent not in self.bots or seen.key in self._following:
                 continue
+            if seen.retry_at > time.time():
+                continue  # backing off after a failure
             cp = await self.checkpoints.claim(seen)
             if cp is None:
                 continue  # finished meanwhile, or another live follower has it
             if cp.failures >= MAX_FAILURES:
                 log.error("slack: giving up turn %s of %s", cp.turn_id, cp.session_id)
-                await self.checkpoints.drop(cp)
+                self._spawn(self._give_up(cp))
                 continue
             log.info("slack: resuming turn %s of %s", cp.turn_id, cp.session_id)
             self._following[cp.key] = (cp, self._spawn(self._follow(cp, resumed=True)))
+
+    async def _give_up(self, cp: Checkpoint) -> None:
+        """Say so where the reply was going (best effort: that is what kept failing), then
+        forget the turn."""
+        bot = self.bots[cp.agent]
+        reply = Reply(cp, TurnView(cp.turn_id), bot.web, self.paced, self.checkpoints.save)
+        try:
+            await reply.give_up(GAVE_UP)
+        except Exception as err:
+            log.warning("slack: could not say turn %s was given up: %s", cp.turn_id, err)
+        await self.checkpoints.drop(cp)
 
     async def _keep_leases(self) -> None:
         """Renew the leases of the turns we follow; take over those whose follower died."""
@@ -552,14 +572,17 @@ class Bots:
                 resumed = reply.get("resumed") is True
         if not resumed or interrupt is None or option is None:
             ephemeral = {"channel": channel, "user": user, "thread_ts": thread_ts, "text": ANSWERED}
-            await governed(self.paced.governor, team, bot.web, "chat.postEphemeral", ephemeral)
+            self._spawn(self._tell(bot, team, ephemeral))
             return
         prompt = _prompt(interrupt) or {}
         label = str(option.get("label") or "") or None
         answered = resolved_prompt(prompt, label, user, option.get("style") != "danger")
         args = {"channel": channel, "ts": message_ts, **answered}
         send = functools.partial(call, bot.web, "chat.update", args)
-        await self.paced.submit(team, "chat.update", (channel, message_ts), send)
+        self._spawn(_landed(self.paced.submit(team, "chat.update", (channel, message_ts), send)))
+
+    async def _tell(self, bot: Bot, team: str, ephemeral: dict[str, Any]) -> None:
+        await governed(self.paced.governor, team, bot.web, "chat.postEphemeral", ephemeral)
 
 
 def _prompt(interrupt: dict[str, Any]) -> dict[str, Any] | None:
@@ -592,6 +615,10 @@ def _readable(body: Any) -> bool:
     return isinstance(body, dict) and isinstance(body.get("event", {}), dict)
 
 
+async def _landed(sent: asyncio.Future[None]) -> None:
+    await sent
+
+
 def _seen_key(kind: str, key: str) -> str:
     return f"subs:slack:seen:{kind}:{key}"
 
@@ -610,13 +637,14 @@ def start_bots(
     governor: RateGovernor | None = None,
     lease_ms: int = LEASE_MS,
     owner: str | None = None,
+    retry_s: float = RETRY_SECONDS,
 ) -> Bots:
     """A bot for each agent with a Slack block whose bot token is set, and an app token
     (Socket Mode) or a signing secret (HTTP). Call `Bots.start()` to connect Socket Mode.
 
     `api_url` (else `SLACK_API_URL`) is the Web API base, for a fake Slack in tests.
     """
-    bots = Bots(client, governor, lease_ms=lease_ms, owner=owner)
+    bots = Bots(client, governor, lease_ms=lease_ms, owner=owner, retry_s=retry_s)
     api_url = api_url or env.get("SLACK_API_URL") or None
     for agent in project.agents.values():
         if agent.slack is None:

@@ -17,7 +17,8 @@ its lease (a long stall) stops instead of writing over its successor.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import logging
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from redis.asyncio import Redis
@@ -25,6 +26,8 @@ from redis.asyncio import Redis
 from .threads import session_id_for
 
 __all__ = ["Checkpoint", "Checkpoints", "LeaseLost"]
+
+log = logging.getLogger(__name__)
 
 TURNS = "subs:slack:turns"  # hash: "<agent> <channel> <turn id>" -> checkpoint JSON
 LEASE = "subs:slack:lease:"  # + checkpoint key -> the follower's owner id
@@ -100,6 +103,7 @@ class Checkpoint:
     mention: dict[str, Any] | None = None  # {event, bot_user, bot_id} to build `payload` from
     quiet: bool = False  # a button's turn: no "No reply." message when it has nothing to say
     failures: int = 0  # followers that failed on it (not those that died or handed it over)
+    retry_at: float = 0.0  # epoch seconds: not resumed before (backing off after a failure)
     posted: dict[str, str] = field(default_factory=dict)  # reply part -> message ts
     streaming: str = ""  # ts of a native stream not known to be stopped
 
@@ -117,7 +121,12 @@ class Checkpoint:
 
     @classmethod
     def loads(cls, raw: str | bytes) -> Checkpoint:
-        return cls(**json.loads(raw))
+        """Fields this version does not know (a newer or older bot wrote it) are left out."""
+        data = json.loads(raw)
+        return cls(**{k: v for k, v in data.items() if k in _FIELDS})
+
+
+_FIELDS = frozenset(f.name for f in fields(Checkpoint))
 
 
 class Checkpoints:
@@ -160,8 +169,14 @@ class Checkpoints:
             raise LeaseLost(cp.key)
 
     async def open(self) -> list[Checkpoint]:
-        raw = await self.redis.hvals(TURNS)
-        return [Checkpoint.loads(r) for r in raw]
+        """Every open turn's checkpoint; one that cannot be read is logged and skipped."""
+        found = []
+        for key, raw in (await self.redis.hgetall(TURNS)).items():
+            try:
+                found.append(Checkpoint.loads(raw))
+            except (ValueError, TypeError) as err:
+                log.error("slack: unreadable checkpoint %r left alone: %s", key, err)
+        return found
 
     async def claim(self, cp: Checkpoint) -> Checkpoint | None:
         """Take the lease on following `cp`: its checkpoint as it is now, or None when the

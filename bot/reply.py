@@ -64,7 +64,7 @@ class Reply:
         paced: Paced,
         save: Save,
         *,
-        native: bool,
+        native: bool = False,
     ) -> None:
         self.cp = cp
         self.view = view
@@ -159,6 +159,17 @@ class Reply:
                 self._updated.add(seq)
                 self.update(ts or self.cp.thread_ts, content)
 
+    async def give_up(self, text: str) -> None:
+        """The turn will not be finished: close a stream left open, and say so in the thread
+        (or, for a command whose root never landed, to the person who ran it)."""
+        if self.cp.streaming and self.cp.streaming != STARTING:
+            await self._close_stream(self.cp.streaming)
+        if self.cp.thread_ts:
+            await self.post("given-up", {"text": text})
+        else:
+            args = {"channel": self.cp.channel, "user": self.cp.user, "text": text}
+            await self._call("chat.postEphemeral", args)
+
     # -- the growing message --------------------------------------------------------------
 
     async def show(self, rendered: Rendered) -> None:
@@ -243,6 +254,8 @@ class Reply:
         try:
             answer = await call(self.web, "chat.startStream", args)
         except (RateLimited, SlackApiError) as err:  # refused, or the tier is spent: edits
+            if isinstance(err, RateLimited):
+                governor.penalise(cp.team, "chat.startStream", err.retry_after, loop.time())
             log.info("slack stream not started (%s): editing instead", slack_error(err) or err)
             self.native, cp.streaming = False, ""
             return False

@@ -15,7 +15,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from .governor import RateGovernor, RateLimited, scope
 
-__all__ = ["ATTEMPTS", "call", "governed", "slack_error", "thread_messages"]
+__all__ = ["ATTEMPTS", "call", "every_message", "governed", "slack_error", "thread_messages"]
 
 ATTEMPTS = 5  # 429s waited out before a governed call gives up
 
@@ -68,13 +68,19 @@ async def thread_messages(
     governor: RateGovernor, team: str, web: AsyncWebClient, channel: str, ts: str, **extra: Any
 ) -> list[dict[str, Any]]:
     """Every message of a thread (`conversations.replies`, all pages), oldest first."""
+    args = {"channel": channel, "ts": ts, **extra}
+    return await every_message(governor, team, web, "conversations.replies", args)
+
+
+async def every_message(
+    governor: RateGovernor, team: str, web: AsyncWebClient, method: str, args: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The `messages` of every page of a cursor-paged read."""
     messages: list[dict[str, Any]] = []
     cursor = ""
     while True:
-        args = {"channel": channel, "ts": ts, "limit": 200, **extra}
-        if cursor:
-            args["cursor"] = cursor
-        page = await governed(governor, team, web, "conversations.replies", args)
+        page_args = {"limit": 200, **args, **({"cursor": cursor} if cursor else {})}
+        page = await governed(governor, team, web, method, page_args)
         messages += page.get("messages") or []
         cursor = (page.get("response_metadata") or {}).get("next_cursor") or ""
         if not cursor:

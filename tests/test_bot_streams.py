@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -10,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from bot.app import BUSY, MAX_FAILURES
+from bot.app import BUSY, GAVE_UP, MAX_FAILURES
 from bot.checkpoint import TURNS, Checkpoint, Checkpoints, LeaseLost
 from bot.reply import STAMP, stamp
 from bot.threads import session_id_for
@@ -305,31 +307,41 @@ async def test_channels_slack_overrides_what_the_thread_shows(
     assert len([m for m in fake.thread(root.channel, root.ts) if m.bot_id]) == 3
 
 
-async def test_a_turn_whose_followers_keep_failing_is_given_up(world: World) -> None:
-    """A thread the app can no longer write to (channel gone): retried, then dropped."""
+RETRY = 0.1
+
+
+async def test_a_turn_whose_followers_keep_failing_is_given_up_and_says_so(
+    world: World,
+) -> None:
+    """Every follower fails (here the engine refuses the input): retried with backoff, then
+    dropped, with a short note in the thread where the reply was going."""
     fake = world.fake
-    gone = Checkpoint(
+    asked = fake.post_as_user(fake.general, fake.mention("status?"))
+    doomed = Checkpoint(
         agent=AGENT,
         team=fake.team.id,
-        channel="C0GONE",
-        thread_ts="1700000000.000100",
-        turn_id="slack-1700000000.000100",
+        channel=asked.channel,
+        thread_ts=asked.ts,
+        turn_id=f"slack-{asked.ts}",
         user=fake.user.id,
-        payload={"type": "client.append", "messages": [{"role": "user", "content": "hi"}]},
-        after=0,
-        cursor="0-0",
-        trigger="1700000000.000100",
+        payload={"type": "client.nonsense"},
+        trigger=asked.ts,
+        since=asked.ts,
     )
-    await world.client.redis.hset(TURNS, gone.key, gone.dumps())
-    async with world.successor(lease_ms=300):
+    await world.client.redis.hset(TURNS, doomed.key, doomed.dumps())
+    async with world.successor(lease_ms=300, retry_s=RETRY) as successor:
 
         async def dropped() -> bool:
             return await world.client.redis.hlen(TURNS) == 0
 
         await poll_until(dropped, timeout=15, what="the checkpoint to be given up")
-    tries = [c for c in fake.calls("conversations.replies") if c.args["channel"] == "C0GONE"]
-    assert len(tries) == MAX_FAILURES
-    assert all(c.error == "channel_not_found" for c in tries)
+        await successor.idle()
+    [note] = _replies(fake, asked)
+    assert note.text == GAVE_UP and note.metadata == stamp(doomed.turn_id, "given-up")
+    stamps = [c for c in fake.calls("conversations.replies") if c.args.get("include_all_metadata")]
+    assert len(stamps) == MAX_FAILURES  # one follower per try, each failing after its look
+    gaps = [b.at - a.at for a, b in itertools.pairwise(stamps)]
+    assert all(gap >= RETRY * 2**n for n, gap in enumerate(gaps))  # backing off, doubling
 
 
 async def test_a_button_clicked_while_the_thread_is_busy_says_so_and_starts_nothing(
@@ -439,3 +451,19 @@ async def test_a_resumed_command_finds_the_root_message_a_dead_bot_posted(world:
     kinds = [e["payload"]["type"] for e in await world.client.events(sid)]
     assert kinds.count("turn.started") == 1 and "turn.completed" in kinds
     assert await world.client.redis.hlen(TURNS) == 0
+
+
+async def test_an_unreadable_checkpoint_is_skipped_and_an_older_one_still_read(redis) -> None:
+    checkpoints = Checkpoints(redis, "me", 60_000)
+    cp = Checkpoint(
+        agent=AGENT,
+        team="T1",
+        channel="C1",
+        thread_ts="1.1",
+        turn_id="slack-1.1",
+        user="U1",
+        payload=None,
+    )
+    older = {**json.loads(cp.dumps()), "resumes": 2}  # a field an earlier bot wrote
+    await redis.hset(TURNS, mapping={cp.key: json.dumps(older), "junk": "{not json"})
+    assert [c.key for c in await checkpoints.open()] == [cp.key]
