@@ -324,7 +324,7 @@ class Reply:
             args["chunks"] = chunks
         args["metadata"] = stamp(self.cp.turn_id, "reply")
         stopped = await self._close_stream(str(self.ts), args)
-        return stopped and not self._broken and whole and text == view.answer()
+        return stopped and not self._broken and whole
 
     async def _fall_back(self) -> None:
         """Leave native streaming for edits, stopping a stream that is still open."""
