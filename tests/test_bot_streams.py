@@ -467,3 +467,26 @@ async def test_an_unreadable_checkpoint_is_skipped_and_an_older_one_still_read(r
     older = {**json.loads(cp.dumps()), "resumes": 2}  # a field an earlier bot wrote
     await redis.hset(TURNS, mapping={cp.key: json.dumps(older), "junk": "{not json"})
     assert [c.key for c in await checkpoints.open()] == [cp.key]
+
+
+async def test_a_mention_while_the_thread_is_busy_is_queued_and_answered_next(
+    world: World,
+) -> None:
+    fake = world.fake
+    world.vendor.push(Text("First answer.", chunks=10, chunk_delay=0.1))
+    world.vendor.push(Text("Second answer.", chunks=3, chunk_delay=0.05))
+    first = await _mention(world, "is the db ok?")
+    await fake.until(lambda: _replies(fake, first) or None, timeout=10)  # still streaming
+    second = fake.post_as_user(fake.general, fake.mention("and the cache?"), thread_ts=first.ts)
+    assert (
+        await fake.send_event(world.url, fake.event_for(second, kind="app_mention"))
+    ).status == 200
+    sid = session_id_for(AGENT, first.channel, first.ts)
+    await wait_for_event(world.client, sid, turn_ended(f"slack-{second.ts}"))
+    await world.bots.idle()
+    replies = _replies(fake, first)
+    shown = [[b["text"] for b in m.blocks if b["type"] == "markdown"] for m in replies]
+    assert shown == [["First answer."], ["Second answer."]]
+    assert replies[1].ts > second.ts  # the second reply comes after the second question
+    kinds = [e["payload"]["type"] for e in await world.client.events(sid)]
+    assert kinds.count("turn.queued") == 1 and kinds.count("turn.completed") == 2
