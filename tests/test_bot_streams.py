@@ -19,7 +19,7 @@ from bot.threads import session_id_for
 from engine.config import parse_project
 from tests.bot_helpers import AGENT, World, serve_bots
 from tests.engine_helpers import poll_until, project_toml, turn_ended, wait_for_event
-from tests.fakes.llm_vendor import FakeVendor, Text
+from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
 from tests.fakes.slack import FakeSlack, Message
 from tests.workers import TestWorker, WorkerFactory
 
@@ -490,3 +490,48 @@ async def test_a_mention_while_the_thread_is_busy_is_queued_and_answered_next(
     assert replies[1].ts > second.ts  # the second reply comes after the second question
     kinds = [e["payload"]["type"] for e in await world.client.events(sid)]
     assert kinds.count("turn.queued") == 1 and kinds.count("turn.completed") == 2
+
+
+# -- tool calls in the message ----------------------------------------------------------
+
+LOOKUP = (
+    '{ name = "lookup", description = "Look a thing up", input = { type = "object", '
+    'properties = { q = { type = "string" } }, required = ["q"] } }'
+)
+
+
+async def _lookup(request: dict[str, Any]) -> Any:
+    if request["trigger"]["type"] == "tool.execute":
+        return {"actions": [{"type": "tool.result", "result": {"disk": "91%"}}]}
+    return request["proposed"]
+
+
+@pytest.mark.parametrize("stream", ["edit", "native"])
+async def test_a_tool_call_shows_in_the_reply(
+    redis, vendor: FakeVendor, tmp_path: Path, test_worker: WorkerFactory, stream: str
+) -> None:
+    worker = await test_worker(_lookup)
+    text = project_toml(vendor.url) + (
+        f'\n[agent.{HELPER}]\nllm = "anthropic"\nmodel = "claude-haiku-4-5"\n'
+        f'system = "You help."\nworker = "{worker.url}"\ntools = [{LOOKUP}]\n'
+        f'[agent.{HELPER}.slack]\nanswers = "both"\nstream = "{stream}"\n'
+    )
+    project = parse_project(text, str(tmp_path / "subs.toml"), env={})
+    vendor.push(ToolCalls([("lookup", {"q": "disk"})]), Text("Disk is at **91%**.", chunks=3))
+    async with serve_bots(redis, vendor, project, HELPER) as world:
+        fake = world.fake
+        asked = fake.post_as_user(fake.general, fake.mention("how full is the disk?"))
+        await fake.send_event(world.url, fake.event_for(asked, kind="app_mention"))
+        sid = session_id_for(HELPER, asked.channel, asked.ts)
+        await wait_for_event(world.client, sid, turn_ended(f"slack-{asked.ts}"))
+        await world.bots.idle()
+        [reply] = _replies(fake, asked)
+    if stream == "native":
+        assert reply.text == "Disk is at **91%**."
+        assert [(t["title"], t["status"]) for t in reply.tasks.values()] == [("lookup", "complete")]
+    else:
+        [line] = [e["text"] for b in reply.blocks if b["type"] == "context" for e in b["elements"]]
+        assert "lookup" in line and "disk" in line  # name, then arguments and result at the end
+        assert [b["text"] for b in reply.blocks if b["type"] == "markdown"] == [
+            "Disk is at **91%**."
+        ]
