@@ -473,15 +473,14 @@ class Bots:
                     if prompt is not None:
                         await reply.post(f"prompt-{payload['interrupt_id']}", prompt)
                 await reply.show_channel()
-            rendered = view.render()
-            if rendered.done:
-                await reply.finish(rendered)
+            if view.done:
+                await reply.finish(view.render())
                 return
             had_reply = reply.ts is not None
-            await reply.show(rendered)
+            await reply.show()
             if reply.ts is not None and not had_reply:
                 working.replied()
-            working.show(rendered.status or "")
+            working.show(view.status or "")
 
     # -- resuming -----------------------------------------------------------------------
 

@@ -114,6 +114,12 @@ class _Llm:
     recorded: str | None = None
     running: bool = False
 
+    def has_text(self) -> bool:
+        if self.recorded is not None:
+            return bool(self.recorded)
+        latest = self.attempts[max(self.attempts)] if self.attempts else {}
+        return any(d.get("text") for d in latest.values())
+
     def text(self) -> str:
         if self.recorded is not None:
             return self.recorded
@@ -333,7 +339,7 @@ class TurnView:
             text=self._fallback(chunks),
             blocks=blocks,
             continuations=chunks[1:],
-            status=self._status(),
+            status=self.status,
             done=self._done,
             failed=self._failed,
         )
@@ -348,7 +354,14 @@ class TurnView:
             parts.append("No reply." if self._done else "…")
         return _clip_mrkdwn("\n".join(parts), FALLBACK_LIMIT)
 
-    def _status(self) -> str | None:
+    @property
+    def done(self) -> bool:
+        """The turn ended (completed or failed)."""
+        return self._done
+
+    @property
+    def status(self) -> str | None:
+        """The thread status for the fold, None to clear it; cheap (no rendering)."""
         if self._done:
             return None
         override = self._slack.get("status")
@@ -361,7 +374,7 @@ class TurnView:
             return f"is calling {', '.join(names[:3])}{more}…"
         if self._interrupts:
             return None  # waiting for a person; the prompt says so
-        writing = any(c.running and c.text() for c in self._llm.values())
+        writing = any(c.running and c.has_text() for c in self._llm.values())
         return "is writing…" if writing else "is thinking…"
 
 

@@ -172,13 +172,16 @@ class Reply:
 
     # -- the growing message --------------------------------------------------------------
 
-    async def show(self, rendered: Rendered) -> None:
-        """Bring the message up to `rendered` (an interim version: it may be coalesced away)."""
+    async def show(self) -> None:
+        """Bring the message up to the view, as an interim version that may be coalesced away.
+
+        Only the first post renders now; an edit renders when its paced slot comes, so a
+        long answer's thousands of deltas cost one render per visible update, not per token."""
         if self.native and self._broken:
             await self._fall_back()
         if self.native and await self._stream():
             return
-        await self._edit(rendered)
+        await self._edit()
 
     async def finish(self, rendered: Rendered) -> None:
         """Land the final version, then the continuations; returns once all are in Slack."""
@@ -190,7 +193,7 @@ class Reply:
         if content:
             if self._streamed:  # a stream fell back to edits: stamp the message it left
                 content["metadata"] = stamp(self.cp.turn_id, "reply")
-            await self._edit(rendered, content)
+            await self._edit(content)
         if self.landed is not None:
             await self.landed  # the final version, or a newer one of the same key
         for n, more in enumerate(rendered.continuations, 1):
@@ -201,15 +204,33 @@ class Reply:
         shown = view.answer() or view.tasks or view.slack_channel.get("view")
         return not shown and rendered.failed is None
 
-    async def _edit(self, rendered: Rendered, content: dict[str, Any] | None = None) -> None:
-        content = content or {"text": rendered.text, "blocks": rendered.blocks}
-        if not rendered.blocks or content == self.shown:
-            return
-        self.shown = content
+    async def _edit(self, content: dict[str, Any] | None = None) -> None:
+        """Post the message, or edit it: to `content` (the final version), else to whatever
+        the view shows when the edit's slot comes."""
         if self.ts is None:
-            await self.post("reply", content)
+            content = content or self._content()
+            if content["blocks"] and content != self.shown:
+                self.shown = content
+                await self.post("reply", content)
+        elif content is not None:
+            if content != self.shown:
+                self.shown = content
+                self.landed = self.update(self.ts, content)
         else:
-            self.landed = self.update(self.ts, content)
+            key = (self.cp.channel, self.ts)
+            self.landed = self.paced.submit(self.cp.team, "chat.update", key, self._edit_latest)
+
+    def _content(self) -> dict[str, Any]:
+        rendered = self.view.render()
+        return {"text": rendered.text, "blocks": rendered.blocks}
+
+    async def _edit_latest(self) -> None:
+        """chat.update to the view as it is now, unless that is what Slack shows already."""
+        content = self._content()
+        if content["blocks"] and content != self.shown:
+            args = {"channel": self.cp.channel, "ts": self.ts, **content}
+            await call(self.web, "chat.update", args)
+            self.shown = content  # only once shown: a failed edit is not skipped as a repeat
 
     # -- native streaming -----------------------------------------------------------------
 
