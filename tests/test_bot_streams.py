@@ -394,9 +394,8 @@ async def test_the_same_message_under_a_new_event_id_starts_no_second_turn(world
     assert await world.client.redis.hlen(TURNS) == 0
 
 
-async def test_checkpoint_writes_are_fenced_by_the_followers_lease(redis) -> None:
-    mine, theirs = Checkpoints(redis, "mine", 60_000), Checkpoints(redis, "theirs", 60_000)
-    cp = Checkpoint(
+def _bare_checkpoint() -> Checkpoint:
+    return Checkpoint(
         agent=AGENT,
         team="T1",
         channel="C1",
@@ -405,6 +404,11 @@ async def test_checkpoint_writes_are_fenced_by_the_followers_lease(redis) -> Non
         user="U1",
         payload=None,
     )
+
+
+async def test_checkpoint_writes_are_fenced_by_the_followers_lease(redis) -> None:
+    mine, theirs = Checkpoints(redis, "mine", 60_000), Checkpoints(redis, "theirs", 60_000)
+    cp = _bare_checkpoint()
     assert await mine.start(["subs:test:seen:1"], 60, cp)
     assert not await theirs.start(["subs:test:seen:2"], 60, cp)  # the turn is known
     assert await theirs.claim(cp) is None  # leased to "mine"
@@ -455,15 +459,7 @@ async def test_a_resumed_command_finds_the_root_message_a_dead_bot_posted(world:
 
 async def test_an_unreadable_checkpoint_is_skipped_and_an_older_one_still_read(redis) -> None:
     checkpoints = Checkpoints(redis, "me", 60_000)
-    cp = Checkpoint(
-        agent=AGENT,
-        team="T1",
-        channel="C1",
-        thread_ts="1.1",
-        turn_id="slack-1.1",
-        user="U1",
-        payload=None,
-    )
+    cp = _bare_checkpoint()
     older = {**json.loads(cp.dumps()), "resumes": 2}  # a field an earlier bot wrote
     await redis.hset(TURNS, mapping={cp.key: json.dumps(older), "junk": "{not json"})
     assert [c.key for c in await checkpoints.open()] == [cp.key]
