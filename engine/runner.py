@@ -352,13 +352,17 @@ class Engine:
         try:
             t = step(state, sid, self._machine_input(state, item.input), self.now_ms(), new_id)
         except MachineError as err:
-            reply = {
-                "ok": False,
-                "error": err.message,
-                "code": err.code,
-                "status": err.status,
-                **err.detail,
-            }
+            refusal = {"error": err.message, "code": err.code, "status": err.status, **err.detail}
+        except Exception as err:
+            # The core is pure, so this input fails the same way on every try and every owner:
+            # refuse it (acked, answered) instead of leaving a poison item to be reclaimed.
+            log.exception("input to %s cannot be applied; refused", sid)
+            error = f"the engine could not apply this input ({type(err).__name__}: {err})"
+            refusal = {"error": error, "code": "internal", "status": 500}
+        else:
+            refusal = None
+        if refusal is not None:
+            reply = {"ok": False, **refusal}
             commit = Commit(
                 sid, seq, seq, [], None, item.entry_id, reply=reply, reply_to=item.reply_to
             )

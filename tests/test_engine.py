@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from engine.client import Client, ClientError
 from engine.runner import Engine
+from engine.store import GROUP
 from tests.engine_helpers import (
     ENV,
     assert_consistent,
@@ -130,3 +133,24 @@ async def test_unknown_agent_and_session_are_refused(engine):
     with pytest.raises(ClientError) as err:
         await client.submit({"type": "tool.result", "id": "c1", "result": "x"}, session_id="nope")
     assert err.value.status == 404
+
+
+async def test_an_input_the_engine_cannot_apply_is_refused_not_left_pending(engine, vendor):
+    """A work item no engine can read (a newer client's, say) is answered with an error and
+    acked, so it is not handed from owner to owner forever; the session goes on."""
+    client = Client(engine.store)
+    store = engine.store
+    sid = "ses_poison"
+    reply_to = store.reply_key(sid, "poison")
+    await store.enqueue(sid, {"kind": "from-the-future", "what": 1}, reply_to)
+    answer = await store.redis.blpop([reply_to], timeout=10)
+    assert answer is not None
+    reply = json.loads(answer[1])
+    assert (reply["ok"], reply["code"], reply["status"]) == (False, "internal", 500)
+    assert "could not apply this input" in reply["error"]
+    pending = await store.redis.xpending(store.work_key(store.partition_of(sid)), GROUP)
+    assert pending["pending"] == 0
+    vendor.push(Text("Still here."))
+    started = await client.submit(say("ops_openai", "hello?"), session_id=sid)
+    end = await wait_for_event(client, sid, turn_ended(started["turn_id"]))
+    assert end["payload"]["type"] == "turn.completed"
