@@ -31,7 +31,7 @@ from .machine import SessionState, state_from_json
 from .machine.tree import path_to
 from .metrics import Metrics
 from .protocol import InterruptPayload, WorkerIdentity, parse_client_input
-from .store import Store
+from .store import Store, compact_json
 
 log = logging.getLogger("subs.api")
 
@@ -64,14 +64,10 @@ class ApiError(Exception):
 def _error_response(status: int, code: str, message: str, **detail: Any) -> web.Response:
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     body = {"error": message, "code": code, **detail}
-    return web.json_response(body, status=status, headers=headers, dumps=_dumps)
+    return web.json_response(body, status=status, headers=headers, dumps=compact_json)
 
 
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
 # --- auth -----------------------------------------------------------------------------------
@@ -199,7 +195,7 @@ def sse_frame(kind: str, item: Mapping[str, Any]) -> bytes:
         head = "event: llm.token.delta\n"
     else:
         head = f"event: {kind}\n"
-    return f"{head}data: {_dumps(item)}\n\n".encode()
+    return f"{head}data: {compact_json(item)}\n\n".encode()
 
 
 @dataclass(frozen=True)
@@ -673,7 +669,7 @@ async def post_input(request: web.Request) -> web.Response:
         )
     except ClientError as err:
         raise _refused(err) from None
-    return web.json_response(reply, status=202, dumps=_dumps)
+    return web.json_response(reply, status=202, dumps=compact_json)
 
 
 async def get_session(request: web.Request) -> web.Response:
@@ -693,7 +689,7 @@ async def get_session(request: web.Request) -> web.Response:
             "head_id": state.head_id,
         },
     }
-    return web.json_response(view, dumps=_dumps)
+    return web.json_response(view, dumps=compact_json)
 
 
 async def stream_events(request: web.Request) -> web.StreamResponse:
@@ -744,7 +740,7 @@ async def post_interrupt(request: web.Request) -> web.Response:
         )
     except ClientError as err:
         raise _refused(err) from None
-    return web.json_response(reply, status=202, dumps=_dumps)
+    return web.json_response(reply, status=202, dumps=compact_json)
 
 
 async def post_settle(request: web.Request) -> web.Response:
@@ -767,7 +763,7 @@ async def post_settle(request: web.Request) -> web.Response:
         )
     except ClientError as err:
         raise _refused(err) from None
-    return web.json_response(reply, status=202, dumps=_dumps)
+    return web.json_response(reply, status=202, dumps=compact_json)
 
 
 async def admin_sessions(request: web.Request) -> web.Response:
@@ -793,7 +789,7 @@ async def admin_sessions(request: web.Request) -> web.Response:
         )
     more = len(ids) == limit
     body = {"sessions": sessions, "next_offset": offset + limit if more else None}
-    return web.json_response(body, dumps=_dumps)
+    return web.json_response(body, dumps=compact_json)
 
 
 async def admin_events(request: web.Request) -> web.Response:
@@ -808,7 +804,7 @@ async def admin_events(request: web.Request) -> web.Response:
     events = await store.read_log(sid, after, count=limit)
     last = events[-1]["seq"] if events else after
     body = {"events": events, "next_after_seq": last if last < seq else None}
-    return web.json_response(body, dumps=_dumps)
+    return web.json_response(body, dumps=compact_json)
 
 
 async def get_healthz(request: web.Request) -> web.Response:

@@ -144,7 +144,8 @@ class WorkItem:
     timer_member: str | None = None
 
 
-def _dumps(value: Any) -> str:
+def compact_json(value: Any) -> str:
+    """JSON as stored and served: no spaces, UTF-8 kept (Redis and HTTP alike)."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -223,11 +224,11 @@ class Store:
             c.ack_id or "",
             "" if c.inflight is None else ("+" if c.inflight else "-"),
             sid,
-            _dumps(c.reply) if c.reply is not None and c.reply_to else "",
+            compact_json(c.reply) if c.reply is not None and c.reply_to else "",
             len(c.events),
         ]
         for e in c.events:
-            args += [f"{e['seq']}-0", _dumps(e)]
+            args += [f"{e['seq']}-0", compact_json(e)]
         args.append(len(c.timers))
         for due, member in c.timers:
             args += [due, member]
@@ -280,7 +281,7 @@ class Store:
     async def enqueue(self, session_id: str, inp: dict[str, Any], reply_to: str | None) -> str:
         body = {"sid": session_id, "input": inp, "reply_to": reply_to}
         p = self.partition_of(session_id)
-        entry = await self.redis.xadd(self.work_key(p), {"w": _dumps(body)})
+        entry = await self.redis.xadd(self.work_key(p), {"w": compact_json(body)})
         return entry.decode()
 
     @staticmethod
@@ -369,7 +370,7 @@ class Store:
         key = self.delta_key(session_id)
         async with self.redis.pipeline(transaction=False) as pipe:
             for delta in deltas:
-                pipe.xadd(key, {"d": _dumps(delta)}, maxlen=DELTA_CAP, approximate=True)
+                pipe.xadd(key, {"d": compact_json(delta)}, maxlen=DELTA_CAP, approximate=True)
             await pipe.execute()
 
     async def due_timers_all(self, partitions: list[int], now_ms: int) -> list[str]:
