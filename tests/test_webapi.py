@@ -10,6 +10,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.governor import TIERS, RateGovernor, scope
 from bot.webapi import governed
+from tests.engine_helpers import poll_until
 from tests.fakes.slack import FakeSlack
 
 SPEEDUP = 20
@@ -41,18 +42,25 @@ async def test_a_booked_call_waits_out_a_retry_after_that_came_meanwhile() -> No
     the Retry-After has passed, not just until its slot."""
     async with FakeSlack(time_scale=1 / SPEEDUP) as fake:
         web = AsyncWebClient(token=fake.bot_token, base_url=fake.url)
-        governor = RateGovernor({m: per_minute * SPEEDUP for m, per_minute in TIERS.items()})
+        governor = RateGovernor({**TIERS, "chat.postMessage": 300})  # 200 ms apart
         team, loop = fake.team.id, asyncio.get_running_loop()
 
         async def post(text: str) -> None:
             args = {"channel": fake.general.id, "text": text}
             await governed(governor, team, web, "chat.postMessage", args)
 
-        await post("first")  # the next slot is one gap (50 ms) away
-        waiting = asyncio.create_task(post("second"))
-        await asyncio.sleep(0)  # it books that slot and sleeps towards it
-        penalised_at = time.time()
+        await post("first")
         budget = scope(team, "chat.postMessage", fake.general.id)
+        booked = governor.next_slot(budget, "chat.postMessage", loop.time())
+        assert booked > loop.time()  # the next slot is still ahead
+        waiting = asyncio.create_task(post("second"))
+
+        async def slot_taken() -> bool:  # the second call has booked that slot
+            return governor.next_slot(budget, "chat.postMessage", loop.time()) > booked
+
+        await poll_until(slot_taken, timeout=1, what="the second call to book its slot")
+        assert not waiting.done()  # waiting for its slot when the 429 comes
+        penalised_at = time.time()
         governor.penalise(budget, "chat.postMessage", 0.3, loop.time())
         await asyncio.wait_for(waiting, 5)
     second = fake.calls("chat.postMessage")[1]
