@@ -51,7 +51,6 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import httpx
-from aiohttp import web
 from httpx_sse import aconnect_sse
 
 from bench.step_overhead import ChildServer, _recv, p99
@@ -93,27 +92,10 @@ class TokenVendor(FakeVendor):
         words = " ".join(f"t{k}" for k in range(first, self.next_token))
         return Text(words, chunk_delay=ask["delay"])
 
-    async def _send_stream(
-        self,
-        request: web.Request,
-        headers: dict[str, str],
-        frames: list[bytes],
-        delay: float,
-        cut: bool,
-    ) -> web.StreamResponse:
-        """The fake's stream (never cut here), with each token chunk's send time noted."""
-        response = web.StreamResponse(status=200, headers=headers)
-        await response.prepare(request)
-        for frame in frames:
-            if delay:
-                await asyncio.sleep(delay)  # the model's pace
-            token = TOKEN.search(frame)
-            sent = time.time()
-            await response.write(frame)
-            if token:
-                self.sent[token[1].decode()] = sent
-        await response.write_eof()
-        return response
+    def sending(self, frame: bytes) -> None:
+        token = TOKEN.search(frame)
+        if token:
+            self.sent[token[1].decode()] = time.time()
 
     def take(self) -> dict[str, float]:
         taken, self.sent = self.sent, {}
@@ -471,20 +453,25 @@ async def fanout_phase(
 # --- the run -------------------------------------------------------------------------------------
 
 
+class Interrupts:
+    """SIGINT and SIGTERM cancel the running bench; `seen` tells it that is why it stopped."""
+
+    def __init__(self) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.seen = False
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, self._cancel, task)
+
+    def _cancel(self, task: asyncio.Task[Any]) -> None:
+        self.seen = True
+        task.cancel()
+
+
 async def bench(
     args: argparse.Namespace, redis_url: str, vendor: ChildServer, redis_pid: int | None, tmp: Path
 ) -> None:
-    main_task = asyncio.current_task()
-    assert main_task is not None
-    interrupted = False
-
-    def interrupt() -> None:
-        nonlocal interrupted
-        interrupted = True
-        main_task.cancel()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        asyncio.get_running_loop().add_signal_handler(sig, interrupt)
+    interrupts = Interrupts()
     config = tmp / "subs.toml"
     config.write_text(project_toml(vendor.url))
     serve = EngineProcess(config, redis_url, env={"SUBS_LEASE_MS": "10000"})  # the default lease
@@ -512,7 +499,7 @@ async def bench(
         }
         await fanout_phase(args, client, watch_http, pids)
     except BaseException as exc:
-        if interrupted:  # Ctrl-C reaches `subs serve` too, and ends its streams: no failure
+        if interrupts.seen:  # Ctrl-C reaches `subs serve` too, and ends its streams: no failure
             raise asyncio.CancelledError from None
         if isinstance(exc, Exception) and stderr:
             print("subs serve said:\n" + "".join(stderr), file=sys.stderr)

@@ -6,7 +6,7 @@ API pointed at a FakeSlack in this process (`SLACK_API_URL`), which enforces Sla
 limits. The fake vendor runs in a child process: bench/api_stream.py's TokenVendor, which
 answers the mention `{"chunks": n, "delay": s}` with n unique words `t<k>`, one chunk every
 s seconds, and notes `time.time()` just before writing each chunk. That note is the
-vendor's own (its stream writer is subclassed there), so the first token's departure is
+vendor's own (FakeVendor.sending, as each frame goes out), so the first token's departure is
 measured, not inferred from when the request came in plus the known delay.
 
 Each thread (its own channel, or all in one with `--shared-channel`) runs turns back to back
@@ -43,12 +43,11 @@ import asyncio
 import itertools
 import json
 import re
-import signal
 import statistics
 from collections import Counter, deque
 from dataclasses import dataclass, field
 
-from bench.api_stream import Failure, _drain, with_token_vendor
+from bench.api_stream import Failure, Interrupts, _drain, with_token_vendor
 from bench.step_overhead import ChildServer, p99
 from engine.config import slack_env_suffix
 from tests.engine_helpers import EngineProcess, project_toml
@@ -205,17 +204,7 @@ def line(args: argparse.Namespace, n: int, f: Figures) -> str:
 
 
 async def bench(args: argparse.Namespace, redis_url: str, vendor: ChildServer, tmp: Path) -> None:
-    main_task = asyncio.current_task()
-    assert main_task is not None
-    interrupted = False
-
-    def interrupt() -> None:
-        nonlocal interrupted
-        interrupted = True
-        main_task.cancel()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        asyncio.get_running_loop().add_signal_handler(sig, interrupt)
+    interrupts = Interrupts()
     fake = FakeSlack()
     await fake.start()
     config = tmp / "subs.toml"
@@ -242,7 +231,7 @@ async def bench(args: argparse.Namespace, redis_url: str, vendor: ChildServer, t
         for n in args.threads:
             print(line(args, n, await run(args, fake, url, vendor, n)), flush=True)
     except BaseException as exc:
-        if interrupted:  # Ctrl-C reaches `subs serve` too: what fails after it is no failure
+        if interrupts.seen:  # Ctrl-C reaches `subs serve` too: what fails after it is no failure
             raise asyncio.CancelledError from None
         if isinstance(exc, Exception) and stderr:
             print("subs serve said:\n" + "".join(stderr), file=sys.stderr)

@@ -362,6 +362,9 @@ class FakeVendor:
             cost=cost,
         )
 
+    def sending(self, frame: bytes) -> None:
+        """Called as each stream frame goes out; a benchmark overrides it to time tokens."""
+
     async def _send_stream(
         self,
         request: web.Request,
@@ -376,6 +379,7 @@ class FakeVendor:
             for frame in frames:
                 if delay:
                     await asyncio.sleep(delay)  # a slow vendor, not a test's synchronisation
+                self.sending(frame)
                 await response.write(frame)
             if cut:
                 # Close mid-body: the chunked encoding never gets its last chunk.
