@@ -8,7 +8,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
 from bot.mrkdwn import to_mrkdwn
@@ -17,7 +16,7 @@ from engine.config import parse_project
 from tests.bot_helpers import AGENT, World, serve_bots
 from tests.engine_helpers import project_toml
 from tests.fakes.llm_vendor import FakeVendor, HttpError, Text
-from tests.fakes.slack import FakeSlack, Message, SlackError, sign
+from tests.fakes.slack import FakeSlack, Message, SlackError
 from tests.workers import TestWorker, WorkerFactory
 
 ANSWER = "The **primary** database is back; see `db-1` for details."
@@ -234,17 +233,7 @@ async def test_malformed_bodies_are_ignored(world: World) -> None:
     not_an_object = {**fake.envelope({"type": "x"}), "event": 7}
     assert (await fake.send_event(world.url, not_an_object)).status == 400
 
-    raw, stamp = b"{not json", str(int(time.time()))
-    headers = {
-        "Content-Type": "application/json",
-        "X-Slack-Request-Timestamp": stamp,
-        "X-Slack-Signature": sign(fake.signing_secret, stamp, raw),
-    }
-    async with (
-        aiohttp.ClientSession() as http,
-        http.post(world.url, data=raw, headers=headers) as r,
-    ):
-        assert r.status == 400
+    assert (await fake.send_raw(world.url, b"{not json")).status == 400
 
     await _sentinel(world)  # still serving
     assert await world.client.sessions() == [

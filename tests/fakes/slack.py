@@ -1411,6 +1411,12 @@ class FakeSlack:
             url, raw, "application/x-www-form-urlencoded", payload, signing_secret, ts, {}, timeout
         )
 
+    async def send_raw(
+        self, url: str, raw: bytes, *, content_type: str = "application/json", timeout: float = 10
+    ) -> Delivery:
+        """POSTs `raw` as it is (JSON or not), signed as Slack signs: for malformed bodies."""
+        return await self._send_signed(url, raw, content_type, None, None, None, {}, timeout)
+
     async def _send_signed(
         self,
         url: str,
