@@ -437,10 +437,8 @@ class Bots:
             answer = await self.client.submit(payload, session_id=cp.session_id, identity=identity)
         except ClientError as err:
             if err.code == "turn_already_active":  # an action (not queueable) mid-turn
-                bot = self.bots[cp.agent]
                 args = {"channel": cp.channel, "user": cp.user, "thread_ts": cp.thread_ts}
-                args["text"] = BUSY
-                await governed(self.paced.governor, cp.team, bot.web, "chat.postEphemeral", args)
+                await self._tell(self.bots[cp.agent], cp.team, {**args, "text": BUSY})
                 return False
             if err.code != "session_interrupted":
                 raise
