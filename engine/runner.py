@@ -18,7 +18,8 @@ import math
 import os
 import secrets
 import time
-from collections.abc import Callable, Mapping
+import traceback
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,12 +31,15 @@ from .errors import SubsError
 from .llm import LlmTarget, ProviderError, complete
 from .machine import (
     CallLost,
+    CancelTimer,
     ChildSpawned,
     ClientSubmitted,
     DecisionFailed,
     Deliver,
     ExecuteFailed,
     Input,
+    InputRejected,
+    LlmCallPlan,
     LlmCallSettled,
     MachineError,
     RunDecision,
@@ -43,6 +47,7 @@ from .machine import (
     RunLlmCall,
     SessionState,
     StartTimer,
+    Transition,
     build_llm_request,
     input_from_json,
     input_to_json,
@@ -52,10 +57,16 @@ from .machine import (
 )
 from .machine.evolve import at_ms
 from .metrics import Metrics
-from .store import Commit, Store, StoreConflict, WorkItem
+from .store import STORE_FAULTS, Commit, Store, StoreConflict, WorkItem, compact_json
 from .worker_effects import DecisionRun, ExecuteRun, WorkerTarget
 
 log = logging.getLogger("subs.engine")
+
+# An input whose transition fails this often (reloaded from Redis each time) is a bug,
+# not bad luck: it goes to the dead-letter stream. One the work stream has handed out
+# this often took its engine down each time (or never got an answer): the same.
+POISON_FAILURES = 3
+POISON_DELIVERIES = 10
 
 
 def new_id(prefix: str) -> str:
@@ -75,6 +86,8 @@ class _Partition:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     calls: set[asyncio.Task[None]] = field(default_factory=set)
     timers_queued: set[str] = field(default_factory=set)
+    outbox_dirty: bool = False  # committed deliveries may wait in the outbox
+    relaying: bool = False
 
 
 @dataclass
@@ -117,6 +130,7 @@ class Engine:
         self.cache: dict[str, SessionState] = {}
         self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
         self._background: list[asyncio.Task[None]] = []
+        self._last_trouble_log = -math.inf
         self._ownership_changed = asyncio.Event()
         self.workers = self._worker_targets()
         # Built once: the machine only reads these (events carry them by reference).
@@ -205,17 +219,23 @@ class Engine:
 
     async def _take(self, p: int, lease: str) -> None:
         part = _Partition(p, lease)
+        try:
+            await self.store.ensure_group(p)
+            pending = await self.store.claim_pending(p, self.owner)
+            # Calls the previous owner had out are lost with it: send them again.
+            lost = []
+            for sid in await self.store.inflight_sessions(p):
+                state = await self._load(sid)
+                lost += [WorkItem(None, sid, input_to_json(x)) for x in _lost_work(state)]
+        except Exception:
+            # Half taken is not taken: let the lease go so this or another engine retries.
+            with contextlib.suppress(Exception):
+                await self.store.release(p, lease)
+            raise
         self.owned[p] = part
-        await self.store.ensure_group(p)
-        for item in await self.store.claim_pending(p, self.owner):
+        for item in [*pending, *lost]:
             part.queue.put_nowait(item)
-        # Calls the previous owner had out are lost with it: send them again.
-        for sid in await self.store.inflight_sessions(p):
-            state = await self._load(sid)
-            for lost in _lost_work(state):
-                part.queue.put_nowait(WorkItem(None, sid, input_to_json(lost)))
-        for entry_id, to, message in await self.store.outbox(p):
-            await self._relay(p, entry_id, to, message)
+        part.outbox_dirty = True
         part.tasks = [
             asyncio.create_task(self._read_work(part), name=f"subs-read-{p}"),
             asyncio.create_task(self._process(part), name=f"subs-apply-{p}"),
@@ -240,19 +260,24 @@ class Engine:
     # -- inputs ----------------------------------------------------------------------
 
     async def _read_work(self, part: _Partition) -> None:
+        backoff = Backoff()
         while True:
             try:
                 items = await self.store.read_work(part.p, self.owner, block_ms=2000)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("reading work of partition %d failed", part.p)
-                await asyncio.sleep(0.5)
+            except Exception as err:
+                self._store_trouble(f"reading work of partition {part.p}", err)
+                await backoff.wait()
                 continue
+            backoff.reset()
             for item in items:
                 part.queue.put_nowait(item)
+            if part.outbox_dirty:
+                await self._relay_outbox(part)
 
     async def _timer_loop(self) -> None:
+        backoff = Backoff()
         while True:
             await asyncio.sleep(self.timer_poll_ms / 1000)
             owned = list(self.owned)
@@ -260,9 +285,11 @@ class Engine:
                 continue
             try:
                 members = await self.store.due_timers_all(owned, self.now_ms())
-            except Exception:
-                log.exception("reading timers failed")
+            except Exception as err:
+                self._store_trouble("reading timers", err)
+                await backoff.wait()
                 continue
+            backoff.reset()
             for member in members:
                 body = json.loads(member)
                 part = self.owned.get(self.store.partition_of(body["sid"]))
@@ -277,21 +304,73 @@ class Engine:
         while True:
             item = await part.queue.get()
             try:
-                await self._apply(part, item)
-            except asyncio.CancelledError:
-                raise
-            except StoreConflict as err:
-                self.cache.pop(item.session_id, None)
-                if err.lease_lost:
-                    log.warning("partition %d fenced off: %s", part.p, err)
-                    return
-                part.queue.put_nowait(item)  # another writer won: re-read and apply again
-            except Exception:
-                log.exception("applying an input to %s failed", item.session_id)
-                self.cache.pop(item.session_id, None)
+                await self._settle(part, item)
+            except StoreConflict as err:  # fenced off: the partition is someone else's now
+                log.warning("partition %d fenced off: %s", part.p, err)
+                return
             finally:
                 if item.timer_member:
                     part.timers_queued.discard(item.timer_member)
+
+    async def _settle(self, part: _Partition, item: WorkItem) -> None:
+        """Apply one input and commit it, however long Redis is away.
+
+        A Redis fault is waited out with backoff, the same input kept in hand (so
+        per-session order holds and nothing handed over in process is lost). A
+        commit whose answer was lost with the connection is recognised by the
+        snapshot's seq, so its effects start once. Any other failure is a bug:
+        tried again from a fresh read, then dead-lettered (`_reject`).
+        """
+        sid = item.session_id
+        planned: _Planned | None = None
+        faulted = False
+        failures = 0
+        backoff = Backoff()
+        if item.deliveries > POISON_DELIVERIES:
+            await self._reject(part, item, f"delivered {item.deliveries} times without an answer")
+            return
+        while True:
+            try:
+                if planned is None:
+                    planned = await self._plan(item)
+                try:
+                    await self.store.commit(part.p, part.lease, planned.commit)
+                except StoreConflict as err:
+                    if err.lease_lost or not (faulted and await self._landed(planned)):
+                        raise
+                self._after_commit(part, planned)
+                return
+            except StoreConflict as err:
+                self.cache.pop(sid, None)
+                if err.lease_lost:
+                    raise
+                planned, faulted = None, False  # another writer won: re-read and apply again
+            except STORE_FAULTS as err:
+                self.cache.pop(sid, None)
+                faulted = planned is not None
+                self._store_trouble(f"committing an input to {sid}", err)
+                await backoff.wait()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                self.cache.pop(sid, None)
+                planned, faulted = None, False
+                failures += 1
+                if failures >= POISON_FAILURES:
+                    await self._reject(part, item, _describe(err), traceback.format_exc())
+                    return
+                log.warning("applying an input to %s failed (%s); trying again", sid, err)
+
+    async def _landed(self, planned: _Planned) -> bool:
+        c = planned.commit
+        return bool(c.events) and await self.store.committed_seq(c.session_id) == c.new_seq
+
+    def _store_trouble(self, what: str, err: Exception) -> None:
+        """One log line per fault streak and per 10 s, not one per retry."""
+        now = time.monotonic()
+        if now - self._last_trouble_log >= 10:
+            self._last_trouble_log = now
+            log.warning("%s failed, retrying: %s", what, _describe(err))
 
     async def _load(self, sid: str) -> SessionState | None:
         state = self.cache.get(sid)
@@ -344,7 +423,8 @@ class Engine:
             slash_commands=commands,
         )
 
-    async def _apply(self, part: _Partition, item: WorkItem) -> None:
+    async def _plan(self, item: WorkItem) -> _Planned:
+        """Load the session and run the machine: the commit to write and what follows it."""
         started = time.perf_counter()
         sid = item.session_id
         state = await self._load(sid)
@@ -352,28 +432,11 @@ class Engine:
         try:
             t = step(state, sid, self._machine_input(state, item.input), self.now_ms(), new_id)
         except MachineError as err:
-            refusal = {"error": err.message, "code": err.code, "status": err.status, **err.detail}
-        except Exception as err:
-            # The core is pure, so this input fails the same way on every try and every owner:
-            # refuse it (acked, answered) instead of leaving a poison item to be reclaimed.
-            log.exception("input to %s cannot be applied; refused", sid)
-            error = f"the engine could not apply this input ({type(err).__name__}: {err})"
-            refusal = {"error": error, "code": "internal", "status": 500}
-        else:
-            refusal = None
-        if refusal is not None:
-            reply = {"ok": False, **refusal}
-            commit = Commit(
-                sid, seq, seq, [], None, item.entry_id, reply=reply, reply_to=item.reply_to
-            )
-            await self.store.commit(part.p, part.lease, self._with_timer(commit, item))
-            return
+            reply = {"ok": False, "error": err.message, "code": err.code, "status": err.status}
+            commit = Commit(sid, seq, seq, [], None, item.entry_id, reply={**reply, **err.detail})
+            return _Planned(self._finish(commit, item), None, started)
         new_state = t.state
-        timers = tuple(
-            (e.due, json.dumps({"sid": sid, "input": input_to_json(e.input), "due": e.due}))
-            for e in t.effects
-            if isinstance(e, StartTimer)
-        )
+        created = t.events[0] if t.events else None
         commit = Commit(
             session_id=sid,
             expected_seq=seq,
@@ -384,33 +447,123 @@ class Engine:
             else None,
             ack_id=item.entry_id,
             inflight=_has_inflight(new_state) if t.events else None,
-            timers=timers,
+            timers=tuple(
+                (e.due, _timer_member(sid, e.due, e.input))
+                for e in t.effects
+                if isinstance(e, StartTimer)
+            ),
+            timers_done=tuple(
+                _timer_member(sid, e.due, e.input) for e in t.effects if isinstance(e, CancelTimer)
+            ),
             outbox=tuple(
                 json.dumps({"to": e.to, "input": input_to_json(e.input)})
                 for e in t.effects
                 if isinstance(e, Deliver)
             ),
             reply={"ok": True, **t.reply} if t.reply else {"ok": True, "ignored": t.ignored},
-            reply_to=item.reply_to,
+            created_ms=at_ms(created)
+            if created and created["payload"]["type"] == "session.created"
+            else None,
         )
-        await self.store.commit(part.p, part.lease, self._with_timer(commit, item))
-        if new_state is None:
+        return _Planned(self._finish(commit, item), t, started)
+
+    @staticmethod
+    def _finish(commit: Commit, item: WorkItem) -> Commit:
+        """The parts of a commit that come from the work item: its reply list and its timer."""
+        done = commit.timers_done + ((item.timer_member,) if item.timer_member else ())
+        return dataclasses.replace(commit, reply_to=item.reply_to, timers_done=done)
+
+    def _after_commit(self, part: _Partition, planned: _Planned) -> None:
+        """The transition is durable: remember the state and start its effects (no I/O here)."""
+        t = planned.transition
+        if t is None or t.state is None:
             return
-        self.cache[sid] = new_state
-        if t.events and t.events[0]["payload"]["type"] == "session.created":
-            await self.store.note_session(sid, at_ms(t.events[0]))
+        new_state = t.state
+        self.cache[new_state.session_id] = new_state
         for effect in t.effects:
             if isinstance(effect, RunLlmCall):
                 self._start_llm_call(part, new_state, effect)
             elif isinstance(effect, RunDecision | RunExecute):
                 self._start_worker_effect(part, new_state, effect)
-        if any(isinstance(e, Deliver) for e in t.effects):
-            for entry_id, to, message in await self.store.outbox(part.p):
-                await self._relay(part.p, entry_id, to, message)
+            elif isinstance(effect, Deliver):
+                part.outbox_dirty = True
+        if part.outbox_dirty:
+            self._track(part, self._relay_outbox(part))
         self._count(t.events)
         self.stats.steps += 1
         if self.stats.record_steps:
-            self.stats.step_seconds.append(time.perf_counter() - started)
+            self.stats.step_seconds.append(time.perf_counter() - planned.started)
+
+    async def _reject(
+        self, part: _Partition, item: WorkItem, reason: str, trace: str | None = None
+    ) -> None:
+        """Dead-letter an input no transition can take, and fail the turn waiting on it.
+
+        The traceback is logged once, here; the session records `input.rejected`.
+        """
+        sid = item.session_id
+        kind = item.input.get("kind", "?")
+        if kind == "client":
+            kind = f"client {item.input.get('input', {}).get('type', '?')}"
+        log.error("input %s to %s dead-lettered: %s\n%s", kind, sid, reason, trace or "")
+        error = {
+            "message": f"the engine could not apply an input ({kind}): {reason}; "
+            "it is kept in the dead-letter stream",
+            "code": "internal",
+        }
+        letter = compact_json(
+            {
+                "session_id": sid,
+                "entry_id": item.entry_id,
+                "input": item.input,
+                "reason": reason,
+                "deliveries": item.deliveries,
+                "at_ms": self.now_ms(),
+            }
+        )
+        backoff = Backoff()
+        while True:
+            try:
+                state = await self._load(sid)
+                seq = state.seq if state else 0
+                events: list[dict[str, Any]] = []
+                try:
+                    t = step(state, sid, InputRejected(kind, error), self.now_ms(), new_id)
+                    events, new_state = t.events, t.state
+                except Exception:
+                    log.exception("the session %s cannot even record the rejection", sid)
+                    new_state = state
+                commit = Commit(
+                    sid,
+                    seq,
+                    new_state.seq if new_state and events else seq,
+                    events,
+                    json.dumps(state_to_json(new_state), separators=(",", ":"))
+                    if events and new_state
+                    else None,
+                    item.entry_id,
+                    inflight=_has_inflight(new_state) if events else None,
+                    reply={
+                        "ok": False,
+                        "error": error["message"],
+                        "code": "internal",
+                        "status": 500,
+                    },
+                    dead_letter=letter,
+                )
+                await self.store.commit(part.p, part.lease, self._finish(commit, item))
+                if events and new_state is not None:
+                    self.cache[sid] = new_state
+                    self._count(events)
+                return
+            except StoreConflict as err:
+                self.cache.pop(sid, None)
+                if err.lease_lost:
+                    raise
+            except STORE_FAULTS as err:
+                self.cache.pop(sid, None)
+                self._store_trouble(f"dead-lettering an input to {sid}", err)
+                await backoff.wait()
 
     def _count(self, events: list[dict[str, Any]]) -> None:
         if not events:
@@ -425,77 +578,136 @@ class Engine:
             elif kind == "turn.failed":
                 self.metrics.turn_failed()
 
-    @staticmethod
-    def _with_timer(commit: Commit, item: WorkItem) -> Commit:
-        if item.timer_member is None:
-            return commit
-        return Commit(**{**commit.__dict__, "timers_done": (item.timer_member,)})
-
     # -- effects ---------------------------------------------------------------------
-
-    def _start_llm_call(self, part: _Partition, state: SessionState, effect: RunLlmCall) -> None:
-        plan = build_llm_request(state, state.calls[effect.call_id])
-        sid = state.session_id
-        task = asyncio.create_task(self._run_llm_call(part, sid, effect, plan))
-        part.calls.add(task)
-        task.add_done_callback(part.calls.discard)
 
     def _track(self, part: _Partition, coro: Any) -> None:
         task = asyncio.create_task(coro)
         part.calls.add(task)
         task.add_done_callback(part.calls.discard)
 
+    def _effect(
+        self,
+        part: _Partition,
+        sid: str,
+        what: str,
+        prepare: Callable[[], Callable[[], Awaitable[Input]]],
+        failed: Callable[[dict[str, Any], bool], Input],
+    ) -> None:
+        """Run one effect so that it always reports back: whatever it raises is a failed
+        attempt with a reason, never a task that dies with nothing recorded.
+
+        `prepare` builds the request from the committed state, before any await (so a
+        later transition cannot change what is sent); a failure there is deterministic,
+        so it is not retried.
+        """
+        try:
+            run = prepare()
+        except Exception as err:
+            if not isinstance(err, SubsError):
+                log.exception("preparing the %s of %s failed", what, sid)
+            error = {
+                "message": f"the {what} could not be prepared: {_describe(err)}",
+                "code": "internal",
+            }
+            part.queue.put_nowait(WorkItem(None, sid, input_to_json(failed(error, False))))
+            return
+
+        async def guarded() -> None:
+            try:
+                result = await run()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                log.exception("the %s of %s failed inside the engine", what, sid)
+                error = {
+                    "message": f"the {what} failed inside the engine: {_describe(err)}",
+                    "code": "internal",
+                }
+                result = failed(error, True)
+            part.queue.put_nowait(WorkItem(None, sid, input_to_json(result)))
+
+        self._track(part, guarded())
+
+    def _start_llm_call(self, part: _Partition, state: SessionState, effect: RunLlmCall) -> None:
+        sid, call_id, attempt = state.session_id, effect.call_id, effect.attempt
+
+        def prepare() -> Callable[[], Awaitable[Input]]:
+            plan = build_llm_request(state, state.calls[call_id])
+            return lambda: self._run_llm_call(sid, effect, plan)
+
+        def failed(error: dict[str, Any], retryable: bool) -> Input:
+            return LlmCallSettled(call_id, attempt, error=error, retryable=retryable)
+
+        self._effect(part, sid, f"model call {call_id}", prepare, failed)
+
     def _start_worker_effect(
         self, part: _Partition, state: SessionState, effect: RunDecision | RunExecute
     ) -> None:
         sid = state.session_id
         target = self.workers.get(state.agent_id)
+
+        def failed(error: dict[str, Any], retryable: bool) -> Input:
+            if isinstance(effect, RunDecision):
+                return DecisionFailed(effect.decision_id, effect.attempt, error, retryable)
+            return ExecuteFailed(effect.call_id, effect.attempt, error, retryable)
+
         if target is None:
             error = {
                 "message": f"agent {state.agent_id!r} has no worker to send this to",
                 "code": "unroutable",
             }
-            failed = (
-                DecisionFailed(effect.decision_id, effect.attempt, error, retryable=False)
-                if isinstance(effect, RunDecision)
-                else ExecuteFailed(effect.call_id, effect.attempt, error, retryable=False)
-            )
-            part.queue.put_nowait(WorkItem(None, sid, input_to_json(failed)))
+            part.queue.put_nowait(WorkItem(None, sid, input_to_json(failed(error, False))))
             return
         now = self.now_ms()
 
-        # Build the request now, from the state this transition committed.
-        if isinstance(effect, RunDecision):
-            decision = DecisionRun(state, target, now)
+        def prepare() -> Callable[[], Awaitable[Input]]:
+            if isinstance(effect, RunDecision):
+                decision = DecisionRun(state, target, now)
 
-            async def run_decision() -> None:
-                started = time.perf_counter()
-                result = await decision.run(self.http)
-                self.metrics.observe_worker_call(time.perf_counter() - started)
-                part.queue.put_nowait(WorkItem(None, sid, input_to_json(result)))
+                async def run_decision() -> Input:
+                    started = time.perf_counter()
+                    result = await decision.run(self.http)
+                    self.metrics.observe_worker_call(time.perf_counter() - started)
+                    return result
 
-            self._track(part, run_decision())
-        else:
+                return run_decision
             execute = ExecuteRun(state, effect.call_id, target, now)
 
-            async def run_execute() -> None:
+            async def run_execute() -> Input:
                 deltas = DeltaWriter(self.store, sid)
                 started = time.perf_counter()
-                result = await execute.run(self.http, deltas.add)
-                self.metrics.observe_worker_call(time.perf_counter() - started)
-                await deltas.close()
-                part.queue.put_nowait(WorkItem(None, sid, input_to_json(result)))
+                try:
+                    return await execute.run(self.http, deltas.add)
+                finally:
+                    self.metrics.observe_worker_call(time.perf_counter() - started)
+                    await deltas.close()  # every delta is out before the event that ends it
 
-            self._track(part, run_execute())
+            return run_execute
 
-    async def _relay(self, p: int, entry_id: str, to: str, item_json: str) -> None:
-        """Hand a committed delivery to its target session, then forget it.
+        what = "decision" if isinstance(effect, RunDecision) else f"call {effect.call_id}"
+        self._effect(part, sid, f"worker {what}", prepare, failed)
 
-        A crash between the two relays it again; every delivered input is idempotent
-        at the receiver (message ids, turn ids derived from the parent's call)."""
-        item = json.loads(item_json)
-        await self.store.enqueue(to, item["input"], None)
-        await self.store.outbox_done(p, entry_id)
+    async def _relay_outbox(self, part: _Partition) -> None:
+        """Hand committed deliveries to their target sessions, then forget them.
+
+        A crash or a Redis fault between the two relays them again later; every
+        delivered input is idempotent at the receiver (message ids, turn ids derived
+        from the parent's call). One relay at a time per partition.
+        """
+        if part.relaying:
+            return
+        part.relaying = True
+        try:
+            while part.outbox_dirty:
+                part.outbox_dirty = False
+                for entry_id, to, message in await self.store.outbox(part.p):
+                    await self.store.enqueue(to, json.loads(message)["input"], None)
+                    await self.store.outbox_done(part.p, entry_id)
+        except STORE_FAULTS as err:
+            part.outbox_dirty = True  # the work reader's next round tries again
+            self._store_trouble(f"relaying the outbox of partition {part.p}", err)
+        finally:
+            part.relaying = False
 
     def _target(self, block_id: str | None) -> LlmTarget:
         block = self.project.llm.get(block_id or "")
@@ -523,16 +735,15 @@ class Engine:
             api_key_env=block.api_key_env,
         )
 
-    async def _run_llm_call(self, part: _Partition, sid: str, effect: RunLlmCall, plan) -> None:
+    async def _run_llm_call(self, sid: str, effect: RunLlmCall, plan: LlmCallPlan) -> Input:
         delta_seq = 0
-
         deltas = DeltaWriter(self.store, sid)
 
         async def on_delta(delta: dict[str, Any]) -> None:
             nonlocal delta_seq
             delta_seq += 1
             deltas.add(
-                {"call_id": effect.call_id, "attempt": effect.attempt, "seq": delta_seq, **delta}
+                {**delta, "call_id": effect.call_id, "attempt": effect.attempt, "seq": delta_seq}
             )
 
         settled: LlmCallSettled
@@ -562,13 +773,10 @@ class Engine:
                 "code": "deadline_exceeded",
             }
             settled = LlmCallSettled(effect.call_id, effect.attempt, error=info, retryable=True)
-        except Exception as err:  # our own bug: record it rather than hang the turn
-            log.exception("model call %s failed", effect.call_id)
-            info = {"message": f"internal error: {type(err).__name__}", "code": "internal"}
-            settled = LlmCallSettled(effect.call_id, effect.attempt, error=info, retryable=True)
-        self.metrics.observe_model_call(time.perf_counter() - started)
-        await deltas.close()  # every delta is out before the event that ends the call
-        part.queue.put_nowait(WorkItem(None, sid, input_to_json(settled)))
+        finally:
+            self.metrics.observe_model_call(time.perf_counter() - started)
+            await deltas.close()  # every delta is out before the event that ends the call
+        return settled
 
 
 class DeltaWriter:
@@ -615,3 +823,36 @@ def _lost_work(state: SessionState | None) -> list[CallLost]:
 def _has_inflight(state: SessionState | None) -> bool:
     """Whether a crash would leave one of this session's requests unanswered."""
     return bool(_lost_work(state))
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """One input's transition, ready to commit: what to write, and what follows it."""
+
+    commit: Commit
+    transition: Transition | None  # None: refused, nothing follows
+    started: float  # perf_counter at the start of the step
+
+
+class Backoff:
+    """Waits that grow from 50 ms to 2 s while a fault lasts; reset by a success."""
+
+    def __init__(self, first: float = 0.05, most: float = 2.0) -> None:
+        self.first, self.most, self.next = first, most, first
+
+    async def wait(self) -> None:
+        await asyncio.sleep(self.next)
+        self.next = min(self.next * 2, self.most)
+
+    def reset(self) -> None:
+        self.next = self.first
+
+
+def _timer_member(sid: str, due: int, inp: Input) -> str:
+    """A timer's entry in the partition's set; the same timer always gives the same bytes."""
+    return json.dumps({"sid": sid, "input": input_to_json(inp), "due": due})
+
+
+def _describe(err: BaseException) -> str:
+    text = err.message if isinstance(err, SubsError) else str(err)
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__

@@ -8,13 +8,22 @@ stream id. See DESIGN.md "Storage on Redis".
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import zlib
 from dataclasses import dataclass
 from typing import Any, NewType
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.exceptions import (
+    BusyLoadingError,
+    ClusterDownError,
+    ReadOnlyError,
+    ResponseError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .errors import SubsError
 
@@ -23,6 +32,7 @@ SessionId = NewType("SessionId", str)
 GROUP = "engine"
 DEFAULT_PARTITIONS = 16
 DELTA_CAP = 2000
+_LEGACY_SESSIONS = "subs:sessions"
 
 
 def connect(url: str, max_connections: int = 1024) -> aioredis.Redis:
@@ -43,6 +53,19 @@ def connect(url: str, max_connections: int = 1024) -> aioredis.Redis:
     return aioredis.Redis.from_pool(pool)
 
 
+# What Redis going away (a restart, a failover, a partition) looks like to a caller: the
+# command may or may not have run, and the same call can succeed later.
+STORE_FAULTS: tuple[type[Exception], ...] = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    BusyLoadingError,
+    ReadOnlyError,
+    TryAgainError,
+    ClusterDownError,
+    OSError,
+)
+
+
 class StoreConflict(SubsError):
     """A commit was refused: the lease moved or another writer got there first."""
 
@@ -51,15 +74,17 @@ class StoreConflict(SubsError):
         self.lease_lost = lease_lost
 
 
-# KEYS: log, snap, work, inflight, lease, timers, reply, outbox
+# KEYS: log, snap, work, inflight, lease, timers, reply, outbox, sessions, dead
 # ARGV: lease_value, expected_seq, new_seq, snapshot ('' = unchanged), ack_id, inflight (+/-/''),
-#       session_id, reply ('' = none), n_events, (id, json)*, n_timers, (score, member)*,
-#       n_timer_removals, member*, n_outbox, item*
+#       session_id, reply ('' = none), n_events, created_ms ('' = not new), dead letter ('' =
+#       none), (id, json)*, n_timers, (score, member)*, n_timer_removals, member*, n_outbox, item*
 _COMMIT = """
 if redis.call('GET', KEYS[5]) ~= ARGV[1] then return -1 end
 local cur = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0')
 if cur ~= tonumber(ARGV[2]) then return -2 end
-local i = 10
+if ARGV[10] ~= '' then redis.call('ZADD', KEYS[9], 'NX', ARGV[10], ARGV[7]) end
+if ARGV[11] ~= '' then redis.call('XADD', KEYS[10], 'MAXLEN', '~', 10000, '*', 'd', ARGV[11]) end
+local i = 12
 local n = tonumber(ARGV[9])
 for _ = 1, n do
   redis.call('XADD', KEYS[1], ARGV[i], 'e', ARGV[i + 1])
@@ -133,6 +158,8 @@ class Commit:
     reply: dict[str, Any] | None = None
     reply_to: str | None = None
     outbox: tuple[str, ...] = ()  # messages to other sessions, relayed after the commit
+    created_ms: int | None = None  # the session is new: index it (in the same commit)
+    dead_letter: str | None = None  # an input no transition could take, kept for a person
 
 
 @dataclass(frozen=True)
@@ -142,6 +169,7 @@ class WorkItem:
     input: dict[str, Any]
     reply_to: str | None = None
     timer_member: str | None = None
+    deliveries: int = 1  # times the work stream handed this entry to an engine
 
 
 def compact_json(value: Any) -> str:
@@ -202,6 +230,14 @@ class Store:
     def outbox_key(p: int) -> str:
         return f"subs:{{{p}}}:outbox"
 
+    @staticmethod
+    def sessions_key(p: int) -> str:
+        return f"subs:{{{p}}}:sessions"
+
+    @staticmethod
+    def dead_key(p: int) -> str:
+        return f"subs:{{{p}}}:dead"
+
     def reply_key(self, session_id: str, request_id: str) -> str:
         return f"subs:{{{self.partition_of(session_id)}}}:reply:{request_id}"
 
@@ -226,6 +262,8 @@ class Store:
             sid,
             compact_json(c.reply) if c.reply is not None and c.reply_to else "",
             len(c.events),
+            "" if c.created_ms is None else c.created_ms,
+            c.dead_letter or "",
         ]
         for e in c.events:
             args += [f"{e['seq']}-0", compact_json(e)]
@@ -245,6 +283,8 @@ class Store:
             self.timers_key(p),
             c.reply_to or self.reply_key(sid, "none"),
             self.outbox_key(p),
+            self.sessions_key(p),
+            self.dead_key(p),
         ]
         result = await self._commit(keys=keys, args=args)
         if result == -1:
@@ -261,13 +301,37 @@ class Store:
         )
         return [json.loads(fields[b"e"]) for _, fields in entries]
 
-    async def note_session(self, session_id: str, created_ms: int) -> None:
-        """Index for listing; outside the session's slot, so written after the commit."""
-        await self.redis.zadd("subs:sessions", {session_id: created_ms}, nx=True)
-
     async def list_sessions(self, offset: int = 0, limit: int = 50) -> list[str]:
-        ids = await self.redis.zrevrange("subs:sessions", offset, offset + limit - 1)
-        return [i.decode() for i in ids]
+        """Session ids, newest first, merged from every partition's index.
+
+        The index is written by the commit that creates a session, in the session's
+        own slot; `subs:sessions` is where versions before that kept it, still read.
+        """
+        keys = [self.sessions_key(p) for p in range(self.partitions)] + [_LEGACY_SESSIONS]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key in keys:
+                pipe.zrevrange(key, 0, offset + limit - 1, withscores=True)
+            replies = await pipe.execute()
+        newest: dict[str, float] = {}
+        for members in replies:
+            for member, score in members:
+                newest.setdefault(member.decode(), score)
+        ordered = sorted(newest, key=lambda sid: (-newest[sid], sid))
+        return ordered[offset : offset + limit]
+
+    async def dead_letters(self, count: int = 100) -> list[dict[str, Any]]:
+        """Inputs no transition could take, newest first, across partitions."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for p in range(self.partitions):
+                pipe.xrevrange(self.dead_key(p), count=count)
+            replies = await pipe.execute()
+        letters = [
+            {"id": entry_id.decode(), **json.loads(fields[b"d"])}
+            for entries in replies
+            for entry_id, fields in entries
+        ]
+        letters.sort(key=lambda d: d.get("at_ms", 0), reverse=True)
+        return letters[:count]
 
     # -- work ------------------------------------------------------------------------
 
@@ -305,8 +369,21 @@ class Store:
                     items.append(item)
         return items
 
+    async def committed_seq(self, session_id: str) -> int:
+        """The seq the session's snapshot reflects: did a commit whose answer was lost land?"""
+        seq = await self.redis.hget(self.snap_key(session_id), "seq")
+        return int(seq or 0)
+
     async def claim_pending(self, p: int, consumer: str) -> list[WorkItem]:
-        """Take over every pending entry of the partition (its previous owner is gone)."""
+        """Take over every pending entry of the partition (its previous owner is gone).
+
+        Each item carries how often the stream has handed it out: an input that
+        takes its engine down with it comes back here every time.
+        """
+        counts = {
+            entry["message_id"]: int(entry["times_delivered"])
+            for entry in await self.redis.xpending_range(self.work_key(p), GROUP, "-", "+", 10_000)
+        }
         items: list[WorkItem] = []
         start = "0-0"
         while True:
@@ -317,7 +394,9 @@ class Store:
             for entry_id, fields in entries:
                 item = self._parse_work(entry_id, fields)
                 if item is not None:
-                    items.append(item)
+                    # The claim itself is one more delivery.
+                    deliveries = counts.get(entry_id, 0) + 1
+                    items.append(dataclasses.replace(item, deliveries=deliveries))
             if start in (b"0-0", "0-0"):
                 return items
 

@@ -21,7 +21,9 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource
 
+from engine import jsonedge
 from engine.errors import ProtocolError, SubsError
+from engine.jsonedge import JsonRejected
 from engine.protocol import parse_decision_response, to_json
 
 __all__ = ["DecisionFailure", "Delivery", "deliver", "sign", "verify"]
@@ -131,11 +133,12 @@ async def _answer(response: httpx.Response, limit: int, on_delta: OnDelta | None
     if "text/event-stream" in response.headers.get("content-type", "").lower():
         return await _read_stream(response, limit, on_delta)
     body = await _read_body(response, limit)
+    if not body.strip():
+        raise _invalid("the answer is not JSON: the body is empty")
     try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):
-        shown = _excerpt(body) if body else "the body is empty"
-        raise _invalid(f"the answer is not JSON: {shown}") from None
+        data = jsonedge.loads(body, what="the answer")
+    except JsonRejected as exc:
+        raise _invalid(f"{exc.message}: {_excerpt(body)}", param=exc.param) from None
     return _decision(data, "")
 
 
@@ -210,11 +213,13 @@ async def _read_stream(
 
 
 def _frame_json(event: str, data: str) -> Any:
+    if not data:
+        raise _invalid(f"{event}: the data is not JSON: the data is empty", event=event)
     try:
-        return json.loads(data)
-    except (ValueError, RecursionError):
-        shown = _excerpt(data.encode()) if data else "the data is empty"
-        raise _invalid(f"{event}: the data is not JSON: {shown}", event=event) from None
+        return jsonedge.loads(data, what=f"{event}: the data")
+    except JsonRejected as exc:
+        shown = _excerpt(data.encode("utf-8", "replace"))
+        raise _invalid(f"{exc.message}: {shown}", param=exc.param, event=event) from None
 
 
 def _decision(data: Any, where: str) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from .errors import SubsError
 from .llm import ProviderError, anthropic, openai
 from .machine import (
     DecisionAnswered,
@@ -25,7 +26,7 @@ from .machine import (
     SessionState,
 )
 from .machine.request import control_request, execute_request
-from .protocol import LlmResponse, to_json
+from .protocol import DecisionRequest, LlmResponse, StreamDelta, WireModel, to_json
 from .worker import DecisionFailure, Delivery, deliver
 
 AddDelta = Callable[[dict[str, Any]], None]
@@ -63,8 +64,10 @@ class DecisionRun:
         d = state.decision
         assert d is not None
         self.decision_id, self.attempt = d.id, d.attempt
+        request = control_request(state)
+        _check_outgoing(request)
         self.delivery = Delivery(
-            target.url, _body(control_request(state)), target.secret, _timeout(d.deadline, now_ms)
+            target.url, _body(request), target.secret, _timeout(d.deadline, now_ms)
         )
 
     async def run(self, http: httpx.AsyncClient) -> Input:
@@ -90,9 +93,14 @@ class ExecuteRun:
         self.format: str | None = trigger.get("format")
         if self.format:
             # The vendor's own body, ready to send; the trigger's `stream` is authoritative.
-            body = _VENDORS[self.format].build_request(trigger["request"], stream=False)
+            try:
+                body = _VENDORS[self.format].build_request(trigger["request"], stream=False)
+            except ProviderError as err:
+                raise Unsendable(f"trigger.request: {err.message}") from None
             body.pop("stream", None)
             trigger["request"] = body
+        else:
+            _check_outgoing(request)
         self.delivery = Delivery(
             target.url, _body(request), target.secret, _timeout(call.deadline, now_ms)
         )
@@ -101,15 +109,15 @@ class ExecuteRun:
 
     async def run(self, http: httpx.AsyncClient, add_delta: AddDelta) -> Input:
         async def on_delta(frame: dict[str, Any]) -> None:
-            deltas = self.accumulator.feed(frame) if self.accumulator else [frame]
-            for delta in deltas:
+            for delta in self._deltas(frame):
                 self.delta_seq += 1
+                # Ours last: a frame cannot overwrite the call, attempt or order it belongs to.
                 add_delta(
                     {
+                        **delta,
                         "call_id": self.call_id,
                         "attempt": self.attempt,
                         "seq": self.delta_seq,
-                        **delta,
                     }
                 )
 
@@ -120,6 +128,20 @@ class ExecuteRun:
         except DecisionFailure as failure:
             return ExecuteFailed(self.call_id, self.attempt, _error(failure), failure.retryable)
         return ExecuteAnswered(self.call_id, self.attempt, response)
+
+    def _deltas(self, frame: dict[str, Any]) -> list[dict[str, Any]]:
+        """One `llm.token.delta` frame as neutral StreamDeltas, or a precise failure."""
+        where = f"llm.token.delta {self.delta_seq + 1}"
+        if self.accumulator is None:
+            return [_validated(StreamDelta, frame, where)]
+        try:
+            return self.accumulator.feed(frame)
+        except ProviderError as err:
+            raise _unreadable(f"{where}: {err.message}") from None
+        except Exception as err:  # a vendor event our reader cannot take apart
+            raise _unreadable(
+                f"{where}: not a valid {self.format} stream event ({type(err).__name__}: {err})"
+            ) from None
 
     def _neutral(self, response: dict[str, Any]) -> dict[str, Any]:
         """Every `llm.result` as a neutral LlmResponse (SPEC §7), or a precise failure."""
@@ -132,17 +154,46 @@ class ExecuteRun:
 
     def _normalise(self, body: Any, i: int) -> dict[str, Any]:
         where = f"actions.{i}.response"
+        if not self.format:
+            return _validated(LlmResponse, body, where)
         try:
-            if self.format:
-                return _VENDORS[self.format].parse_response(body)
-            return to_json(LlmResponse.model_validate(body))
+            parsed = _VENDORS[self.format].parse_response(body)
         except ProviderError as err:
-            raise DecisionFailure(
-                f"{where}: {err.message}", code="invalid_response", param=where
+            raise _unreadable(f"{where}: {err.message}", param=where) from None
+        except Exception as err:  # a vendor body our reader cannot take apart
+            raise _unreadable(
+                f"{where}: not a valid {self.format} response ({type(err).__name__}: {err})",
+                param=where,
             ) from None
-        except ValidationError as err:
-            first = err.errors()[0]
-            loc = ".".join(str(p) for p in first["loc"])
-            raise DecisionFailure(
-                f"{where}.{loc}: {first['msg']}", code="invalid_response", param=f"{where}.{loc}"
-            ) from None
+        # What the vendor reader made of it must be a neutral response too (ids are strings…).
+        return _validated(LlmResponse, parsed, where)
+
+
+class Unsendable(SubsError):
+    """A request we built would not be a valid protocol document: our bug, never sent."""
+
+    code = "internal"
+
+
+def _check_outgoing(request: dict[str, Any]) -> None:
+    """What goes to a worker must validate against the protocol (SPEC: our output is checked)."""
+    try:
+        DecisionRequest.model_validate(request)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise Unsendable(f"the decision request is invalid at {loc}: {first['msg']}") from None
+
+
+def _validated(model: type[WireModel], body: Any, where: str) -> dict[str, Any]:
+    try:
+        return to_json(model.model_validate(body))
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        param = f"{where}.{loc}" if loc else where
+        raise _unreadable(f"{param}: {first['msg']}", param=param) from None
+
+
+def _unreadable(message: str, *, param: str | None = None) -> DecisionFailure:
+    return DecisionFailure(message, code="invalid_response", param=param)

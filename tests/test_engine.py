@@ -147,9 +147,13 @@ async def test_an_input_the_engine_cannot_apply_is_refused_not_left_pending(engi
     assert answer is not None
     reply = json.loads(answer[1])
     assert (reply["ok"], reply["code"], reply["status"]) == (False, "internal", 500)
-    assert "could not apply this input" in reply["error"]
+    assert "could not apply an input (from-the-future)" in reply["error"]
+    assert "dead-letter" in reply["error"]
     pending = await store.redis.xpending(store.work_key(store.partition_of(sid)), GROUP)
     assert pending["pending"] == 0
+    (letter,) = await store.dead_letters()
+    assert letter["session_id"] == sid and letter["input"]["kind"] == "from-the-future"
+    assert "unknown input kind" in letter["reason"]
     vendor.push(Text("Still here."))
     started = await client.submit(say("ops_openai", "hello?"), session_id=sid)
     end = await wait_for_event(client, sid, turn_ended(started["turn_id"]))

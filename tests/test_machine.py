@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from engine.machine import (
+    CallDeadline,
     CallLost,
+    CancelTimer,
     LlmCallSettled,
     MachineError,
     RunLlmCall,
@@ -21,6 +23,26 @@ from engine.machine import (
     state_to_json,
 )
 from tests.machine_helpers import Session, text_reply, tool_reply
+
+
+def test_every_attempt_in_flight_has_a_deadline_timer_that_ends_it():
+    """A model call whose completion the shell lost is ended by its deadline timer."""
+    s = Session()
+    t = s.say("hi")
+    run = only_llm(t)
+    (timer,) = [e for e in t.effects if isinstance(e, StartTimer)]
+    assert timer == StartTimer(run.deadline + 1000, CallDeadline(run.call_id, 1))
+    t = s.apply(timer.input)
+    assert s.types(t) == ["llm.call.errored", "call.retry_scheduled"]
+    assert t.events[0]["payload"]["error"]["code"] == "deadline_exceeded"
+    assert CancelTimer(timer.due, timer.input) in t.effects
+    assert s.apply(timer.input).events == []  # fired twice: the attempt is over
+    (backoff,) = [e for e in t.effects if isinstance(e, StartTimer)]
+    t = s.apply(backoff.input)
+    retry = only_llm(t)
+    assert retry.attempt == 2
+    assert StartTimer(retry.deadline + 1000, CallDeadline(run.call_id, 2)) in t.effects
+    s.check_fold()
 
 
 def only_llm(t) -> RunLlmCall:
@@ -110,7 +132,9 @@ def test_client_tool_round_trip():
         "tool.call.requested",
         "tool.call.dispatched",
     ]
-    assert t.effects == [] and s.state.calls["c1"].handler == "client"
+    # Nothing to run for a client tool (it has no deadline); the model call's deadline goes.
+    assert t.effects == [CancelTimer(run.deadline + 1000, CallDeadline(run.call_id, 1))]
+    assert s.state.calls["c1"].handler == "client"
     with pytest.raises(MachineError) as err:
         s.client({"type": "tool.result", "id": "nope", "result": "x"})
     assert err.value.code == "call_not_open"
@@ -183,7 +207,8 @@ def test_retryable_error_backs_off_then_retries_and_final_error_fails_the_turn()
     err = {"message": "rate limited", "code": "rate_limited"}
     t = s.apply(LlmCallSettled(run.call_id, 1, error=err, retryable=True, retry_after=3))
     assert s.types(t) == ["llm.call.errored", "call.retry_scheduled"]
-    (timer,) = t.effects
+    timer, cancelled = t.effects
+    assert cancelled == CancelTimer(run.deadline + 1000, CallDeadline(run.call_id, 1))
     assert isinstance(timer, StartTimer) and timer.due == s.now + 3000
     assert timer.input == TimerFired(run.call_id, 2)
     stale = s.apply(TimerFired(run.call_id, 5))

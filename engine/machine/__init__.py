@@ -1,7 +1,15 @@
 """The pure core: session state + input -> (events, effects). No I/O, clock or randomness."""
 
 from .core import Ids, MachineError, Transition, iso
-from .effects import Deliver, Effect, RunDecision, RunExecute, RunLlmCall, StartTimer
+from .effects import (
+    CancelTimer,
+    Deliver,
+    Effect,
+    RunDecision,
+    RunExecute,
+    RunLlmCall,
+    StartTimer,
+)
 from .evolve import EVENT_TYPES, Event, evolve, fold
 from .inputs import (
     CallDeadline,
@@ -11,11 +19,13 @@ from .inputs import (
     ChildSpawned,
     ClientSubmitted,
     DecisionAnswered,
+    DecisionDeadline,
     DecisionFailed,
     DecisionTimerFired,
     ExecuteAnswered,
     ExecuteFailed,
     Input,
+    InputRejected,
     InterruptRequested,
     LlmCallSettled,
     MessageDelivered,
@@ -35,10 +45,12 @@ __all__ = [
     "CallDeadline",
     "CallLost",
     "CallSettled",
+    "CancelTimer",
     "ChildCancelled",
     "ChildSpawned",
     "ClientSubmitted",
     "DecisionAnswered",
+    "DecisionDeadline",
     "DecisionFailed",
     "DecisionTimerFired",
     "Deliver",
@@ -48,6 +60,7 @@ __all__ = [
     "ExecuteFailed",
     "Ids",
     "Input",
+    "InputRejected",
     "InterruptRequested",
     "LlmCallPlan",
     "LlmCallSettled",

@@ -110,8 +110,6 @@ class CallRules(StepBase):
             self.out.effects.append(RunLlmCall(call.id, attempt, deadline))
         elif call.handler == "worker":
             self.out.effects.append(RunExecute(call.id, attempt, deadline))
-            if call.kind == "tool" and deadline is not None:
-                self.out.effects.append(StartTimer(deadline, CallDeadline(call.id, attempt)))
 
     # -- finding the attempt an answer belongs to ------------------------------------
 

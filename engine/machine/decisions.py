@@ -16,6 +16,7 @@ from .effects import RunDecision, StartTimer
 from .inputs import (
     CallLost,
     DecisionAnswered,
+    DecisionDeadline,
     DecisionFailed,
     DecisionTimerFired,
     ExecuteAnswered,
@@ -166,6 +167,16 @@ class DecisionRules(StepBase):
             }
         )
         self.out.effects.append(StartTimer(due, DecisionTimerFired(d.id, next_attempt)))
+
+    def decision_deadline(self, inp: DecisionDeadline) -> None:
+        d = self.live_decision(inp.decision_id, inp.attempt)
+        if d is not None:
+            error = {
+                "message": f"the worker did not answer decision {d.id!r} (attempt {d.attempt}) "
+                "before its deadline",
+                "code": "deadline_exceeded",
+            }
+            self.decision_failed(d, error, True)
 
     def decision_timer_fired(self, inp: DecisionTimerFired) -> None:
         d = self.s.decision

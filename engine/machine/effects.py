@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .inputs import CallDeadline, DecisionTimerFired, TimerFired
+from .inputs import CallDeadline, DecisionDeadline, DecisionTimerFired, TimerFired
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,15 @@ class StartTimer:
     """Deliver `input` at `due` (ms). Committed with the transition, so it survives a crash."""
 
     due: int
-    input: TimerFired | DecisionTimerFired | CallDeadline
+    input: TimerFired | DecisionTimerFired | CallDeadline | DecisionDeadline
+
+
+@dataclass(frozen=True)
+class CancelTimer:
+    """Forget a timer started earlier (same `due` and `input`): what it guarded has ended."""
+
+    due: int
+    input: CallDeadline | DecisionDeadline
 
 
 @dataclass(frozen=True)
@@ -55,4 +63,4 @@ class Deliver:
     input: Any  # an Input of the receiving session
 
 
-Effect = RunLlmCall | RunDecision | RunExecute | StartTimer | Deliver
+Effect = RunLlmCall | RunDecision | RunExecute | StartTimer | CancelTimer | Deliver

@@ -257,6 +257,7 @@ _APPLY: dict[str, Callable[[SessionState, Event, dict[str, Any]], None]] = {
     "session.interrupted": _interrupted,
     "session.interrupt_resumed": _interrupt_resumed,
     "message.sent": _nothing,
+    "input.rejected": _nothing,
     "subagent.requested": _subagent_requested,
     "subagent.started": _nothing,
     "subagent.completed": _subagent_ended,

@@ -86,6 +86,14 @@ class DecisionTimerFired:
 
 
 @dataclass(frozen=True)
+class DecisionDeadline:
+    """The live decision's attempt ran past its deadline with no answer recorded."""
+
+    decision_id: str
+    attempt: int
+
+
+@dataclass(frozen=True)
 class ExecuteAnswered:
     """The worker answered a call's `tool.execute` / `llm.execute`.
 
@@ -109,7 +117,7 @@ class ExecuteFailed:
 
 @dataclass(frozen=True)
 class CallDeadline:
-    """A worker call's run deadline passed."""
+    """A call attempt's run deadline passed with no result recorded."""
 
     call_id: str
     attempt: int
@@ -185,6 +193,18 @@ class ChildCancelled:
 
 
 @dataclass(frozen=True)
+class InputRejected:
+    """The engine could not apply an input (`kind`) however often it tried: a bug.
+
+    The input is kept in the dead-letter stream; the session records why, and the
+    running turn fails, so nothing waits for an answer that cannot come.
+    """
+
+    kind: str
+    error: dict[str, Any]  # ErrorInfo
+
+
+@dataclass(frozen=True)
 class MessageDelivered:
     """Another session's `message.send` arrived; `message.id` makes it idempotent."""
 
@@ -200,11 +220,13 @@ Input = (
     | DecisionAnswered
     | DecisionFailed
     | DecisionTimerFired
+    | DecisionDeadline
     | ExecuteAnswered
     | ExecuteFailed
     | CallDeadline
     | CallSettled
     | InterruptRequested
+    | InputRejected
     | MessageDelivered
     | ChildSpawned
     | SubagentStarted
@@ -222,11 +244,13 @@ _KINDS: dict[str, type] = {
         DecisionAnswered,
         DecisionFailed,
         DecisionTimerFired,
+        DecisionDeadline,
         ExecuteAnswered,
         ExecuteFailed,
         CallDeadline,
         CallSettled,
         InterruptRequested,
+        InputRejected,
         MessageDelivered,
         ChildSpawned,
         SubagentStarted,

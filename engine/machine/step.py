@@ -17,6 +17,7 @@ from typing import Any
 
 from .calls import CallRules
 from .core import Ids, MachineError, Transition
+from .deadlines import armed, timer_changes
 from .decisions import DecisionRules
 from .inputs import (
     CallDeadline,
@@ -26,11 +27,13 @@ from .inputs import (
     ChildSpawned,
     ClientSubmitted,
     DecisionAnswered,
+    DecisionDeadline,
     DecisionFailed,
     DecisionTimerFired,
     ExecuteAnswered,
     ExecuteFailed,
     Input,
+    InputRejected,
     InterruptRequested,
     LlmCallSettled,
     MessageDelivered,
@@ -76,6 +79,11 @@ class _Step(TurnRules, CallRules, DecisionRules):
             "interrupt_id": next(iter(new)) if new else inp.interrupt_id,
         }
 
+    def input_rejected(self, inp: InputRejected) -> None:
+        self.emit({"type": "input.rejected", "input_kind": inp.kind, "error": inp.error})
+        if self.s.turn is not None:
+            self.fail_turn(inp.error)
+
 
 _DISPATCH: dict[type, Callable[[_Step, Any], None]] = {
     ClientSubmitted: _Step.client_submitted,
@@ -85,11 +93,13 @@ _DISPATCH: dict[type, Callable[[_Step, Any], None]] = {
     DecisionAnswered: _Step.decision_answered,
     DecisionFailed: _Step.decision_failed_input,
     DecisionTimerFired: _Step.decision_timer_fired,
+    DecisionDeadline: _Step.decision_deadline,
     ExecuteAnswered: _Step.execute_answered,
     ExecuteFailed: _Step.execute_failed,
     CallDeadline: _Step.call_deadline,
     CallSettled: _Step.api_settles_call,
     InterruptRequested: _Step.interrupt_requested,
+    InputRejected: _Step.input_rejected,
     MessageDelivered: _Step.message_delivered,
     ChildSpawned: _Step.child_spawned,
     SubagentStarted: _Step.subagent_started,
@@ -114,6 +124,9 @@ def step(state: SessionState | None, session_id: str, inp: Input, now: int, ids:
             raise MachineError("unknown_session", f"session {session_id!r} does not exist", 404)
         if not isinstance(inp, ClientSubmitted | ChildSpawned):
             return Transition(state=None, ignored=f"session {session_id!r} does not exist")
+    before = armed(state)
     st = _Step(state, session_id, now, ids)
     handler(st, inp)
+    if st.out.events:
+        st.out.effects += timer_changes(before, armed(st.out.state))
     return st.out
