@@ -7,21 +7,25 @@ ProviderError. See SPEC.md §7.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import httpx
 from httpx_sse import SSEError, aconnect_sse
+from pydantic import ValidationError
 
+from engine import jsonedge
+from engine.jsonedge import JsonRejected
 from engine.llm import anthropic, openai
 from engine.llm.errors import ProviderError, quote
+from engine.protocol import LlmResponse
 
 ANTHROPIC_VERSION = "2023-06-01"
 
 OnDelta = Callable[[dict[str, Any]], Awaitable[None]]
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -125,8 +129,10 @@ async def complete(
     body = adapter.build(request, stream=stream)
     try:
         if stream:
-            return await _streamed(http, adapter, url, headers, body, on_delta)
-        return await _whole(http, adapter, url, headers, body)
+            response = await _streamed(http, adapter, url, headers, body, on_delta)
+        else:
+            response = await _whole(http, adapter, url, headers, body)
+        return _neutral(adapter, response)
     except httpx.TimeoutException as exc:
         raise ProviderError(
             f"{adapter.name} did not answer in time ({type(exc).__name__}).", retryable=True
@@ -154,15 +160,12 @@ async def _whole(
     if not response.is_success:
         raise adapter.parse_error(response.status_code, response.headers, response.content)
     try:
-        document = response.json()
-    except ValueError:
+        document = jsonedge.loads(response.content, what=f"the {adapter.name} response")
+    except JsonRejected as exc:
         raise ProviderError(
-            f"{adapter.name} sent a response that is not JSON.",
-            "invalid_response",
-            retryable=True,
-            status=response.status_code,
+            f"{exc.message}.", "invalid_response", retryable=True, status=response.status_code
         ) from None
-    return adapter.parse(document)
+    return _read(adapter, adapter.parse, document, "response")
 
 
 async def _streamed(
@@ -187,7 +190,8 @@ async def _streamed(
                     continue
                 if event.data == "[DONE]":
                     break
-                for delta in accumulator.feed(_event_json(adapter.name, event.data)):
+                event_json = _event_json(adapter.name, event.data)
+                for delta in _read(adapter, accumulator.feed, event_json, "stream event"):
                     if on_delta is not None:
                         await on_delta(delta)
         except SSEError as exc:
@@ -202,14 +206,45 @@ async def _streamed(
             raise ProviderError(
                 f"The {adapter.name} stream was cut: {_reason(exc)}.", retryable=True
             ) from exc
-    return accumulator.finish()
+    return _read(adapter, lambda _: accumulator.finish(), None, "stream")
+
+
+def _read(adapter: _Adapter, reader: Callable[[Any], _T], document: Any, what: str) -> _T:
+    """A vendor reader's verdict on a document: a malformed one is one precise error."""
+    try:
+        return reader(document)
+    except ProviderError:
+        raise
+    except Exception as exc:  # a shape the reader did not expect: KeyError, TypeError…
+        raise ProviderError(
+            f"{adapter.name} sent a {what} this engine cannot read "
+            f"({type(exc).__name__}: {quote(str(exc))}).",
+            "invalid_response",
+            retryable=True,
+        ) from None
+
+
+def _neutral(adapter: _Adapter, response: dict[str, Any]) -> dict[str, Any]:
+    """What the reader made of the vendor's answer must be a neutral LlmResponse (string
+    ids, string arguments…): the machine records it as it is."""
+    try:
+        LlmResponse.model_validate(response)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ProviderError(
+            f"{adapter.name} sent a response this engine cannot record: {where}: {first['msg']}.",
+            "invalid_response",
+            retryable=True,
+        ) from None
+    return response
 
 
 def _event_json(name: str, data: str) -> dict[str, Any]:
     try:
-        payload = json.loads(data)
-    except ValueError:
-        payload = None
+        payload = jsonedge.loads(data, what=f"a {name} stream event")
+    except JsonRejected as exc:
+        raise ProviderError(f"{exc.message}.", "invalid_response", retryable=True) from None
     if not isinstance(payload, dict):
         raise ProviderError(
             f"{name} sent a stream event that is not a JSON object.",
