@@ -792,6 +792,14 @@ async def admin_sessions(request: web.Request) -> web.Response:
     return web.json_response(body, dumps=compact_json)
 
 
+async def admin_dead_letters(request: web.Request) -> web.Response:
+    """Inputs the engine could not apply, newest first (each failed its session's turn)."""
+    _full_access(request)
+    limit = _int_query(request, "limit", 100, lo=1, hi=1000)
+    letters = await request.app[API].store.dead_letters(limit)
+    return web.json_response({"dead_letters": letters}, dumps=compact_json)
+
+
 async def admin_events(request: web.Request) -> web.Response:
     _full_access(request)
     store = request.app[API].store
@@ -858,6 +866,7 @@ def make_app(
     r.add_post("/api/machine/sessions/{sid}/calls/settle", post_settle)
     r.add_get("/api/admin/sessions", admin_sessions)
     r.add_get("/api/admin/sessions/{sid}/events", admin_events)
+    r.add_get("/api/admin/dead-letters", admin_dead_letters)
     r.add_get("/healthz", get_healthz)
     r.add_get("/metrics", get_metrics)
     return app

@@ -27,6 +27,7 @@ from .config import ConfigError, Project, load_project, slack_env_suffix
 from .console import Printer, short, watch_turn
 from .embedded import EmbeddedRedis, EmbeddedRedisError
 from .http_client import HttpClient
+from .machine import iso
 from .metrics import Metrics
 from .runner import Engine
 from .store import Store, connect
@@ -61,12 +62,17 @@ def _parser() -> argparse.ArgumentParser:
     sessions_sub = sessions.add_subparsers(dest="sessions_command", required=True)
     listing = sessions_sub.add_parser("list", help="sessions, newest first")
     listing.add_argument("--limit", type=int, default=50)
+    dead = sessions_sub.add_parser(
+        "dead",
+        help="inputs the engine could not apply (each failed its session's turn), newest first",
+    )
+    dead.add_argument("--limit", type=int, default=100)
     events = sessions_sub.add_parser("events", help="a session's events")
     events.add_argument("session")
     events.add_argument("--from", dest="after", type=int, default=0, help="after this seq")
     events.add_argument("--follow", action="store_true", help="keep printing new events")
     events.add_argument("-o", "--output", choices=["pretty", "jsonl"], default=None)
-    for command in (listing, events):
+    for command in (listing, dead, events):
         command.add_argument("-c", "--config", default="subs.toml")
         command.add_argument("--redis", help="Redis URL (default: the file's, else embedded)")
         command.add_argument("--url", help="read from a remote engine's HTTP API instead")
@@ -369,6 +375,10 @@ async def _sessions(args: argparse.Namespace) -> int:
             for row in await client.sessions(0, args.limit):
                 print(row if isinstance(row, str) else row["session_id"])
             return 0
+        if args.sessions_command == "dead":
+            for letter in await client.dead_letters(args.limit):
+                print(_dead_letter_line(letter))
+            return 0
         jsonl = _jsonl(args.output)
         events = await client.events(args.session, args.after)
         if not events and args.after == 0 and not args.follow:
@@ -382,6 +392,17 @@ async def _sessions(args: argparse.Namespace) -> int:
                 if kind == "event":
                     _print_event(event, jsonl)
     return 0
+
+
+def _dead_letter_line(letter: dict[str, Any]) -> str:
+    """`<time> <session> <input kind> (<n> deliveries): <reason>`: one line to act on."""
+    when = iso(int(letter.get("at_ms", 0)))
+    body = letter.get("input") or {}
+    kind = body.get("kind", "?")
+    if kind == "client":
+        kind = f"client {(body.get('input') or {}).get('type', '?')}"
+    deliveries = letter.get("deliveries", 1)
+    return f"{when} {letter['session_id']} {kind} ({deliveries}x): {letter.get('reason', '')}"
 
 
 def _jsonl(output: str | None) -> bool:

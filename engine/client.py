@@ -96,6 +96,10 @@ class Client:
         """Session ids, newest first."""
         return await self.store.list_sessions(offset, limit)
 
+    async def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Inputs the engine could not apply (each failed its turn), newest first."""
+        return await self.store.dead_letters(limit)
+
     async def events(self, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
         return await self.store.read_log(session_id, after_seq)
 

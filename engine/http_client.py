@@ -113,6 +113,10 @@ class HttpClient:
         page = await self._call("GET", "/api/admin/sessions", offset=offset, limit=limit)
         return page["sessions"] if isinstance(page, dict) else page
 
+    async def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
+        page = await self._call("GET", "/api/admin/dead-letters", limit=limit)
+        return page["dead_letters"]
+
     async def delta_cursor(self, session_id: str) -> str:
         """The event stream interleaves the deltas of the call in flight itself."""
         return "0-0"

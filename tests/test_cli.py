@@ -6,6 +6,8 @@ import asyncio
 import json
 import signal
 
+from engine.embedded import EmbeddedRedis
+from engine.store import Store, connect
 from tests.engine_helpers import session_of, start_subs, subs
 from tests.fakes.llm_vendor import HttpError, Text, ToolCalls
 
@@ -140,3 +142,26 @@ async def test_chat_keeps_one_session_and_joins_continued_lines(config, vendor):
     sent = [m["content"] for m in vendor.requests[1].body["messages"]]
     assert sent == ["You are terse.", "hello\nthere", "First answer.", "and again"]
     assert session_of(err)
+
+
+async def test_sessions_dead_names_an_input_the_engine_could_not_apply(config, vendor):
+    vendor.push(Text("first"), Text("second"))
+    code, _, err = await subs("run", "-o", "pretty", "ops_openai", "hi", "-c", str(config))
+    assert code == 0, err
+    sid = session_of(err)
+    with EmbeddedRedis(config.parent / ".subs") as server:
+        redis = connect(server.url)
+        await (await Store.open(redis)).enqueue(sid, {"kind": "from-the-future"}, None)
+        await redis.aclose()
+    code, _, err = await subs(
+        "run", "-o", "pretty", "ops_openai", "again", "--session", sid, "-c", str(config)
+    )
+    assert code == 0, err
+    code, out, _ = await subs("sessions", "dead", "-c", str(config))
+    assert code == 0
+    (line,) = out.splitlines()
+    assert sid in line and "from-the-future (1x)" in line and "unknown input kind" in line
+    code, out, _ = await subs("sessions", "events", sid, "-o", "jsonl", "-c", str(config))
+    events = [json.loads(line) for line in out.splitlines()]
+    rejected = [e for e in events if e["payload"]["type"] == "input.rejected"]
+    assert rejected and rejected[0]["payload"]["input_kind"] == "from-the-future"
