@@ -12,7 +12,9 @@ import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
+from . import jsonedge
 from .errors import SubsError
+from .jsonedge import JsonRejected
 from .machine import CallSettled, InterruptRequested, input_to_json
 from .runner import new_id
 from .store import Store
@@ -51,7 +53,16 @@ class Client:
         return await self._request(sid, body, timeout)
 
     async def _request(self, sid: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
-        """Put one input on the session's work stream and wait for the owner's answer."""
+        """Put one input on the session's work stream and wait for the owner's answer.
+
+        Whatever a client sends (the API, the CLI, a Slack payload) is checked here,
+        once, before it can reach a commit: a lone surrogate or a NaN would fail there.
+        """
+        try:
+            jsonedge.check(body.get("input", body), what="the input")
+            jsonedge.check(body.get("identity"), what="the identity")
+        except JsonRejected as exc:
+            raise ClientError(exc.message, code="invalid_input", status=400, detail={}) from None
         reply_to = self.store.reply_key(sid, secrets.token_hex(8))
         await self.store.enqueue(sid, body, reply_to)
         answer = await self.redis.blpop([reply_to], timeout=timeout)

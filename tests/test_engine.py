@@ -158,3 +158,22 @@ async def test_an_input_the_engine_cannot_apply_is_refused_not_left_pending(engi
     started = await client.submit(say("ops_openai", "hello?"), session_id=sid)
     end = await wait_for_event(client, sid, turn_ended(started["turn_id"]))
     assert end["payload"]["type"] == "turn.completed"
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("half a pair \ud83d", "lone UTF-16 surrogate"),
+        (float("nan"), "is nan, which is not JSON"),
+    ],
+)
+async def test_a_client_input_that_cannot_be_stored_is_refused_at_the_edge(
+    engine, content, problem
+):
+    client = Client(engine.store)
+    with pytest.raises(ClientError) as err:
+        await client.submit(say("ops_openai", content))
+    assert err.value.status == 400 and problem in err.value.message
+    assert "message.content" in err.value.message
+    work = [await engine.redis.xlen(engine.store.work_key(p)) for p in range(16)]
+    assert sum(work) == 0
