@@ -12,8 +12,10 @@ from engine.machine import (
     CallDeadline,
     CallLost,
     CallSettled,
+    CancelTimer,
     ClientSubmitted,
     DecisionAnswered,
+    DecisionDeadline,
     DecisionFailed,
     Deliver,
     ExecuteAnswered,
@@ -261,6 +263,33 @@ def test_a_worker_that_keeps_failing_fails_the_turn_cleanly(w):
     assert w.types(t)[-2:] == ["decision.errored", "turn.failed"]
     assert t.events[-1]["payload"]["error"]["code"] == "worker_unreachable"
     assert w.state.decision is None and w.state.pending == [] and w.state.status == "idle"
+    w.check_fold()
+
+
+def test_a_decision_nobody_answers_is_ended_by_its_deadline_timer(w):
+    """The engine waiting for the worker lost the answer (a crash, Redis gone): the
+    timer started with the decision fails the attempt, and the next one goes out."""
+    w.start()
+    (run,) = effects(w.last, RunDecision)
+    (timer,) = effects(w.last, StartTimer)
+    assert timer == StartTimer(run.deadline + 1000, DecisionDeadline(run.decision_id, 1))
+    t = w.apply(timer.input)
+    assert w.types(t) == ["decision.errored", "call.retry_scheduled"]
+    assert t.events[0]["payload"]["error"]["code"] == "deadline_exceeded"
+    assert CancelTimer(timer.due, timer.input) in t.effects
+    assert w.apply(timer.input).events == []  # a second firing finds nothing to end
+    w.check_fold()
+
+
+def test_a_worker_that_never_answers_fails_the_turn_by_deadlines_alone(w):
+    w.agent["retry"] = {"default": {"backoff_base_secs": 0, "max_attempts": 3}}
+    w.start()
+    for _ in range(3):
+        (timer,) = effects(w.last, StartTimer)
+        w.last = w.apply(timer.input)
+    assert w.types(w.last)[-2:] == ["decision.errored", "turn.failed"]
+    assert w.last.events[-1]["payload"]["error"]["code"] == "deadline_exceeded"
+    assert w.state.status == "idle" and w.state.decision is None
     w.check_fold()
 
 
