@@ -149,7 +149,7 @@ class Probe:
 @contextlib.contextmanager
 def instrumented(engine: Engine, probe: Probe) -> Iterator[None]:
     """Time the engine's side of each decision; undone on exit."""
-    run, apply, commit = DecisionRun.run, engine._apply, engine.store.commit
+    run, apply, commit = DecisionRun.run, engine._settle, engine.store.commit
 
     async def timed_run(self: DecisionRun, http: httpx.AsyncClient) -> Input:
         started = time.perf_counter()
@@ -183,7 +183,7 @@ def instrumented(engine: Engine, probe: Probe) -> Iterator[None]:
 
     with (
         mock.patch.object(DecisionRun, "run", timed_run),
-        mock.patch.object(engine, "_apply", timed_apply),
+        mock.patch.object(engine, "_settle", timed_apply),
         mock.patch.object(engine.store, "commit", timed_commit),
     ):
         yield
