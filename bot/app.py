@@ -441,7 +441,12 @@ class Bots:
                 await self._tell(self.bots[cp.agent], cp.team, {**args, "text": BUSY})
                 return False
             if err.code != "session_interrupted":
-                raise
+                if err.status >= 500:
+                    raise  # the engine's trouble, not the input's: the follower retries
+                # The engine refused this input for good (it cannot be stored, say):
+                # say so in the thread once instead of retrying what will fail again.
+                await reply.post("reply", {"text": f":warning: {escape(err.message)}"})
+                return False
             for iid, interrupt in (await self._open_interrupts(cp.session_id)).items():
                 prompt = _prompt(interrupt)
                 if prompt is not None:

@@ -188,6 +188,21 @@ async def test_a_failed_turn_ends_its_message_with_the_error(world: World) -> No
     assert reply.blocks[-1]["type"] == "context"
 
 
+async def test_a_message_the_engine_cannot_store_is_answered_once_not_retried(
+    world: World,
+) -> None:
+    """Slack text with a lone UTF-16 surrogate (valid JSON, not storable UTF-8): the
+    engine refuses it at the edge, and the thread says why, once."""
+    fake = world.fake
+    dm = fake.post_as_user(fake.dm, "half an emoji \ud83d here")
+    await fake.send_event(world.url, fake.event_for(dm))
+    reply = await world.reply_to(dm)
+    assert reply.text.startswith(":warning: ") and "lone UTF-16 surrogate" in reply.text
+    assert await world.turns(fake.dm.id, dm.ts) == []
+    assert len(world.vendor.requests) == 0
+    await _sentinel(world)  # the app goes on
+
+
 async def _sentinel(world: World) -> None:
     """A DM whose reply proves every earlier delivery has been handled."""
     fake = world.fake
