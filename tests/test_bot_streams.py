@@ -7,6 +7,7 @@ import itertools
 import json
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from engine.config import parse_project
 from tests.bot_helpers import AGENT, World, serve_bots
 from tests.engine_helpers import poll_until, project_toml, turn_ended, wait_for_event
 from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
-from tests.fakes.slack import FakeSlack, Message
+from tests.fakes.slack import FakeSlack, Message, SlackError
 from tests.workers import TestWorker, WorkerFactory
 
 ANSWER = "Checked **all** replicas.\n\n- `db-1` ok\n- `db-2` ok\n\nNothing to do."
@@ -313,10 +314,20 @@ RETRY = 0.1
 async def test_a_turn_whose_followers_keep_failing_is_given_up_and_says_so(
     world: World,
 ) -> None:
-    """Every follower fails (here the engine refuses the input): retried with backoff, then
-    dropped, with a short note in the thread where the reply was going."""
+    """Every follower fails (here Slack refuses the reply's posts): retried with backoff,
+    then dropped, with a short note in the thread where the reply was going."""
     fake = world.fake
+    post = fake._methods["chat.postMessage"]
+
+    def refuse_but_the_note(ctx: Any) -> dict[str, Any]:
+        if ctx.args.get("text") != GAVE_UP:
+            raise SlackError("not_in_channel")
+        return post.handler(ctx)
+
+    fake._methods["chat.postMessage"] = replace(post, handler=refuse_but_the_note)
+    world.vendor.default = Text("never shown")
     asked = fake.post_as_user(fake.general, fake.mention("status?"))
+    message = {"role": "user", "content": "status?"}
     doomed = Checkpoint(
         agent=AGENT,
         team=fake.team.id,
@@ -324,7 +335,7 @@ async def test_a_turn_whose_followers_keep_failing_is_given_up_and_says_so(
         thread_ts=asked.ts,
         turn_id=f"slack-{asked.ts}",
         user=fake.user.id,
-        payload={"type": "client.nonsense"},
+        payload={"type": "client.message", "message": message},
         trigger=asked.ts,
         since=asked.ts,
     )
