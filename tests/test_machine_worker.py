@@ -480,6 +480,29 @@ def test_failing_the_parents_turn_stops_its_running_child(w):
     child.check_fold()
 
 
+def test_a_subagent_past_its_total_timeout_is_a_tool_error_and_its_child_stops(w):
+    from engine.machine import ChildCancelled
+
+    w.agent["subagents"] = [{"id": "helper", "description": "helps"}]
+    w.agent["retry"] = {"subagent": {"total_timeout_secs": 60}}
+    w.start()
+    w.answer()
+    (llm,) = effects(w.answer(), RunLlmCall)
+    w.apply(
+        LlmCallSettled(llm.call_id, 1, response=tool_reply(("c1", "helper", '{"message":"go"}')))
+    )
+    t = w.answer()
+    (timer,) = [e for e in effects(t, StartTimer) if e.input == CallDeadline("c1", 1)]
+    assert timer.due == w.state.calls["c1"].started_at + 60_000
+    t = w.apply(timer.input)
+    (errored,) = [e["payload"] for e in t.events if e["payload"]["type"] == "tool.call.errored"]
+    assert errored["final"] and errored["error"]["code"] == "deadline_exceeded"
+    (cancel,) = [e for e in effects(t, Deliver) if isinstance(e.input, ChildCancelled)]
+    assert cancel.to == "s1~c1"
+    assert "c1" not in w.state.calls and w.request()["trigger"]["type"] == "tool.finished"
+    w.check_fold()
+
+
 def test_a_spawn_naming_a_busy_or_unknown_child_is_a_tool_error(w):
     w.agent["subagents"] = [{"id": "helper", "description": "helps"}]
     w.agent["max_subagent_depth"] = 5

@@ -396,11 +396,21 @@ class CallRules(StepBase):
         call = self.live_call(inp.call_id, inp.attempt, None)
         if call is None:
             return
-        error = {
-            "message": f"{call.name or call.id} ran past its deadline",
-            "code": "deadline_exceeded",
-        }
-        self.call_failed(call, error, retryable=True, retry_after=None)
+        if call.handler == "subagent":
+            # A child has no attempts to retry: its whole run is over its total timeout.
+            total = call.retry.get("total_timeout_secs")
+            error = {
+                "message": f"subagent {call.name!r} did not finish within {total} s",
+                "code": "deadline_exceeded",
+            }
+            self.stop_child(call)
+            self.call_failed(call, error, retryable=False, retry_after=None)
+        else:
+            error = {
+                "message": f"{call.name or call.id} ran past its deadline",
+                "code": "deadline_exceeded",
+            }
+            self.call_failed(call, error, retryable=True, retry_after=None)
         self.settle_turn()
 
     # -- tool results ----------------------------------------------------------------

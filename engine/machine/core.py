@@ -93,3 +93,6 @@ class StepBase:
 
     def reprompt_or_nothing(self) -> dict[str, Any]:
         raise NotImplementedError
+
+    def stop_child(self, call: Any) -> None:
+        raise NotImplementedError

@@ -1,8 +1,9 @@
 """Deadline timers, derived from the state: every attempt in flight has one.
 
 A call or decision attempt that is out (running, or an async tool waiting) is
-armed with a timer at its run deadline; the commit that starts the attempt also
-starts the timer, and the commit that ends it cancels it. Deriving the set from
+armed with a timer at its run deadline (a subagent call: at its total timeout);
+the commit that starts the attempt also starts the timer, and the commit that
+ends it cancels it. Deriving the set from
 the state before and after a step, rather than starting timers rule by rule,
 means no path that dispatches an attempt can forget one: if the shell loses the
 effect (a crash, a Redis restart, an exception), the timer still ends it.
@@ -28,9 +29,16 @@ def armed(state: SessionState | None) -> Armed:
     if state is None:
         return out
     for call in state.calls.values():
-        if call.deadline is None or call.status not in ("running", "waiting"):
+        if call.status not in ("running", "waiting"):
             continue
-        if call.handler not in ("server", "worker"):
+        if call.handler == "subagent":
+            # A child session's turn ends by its own deadlines; this bounds the whole run.
+            total = call.retry.get("total_timeout_secs")
+            if total is not None:
+                due = call.started_at + int(total * 1000)
+                out[("call", call.id, call.attempt)] = (due, CallDeadline(call.id, call.attempt))
+            continue
+        if call.deadline is None or call.handler not in ("server", "worker"):
             continue
         grace = 0 if (call.handler, call.kind) == ("worker", "tool") else BACKSTOP_GRACE_MS
         out[("call", call.id, call.attempt)] = (

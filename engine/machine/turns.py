@@ -262,14 +262,7 @@ class TurnRules(StepBase):
         """A turn that ends closes what it still has open, each with an event of its own;
         a child still running for one of them is stopped."""
         for call in self.open_calls():
-            if call.handler == "subagent":
-                child = next(
-                    (c for c, v in self.s.children.items() if v.get("call_id") == call.id), None
-                )
-                if child is not None:
-                    self.out.effects.append(
-                        Deliver(child, ChildCancelled(self.session_id, call.id))
-                    )
+            self.stop_child(call)
             self.emit(
                 {
                     "type": f"{call.kind}.call.errored",
@@ -284,6 +277,14 @@ class TurnRules(StepBase):
                     "final": True,
                 }
             )
+
+    def stop_child(self, call: Any) -> None:
+        """A subagent call ends early: the child still running its turn is stopped."""
+        if call.handler != "subagent":
+            return
+        child = next((c for c, v in self.s.children.items() if v.get("call_id") == call.id), None)
+        if child is not None:
+            self.out.effects.append(Deliver(child, ChildCancelled(self.session_id, call.id)))
 
     def end_turn(self, data: Any) -> None:
         turn = self.s.turn
