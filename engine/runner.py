@@ -326,13 +326,15 @@ class Engine:
         faulted = False
         failures = 0
         backoff = Backoff()
+        rejection: tuple[str, str | None] | None = None  # (reason, traceback): dead-letter it
         if item.deliveries > POISON_DELIVERIES:
-            await self._reject(part, item, f"delivered {item.deliveries} times without an answer")
-            return
+            rejection = (f"delivered {item.deliveries} times without an answer", None)
         while True:
             try:
                 if planned is None:
-                    planned = await self._plan(item)
+                    planned = await (
+                        self._plan_rejection(item, *rejection) if rejection else self._plan(item)
+                    )
                 try:
                     await self.store.commit(part.p, part.lease, planned.commit)
                 except StoreConflict as err:
@@ -357,9 +359,9 @@ class Engine:
                 planned, faulted = None, False
                 failures += 1
                 if failures >= POISON_FAILURES:
-                    await self._reject(part, item, _describe(err), traceback.format_exc())
-                    return
-                log.warning("applying an input to %s failed (%s); trying again", sid, err)
+                    rejection = (_describe(err), traceback.format_exc())
+                else:
+                    log.warning("applying an input to %s failed (%s); trying again", sid, err)
 
     async def _landed(self, planned: _Planned) -> bool:
         c = planned.commit
@@ -433,45 +435,17 @@ class Engine:
             t = step(state, sid, self._machine_input(state, item.input), self.now_ms(), new_id)
         except MachineError as err:
             reply = {"ok": False, "error": err.message, "code": err.code, "status": err.status}
-            commit = Commit(sid, seq, seq, [], None, item.entry_id, reply={**reply, **err.detail})
+            commit = Commit(sid, seq, seq, [], None, reply={**reply, **err.detail})
             return _Planned(self._finish(commit, item), None, started)
-        new_state = t.state
-        created = t.events[0] if t.events else None
-        commit = Commit(
-            session_id=sid,
-            expected_seq=seq,
-            new_seq=new_state.seq if new_state else 0,
-            events=t.events,
-            snapshot=json.dumps(state_to_json(new_state), separators=(",", ":"))
-            if t.events and new_state
-            else None,
-            ack_id=item.entry_id,
-            inflight=_has_inflight(new_state) if t.events else None,
-            timers=tuple(
-                (e.due, _timer_member(sid, e.due, e.input))
-                for e in t.effects
-                if isinstance(e, StartTimer)
-            ),
-            timers_done=tuple(
-                _timer_member(sid, e.due, e.input) for e in t.effects if isinstance(e, CancelTimer)
-            ),
-            outbox=tuple(
-                json.dumps({"to": e.to, "input": input_to_json(e.input)})
-                for e in t.effects
-                if isinstance(e, Deliver)
-            ),
-            reply={"ok": True, **t.reply} if t.reply else {"ok": True, "ignored": t.ignored},
-            created_ms=at_ms(created)
-            if created and created["payload"]["type"] == "session.created"
-            else None,
-        )
-        return _Planned(self._finish(commit, item), t, started)
+        return _Planned(self._finish(_commit_of(sid, seq, t), item), t, started)
 
     @staticmethod
     def _finish(commit: Commit, item: WorkItem) -> Commit:
-        """The parts of a commit that come from the work item: its reply list and its timer."""
+        """The parts of a commit that come from the work item: its ack, reply list and timer."""
         done = commit.timers_done + ((item.timer_member,) if item.timer_member else ())
-        return dataclasses.replace(commit, reply_to=item.reply_to, timers_done=done)
+        return dataclasses.replace(
+            commit, ack_id=item.entry_id, reply_to=item.reply_to, timers_done=done
+        )
 
     def _after_commit(self, part: _Partition, planned: _Planned) -> None:
         """The transition is durable: remember the state and start its effects (no I/O here)."""
@@ -494,13 +468,13 @@ class Engine:
         if self.stats.record_steps:
             self.stats.step_seconds.append(time.perf_counter() - planned.started)
 
-    async def _reject(
-        self, part: _Partition, item: WorkItem, reason: str, trace: str | None = None
-    ) -> None:
+    async def _plan_rejection(self, item: WorkItem, reason: str, trace: str | None) -> _Planned:
         """Dead-letter an input no transition can take, and fail the turn waiting on it.
 
-        The traceback is logged once, here; the session records `input.rejected`.
+        The traceback is logged once, here; the session records `input.rejected`, and
+        what that starts (the next queued turn, a parent told) follows as usual.
         """
+        started = time.perf_counter()
         sid = item.session_id
         kind = item.input.get("kind", "?")
         if kind == "client":
@@ -511,59 +485,30 @@ class Engine:
             "it is kept in the dead-letter stream",
             "code": "internal",
         }
-        letter = compact_json(
-            {
-                "session_id": sid,
-                "entry_id": item.entry_id,
-                "input": item.input,
-                "reason": reason,
-                "deliveries": item.deliveries,
-                "at_ms": self.now_ms(),
-            }
+        state = await self._load(sid)
+        seq = state.seq if state else 0
+        try:
+            t: Transition | None = step(
+                state, sid, InputRejected(kind, error), self.now_ms(), new_id
+            )
+        except Exception:  # the session cannot even record it: the dead letter still does
+            log.exception("session %s cannot record the rejected input", sid)
+            t = None
+        commit = _commit_of(sid, seq, t) if t else Commit(sid, seq, seq, [], None)
+        letter = {
+            "session_id": sid,
+            "entry_id": item.entry_id,
+            "input": item.input,
+            "reason": reason,
+            "deliveries": item.deliveries,
+            "at_ms": self.now_ms(),
+        }
+        commit = dataclasses.replace(
+            commit,
+            reply={"ok": False, "error": error["message"], "code": "internal", "status": 500},
+            dead_letter=compact_json(letter),
         )
-        backoff = Backoff()
-        while True:
-            try:
-                state = await self._load(sid)
-                seq = state.seq if state else 0
-                events: list[dict[str, Any]] = []
-                try:
-                    t = step(state, sid, InputRejected(kind, error), self.now_ms(), new_id)
-                    events, new_state = t.events, t.state
-                except Exception:
-                    log.exception("the session %s cannot even record the rejection", sid)
-                    new_state = state
-                commit = Commit(
-                    sid,
-                    seq,
-                    new_state.seq if new_state and events else seq,
-                    events,
-                    json.dumps(state_to_json(new_state), separators=(",", ":"))
-                    if events and new_state
-                    else None,
-                    item.entry_id,
-                    inflight=_has_inflight(new_state) if events else None,
-                    reply={
-                        "ok": False,
-                        "error": error["message"],
-                        "code": "internal",
-                        "status": 500,
-                    },
-                    dead_letter=letter,
-                )
-                await self.store.commit(part.p, part.lease, self._finish(commit, item))
-                if events and new_state is not None:
-                    self.cache[sid] = new_state
-                    self._count(events)
-                return
-            except StoreConflict as err:
-                self.cache.pop(sid, None)
-                if err.lease_lost:
-                    raise
-            except STORE_FAULTS as err:
-                self.cache.pop(sid, None)
-                self._store_trouble(f"dead-lettering an input to {sid}", err)
-                await backoff.wait()
+        return _Planned(self._finish(commit, item), t, started)
 
     def _count(self, events: list[dict[str, Any]]) -> None:
         if not events:
@@ -846,6 +791,39 @@ class Backoff:
 
     def reset(self) -> None:
         self.next = self.first
+
+
+def _commit_of(sid: str, seq: int, t: Transition) -> Commit:
+    """What a transition writes: its events, the new snapshot, its timers and deliveries."""
+    new_state = t.state
+    created = t.events[0] if t.events else None
+    return Commit(
+        session_id=sid,
+        expected_seq=seq,
+        new_seq=new_state.seq if new_state else 0,
+        events=t.events,
+        snapshot=json.dumps(state_to_json(new_state), separators=(",", ":"))
+        if t.events and new_state
+        else None,
+        inflight=_has_inflight(new_state) if t.events else None,
+        timers=tuple(
+            (e.due, _timer_member(sid, e.due, e.input))
+            for e in t.effects
+            if isinstance(e, StartTimer)
+        ),
+        timers_done=tuple(
+            _timer_member(sid, e.due, e.input) for e in t.effects if isinstance(e, CancelTimer)
+        ),
+        outbox=tuple(
+            json.dumps({"to": e.to, "input": input_to_json(e.input)})
+            for e in t.effects
+            if isinstance(e, Deliver)
+        ),
+        reply={"ok": True, **t.reply} if t.reply else {"ok": True, "ignored": t.ignored},
+        created_ms=at_ms(created)
+        if created and created["payload"]["type"] == "session.created"
+        else None,
+    )
 
 
 def _timer_member(sid: str, due: int, inp: Input) -> str:

@@ -177,3 +177,25 @@ async def test_a_client_input_that_cannot_be_stored_is_refused_at_the_edge(
     assert "message.content" in err.value.message
     work = [await engine.redis.xlen(engine.store.work_key(p)) for p in range(16)]
     assert sum(work) == 0
+
+
+async def test_a_poison_input_fails_the_running_turn_and_the_queued_one_runs(engine, vendor):
+    """An input whose transition keeps raising is dead-lettered; the turn it was part of
+    fails with `internal` (recorded as `input.rejected`), and the session goes on."""
+    vendor.push(Text("slow", chunk_delay=0.2, chunks=5), Text("next"))
+    client = Client(engine.store)
+    first = await client.submit(say("ops_openai", "1"))
+    sid = first["session_id"]
+    queued = await client.submit(say("ops_openai", "2", queue=True), session_id=sid)
+    await engine.store.enqueue(sid, {"kind": "TimerFired", "call_id": 5}, None)  # no attempt
+    end = await wait_for_event(client, sid, turn_ended(first["turn_id"]))
+    assert end["payload"]["type"] == "turn.failed"
+    assert end["payload"]["error"]["code"] == "internal"
+    assert "dead-letter" in end["payload"]["error"]["message"]
+    end = await wait_for_event(client, sid, turn_ended(queued["turn_id"]))
+    assert end["payload"]["type"] == "turn.completed"
+    events = await assert_consistent(engine.store, sid)
+    (rejected,) = payloads(events, "input.rejected")
+    assert rejected["input_kind"] == "TimerFired" and "TypeError" in rejected["error"]["message"]
+    (letter,) = await engine.store.dead_letters()
+    assert letter["session_id"] == sid and letter["input"] == {"kind": "TimerFired", "call_id": 5}
