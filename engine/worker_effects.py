@@ -89,6 +89,7 @@ class ExecuteRun:
         call = state.calls[call_id]
         self.call_id, self.attempt, self.kind = call.id, call.attempt, call.kind
         request = execute_request(state, call)
+        _check_outgoing(request)  # with the neutral LlmRequest, before any vendor body
         trigger = request["trigger"]
         self.format: str | None = trigger.get("format")
         if self.format:
@@ -99,8 +100,6 @@ class ExecuteRun:
                 raise Unsendable(f"trigger.request: {err.message}") from None
             body.pop("stream", None)
             trigger["request"] = body
-        else:
-            _check_outgoing(request)
         self.delivery = Delivery(
             target.url, _body(request), target.secret, _timeout(call.deadline, now_ms)
         )
