@@ -65,6 +65,7 @@ _IGNORED = frozenset(
         "decision.completed",
         "decision.errored",
         "message.sent",
+        "input.rejected",  # the turn.failed that follows says why
         "llm.call.dispatched",
         "tool.call.waiting",
     }
