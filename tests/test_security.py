@@ -1,10 +1,11 @@
 """Hardening at the edges, each as a table: CORS, media types, JSON the API refuses, stream
 cursors, API key entries, credentials kept out of everything `subs serve` prints, health
-while Redis is away."""
+while Redis is away, and the Slack endpoint's answers to whatever arrives."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -12,19 +13,25 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import pytest
 from redis import Redis as SyncRedis
 
+from bot.render import ACTION_PREFIX
 from engine.api import ApiKeys, ApiKeysError, make_app
 from engine.client import Client
+from engine.config import parse_project
 from engine.embedded import EmbeddedRedis
 from engine.runner import Engine
 from engine.store import Store, compact_json, connect
 from tests.api_helpers import INPUT, KEYS_ENV, ROOT, auth, read_stream, serve, stream_path
+from tests.bot_helpers import AGENT, serve_bots
 from tests.engine_helpers import ENV, make_project, project_toml, start_subs
 from tests.fakes.llm_vendor import FakeVendor, Text
+from tests.fakes.slack import FakeSlack, sign
+from tests.slack_serve_helpers import slack_serve
 
 ORIGIN = "https://app.example"
 JSON_TYPE = {"Content-Type": "application/json"}
@@ -637,3 +644,207 @@ async def test_healthz_is_degraded_while_redis_is_away_and_handlers_answer_503(
     finally:
         await redis.aclose()
         server.stop()
+
+
+# -- the Slack endpoint --------------------------------------------------------------------
+
+
+@dataclass
+class Endpoint:
+    """`POST /slack/<agent>/events`, in a test's app or in `subs serve`, and its Slack."""
+
+    url: str
+    fake: FakeSlack
+    client: Client
+
+
+@pytest.fixture(params=["in-process", "subs-serve"])
+async def slack_endpoint(
+    request: pytest.FixtureRequest, redis, redis_url: str, vendor: FakeVendor, tmp_path: Path
+) -> AsyncIterator[Endpoint]:
+    if request.param == "in-process":
+        text = project_toml(vendor.url) + f'\n[agent.{AGENT}.slack]\ncommands = ["/oncall"]\n'
+        project = parse_project(text, str(tmp_path / "subs.toml"), env={})
+        async with serve_bots(redis, vendor, project, AGENT) as world:
+            yield Endpoint(world.url, world.fake, world.client)
+    else:
+        async with slack_serve(tmp_path, redis_url, vendor.url, transport="http") as app:
+            yield Endpoint(app.events_url, app.fake, app.client)
+
+
+FORM = "application/x-www-form-urlencoded"
+JSON = "application/json"
+
+
+@dataclass
+class Delivery:
+    name: str
+    body: bytes
+    status: int | tuple[int, ...]
+    content_type: str = JSON
+    signed: bool = True
+    headers: dict[str, str | bytes] | None = None  # replace the signature headers
+    age: float = 0.0  # how old the signature's timestamp is
+
+
+def deep(levels: int) -> bytes:
+    return b"[" * levels + b"]" * levels
+
+
+def interaction(payload: dict[str, Any]) -> bytes:
+    """An interactivity body as Slack posts it: form field `payload` holding JSON."""
+    return urlencode({"payload": json.dumps(payload)}).encode()
+
+
+def click(action_id: str = "go", **fields: Any) -> bytes:
+    """A button click whose fields (channel, user, container, ...) the test chooses."""
+    action = {"action_id": action_id, "action_ts": "1.2", "value": "v"}
+    return interaction({"type": "block_actions", "actions": [action], **fields})
+
+
+SLACK_GARBAGE = [
+    # Not Slack's: refused before the body is read or parsed.
+    Delivery("unsigned JSON", b'{"type":"event_callback"}', 401, signed=False),
+    Delivery("unsigned binary", bytes(range(256)), 401, content_type="image/png", signed=False),
+    Delivery("unsigned empty", b"", 401, signed=False),
+    Delivery("stale", b'{"type":"event_callback"}', 401, age=600),
+    Delivery("future", b'{"type":"event_callback"}', 401, age=-600),
+    Delivery(
+        "timestamp not a number",
+        b"{}",
+        401,
+        headers={"X-Slack-Request-Timestamp": "soon", "X-Slack-Signature": "v0=00"},
+    ),
+    Delivery(
+        "huge timestamp",
+        b"{}",
+        401,
+        headers={"X-Slack-Request-Timestamp": "9" * 5000, "X-Slack-Signature": "v0=00"},
+    ),
+    Delivery(
+        "signature not ASCII",
+        b"{}",
+        401,
+        headers={"X-Slack-Request-Timestamp": "TS", "X-Slack-Signature": "v0=\xe9".encode()},
+    ),
+    Delivery(
+        "huge signature header",
+        b"{}",
+        (400, 401, 431),
+        headers={"X-Slack-Request-Timestamp": "TS", "X-Slack-Signature": "v0=" + "a" * 20000},
+    ),
+    # slack_sdk computes the signature of text: a body that is not UTF-8 cannot be verified.
+    Delivery("not UTF-8", b'{"type":"\xff\xfe"}', 401),
+    # Signed, but not a body Slack sends.
+    Delivery("empty", b"", 400),
+    Delivery("empty form", b"", 400, content_type=FORM),
+    Delivery("control bytes", bytes(range(32)), 400, content_type="application/octet-stream"),
+    Delivery("not JSON", b"{not json", 400),
+    Delivery("JSON list", b"[1, 2]", 400),
+    Delivery("JSON string", b'"event_callback"', 400),
+    Delivery("JSON null", b"null", 400),
+    Delivery("JSON nested deep", deep(100_000), 400),
+    Delivery("no type", b'{"token": "x"}', 400),
+    Delivery("type not a string", b'{"type": 5}', 400),
+    Delivery("event not an object", b'{"type": "event_callback", "event": 7}', 400),
+    Delivery("enterprise a number", b'{"type": "event_callback", "enterprise": 5}', 400),
+    Delivery("authorizations a string", b'{"type": "event_callback", "authorizations": "x"}', 400),
+    Delivery("form without payload", b"foo=bar&baz=1", 400, content_type=FORM),
+    Delivery("form payload not JSON", b"payload=%7Bnope", 400, content_type=FORM),
+    Delivery("form payload a list", b"payload=%5B1%5D", 400, content_type=FORM),
+    Delivery("JSON sent as a form", b'{"type": 5}', 400, content_type=FORM),
+    Delivery("a form sent as JSON", b"payload=%7B%7D", 400),
+    Delivery("event without a type", b'{"type": "event_callback", "event": {}}', 400),
+    Delivery("event type a number", b'{"type": "event_callback", "event": {"type": 5}}', 400),
+    Delivery(
+        "mention with odd fields",
+        b'{"type": "event_callback", "event_id": "Ev4", "event": {"type": "app_mention",'
+        b' "channel": 5, "user": [], "ts": {}, "text": 7, "thread_ts": null}}',
+        400,
+    ),
+    Delivery(
+        "actions not a list",
+        interaction({"type": "block_actions", "actions": "x"}),
+        400,
+        content_type=FORM,
+    ),
+    Delivery(
+        "action not an object",
+        interaction({"type": "block_actions", "actions": [5]}),
+        400,
+        content_type=FORM,
+    ),
+    Delivery(
+        "view not an object",
+        interaction({"type": "view_submission", "view": 5}),
+        400,
+        content_type=FORM,
+    ),
+    Delivery("container a string", click(container="c"), 400, content_type=FORM),
+    Delivery("user a number", click(user=7), 400, content_type=FORM),
+    # Signed and shaped like Slack's, with odd values: acknowledged, and nothing starts.
+    Delivery(
+        "mention without fields",
+        b'{"type": "event_callback", "event": {"type": "app_mention"}, "event_id": "Ev3"}',
+        200,
+    ),
+    Delivery(
+        "url verification as text/plain",
+        b'{"type": "url_verification", "challenge": "c"}',
+        200,
+        content_type="text/plain",
+    ),
+    Delivery("command without fields", b"command=%2Foncall", 200, content_type=FORM),
+    Delivery(
+        "command with odd fields",
+        b"command=%2Foncall&channel_id=&user_id=%00&trigger_id=%FF",
+        200,
+        content_type=FORM,
+    ),
+    Delivery(
+        "button with odd values", click(channel={"id": 5}, user={"id": []}), 200, content_type=FORM
+    ),
+    Delivery(
+        "prompt click with odd values",
+        click(action_id=f"{ACTION_PREFIX}:x:0", container={"message_ts": 5}, user={"id": 5}),
+        200,
+        content_type=FORM,
+    ),
+    Delivery(
+        "prompt click for no prompt",
+        click(action_id=f"{ACTION_PREFIX}:nope:9", user={"id": "U1"}, channel={"id": "C1"}),
+        200,
+        content_type=FORM,
+    ),
+]
+
+
+async def deliver(endpoint: Endpoint, row: Delivery, http: httpx.AsyncClient) -> httpx.Response:
+    stamp = str(int(time.time() - row.age))
+    headers: dict[str, str | bytes] = {"Content-Type": row.content_type}
+    if row.headers is not None:
+        headers |= {k: (stamp if v == "TS" else v) for k, v in row.headers.items()}
+    elif row.signed:
+        headers["X-Slack-Request-Timestamp"] = stamp
+        headers["X-Slack-Signature"] = sign(endpoint.fake.signing_secret, stamp, row.body)
+    return await http.post(endpoint.url, content=row.body, headers=headers)
+
+
+async def test_the_slack_endpoint_answers_garbage_with_401_or_400_never_500(
+    slack_endpoint: Endpoint, vendor: FakeVendor
+) -> None:
+    wrong = []
+    async with httpx.AsyncClient(timeout=10) as http:
+        for row in SLACK_GARBAGE:
+            resp = await deliver(slack_endpoint, row, http)
+            wanted = row.status if isinstance(row.status, tuple) else (row.status,)
+            if resp.status_code not in wanted:
+                wrong.append(f"{row.name}: {resp.status_code} {resp.text[:80]}")
+    assert not wrong, "\n".join(wrong)
+    assert await slack_endpoint.client.sessions() == []  # none of it started a turn
+
+    fake = slack_endpoint.fake  # and Slack itself is still answered
+    vendor.push(Text("still here"))
+    dm = fake.post_as_user(fake.dm, "hello")
+    assert (await fake.send_event(slack_endpoint.url, fake.event_for(dm))).status == 200
+    await fake.until(lambda: [m for m in fake.thread(fake.dm.id, dm.ts) if m.bot_id] or None, 20)
