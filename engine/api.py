@@ -69,9 +69,7 @@ class ApiError(Exception):
 
 
 def _error_response(status: int, code: str, message: str, **detail: Any) -> web.Response:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else {}
-    if status == 503:
-        headers["Retry-After"] = "1"
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     body = {"error": message, "code": code, **detail}
     return web.json_response(body, status=status, headers=headers, dumps=compact_json)
 
@@ -568,6 +566,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         response = _error_response(
             503, "store_unavailable", "the store (Redis) is not reachable; retry shortly"
         )
+        response.headers["Retry-After"] = "1"
     except web.HTTPException as err:
         if err.status < 400:
             raise
