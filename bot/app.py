@@ -3,8 +3,9 @@
 SPEC §14. `start_bots` builds a `Bots` for every agent with a `[agent.<id>.slack]` block whose
 bot token is in the environment, with either an app token (Socket Mode: no public URL needed;
 `Bots.start()` connects) or a signing secret (`Bots.routes()` serves it at
-`POST /slack/<agent>/events` on any aiohttp app; `subs serve` shares its own). Bolt checks
-signatures and acks; the turn runs in a task of ours afterwards, so Slack never waits on it.
+`POST /slack/<agent>/events` on any aiohttp app; `subs serve` shares its own; bot/intake.py
+checks Slack's signature before anything reads the body). Bolt acks; the turn runs in a task
+of ours afterwards, so Slack never waits on it.
 
 Every turn the bot starts gets a turn id of its choosing and a checkpoint in Redis, written
 with the event's dedupe key before the input is submitted (bot/checkpoint.py). The follower
@@ -31,10 +32,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
-from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from slack_bolt.context.ack.async_ack import AsyncAck
+from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
 from engine.client import Client, ClientError
@@ -43,6 +44,7 @@ from engine.config import Project, slack_env_suffix
 from .checkpoint import Checkpoint, Checkpoints, LeaseLost
 from .governor import Paced, RateGovernor
 from .indicator import SET_STATUS, Indicator
+from .intake import events_handler
 from .mrkdwn import escape
 from .render import (
     ACTION_PREFIX,
@@ -65,7 +67,6 @@ __all__ = ["SET_STATUS", "Bot", "Bots", "start_bots"]
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 DEDUPE_SECONDS = 3600  # Slack retries within minutes; an hour covers replays too
 LEASE_MS = 15_000  # a dead bot's turns move to a live one within this (plus a scan)
 MAX_FAILURES = 5
@@ -87,6 +88,7 @@ class Bot:
     web: AsyncWebClient
     app_token: str | None = None  # set: Socket Mode; else the HTTP Events API
     native: bool = False  # stream replies with chat.startStream/appendStream/stopStream
+    verifier: SignatureVerifier | None = None  # HTTP only: signatures, before Bolt reads
 
 
 class Bots:
@@ -139,7 +141,11 @@ class Bots:
             # so a crash before that leaves it unacked, and Slack delivers it again.
             process_before_response=True,
         )
-        bot = Bot(agent, answers, app, web_client, app_token, native=stream == "native")
+        http = app_token is None and signing_secret
+        verifier = SignatureVerifier(signing_secret) if http else None
+        bot = Bot(
+            agent, answers, app, web_client, app_token, native=stream == "native", verifier=verifier
+        )
 
         async def on_event(body: dict[str, Any], context: AsyncBoltContext) -> None:
             await self._on_event(bot, body, context)
@@ -168,9 +174,9 @@ class Bots:
     def routes(self) -> list[web.RouteDef]:
         """`POST /slack/<agent>/events` for every bot over HTTP (those without an app token)."""
         return [
-            web.post(f"/slack/{a}/events", self._handler(bot))
+            web.post(f"/slack/{a}/events", events_handler(bot.app, bot.verifier))
             for a, bot in self.bots.items()
-            if bot.app_token is None
+            if bot.verifier is not None
         ]
 
     def describe(self) -> list[str]:
@@ -218,18 +224,6 @@ class Bots:
         await self.paced.aclose()
 
     # -- receiving ----------------------------------------------------------------------
-
-    def _handler(self, bot: Bot) -> Handler:
-        async def events(request: web.Request) -> web.StreamResponse:
-            try:
-                bolt_request = await to_bolt_request(request)
-            except ValueError:  # not JSON: nothing Bolt (or we) can read
-                return web.Response(status=400, text="malformed body")
-            if not _readable(bolt_request.body):
-                return web.Response(status=400, text="malformed body")
-            return await to_aiohttp_response(await bot.app.async_dispatch(bolt_request))
-
-        return events
 
     async def _on_event(self, bot: Bot, body: dict[str, Any], context: AsyncBoltContext) -> None:
         """After Bolt verified the signature; Slack gets its ack once the turn is recorded."""
@@ -610,11 +604,6 @@ def _option(interrupt: dict[str, Any] | None, index: int) -> dict[str, Any] | No
         return None
     option = options[index]
     return option if isinstance(option, dict) else None
-
-
-def _readable(body: Any) -> bool:
-    """A body Bolt's own middleware can read without raising (it would answer 500)."""
-    return isinstance(body, dict) and isinstance(body.get("event", {}), dict)
 
 
 async def _landed(sent: asyncio.Future[None]) -> None:

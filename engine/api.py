@@ -16,17 +16,21 @@ import hmac
 import ipaddress
 import json
 import logging
+import re
 import socket
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .client import Client, ClientError
 from .errors import ProtocolError
+from .jsonedge import JsonEdgeError, loads_checked
 from .machine import SessionState, state_from_json
 from .machine.tree import path_to
 from .metrics import Metrics
@@ -45,6 +49,9 @@ SSE_HEADERS = {
     "X-Accel-Buffering": "no",
 }
 PING = b": ping\n\n"
+MAX_SEQ = 2**63 - 1  # a seq is a Redis stream id's first half: a signed 64-bit integer here
+HEALTH_TIMEOUT = 1.0  # /healthz waits this long for Redis's PONG
+_DIGITS = re.compile(r"[0-9]{1,19}")  # int() also takes ' 7', '+7', '7_0', non-ASCII digits
 
 
 # --- errors -------------------------------------------------------------------------------
@@ -68,6 +75,12 @@ def _error_response(status: int, code: str, message: str, **detail: Any) -> web.
 
 
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+_STORE_DOWN = (RedisConnectionError, RedisTimeoutError)  # BusyLoadingError is a ConnectionError
+
+
+def _excerpt(raw: str, limit: int = 40) -> str:
+    """A client's value quoted back in an error, cut short: it may be anything."""
+    return repr(raw[:limit]) + ("..." if len(raw) > limit else "")
 
 
 # --- auth -----------------------------------------------------------------------------------
@@ -101,6 +114,11 @@ class ApiKey:
     scoped: bool
 
 
+class ApiKeysError(ValueError):
+    """A bad `SUBS_API_KEYS` entry. The message names its position and the mistake, never
+    the key: it is printed, and the key is a secret."""
+
+
 @dataclass(frozen=True)
 class ApiKeys:
     """The configured bearer keys. None configured means the API runs open."""
@@ -111,24 +129,15 @@ class ApiKeys:
     def parse(cls, text: str) -> ApiKeys:
         """Comma-separated entries: `KEY` (full access) or `KEY:own` (own sessions only).
 
+        Empty text configures no key. Otherwise every entry must be good: one that is not
+        would otherwise leave the API with fewer keys than meant, or open.
+
         Raises:
-            ValueError: an entry is empty before `:own` or has another suffix.
+            ApiKeysError: the first bad entry, by position (1-based).
         """
-        keys = []
-        for raw in text.split(","):
-            entry = raw.strip()
-            if not entry:
-                continue
-            secret, sep, scope = entry.rpartition(":")
-            if not sep:
-                secret, scope = entry, ""
-            if scope not in ("", "own"):
-                raise ValueError(f"SUBS_API_KEYS: an entry is KEY or KEY:own, not KEY:{scope}")
-            if not secret:
-                raise ValueError("SUBS_API_KEYS: an entry has an empty key before ':own'")
-            digest = hashlib.sha256(secret.encode()).digest()
-            keys.append(ApiKey(digest, digest.hex()[:12], scoped=scope == "own"))
-        return cls(tuple(keys))
+        if not text:
+            return cls()
+        return cls(tuple(_api_key(raw.strip(), n) for n, raw in enumerate(text.split(","), 1)))
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ApiKeys:
@@ -151,6 +160,25 @@ class ApiKeys:
         if found is None or scheme.lower() != "bearer":
             return None
         return Principal(found.key_id, full=not found.scoped)
+
+
+def _api_key(entry: str, position: int) -> ApiKey:
+    where = f"SUBS_API_KEYS entry {position}"
+    if not entry:
+        raise ApiKeysError(f"{where}: empty (separate keys with single commas)")
+    secret, sep, scope = entry.rpartition(":")
+    if not sep:
+        secret, scope = entry, ""
+    elif scope != "own":
+        # A word after ':' is a suffix typo; anything else may be part of the key: not shown.
+        shown = f"':{scope}'" if scope.isalpha() and len(scope) <= 12 else "after ':'"
+        raise ApiKeysError(f"{where}: unknown suffix {shown} (use KEY or KEY:own)")
+    if not secret:
+        raise ApiKeysError(f"{where}: empty key before ':own'")
+    if any(c.isspace() for c in secret):
+        raise ApiKeysError(f"{where}: whitespace inside the key")
+    digest = hashlib.sha256(secret.encode()).digest()
+    return ApiKey(digest, digest.hex()[:12], scoped=scope == "own")
 
 
 def _is_loopback(host: str) -> bool:
@@ -512,7 +540,7 @@ class _Api:
     max_body: int
     heartbeat: float
     limits: SseLimits
-    cors_origin: str
+    cors_origins: frozenset[str]  # lower-cased; empty: no CORS headers at all
     request_timeout: float
     streams: set[_SseStream] = field(default_factory=set)
 
@@ -533,6 +561,12 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         response = await handler(request)
     except ApiError as err:
         response = _error_response(err.status, err.code, err.message, **err.detail)
+    except _STORE_DOWN as err:
+        log.warning("%s %s: Redis is not reachable (%s)", request.method, request.path, err)
+        response = _error_response(
+            503, "store_unavailable", "the store (Redis) is not reachable; retry shortly"
+        )
+        response.headers["Retry-After"] = "1"
     except web.HTTPException as err:
         if err.status < 400:
             raise
@@ -549,19 +583,37 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     return response
 
 
+def _listed_origin(request: web.Request) -> str | None:
+    """The request's `Origin` when `[serve] cors_origins` lists it, else None."""
+    origin = request.headers.get("Origin")
+    if origin is not None and origin.lower() in request.app[API].cors_origins:
+        return origin
+    return None
+
+
+@web.middleware
+async def _cors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answers preflights, before auth (a browser sends none with them): listed origins only."""
+    if request.method != "OPTIONS" or "Access-Control-Request-Method" not in request.headers:
+        return await handler(request)
+    if _listed_origin(request) is None:
+        raise ApiError(
+            403, "origin_not_allowed", "this origin is not in the API's [serve] cors_origins"
+        )
+    return web.Response(
+        status=204,
+        headers={
+            "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+            "Access-Control-Allow-Headers": "Authorization, Content-Type, Last-Event-ID",
+            "Access-Control-Max-Age": "600",
+        },
+    )
+
+
 @web.middleware
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Preflights pass unauthenticated; everything but /healthz needs a key when any exist."""
+    """Everything but /healthz (and Slack's routes) needs a key when any exist."""
     api = request.app[API]
-    if request.method == "OPTIONS" and "Access-Control-Request-Method" in request.headers:
-        return web.Response(
-            status=204,
-            headers={
-                "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
-                "Access-Control-Allow-Headers": "Authorization, Content-Type, Last-Event-ID",
-                "Access-Control-Max-Age": "600",
-            },
-        )
     if request.path in _OPEN_PATHS or request.path.startswith("/slack/"):  # Slack signs its own
         return await handler(request)
     principal = api.keys.authenticate(request.headers.get("Authorization"))
@@ -572,11 +624,15 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
 
 
 async def _cors_headers(request: web.Request, response: web.StreamResponse) -> None:
-    """Every response, streams included (their headers go out at `prepare`)."""
-    origin = request.app[API].cors_origin
-    response.headers["Access-Control-Allow-Origin"] = origin
-    if origin != "*":
-        response.headers["Vary"] = "Origin"
+    """Every response, streams included (their headers go out at `prepare`). With origins
+    configured, each answer depends on `Origin`, so caches are told (`Vary`) either way."""
+    if not request.app[API].cors_origins:
+        return
+    vary = response.headers.get("Vary")
+    response.headers["Vary"] = f"{vary}, Origin" if vary else "Origin"
+    origin = _listed_origin(request)
+    if origin is not None:
+        response.headers["Access-Control-Allow-Origin"] = origin
 
 
 async def _stop_streams(app: web.Application) -> None:
@@ -593,21 +649,29 @@ def _full_access(request: web.Request) -> None:
         raise ApiError(403, "forbidden", "this key may only use its own sessions")
 
 
+def _integer(raw: str, name: str, code: str, *, lo: int, hi: int) -> int:
+    """A plain decimal in lo..hi: ASCII digits and nothing else, or a 400 naming `name`."""
+    if _DIGITS.fullmatch(raw) is None or not lo <= int(raw) <= hi:
+        message = f"{name}: expected an integer {lo}..{hi}, got {_excerpt(raw)}"
+        raise ApiError(400, code, message, param=name)
+    return int(raw)
+
+
 def _int_query(request: web.Request, name: str, default: int, *, lo: int, hi: int) -> int:
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ApiError(400, "invalid_query", f"{name}: expected an integer, got {raw!r}") from None
-    if not lo <= value <= hi:
-        raise ApiError(400, "invalid_query", f"{name}: expected {lo}..{hi}, got {value}")
-    return value
+    return _integer(raw, name, "invalid_query", lo=lo, hi=hi)
 
 
 async def _json_body(request: web.Request) -> Any:
-    """The body as JSON; 413 past `max_body` (declared or read), 400 when not JSON."""
+    """The body as JSON every parser reads alike (see jsonedge): 415 unless it says it is
+    JSON, 413 past `max_body` (declared or read), 400 naming the path of what is wrong."""
+    if request.content_type != "application/json":  # aiohttp's: lower-cased, no parameters
+        got = request.headers.get("Content-Type")
+        sent = f"Content-Type {_excerpt(got)}" if got is not None else "no Content-Type"
+        message = f"the body must be sent as Content-Type: application/json, not with {sent}"
+        raise ApiError(415, "unsupported_media_type", message)
     limit = request.app[API].max_body
     too_large = ApiError(413, "too_large", f"the body is larger than {limit} bytes")
     if request.content_length is not None and request.content_length > limit:
@@ -617,9 +681,11 @@ async def _json_body(request: web.Request) -> Any:
     except web.HTTPRequestEntityTooLarge:
         raise too_large from None
     try:
-        return json.loads(raw)
-    except ValueError:
-        raise ApiError(400, "invalid_json", "the body is not JSON") from None
+        return loads_checked(raw)
+    except JsonEdgeError as err:
+        if err.param is None:
+            raise ApiError(400, "invalid_json", f"the body: {err.message}") from None
+        raise ApiError(400, "invalid_json", err.message, param=err.param) from None
 
 
 async def _owned_state(request: web.Request, sid: str) -> SessionState:
@@ -696,13 +762,10 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     api = request.app[API]
     sid = request.match_info["sid"]
     header = request.headers.get("Last-Event-ID")
-    if header is not None and header.strip():
-        try:
-            after = int(header)
-        except ValueError:
-            raise ApiError(400, "invalid_query", f"Last-Event-ID: not a seq: {header!r}") from None
+    if header:  # it wins over after_seq; an empty one is no header (aiohttp strips spaces)
+        after = _integer(header, "Last-Event-ID", "invalid_header", lo=0, hi=MAX_SEQ)
     else:
-        after = _int_query(request, "after_seq", 0, lo=0, hi=2**63)
+        after = _int_query(request, "after_seq", 0, lo=0, hi=MAX_SEQ)
     turn_id = request.query.get("turn_id") or None
     cut = await _read_cut(api.store, sid)
     if cut is None:
@@ -804,7 +867,7 @@ async def admin_events(request: web.Request) -> web.Response:
     _full_access(request)
     store = request.app[API].store
     sid = request.match_info["sid"]
-    after = _int_query(request, "after_seq", 0, lo=0, hi=2**63)
+    after = _int_query(request, "after_seq", 0, lo=0, hi=MAX_SEQ)
     limit = _int_query(request, "limit", 100, lo=1, hi=1000)
     seq, snap = await store.load_snapshot(sid)
     if snap is None:
@@ -816,12 +879,19 @@ async def admin_events(request: web.Request) -> web.Response:
 
 
 async def get_healthz(request: web.Request) -> web.Response:
+    """Redis answers a PING within `HEALTH_TIMEOUT`, or the engine is degraded. Open to
+    anyone, so the reason is a word (the error's type), never an address."""
     try:
-        async with asyncio.timeout(2.0):
+        async with asyncio.timeout(HEALTH_TIMEOUT):
             await request.app[API].store.redis.ping()
-    except Exception as err:
-        raise ApiError(503, "unavailable", f"Redis does not answer: {type(err).__name__}") from None
-    return web.json_response({"ok": True})
+    except TimeoutError:
+        reason = f"no answer within {HEALTH_TIMEOUT:g} s"
+    except Exception as err:  # whatever stops the PING: the check's only question
+        reason = type(err).__name__
+    else:
+        return web.json_response({"status": "ok"}, dumps=compact_json)
+    body = {"status": "degraded", "redis": reason}
+    return web.json_response(body, status=503, dumps=compact_json)
 
 
 async def get_metrics(request: web.Request) -> web.Response:
@@ -840,11 +910,14 @@ def make_app(
     metrics: Metrics | None = None,
     heartbeat: float = 15.0,
     sse: SseLimits | None = None,
-    cors_origin: str = "*",
+    cors_origins: Iterable[str] = (),
     request_timeout: float = 30.0,
 ) -> web.Application:
-    """The API as an aiohttp app; the caller runs it (and decides where, see `check_bind`)."""
-    app = web.Application(middlewares=[_errors, _auth], client_max_size=max_body)
+    """The API as an aiohttp app; the caller runs it (and decides where, see `check_bind`).
+
+    `cors_origins` are the browser origins (`scheme://host[:port]`) allowed to call it;
+    none, the default, sends no CORS headers and refuses every preflight."""
+    app = web.Application(middlewares=[_errors, _cors, _auth], client_max_size=max_body)
     app[API] = _Api(
         client=engine_client,
         store=store,
@@ -853,7 +926,7 @@ def make_app(
         max_body=max_body,
         heartbeat=heartbeat,
         limits=sse or SseLimits(),
-        cors_origin=cors_origin,
+        cors_origins=frozenset(o.lower() for o in cors_origins),
         request_timeout=request_timeout,
     )
     app.on_response_prepare.append(_cors_headers)

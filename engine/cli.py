@@ -21,7 +21,7 @@ from aiohttp import web
 from bot.app import start_bots
 from bot.manifest import events_path, manifest, to_yaml
 
-from .api import ApiKeys, bind_warning, check_bind, make_app
+from .api import ApiKeys, ApiKeysError, bind_warning, check_bind, make_app
 from .client import Client, ClientError
 from .config import ConfigError, Project, load_project, slack_env_suffix
 from .console import Printer, short, watch_turn
@@ -29,8 +29,12 @@ from .embedded import EmbeddedRedis, EmbeddedRedisError
 from .http_client import HttpClient
 from .machine import iso
 from .metrics import Metrics
+from .redact import Redactor, env_secrets, project_secrets, redact_url
 from .runner import Engine
 from .store import Store, connect
+
+# Masks secrets in every log record (installed by `main`) and in the errors `main` prints.
+REDACTOR = Redactor()
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -114,6 +118,13 @@ async def _redis_for(project: Project, url: str | None) -> AsyncIterator[aioredi
             await asyncio.to_thread(embedded.stop)
 
 
+def _load(args: argparse.Namespace) -> Project:
+    """The project, its secrets (and those in `--redis`) known to the redactor from now on."""
+    project = load_project(args.config)
+    REDACTOR.add(project_secrets(project, os.environ, getattr(args, "redis", None)))
+    return project
+
+
 def _identity() -> dict[str, Any]:
     return {"subject": {"issuer": "cli", "id": getpass.getuser()}, "metadata": {}}
 
@@ -142,7 +153,7 @@ async def _session_client(args: argparse.Namespace) -> AsyncIterator[Any]:
         async with _remote(args.url) as client:
             yield client
         return
-    project = load_project(args.config)
+    project = _load(args)
     if args.agent not in project.agents:
         declared = ", ".join(sorted(project.agents)) or "none"
         raise _Usage(f"no agent {args.agent!r} in {project.path}; declared: {declared}")
@@ -263,10 +274,13 @@ def _lease_ms() -> int:
 
 async def _serve(args: argparse.Namespace) -> int:
     """Engine and HTTP API in one process, until SIGTERM/SIGINT (SPEC §15)."""
-    project = load_project(args.config)
+    project = _load(args)
     host = args.host or project.serve.host
     port = project.serve.port if args.port is None else args.port
-    keys = ApiKeys.from_env(os.environ)
+    try:
+        keys = ApiKeys.from_env(os.environ)
+    except ApiKeysError as err:
+        raise _Usage(str(err)) from None
     refusal = check_bind(host, keys)
     if refusal is not None:
         raise _Usage(refusal)
@@ -278,7 +292,13 @@ async def _serve(args: argparse.Namespace) -> int:
         # The agents whose Slack tokens are set; a dead serve's turns move after one lease.
         bots = start_bots(project, client, os.environ, lease_ms=_lease_ms(), owner=engine.owner)
         await bots.start()  # connects the Socket Mode bots (SLACK_APP_TOKEN_<AGENT>)
-        app = make_app(client, engine.store, keys=keys, metrics=metrics)
+        app = make_app(
+            client,
+            engine.store,
+            keys=keys,
+            metrics=metrics,
+            cors_origins=project.serve.cors_origins,
+        )
         app.add_routes(bots.routes())  # POST /slack/<agent>/events
         runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=3)
         await runner.setup()
@@ -290,10 +310,11 @@ async def _serve(args: argparse.Namespace) -> int:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         deciders = ", ".join(
-            f"{a.id} ({'worker ' + a.worker if a.worker else 'engine'})"
+            f"{a.id} ({'worker ' + redact_url(a.worker) if a.worker else 'engine'})"
             for a in project.agents.values()
         )
-        where = args.redis or project.redis or "embedded redis under .subs/"
+        configured = args.redis or project.redis
+        where = redact_url(configured) if configured else "embedded redis under .subs/"
         missing = ", ".join(m.var for m in project.missing_env(os.environ)) or "none"
         slack = ", ".join(bots.describe()) or "none"
         print(
@@ -315,7 +336,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     """Exit 1 when the file is wrong or an environment variable it needs is missing."""
-    project = load_project(args.config)
+    project = _load(args)
     missing = project.missing_env(os.environ)
     if sys.stdout.isatty():
         agents = ", ".join(
@@ -332,7 +353,7 @@ def _check(args: argparse.Namespace) -> int:
 
 def _manifest(args: argparse.Namespace) -> int:
     """Print the agent's Slack app manifest; the transport follows the environment by default."""
-    project = load_project(args.config)
+    project = _load(args)
     agent = project.agents.get(args.agent)
     if agent is None:
         declared = ", ".join(sorted(project.agents)) or "none"
@@ -364,7 +385,7 @@ async def _reader(args: argparse.Namespace) -> AsyncIterator[Any]:
         async with _remote(args.url) as client:
             yield client
         return
-    project = load_project(args.config)
+    project = _load(args)
     async with _redis_for(project, args.redis) as redis:
         yield Client(await Store.open(redis))
 
@@ -424,6 +445,8 @@ def _print_event(event: dict[str, Any], jsonl: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("SUBS_LOG", "WARNING"), stream=sys.stderr)
+    REDACTOR.add(env_secrets(os.environ))
+    REDACTOR.install()
     args = _parser().parse_args(argv)
     try:
         if args.command == "check":
@@ -433,10 +456,10 @@ def main(argv: list[str] | None = None) -> int:
         runs = {"serve": _serve, "run": _run, "chat": _chat, "sessions": _sessions}
         return asyncio.run(runs[args.command](args))
     except (ConfigError, _Usage) as err:
-        print(f"subs: {err}", file=sys.stderr)
+        print(f"subs: {REDACTOR.scrub(str(err))}", file=sys.stderr)
         return 2
     except (ClientError, EmbeddedRedisError) as err:
-        print(f"subs: {err}", file=sys.stderr)
+        print(f"subs: {REDACTOR.scrub(str(err))}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -12,9 +12,8 @@ import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
-from . import jsonedge
 from .errors import SubsError
-from .jsonedge import JsonRejected
+from .jsonedge import JsonEdgeError, check
 from .machine import CallSettled, InterruptRequested, input_to_json
 from .runner import new_id
 from .store import Store
@@ -59,10 +58,9 @@ class Client:
         once, before it can reach a commit: a lone surrogate or a NaN would fail there.
         """
         try:
-            jsonedge.check(body.get("input", body), what="the input")
-            jsonedge.check(body.get("identity"), what="the identity")
-        except JsonRejected as exc:
-            raise ClientError(exc.message, code="invalid_input", status=400, detail={}) from None
+            check(body)
+        except JsonEdgeError as exc:
+            raise ClientError(exc.message, code="invalid_json", status=400, detail={}) from None
         reply_to = self.store.reply_key(sid, secrets.token_hex(8))
         await self.store.enqueue(sid, body, reply_to)
         answer = await self.redis.blpop([reply_to], timeout=timeout)

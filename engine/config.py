@@ -25,6 +25,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from .redact import redact_url
+
 LLM_DEFAULTS: dict[str, tuple[str, str]] = {
     "anthropic": ("ANTHROPIC_API_KEY", "https://api.anthropic.com"),
     "openai": ("OPENAI_API_KEY", "https://api.openai.com/v1"),
@@ -35,6 +37,9 @@ _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 _AGENT_ID = re.compile(r"[A-Za-z0-9_-]+")
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what the model vendors accept
 _SLASH_COMMAND = re.compile(r"/[a-z0-9_-]+")
+# A browser's Origin: scheme://host[:port], nothing after; hosts as names, IPv4 or [IPv6].
+_ORIGIN = re.compile(r"([a-z][a-z0-9+.-]*)://([a-z0-9.-]+|\[[0-9a-f:.]+\])(?::([0-9]{1,5}))?")
+_DEFAULT_PORTS = {"http": "80", "https": "443"}
 _SECRET_KEY = re.compile(r"(?:.*_)?(?:(?:api|secret|private)_?key|token|secret|password)")
 # Values that are secrets whatever key holds them.
 _SECRET_PREFIXES = ("xoxb-", "xoxp-", "xoxa-", "xoxe-", "xapp-", "sk-ant-", "sk-or-v1-")
@@ -68,6 +73,7 @@ class ConfigError(Exception):
 class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8080
+    cors_origins: tuple[str, ...] = ()  # browser origins the API answers; none: no CORS
 
 
 @dataclass(frozen=True)
@@ -195,14 +201,28 @@ def _env_name(value: str) -> str:
 def _http_url(value: str) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"must be an http(s) URL, got {value!r}")
+        raise ValueError(f"must be an http(s) URL, got {redact_url(value)!r}")
     return value
 
 
 def _redis_url(value: str) -> str:
     if urlsplit(value).scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(f"must be a redis://, rediss:// or unix:// URL, got {value!r}")
+        raise ValueError(f"must be a redis://, rediss:// or unix:// URL, got {redact_url(value)!r}")
     return value
+
+
+def _origin(value: str) -> str:
+    """Lower-cased, default port dropped: the form a browser sends in `Origin`."""
+    match = _ORIGIN.fullmatch(value.lower())
+    if match is None or int(match.group(3) or 0) > 65535:
+        raise ValueError(
+            'must be an origin, scheme://host[:port] with no path (like "https://app.example" '
+            f'or "http://localhost:3000"), got {value!r}'
+        )
+    scheme, host, port = match.groups()
+    if port is None or _DEFAULT_PORTS.get(scheme) == port:
+        return f"{scheme}://{host}"
+    return f"{scheme}://{host}:{port}"
 
 
 def _json_schema(value: dict[str, Any]) -> dict[str, Any]:
@@ -226,6 +246,7 @@ NonEmpty = Annotated[str, Field(min_length=1)]
 EnvName = Annotated[str, AfterValidator(_env_name)]
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
 RedisUrl = Annotated[str, AfterValidator(_redis_url)]
+Origin = Annotated[str, AfterValidator(_origin)]
 JsonSchema = Annotated[dict[str, Any], AfterValidator(_json_schema)]
 UInt32 = Annotated[int, Field(ge=0, le=_UINT32_MAX)]
 
@@ -237,6 +258,7 @@ class _Model(BaseModel):
 class _Serve(_Model):
     host: NonEmpty = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    cors_origins: list[Origin] = Field(default_factory=list)
 
 
 class _Llm(_Model):
@@ -618,7 +640,11 @@ def _build(root: _Root, path: str) -> Project:
         path=path,
         name=root.name or Path(path).parent.name or "subs",
         redis=root.redis,
-        serve=ServeConfig(host=root.serve.host, port=root.serve.port),
+        serve=ServeConfig(
+            host=root.serve.host,
+            port=root.serve.port,
+            cors_origins=tuple(dict.fromkeys(root.serve.cors_origins)),
+        ),
         llm=llm,
         agents=agents,
     )
@@ -641,4 +667,5 @@ def _apply_env(project: Project, env: Mapping[str, str]) -> Project:
                 "environment", "SUBS_PORT", f"expected a port number 0-65535, got {raw!r}"
             )
         port = int(raw)
-    return dataclasses.replace(project, redis=redis, serve=ServeConfig(host=host, port=port))
+    serve = dataclasses.replace(project.serve, host=host, port=port)
+    return dataclasses.replace(project, redis=redis, serve=serve)

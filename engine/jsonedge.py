@@ -1,11 +1,10 @@
-"""JSON at the edge: what enters the engine is strict JSON that Redis and every reader can hold.
+"""Untrusted JSON in: parse it once and refuse what Python's `json` takes but nothing else should.
 
-Python's `json` accepts `NaN`/`Infinity`, lone UTF-16 surrogates (`"\\ud800"`) and
-nesting as deep as the recursion limit. Each of those, let through, fails later
-and somewhere worse: at commit (a surrogate cannot be encoded as UTF-8), when the
-snapshot is written (too deep to serialise), or in a client that reads our output
-(NaN is not JSON). So every document from a worker, a vendor or a client is
-decoded here once, and refused with the path of the first bad value.
+`json.loads` accepts `NaN`, `Infinity` and `-Infinity`, turns `1e999` into an infinite float,
+and keeps a lone UTF-16 surrogate escape (`"\\ud800"`) as a string no UTF-8 encoder will
+write. Any of them, taken in, fails later and far away (a Redis write, a response that
+cannot be encoded). `loads_checked` refuses them at the edge, and nesting past `max_depth`,
+naming the JSON path of the first offence, so a client or a worker learns exactly what to fix.
 """
 
 from __future__ import annotations
@@ -13,69 +12,132 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from typing import Any
 
 from .errors import SubsError
 
-MAX_DEPTH = 64  # objects and arrays nested inside each other, the document itself being 1
-
+MAX_DEPTH = 64
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-class JsonRejected(SubsError):
-    """A document that is not strict JSON within our limits; `param` is the bad value's path."""
+class JsonEdgeError(SubsError, ValueError):
+    """JSON refused at the edge. `param` is the dotted path of the offence (`input.messages.0`),
+    None for the document as a whole. A ValueError too, like what `json.loads` raises."""
 
-    code = "invalid_response"
+    code = "invalid_json"
+
+    def __init__(self, message: str, param: str | None = None, *, syntax: bool = False) -> None:
+        super().__init__(message, param=param)
+        self.syntax = syntax  # not UTF-8 or not JSON at all, rather than a value refused
 
 
-def loads(data: bytes | str, *, what: str = "the body", max_depth: int = MAX_DEPTH) -> Any:
-    """Decode `data` and `check` it.
+class _Constant:
+    """`NaN`, `Infinity` or `-Infinity` as parsed: left in place for the walk to find."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _Refused(Exception):
+    """Raised at the offence; each level it passes on the way up adds its key to `path`."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+        self.path: list[str] = []
+
+
+def loads_checked(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
+    """Parse `data` (bytes must be UTF-8) and check every value in one walk.
 
     Raises:
-        JsonRejected: not UTF-8, not JSON, or a value `check` refuses.
+        JsonEdgeError: not UTF-8, not JSON, or the first of: a non-finite number, a lone
+            surrogate in a string or a key, nesting deeper than `max_depth`.
     """
+    if isinstance(data, bytes | bytearray):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise JsonEdgeError(f"not UTF-8: byte {err.start} is invalid", syntax=True) from None
     try:
-        value = json.loads(data)  # NaN/Infinity decode to floats that `check` finds, with a path
+        value = json.loads(data, parse_constant=_Constant)
     except RecursionError:
-        raise JsonRejected(f"{what} nests deeper than {max_depth} levels") from None
-    except UnicodeDecodeError as exc:
-        raise JsonRejected(f"{what} is not UTF-8 (a bad byte at {exc.start})") from None
-    except ValueError:
-        raise JsonRejected(f"{what} is not JSON") from None
-    check(value, what=what, max_depth=max_depth)
+        raise JsonEdgeError(f"nested deeper than {max_depth} levels") from None
+    except ValueError as err:
+        raise JsonEdgeError(f"not JSON: {err}", syntax=True) from None
+    check(value, max_depth=max_depth)
     return value
 
 
-def check(value: Any, *, what: str = "the body", max_depth: int = MAX_DEPTH) -> None:
-    """Refuse NaN/Infinity, lone surrogates (in keys too) and nesting past `max_depth`.
+def check(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
+    """The same checks for a value already in Python (a client input built by the CLI or
+    the Slack bot): what the engine stores must be JSON any reader can read back.
 
-    One walk without recursion, so a hostile depth cannot exhaust the stack.
+    Raises:
+        JsonEdgeError: as `loads_checked`, for the first offence found.
     """
-    stack: list[tuple[Any, tuple[str, ...], int]] = [(value, (), 1)]
-    while stack:
-        node, path, depth = stack.pop()
-        if isinstance(node, dict):
-            if depth > max_depth:
-                raise _rejected(what, path, f"nests deeper than {max_depth} levels")
-            for key, item in node.items():
-                if not isinstance(key, str):
-                    raise _rejected(what, path, f"has a key that is not a string: {key!r}")
-                if not key.isascii() and _SURROGATE.search(key):
-                    raise _rejected(what, path, "has a key with a lone UTF-16 surrogate")
-                stack.append((item, (*path, key), depth + 1))
-        elif isinstance(node, list):
-            if depth > max_depth:
-                raise _rejected(what, path, f"nests deeper than {max_depth} levels")
-            for i, item in enumerate(node):
-                stack.append((item, (*path, str(i)), depth + 1))
-        elif isinstance(node, str):
-            if not node.isascii() and _SURROGATE.search(node):
-                raise _rejected(what, path, "is a string with a lone UTF-16 surrogate")
-        elif isinstance(node, float) and not math.isfinite(node):
-            raise _rejected(what, path, f"is {node}, which is not JSON")
+    try:
+        _check([value], -1, max_depth)  # the document as item 0 of a list: scalars need no call
+    except _Refused as refused:
+        path = ".".join(reversed(refused.path[:-1]))
+        message = f"{path}: {refused.problem}" if path else refused.problem
+        raise JsonEdgeError(message, path or None) from None
 
 
-def _rejected(what: str, path: tuple[str, ...], problem: str) -> JsonRejected:
-    where = ".".join(path)
-    subject = f"{what} at {where}" if where else what
-    return JsonRejected(f"{subject} {problem}", param=where or None)
+def _check(node: list[Any] | dict[str, Any], depth: int, max_depth: int) -> None:
+    """A container's items, checked inline: only a nested container costs a call, and the
+    path is worked out only for an offence. The types are exactly those `json.loads` builds."""
+    if depth >= max_depth:
+        raise _Refused(f"nested deeper than {max_depth} levels")
+    if type(node) is dict:
+        if not "".join(node).isascii():
+            _check_keys(node)
+        values: Iterable[Any] = node.values()
+    else:
+        values = node
+    for value in values:
+        kind = type(value)
+        if kind is str:
+            if value.isascii() or not _SURROGATE.search(value):
+                continue
+            refused = _Refused("a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape)")
+        elif kind is dict or kind is list:
+            try:
+                _check(value, depth + 1, max_depth)
+            except _Refused as nested:
+                nested.path.append(_key_of(node, value))
+                raise
+            continue
+        elif kind is float:
+            if math.isfinite(value):
+                continue
+            # A parsed document's only non-finite floats are overflows (1e999); a NaN can
+            # come from a value built in Python.
+            nan = value != value
+            refused = _Refused(
+                "NaN is not a JSON number" if nan else "a number too large for a double"
+            )
+        elif kind is _Constant:
+            refused = _Refused(f"{value.name} is not a JSON number")
+        else:
+            continue
+        refused.path.append(_key_of(node, value))
+        raise refused
+
+
+def _check_keys(node: dict[str, Any]) -> None:
+    for key in node:
+        if _SURROGATE.search(key):
+            refused = _Refused("a key holds a lone UTF-16 surrogate")
+            refused.path.append(key.encode("utf-8", "backslashreplace").decode())
+            raise refused
+
+
+def _key_of(node: list[Any] | dict[str, Any], value: Any) -> str:
+    """Where `value` sits in `node`. The walk stops at the first offence, so an equal value
+    earlier in `node` would have been refused first: the first `is` match is the one."""
+    pairs = node.items() if type(node) is dict else enumerate(node)
+    return next(str(key) for key, item in pairs if item is value)

@@ -173,8 +173,9 @@ class WorkItem:
 
 
 def compact_json(value: Any) -> str:
-    """JSON as stored and served: no spaces, UTF-8 kept (Redis and HTTP alike)."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    """JSON as stored and served: no spaces, UTF-8 kept (Redis and HTTP alike). NaN and
+    infinities raise ValueError: written out, they would be JSON no other parser reads."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 class Store:

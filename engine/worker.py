@@ -21,9 +21,8 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource
 
-from engine import jsonedge
 from engine.errors import ProtocolError, SubsError
-from engine.jsonedge import JsonRejected
+from engine.jsonedge import JsonEdgeError, loads_checked
 from engine.protocol import parse_decision_response, to_json
 
 __all__ = ["DecisionFailure", "Delivery", "deliver", "sign", "verify"]
@@ -136,9 +135,11 @@ async def _answer(response: httpx.Response, limit: int, on_delta: OnDelta | None
     if not body.strip():
         raise _invalid("the answer is not JSON: the body is empty")
     try:
-        data = jsonedge.loads(body, what="the answer")
-    except JsonRejected as exc:
-        raise _invalid(f"{exc.message}: {_excerpt(body)}", param=exc.param) from None
+        data = loads_checked(body)
+    except JsonEdgeError as exc:
+        if exc.syntax:
+            raise _invalid(f"the answer is not JSON: {_excerpt(body)}") from None
+        raise _invalid(f"the answer is refused: {exc.message}", param=exc.param) from None
     return _decision(data, "")
 
 
@@ -216,10 +217,14 @@ def _frame_json(event: str, data: str) -> Any:
     if not data:
         raise _invalid(f"{event}: the data is not JSON: the data is empty", event=event)
     try:
-        return jsonedge.loads(data, what=f"{event}: the data")
-    except JsonRejected as exc:
-        shown = _excerpt(data.encode("utf-8", "replace"))
-        raise _invalid(f"{exc.message}: {shown}", param=exc.param, event=event) from None
+        return loads_checked(data)
+    except JsonEdgeError as exc:
+        if exc.syntax:
+            shown = _excerpt(data.encode("utf-8", "replace"))
+            raise _invalid(f"{event}: the data is not JSON: {shown}", event=event) from None
+        raise _invalid(
+            f"{event}: the data is refused: {exc.message}", param=exc.param, event=event
+        ) from None
 
 
 def _decision(data: Any, where: str) -> dict[str, Any]:

@@ -43,6 +43,56 @@ BROKEN = [
     ("llm typo", '[llm.x]\ntype = "worker"\nformatt = "openai"\n', "llm.x.formatt", "unknown key"),
     ("port type", '[serve]\nport = "80"\n', "serve.port", "expected an integer, got a string"),
     ("port range", "[serve]\nport = 70000\n", "serve.port", "65535 or less"),
+    (
+        "cors not a list",
+        '[serve]\ncors_origins = "https://a.example"\n',
+        "serve.cors_origins",
+        "a list",
+    ),
+    (
+        "cors wildcard",
+        '[serve]\ncors_origins = ["*"]\n',
+        "serve.cors_origins.0",
+        "must be an origin",
+    ),
+    (
+        "cors with a path",
+        '[serve]\ncors_origins = ["https://a.example", "https://b.example/app"]\n',
+        "serve.cors_origins.1",
+        "no path",
+    ),
+    (
+        "cors trailing slash",
+        '[serve]\ncors_origins = ["https://a.example/"]\n',
+        "serve.cors_origins.0",
+        "origin",
+    ),
+    ("cors no scheme", '[serve]\ncors_origins = ["a.example"]\n', "serve.cors_origins.0", "origin"),
+    (
+        "cors userinfo",
+        '[serve]\ncors_origins = ["https://u@a.example"]\n',
+        "serve.cors_origins.0",
+        "origin",
+    ),
+    (
+        "cors query",
+        '[serve]\ncors_origins = ["https://a.example?x"]\n',
+        "serve.cors_origins.0",
+        "origin",
+    ),
+    (
+        "cors bad port",
+        '[serve]\ncors_origins = ["http://a.example:99999"]\n',
+        "serve.cors_origins.0",
+        "origin",
+    ),
+    ("cors null", '[serve]\ncors_origins = ["null"]\n', "serve.cors_origins.0", "origin"),
+    (
+        "cors typo",
+        '[serve]\ncors_origin = ["https://a.example"]\n',
+        "serve.cors_origin",
+        "did you mean cors_origins",
+    ),
     ("tools type", OK + 'tools = "x"\n', "agent.oncall.tools", "expected a list, got a string"),
     ("tool entry type", OK + 'tools = ["x"]\n', "agent.oncall.tools.0", "expected a table"),
     (
@@ -315,6 +365,23 @@ def test_example_project_loads():
     AGENT_CONFIG.validate(wire)
 
 
+def test_cors_origins_as_a_browser_sends_them(tmp_path: Path):
+    text = (
+        "[serve]\ncors_origins = ["
+        '"HTTPS://App.Example:443", "http://localhost:3000", "http://[::1]:80", '
+        '"https://app.example", "chrome-extension://abcdef"]\n'
+    )
+    project = load(tmp_path, text, {"SUBS_PORT": "9000"})  # an override keeps them
+    assert project.serve.cors_origins == (
+        "https://app.example",
+        "http://localhost:3000",
+        "http://[::1]",
+        "chrome-extension://abcdef",
+    )
+    assert project.serve.port == 9000
+    assert load(tmp_path, "").serve.cors_origins == ()
+
+
 def test_defaults(tmp_path: Path):
     text = (
         '[llm.a]\ntype = "anthropic"\n[llm.o]\ntype = "openai"\n'
@@ -456,6 +523,18 @@ def test_bad_env_override(tmp_path: Path, var: str, value: str, fragment: str):
         load(tmp_path, OK, {var: value})
     assert (caught.value.file, caught.value.key) == ("environment", var)
     assert fragment in caught.value.message
+
+
+def test_a_bad_url_is_named_without_its_password(tmp_path: Path):
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path, OK, {"SUBS_REDIS": "http://user:hunter22@redis.internal:6379"})
+    assert "hunter22" not in str(caught.value)
+    assert "http://user:***@redis.internal:6379" in caught.value.message
+    worker = '[agent.w]\nworker = "ftp://u:wpass99@w/d?token=tok99"\n'
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path, worker)
+    assert caught.value.key == "agent.w.worker"
+    assert "wpass99" not in str(caught.value) and "tok99" not in str(caught.value)
 
 
 def test_parse_project_and_missing_file(tmp_path: Path):

@@ -164,7 +164,7 @@ async def test_an_input_the_engine_cannot_apply_is_refused_not_left_pending(engi
     ("content", "problem"),
     [
         ("half a pair \ud83d", "lone UTF-16 surrogate"),
-        (float("nan"), "is nan, which is not JSON"),
+        (float("nan"), "NaN is not a JSON number"),
     ],
 )
 async def test_a_client_input_that_cannot_be_stored_is_refused_at_the_edge(

@@ -16,8 +16,7 @@ import httpx
 from httpx_sse import SSEError, aconnect_sse
 from pydantic import ValidationError
 
-from engine import jsonedge
-from engine.jsonedge import JsonRejected
+from engine.jsonedge import JsonEdgeError, loads_checked
 from engine.llm import anthropic, openai
 from engine.llm.errors import ProviderError, quote
 from engine.protocol import LlmResponse
@@ -160,10 +159,14 @@ async def _whole(
     if not response.is_success:
         raise adapter.parse_error(response.status_code, response.headers, response.content)
     try:
-        document = jsonedge.loads(response.content, what=f"the {adapter.name} response")
-    except JsonRejected as exc:
+        document = loads_checked(response.content)
+    except JsonEdgeError as exc:
+        problem = "that is not JSON" if exc.syntax else f"this engine refuses ({exc.message})"
         raise ProviderError(
-            f"{exc.message}.", "invalid_response", retryable=True, status=response.status_code
+            f"{adapter.name} sent a response {problem}.",
+            "invalid_response",
+            retryable=True,
+            status=response.status_code,
         ) from None
     return _read(adapter, adapter.parse, document, "response")
 
@@ -242,9 +245,15 @@ def _neutral(adapter: _Adapter, response: dict[str, Any]) -> dict[str, Any]:
 
 def _event_json(name: str, data: str) -> dict[str, Any]:
     try:
-        payload = jsonedge.loads(data, what=f"a {name} stream event")
-    except JsonRejected as exc:
-        raise ProviderError(f"{exc.message}.", "invalid_response", retryable=True) from None
+        payload = loads_checked(data)
+    except JsonEdgeError as exc:
+        if not exc.syntax:
+            raise ProviderError(
+                f"{name} sent a stream event this engine refuses ({exc.message}).",
+                "invalid_response",
+                retryable=True,
+            ) from None
+        payload = None
     if not isinstance(payload, dict):
         raise ProviderError(
             f"{name} sent a stream event that is not a JSON object.",
