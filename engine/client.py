@@ -12,10 +12,10 @@ import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
+from .apply import new_id
 from .errors import SubsError
 from .jsonedge import JsonEdgeError, check
 from .machine import CallSettled, InterruptRequested, input_to_json
-from .runner import new_id
 from .store import Store
 
 

@@ -31,3 +31,9 @@ class ProtocolError(SubsError):
 
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message, param=param)
+
+
+def describe(err: BaseException) -> str:
+    """An exception as one line for a log or an ErrorInfo: its class and its message."""
+    text = err.message if isinstance(err, SubsError) else str(err)
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__

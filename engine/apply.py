@@ -1,0 +1,372 @@
+"""Apply-and-commit: one input through the machine into one atomic Redis commit.
+
+The session's state is loaded (cached while this engine owns its partition), the
+pure machine turns the input into events, effects and timers, and one Lua call
+commits them with the work item's ack, fenced by the partition's lease. Only a
+committed transition's effects may start: the caller starts them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import secrets
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import Project
+from .errors import describe
+from .machine import (
+    CallLost,
+    CancelTimer,
+    ChildSpawned,
+    ClientSubmitted,
+    Deliver,
+    Input,
+    InputRejected,
+    MachineError,
+    SessionState,
+    StartTimer,
+    Transition,
+    input_from_json,
+    input_to_json,
+    state_from_json,
+    state_to_json,
+    step,
+)
+from .machine.evolve import at_ms
+from .metrics import Metrics
+from .retrying import Backoff, Trouble
+from .store import STORE_FAULTS, Commit, Store, StoreConflict, WorkItem, compact_json
+
+log = logging.getLogger("subs.engine")
+
+# An input whose transition fails this often (reloaded from Redis each time) is a bug,
+# not bad luck: it goes to the dead-letter stream. One the work stream has handed out
+# this often took its engine down each time (or never got an answer): the same.
+POISON_FAILURES = 3
+POISON_DELIVERIES = 10
+
+
+def new_id(prefix: str) -> str:
+    """Time-ordered, unique: 48 bits of milliseconds, 64 random bits."""
+    return f"{prefix}_{int(time.time() * 1000):012x}{secrets.token_hex(8)}"
+
+
+@dataclass
+class EngineStats:
+    """Counters a benchmark or /metrics reads."""
+
+    steps: int = 0
+    step_seconds: list[float] = field(default_factory=list)
+    record_steps: bool = False
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """One input's transition, ready to commit: what to write, and what follows it."""
+
+    commit: Commit
+    transition: Transition | None  # None: refused, nothing follows
+    started: float  # perf_counter at the start of the step
+
+
+class Applier:
+    """Applies inputs to the sessions of the partitions its engine owns."""
+
+    def __init__(
+        self,
+        project: Project,
+        store: Store,
+        *,
+        clock: Callable[[], float],
+        metrics: Metrics,
+        stats: EngineStats,
+        trouble: Trouble,
+    ) -> None:
+        self.project = project
+        self.store = store
+        self.clock = clock
+        self.metrics = metrics
+        self.stats = stats
+        self.trouble = trouble
+        self.cache: dict[str, SessionState] = {}
+        # Built once: the machine only reads these (events carry them by reference).
+        self.agent_configs = {a.id: a.wire_config(project) for a in project.agents.values()}
+        self.llm_routes = {b.id: {"type": b.type, "format": b.format} for b in project.llm.values()}
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def forget(self, p: int) -> None:
+        """The partition is no longer ours: its cached states may go stale."""
+        for sid in [s for s in self.cache if self.store.partition_of(s) == p]:
+            del self.cache[sid]
+
+    async def settle(self, p: int, lease: str, item: WorkItem) -> Transition | None:
+        """Apply one input and commit it, however long Redis is away.
+
+        A Redis fault is waited out with backoff, the same input kept in hand (so
+        per-session order holds and nothing handed over in process is lost). A
+        commit whose answer was lost with the connection is recognised by the
+        snapshot's seq, so its effects start once. Any other failure is a bug:
+        tried again from a fresh read, then dead-lettered (`_plan_rejection`).
+
+        Returns the committed transition, whose effects the caller starts (None when
+        the input was refused).
+
+        Raises:
+            StoreConflict: the lease moved; the partition is someone else's now.
+        """
+        sid = item.session_id
+        planned: _Planned | None = None
+        faulted = False
+        failures = 0
+        backoff = Backoff()
+        rejection: tuple[str, str | None] | None = None  # (reason, traceback): dead-letter it
+        if item.deliveries > POISON_DELIVERIES:
+            rejection = (f"delivered {item.deliveries} times without an answer", None)
+        while True:
+            try:
+                if planned is None:
+                    planned = await (
+                        self._plan_rejection(item, *rejection) if rejection else self._plan(item)
+                    )
+                try:
+                    await self.store.commit(p, lease, planned.commit)
+                except StoreConflict as err:
+                    if err.lease_lost or not (faulted and await self._landed(planned)):
+                        raise
+                return self._committed(planned)
+            except StoreConflict as err:
+                self.cache.pop(sid, None)
+                if err.lease_lost:
+                    raise
+                planned, faulted = None, False  # another writer won: re-read and apply again
+            except STORE_FAULTS as err:
+                self.cache.pop(sid, None)
+                faulted = planned is not None
+                self.trouble(f"committing an input to {sid}", err)
+                await backoff.wait()
+            except Exception as err:  # not CancelledError: that one leaves
+                self.cache.pop(sid, None)
+                planned, faulted = None, False
+                failures += 1
+                if failures >= POISON_FAILURES:
+                    rejection = (describe(err), traceback.format_exc())
+                else:
+                    log.warning("applying an input to %s failed (%s); trying again", sid, err)
+
+    async def _landed(self, planned: _Planned) -> bool:
+        c = planned.commit
+        return bool(c.events) and await self.store.committed_seq(c.session_id) == c.new_seq
+
+    def _committed(self, planned: _Planned) -> Transition | None:
+        """The transition is durable: remember the state, count it, hand it back."""
+        t = planned.transition
+        if t is None or t.state is None:
+            return None
+        self.cache[t.state.session_id] = t.state
+        self._count(t.events)
+        self.stats.steps += 1
+        if self.stats.record_steps:
+            self.stats.step_seconds.append(time.perf_counter() - planned.started)
+        return t
+
+    async def load(self, sid: str) -> SessionState | None:
+        state = self.cache.get(sid)
+        if state is None:
+            _, snap = await self.store.load_snapshot(sid)
+            if snap is not None:
+                state = state_from_json(snap)
+                self.cache[sid] = state
+        return state
+
+    def _decider(self, agent_id: str) -> str:
+        """Who decides for an agent: its worker when it names one, else the engine."""
+        decl = self.project.agents.get(agent_id)
+        return "worker" if decl and decl.worker else "engine"
+
+    def _machine_input(self, state: SessionState | None, body: dict[str, Any]) -> Input:
+        if body.get("kind") != "client":
+            inp = input_from_json(body)
+            if isinstance(inp, ChildSpawned):
+                # A child starts with its agent's file config, like a client's first input.
+                return dataclasses.replace(
+                    inp,
+                    agent_config=self.agent_configs.get(inp.agent_id),
+                    decider=self._decider(inp.agent_id),
+                    llm_routes=self.llm_routes,
+                )
+            return inp
+        inp = body["input"]
+        agent_id = inp.get("agent_id") or (state.agent_id if state else "")
+        decl = self.project.agents.get(agent_id)
+        if decl is None and state is None:
+            raise MachineError(
+                "unknown_agent",
+                f"no agent {agent_id!r} in {self.project.path}; "
+                f"declared: {', '.join(sorted(self.project.agents)) or 'none'}",
+                status=404,
+            )
+        config = self.agent_configs.get(agent_id)
+        decider = self._decider(agent_id)
+        identity = body.get("identity") or {}
+        commands = tuple(decl.slack.commands) if decl and decl.slack else ()
+        return ClientSubmitted(
+            inp,
+            agent_id,
+            identity,
+            config,
+            decider,
+            self.llm_routes,
+            owner=body.get("owner"),
+            slash_commands=commands,
+        )
+
+    async def _plan(self, item: WorkItem) -> _Planned:
+        """Load the session and run the machine: the commit to write and what follows it."""
+        started = time.perf_counter()
+        sid = item.session_id
+        state = await self.load(sid)
+        seq = state.seq if state else 0
+        try:
+            t = step(state, sid, self._machine_input(state, item.input), self.now_ms(), new_id)
+        except MachineError as err:
+            reply = {"ok": False, "error": err.message, "code": err.code, "status": err.status}
+            commit = Commit(sid, seq, seq, [], None, reply={**reply, **err.detail})
+            return _Planned(self._finish(commit, item), None, started)
+        return _Planned(self._finish(_commit_of(sid, seq, t), item), t, started)
+
+    @staticmethod
+    def _finish(commit: Commit, item: WorkItem) -> Commit:
+        """The parts of a commit that come from the work item: its ack, reply list and timer."""
+        done = commit.timers_done + ((item.timer_member,) if item.timer_member else ())
+        return dataclasses.replace(
+            commit, ack_id=item.entry_id, reply_to=item.reply_to, timers_done=done
+        )
+
+    async def _plan_rejection(self, item: WorkItem, reason: str, trace: str | None) -> _Planned:
+        """Dead-letter an input no transition can take, and fail the turn waiting on it.
+
+        The traceback is logged once, here; the session records `input.rejected`, and
+        what that starts (the next queued turn, a parent told) follows as usual.
+        """
+        started = time.perf_counter()
+        sid = item.session_id
+        kind = item.input.get("kind", "?")
+        if kind == "client":
+            kind = f"client {item.input.get('input', {}).get('type', '?')}"
+        log.error("input %s to %s dead-lettered: %s\n%s", kind, sid, reason, trace or "")
+        error = {
+            "message": f"the engine could not apply an input ({kind}): {reason}; "
+            "it is kept in the dead-letter stream",
+            "code": "internal",
+        }
+        state = await self.load(sid)
+        seq = state.seq if state else 0
+        try:
+            t: Transition | None = step(
+                state, sid, InputRejected(kind, error), self.now_ms(), new_id
+            )
+        except Exception:  # the session cannot even record it: the dead letter still does
+            log.exception("session %s cannot record the rejected input", sid)
+            t = None
+        commit = _commit_of(sid, seq, t) if t else Commit(sid, seq, seq, [], None)
+        letter = {
+            "session_id": sid,
+            "entry_id": item.entry_id,
+            "input": item.input,
+            "reason": reason,
+            "deliveries": item.deliveries,
+            "at_ms": self.now_ms(),
+        }
+        commit = dataclasses.replace(
+            commit,
+            reply={"ok": False, "error": error["message"], "code": "internal", "status": 500},
+            dead_letter=compact_json(letter),
+        )
+        return _Planned(self._finish(commit, item), t, started)
+
+    def _count(self, events: list[dict[str, Any]]) -> None:
+        if not events:
+            return
+        self.metrics.steps_committed(1)
+        for event in events:
+            kind = event["payload"]["type"]
+            if kind == "turn.started":
+                self.metrics.turn_started()
+            elif kind == "turn.completed":
+                self.metrics.turn_completed()
+            elif kind == "turn.failed":
+                self.metrics.turn_failed()
+
+
+def lost_work(state: SessionState | None) -> list[CallLost]:
+    """What a dead engine had out for this session: to be sent again."""
+    if state is None:
+        return []
+    lost = [
+        CallLost(c.id, c.attempt)
+        for c in state.calls.values()
+        if c.handler in ("server", "worker") and c.status == "running"
+    ]
+    if state.decision is not None and state.decision.status == "running":
+        lost.append(CallLost(state.decision.id, state.decision.attempt))
+    return lost
+
+
+def has_inflight(state: SessionState | None) -> bool:
+    """Whether a crash would leave one of this session's requests unanswered."""
+    return bool(lost_work(state))
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """One input's transition, ready to commit: what to write, and what follows it."""
+
+    commit: Commit
+    transition: Transition | None  # None: refused, nothing follows
+    started: float  # perf_counter at the start of the step
+
+
+def _commit_of(sid: str, seq: int, t: Transition) -> Commit:
+    """What a transition writes: its events, the new snapshot, its timers and deliveries."""
+    new_state = t.state
+    created = t.events[0] if t.events else None
+    return Commit(
+        session_id=sid,
+        expected_seq=seq,
+        new_seq=new_state.seq if new_state else 0,
+        events=t.events,
+        snapshot=json.dumps(state_to_json(new_state), separators=(",", ":"))
+        if t.events and new_state
+        else None,
+        inflight=has_inflight(new_state) if t.events else None,
+        timers=tuple(
+            (e.due, _timer_member(sid, e.due, e.input))
+            for e in t.effects
+            if isinstance(e, StartTimer)
+        ),
+        timers_done=tuple(
+            _timer_member(sid, e.due, e.input) for e in t.effects if isinstance(e, CancelTimer)
+        ),
+        outbox=tuple(
+            json.dumps({"to": e.to, "input": input_to_json(e.input)})
+            for e in t.effects
+            if isinstance(e, Deliver)
+        ),
+        reply={"ok": True, **t.reply} if t.reply else {"ok": True, "ignored": t.ignored},
+        created_ms=at_ms(created)
+        if created and created["payload"]["type"] == "session.created"
+        else None,
+    )
+
+
+def _timer_member(sid: str, due: int, inp: Input) -> str:
+    """A timer's entry in the partition's set; the same timer always gives the same bytes."""
+    return json.dumps({"sid": sid, "input": input_to_json(inp), "due": due})

@@ -1,0 +1,306 @@
+"""Effects: what a committed transition asks for, run so that each one always reports back.
+
+A model call runs against its vendor, a decision or a call's execute goes to the
+agent's worker. Whatever happens — an answer, garbage, an exception of any class —
+comes back to the engine as exactly one input (`done`), the effect's result or a
+recorded failed attempt. An effect the engine loses on the way (a crash, a lease
+moved) is ended by its deadline timer instead, which the commit that started it set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from .config import Project
+from .errors import SubsError, describe
+from .llm import LlmTarget, ProviderError, complete
+from .machine import (
+    DecisionFailed,
+    ExecuteFailed,
+    Input,
+    LlmCallPlan,
+    LlmCallSettled,
+    RunDecision,
+    RunExecute,
+    RunLlmCall,
+    SessionState,
+    build_llm_request,
+)
+from .metrics import Metrics
+from .retrying import Trouble
+from .store import Store
+from .worker_effects import DecisionRun, ExecuteRun, WorkerTarget
+
+log = logging.getLogger("subs.engine")
+
+Done = Callable[[Input], None]
+_delta_trouble = Trouble(log)
+
+
+class EngineConfigError(SubsError):
+    """The project cannot run as configured (found at start, before any work)."""
+
+
+def worker_targets(project: Project, env: Mapping[str, str]) -> dict[str, WorkerTarget]:
+    """Each worker agent's URL and signing secret; a named but empty secret is an error."""
+    targets = {}
+    for agent in project.agents.values():
+        if agent.worker is None:
+            continue
+        secret = None
+        if agent.signing_secret_env:
+            secret = env.get(agent.signing_secret_env) or None
+            if secret is None:
+                raise EngineConfigError(
+                    f"agent.{agent.id}.signing_secret_env names {agent.signing_secret_env}, "
+                    "which is not set (or empty) in the environment"
+                )
+        targets[agent.id] = WorkerTarget(agent.worker, secret)
+    return targets
+
+
+@dataclass
+class EffectRunner:
+    """Starts effects as tasks; `tasks` is the owner's set, so it can cancel them."""
+
+    project: Project
+    store: Store
+    env: Mapping[str, str]
+    workers: dict[str, WorkerTarget]
+    metrics: Metrics
+    clock: Callable[[], float]
+
+    def __post_init__(self) -> None:
+        self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def start(
+        self,
+        state: SessionState,
+        effect: RunLlmCall | RunDecision | RunExecute,
+        done: Done,
+        tasks: set[asyncio.Task[None]],
+    ) -> None:
+        if isinstance(effect, RunLlmCall):
+            self._start_llm_call(state, effect, done, tasks)
+        else:
+            self._start_worker_effect(state, effect, done, tasks)
+
+    def _run(
+        self,
+        sid: str,
+        what: str,
+        prepare: Callable[[], Callable[[], Awaitable[Input]]],
+        failed: Callable[[dict[str, Any], bool], Input],
+        done: Done,
+        tasks: set[asyncio.Task[None]],
+    ) -> None:
+        """Run one effect so that it always reports back: whatever it raises is a failed
+        attempt with a reason, never a task that dies with nothing recorded.
+
+        `prepare` builds the request from the committed state, before any await (so a
+        later transition cannot change what is sent); a failure there is deterministic,
+        so it is not retried.
+        """
+        try:
+            run = prepare()
+        except Exception as err:
+            if not isinstance(err, SubsError):
+                log.exception("preparing the %s of %s failed", what, sid)
+            error = {
+                "message": f"the {what} could not be prepared: {describe(err)}",
+                "code": "internal",
+            }
+            done(failed(error, False))
+            return
+
+        async def guarded() -> None:
+            try:
+                result = await run()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                log.exception("the %s of %s failed inside the engine", what, sid)
+                error = {
+                    "message": f"the {what} failed inside the engine: {describe(err)}",
+                    "code": "internal",
+                }
+                result = failed(error, True)
+            done(result)
+
+        task = asyncio.create_task(guarded())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    def _start_llm_call(
+        self, state: SessionState, effect: RunLlmCall, done: Done, tasks: set[asyncio.Task[None]]
+    ) -> None:
+        sid, call_id, attempt = state.session_id, effect.call_id, effect.attempt
+
+        def prepare() -> Callable[[], Awaitable[Input]]:
+            plan = build_llm_request(state, state.calls[call_id])
+            return lambda: self._run_llm_call(sid, effect, plan)
+
+        def failed(error: dict[str, Any], retryable: bool) -> Input:
+            return LlmCallSettled(call_id, attempt, error=error, retryable=retryable)
+
+        self._run(sid, f"model call {call_id}", prepare, failed, done, tasks)
+
+    def _start_worker_effect(
+        self,
+        state: SessionState,
+        effect: RunDecision | RunExecute,
+        done: Done,
+        tasks: set[asyncio.Task[None]],
+    ) -> None:
+        sid = state.session_id
+        target = self.workers.get(state.agent_id)
+
+        def failed(error: dict[str, Any], retryable: bool) -> Input:
+            if isinstance(effect, RunDecision):
+                return DecisionFailed(effect.decision_id, effect.attempt, error, retryable)
+            return ExecuteFailed(effect.call_id, effect.attempt, error, retryable)
+
+        if target is None:
+            error = {
+                "message": f"agent {state.agent_id!r} has no worker to send this to",
+                "code": "unroutable",
+            }
+            done(failed(error, False))
+            return
+        now = self.now_ms()
+
+        def prepare() -> Callable[[], Awaitable[Input]]:
+            if isinstance(effect, RunDecision):
+                decision = DecisionRun(state, target, now)
+
+                async def run_decision() -> Input:
+                    started = time.perf_counter()
+                    result = await decision.run(self.http)
+                    self.metrics.observe_worker_call(time.perf_counter() - started)
+                    return result
+
+                return run_decision
+            execute = ExecuteRun(state, effect.call_id, target, now)
+
+            async def run_execute() -> Input:
+                deltas = DeltaWriter(self.store, sid)
+                started = time.perf_counter()
+                try:
+                    return await execute.run(self.http, deltas.add)
+                finally:
+                    self.metrics.observe_worker_call(time.perf_counter() - started)
+                    await deltas.close()  # every delta is out before the event that ends it
+
+            return run_execute
+
+        what = "decision" if isinstance(effect, RunDecision) else f"call {effect.call_id}"
+        self._run(sid, f"worker {what}", prepare, failed, done, tasks)
+
+    def _target(self, block_id: str | None) -> LlmTarget:
+        block = self.project.llm.get(block_id or "")
+        declared = ", ".join(sorted(self.project.llm)) or "none"
+        if block is None:
+            raise ProviderError(
+                f"the agent names no [llm.{block_id}] block; declared: {declared}"
+                if block_id
+                else f"the agent names no llm block; declared: {declared}",
+                code="unroutable",
+                retryable=False,
+                param="agent.llm",
+            )
+        if block.type == "worker":
+            raise ProviderError(
+                f"[llm.{block.id}] runs on a worker, which this engine does not support yet",
+                code="unroutable",
+                retryable=False,
+            )
+        assert block.base_url is not None and block.api_key_env is not None
+        return LlmTarget(
+            type=block.type,
+            base_url=block.base_url,
+            api_key=self.env.get(block.api_key_env) or None,
+            api_key_env=block.api_key_env,
+        )
+
+    async def _run_llm_call(self, sid: str, effect: RunLlmCall, plan: LlmCallPlan) -> Input:
+        delta_seq = 0
+        deltas = DeltaWriter(self.store, sid)
+
+        async def on_delta(delta: dict[str, Any]) -> None:
+            nonlocal delta_seq
+            delta_seq += 1
+            deltas.add(
+                {**delta, "call_id": effect.call_id, "attempt": effect.attempt, "seq": delta_seq}
+            )
+
+        settled: LlmCallSettled
+        started = time.perf_counter()
+        try:
+            target = self._target(plan.llm)
+            timeout = None if effect.deadline is None else (effect.deadline - self.now_ms()) / 1000
+            async with asyncio.timeout(timeout):
+                response = await complete(
+                    self.http, target, plan.request, stream=plan.stream, on_delta=on_delta
+                )
+            settled = LlmCallSettled(effect.call_id, effect.attempt, response=response)
+        except ProviderError as err:
+            info = {"message": err.message, "code": err.code}
+            if err.param:
+                info["param"] = err.param
+            settled = LlmCallSettled(
+                effect.call_id,
+                effect.attempt,
+                error=info,
+                retryable=err.retryable,
+                retry_after=err.retry_after,
+            )
+        except TimeoutError:
+            info = {
+                "message": "the model call ran past its run timeout",
+                "code": "deadline_exceeded",
+            }
+            settled = LlmCallSettled(effect.call_id, effect.attempt, error=info, retryable=True)
+        finally:
+            self.metrics.observe_model_call(time.perf_counter() - started)
+            await deltas.close()  # every delta is out before the event that ends the call
+        return settled
+
+
+class DeltaWriter:
+    """Writes one call's token deltas in order, batching what piles up during a round trip."""
+
+    def __init__(self, store: Store, session_id: str) -> None:
+        self.store = store
+        self.session_id = session_id
+        self.buffer: list[dict[str, Any]] = []
+        self.task: asyncio.Task[None] | None = None
+
+    def add(self, delta: dict[str, Any]) -> None:
+        self.buffer.append(delta)
+        if self.task is None or self.task.done():
+            self.task = asyncio.create_task(self._flush())
+
+    async def _flush(self) -> None:
+        while self.buffer:
+            batch, self.buffer = self.buffer, []
+            try:
+                await self.store.add_deltas(self.session_id, batch)
+            except Exception as err:  # deltas are best effort; the reply itself is in the log
+                _delta_trouble(f"writing token deltas of {self.session_id}", err)
+
+    async def close(self) -> None:
+        if self.task is not None:
+            await self.task
