@@ -119,10 +119,8 @@ class EffectRunner:
         except Exception as err:
             if not isinstance(err, SubsError):
                 log.exception("preparing the %s of %s failed", what, sid)
-            error = {
-                "message": f"the {what} could not be prepared: {describe(err)}",
-                "code": "internal",
-            }
+            code = err.code if isinstance(err, SubsError) else "internal"
+            error = {"message": f"the {what} could not be prepared: {describe(err)}", "code": code}
             done(failed(error, False))
             return
 

@@ -9,6 +9,7 @@ belongs to the caller.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import hashlib
 import hmac
 import json
@@ -181,13 +182,27 @@ class _FrameBytes(httpx.AsyncByteStream):
         self._response = response
         self._limit = limit
         self.pending = 0
+        # httpx-sse decodes with replacement characters; a worker's bad bytes are refused.
+        self._utf8 = codecs.getincrementaldecoder("utf-8")()
+        self._offset = 0
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self._response.aiter_bytes():
             self.pending += len(chunk)
             if self.pending > self._limit:
                 raise _too_large(self._limit, "an event-stream frame")
+            try:
+                self._utf8.decode(chunk)
+            except UnicodeDecodeError as err:
+                raise _invalid(
+                    f"the event stream is not UTF-8: byte {self._offset + err.start} is invalid"
+                ) from None
+            self._offset += len(chunk)
             yield chunk
+        try:
+            self._utf8.decode(b"", final=True)
+        except UnicodeDecodeError:
+            raise _invalid("the event stream is not UTF-8: it ends inside a character") from None
 
 
 async def _read_stream(
@@ -220,7 +235,7 @@ def _frame_json(event: str, data: str) -> Any:
         return loads_checked(data)
     except JsonEdgeError as exc:
         if exc.syntax:
-            shown = _excerpt(data.encode("utf-8", "replace"))
+            shown = _excerpt(data.encode("utf-8", "backslashreplace"))
             raise _invalid(f"{event}: the data is not JSON: {shown}", event=event) from None
         raise _invalid(
             f"{event}: the data is refused: {exc.message}", param=exc.param, event=event
@@ -275,6 +290,6 @@ def _too_large(limit: int, what: str = "the answer") -> DecisionFailure:
 
 def _excerpt(data: bytes) -> str:
     """The first characters of a body, quoted on one line."""
-    text = data[: _EXCERPT * 4].decode("utf-8", "replace")
+    text = data[: _EXCERPT * 4].decode("utf-8", "backslashreplace")  # a bad byte shows as \xff
     cut = len(text) > _EXCERPT or len(data) > _EXCERPT * 4
     return repr(text[:_EXCERPT]) + ("…" if cut else "")

@@ -96,8 +96,11 @@ class ExecuteRun:
             # The vendor's own body, ready to send; the trigger's `stream` is authoritative.
             try:
                 body = _VENDORS[self.format].build_request(trigger["request"], stream=False)
-            except ProviderError as err:
-                raise Unsendable(f"trigger.request: {err.message}") from None
+            except ProviderError as err:  # content this format cannot carry (input_audio…)
+                raise SubsError(
+                    f"the model request cannot be sent in the {self.format} format: {err.message}",
+                    code="unroutable",
+                ) from None
             body.pop("stream", None)
             trigger["request"] = body
         self.delivery = Delivery(
@@ -134,13 +137,15 @@ class ExecuteRun:
         if self.accumulator is None:
             return [_validated(StreamDelta, frame, where)]
         try:
-            return self.accumulator.feed(frame)
+            deltas = self.accumulator.feed(frame)
         except ProviderError as err:
             raise _unreadable(f"{where}: {err.message}") from None
         except Exception as err:  # a vendor event our reader cannot take apart
             raise _unreadable(
                 f"{where}: not a valid {self.format} stream event ({type(err).__name__}: {err})"
             ) from None
+        # What the vendor reader made of the event must be a neutral delta too.
+        return [_validated(StreamDelta, delta, where) for delta in deltas]
 
     def _neutral(self, response: dict[str, Any]) -> dict[str, Any]:
         """Every `llm.result` as a neutral LlmResponse (SPEC §7), or a precise failure."""

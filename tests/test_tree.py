@@ -189,3 +189,86 @@ def test_random_views_never_lose_a_node_and_keep_messages_a_path(program):
             assert s.state.nodes[child["id"]].parent_id == parent["id"]
         assert not messages or s.state.nodes[messages[0]["id"]].parent_id is None
     s.check_fold()
+
+
+def _done(s: Session) -> None:
+    run = next(e for e in s.last.effects if isinstance(e, RunLlmCall))
+    s.apply(LlmCallSettled(run.call_id, 1, response=text_reply("ok")))
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (
+            {"type": "client.message", "message": {"id": "u1", "role": "user", "content": "x"}},
+            "message 'u1' is already recorded",
+        ),
+        (
+            {
+                "type": "client.messages",
+                "messages": [
+                    {"id": "u1", "role": "user", "content": "hi"},
+                    {"id": "new", "role": "user", "content": "x"},
+                    {"id": "u1", "role": "user", "content": "again"},
+                ],
+            },
+            "message 'u1' is already recorded",
+        ),
+        (
+            {
+                "type": "client.append",
+                "messages": [
+                    {"id": "a", "role": "user", "content": "x"},
+                    {"id": "a", "role": "user", "content": "y"},
+                ],
+            },
+            "message 'a' appears twice",
+        ),
+    ],
+)
+def test_a_message_id_recorded_again_is_refused_before_it_can_make_a_cycle(body, problem):
+    s = Session()
+    s.last = s.client(
+        {
+            "type": "client.message",
+            "agent_id": "a",
+            "message": {"id": "u1", "role": "user", "content": "hi"},
+        }
+    )
+    _done(s)
+    with pytest.raises(MachineError) as err:
+        s.client({**body, "agent_id": "a"})
+    assert err.value.code == "duplicate_message_id" and problem in err.value.message
+    assert path_to(s.state.nodes, s.state.head_id)[0]["id"] == "u1"
+    s.check_fold()
+
+
+def test_a_worker_answer_reusing_a_message_id_is_a_failed_attempt():
+    s = Session(decider="worker")
+    s.client(
+        {
+            "type": "client.message",
+            "agent_id": "a",
+            "message": {"id": "u1", "role": "user", "content": "hi"},
+        }
+    )
+    req = control_request(s.state)
+    twins = {
+        "messages": [
+            {"id": "twin", "role": "user", "content": "a"},
+            {"id": "twin", "role": "user", "content": "b"},
+        ]
+    }
+    t = s.apply(DecisionAnswered(req["decision_id"], req["attempts"], twins))
+    (errored,) = [e["payload"] for e in t.events if e["payload"]["type"] == "decision.errored"]
+    assert errored["error"]["code"] == "invalid_response"
+    assert "message 'twin' appears twice" in errored["error"]["message"]
+    assert "twin" not in s.state.nodes
+    s.check_fold()
+
+
+def test_a_cycle_an_older_version_recorded_does_not_hang_a_path():
+    from engine.machine.state import Node
+
+    nodes = {"a": Node({"id": "a"}, "b"), "b": Node({"id": "b"}, "a")}
+    assert [m["id"] for m in path_to(nodes, "a")] == ["a", "b"][::-1]

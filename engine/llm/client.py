@@ -14,12 +14,12 @@ from typing import Any, Protocol, TypeVar
 
 import httpx
 from httpx_sse import SSEError, aconnect_sse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from engine.jsonedge import JsonEdgeError, loads_checked
 from engine.llm import anthropic, openai
 from engine.llm.errors import ProviderError, quote
-from engine.protocol import LlmResponse
+from engine.protocol import LlmResponse, StreamDelta
 
 ANTHROPIC_VERSION = "2023-06-01"
 
@@ -195,6 +195,7 @@ async def _streamed(
                     break
                 event_json = _event_json(adapter.name, event.data)
                 for delta in _read(adapter, accumulator.feed, event_json, "stream event"):
+                    _check(adapter, StreamDelta, delta, "stream event")
                     if on_delta is not None:
                         await on_delta(delta)
         except SSEError as exc:
@@ -230,17 +231,21 @@ def _read(adapter: _Adapter, reader: Callable[[Any], _T], document: Any, what: s
 def _neutral(adapter: _Adapter, response: dict[str, Any]) -> dict[str, Any]:
     """What the reader made of the vendor's answer must be a neutral LlmResponse (string
     ids, string arguments…): the machine records it as it is."""
+    _check(adapter, LlmResponse, response, "response")
+    return response
+
+
+def _check(adapter: _Adapter, model: type[BaseModel], value: Any, what: str) -> None:
     try:
-        LlmResponse.model_validate(response)
+        model.model_validate(value)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise ProviderError(
-            f"{adapter.name} sent a response this engine cannot record: {where}: {first['msg']}.",
+            f"{adapter.name} sent a {what} this engine cannot record: {where}: {first['msg']}.",
             "invalid_response",
             retryable=True,
         ) from None
-    return response
 
 
 def _event_json(name: str, data: str) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from .inputs import (
 from .retry import backoff_ms, past_total, resolve_policy, run_deadline
 from .state import Call, Decision
 from .tools import tool_result_of
+from .tree import id_clash
 
 _SETTLES = {"tool.result": "tool", "tool.error": "tool", "llm.result": "llm", "llm.error": "llm"}
 _UNSUPPORTED = ("connector.sync",)
@@ -223,6 +224,9 @@ class DecisionRules(StepBase):
 
     def check_response(self, resp: dict[str, Any], trigger: dict[str, Any]) -> str | None:
         """Why this answer cannot be applied to the session as it is, or None."""
+        clash = id_clash(resp.get("messages") or [], self.s.nodes)
+        if clash is not None:
+            return clash
         ended: set[str] = set()
         for i, action in enumerate(resp.get("actions") or ()):
             kind = action["type"]

@@ -14,7 +14,7 @@ from .inputs import (
     SubagentFinished,
     SubagentStarted,
 )
-from .tree import match_view, path_to
+from .tree import id_clash, match_view, path_to
 
 TURN_STARTS = ("client.message", "client.messages", "client.append", "client.action")
 QUEUEABLE = ("client.message", "client.append")
@@ -47,6 +47,9 @@ class TurnRules(StepBase):
                 f"session {self.session_id} is paused at interrupt {iid!r}: resume it first",
                 interrupt_id=iid,
             )
+        clash = id_clash(self._drafts(body), self._recorded_or_queued())
+        if clash is not None:
+            raise MachineError("duplicate_message_id", clash, status=409)
         if s is not None and body["type"] == "client.append" and not self._fresh(body["messages"]):
             self.out.reply = {"session_id": self.session_id, "turn_id": None, "queued": False}
             self.ignore("every appended message is already recorded")
@@ -94,16 +97,32 @@ class TurnRules(StepBase):
 
     def _fresh(self, drafts: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Drafts whose ids are neither recorded nor already waiting in the queue."""
+        known = self._recorded_or_queued()
+        return [m for m in drafts if not (m.get("id") and m["id"] in known)]
+
+    def _recorded_or_queued(self) -> set[str]:
+        s = self.state
+        if s is None:
+            return set()
         queued = {
-            m.get("id")
-            for q in self.s.queue
+            m["id"]
+            for q in s.queue
             for m in (q["input"].get("messages") or [q["input"].get("message") or {}])
+            if m.get("id")
         }
-        return [
-            m
-            for m in drafts
-            if not (m.get("id") and (m["id"] in self.s.nodes or m["id"] in queued))
-        ]
+        return queued | set(s.nodes)
+
+    def _drafts(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """The messages this input would record (an append's known ones are dropped)."""
+        kind = body["type"]
+        if kind == "client.message":
+            return [body["message"]]
+        if kind == "client.append":
+            return self._fresh(body["messages"]) if self.state else body["messages"]
+        if kind == "client.messages":
+            nodes = self.state.nodes if self.state else {}
+            return body["messages"][match_view(nodes, body["messages"]).new_from :]
+        return []
 
     def _moves_head_away(self, body: dict[str, Any]) -> bool:
         """A view with nothing new that ends at an earlier reply (see `_only_moves_head`)."""
@@ -193,6 +212,9 @@ class TurnRules(StepBase):
         return trigger, {"messages": new, "actions": [LLM_CALL]}
 
     def record_messages(self, drafts: list[dict[str, Any]]) -> None:
+        clash = id_clash(drafts, self.s.nodes)
+        if clash is not None:  # inputs and answers are checked before this: a bug if reached
+            raise ValueError(clash)
         for draft in drafts:
             msg = {k: v for k, v in draft.items() if v is not None}
             msg["id"] = msg.get("id") or self.ids("msg")
