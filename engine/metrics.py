@@ -49,6 +49,7 @@ class Metrics:
         "subs_sse_overflows_total": ("counter", "Event streams dropped as too slow."),
         "subs_http_requests_total": ("counter", "HTTP requests answered."),
         "subs_sse_streams_open": ("gauge", "Event streams open now."),
+        "subs_sse_readers": ("gauge", "Redis readers behind the event streams (one a partition)."),
         "subs_partitions_owned": ("gauge", "Partitions this process owns."),
         "subs_model_call_seconds": ("histogram", "Duration of one model call attempt."),
         "subs_worker_call_seconds": ("histogram", "Duration of one worker delivery."),
