@@ -4,7 +4,8 @@ Handlers validate at the edge, call `Client`/`Store`, and map refusals to
 `{"error", "code"}` bodies. The event stream is one SSE writer per connection:
 it writes the session's catch-up read from the log, then the live frames that
 the process's shared readers (`fanout.Hub`) hand it. A client that cannot keep
-up is sent `stream.overflow` and dropped, so it costs nobody else.
+up is sent `stream.overflow` and dropped, so it costs nobody else; each key may
+hold only so many streams at once.
 """
 
 from __future__ import annotations
@@ -54,16 +55,32 @@ PING = b": ping\n\n"
 class ApiError(Exception):
     """A refusal with its status; the error middleware renders it as JSON."""
 
-    def __init__(self, status: int, code: str, message: str, **detail: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        **detail: Any,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = headers
         self.detail = detail
 
 
-def _error_response(status: int, code: str, message: str, **detail: Any) -> web.Response:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+def _error_response(
+    status: int,
+    code: str,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+    **detail: Any,
+) -> web.Response:
+    if status == 401:
+        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
     body = {"error": message, "code": code, **detail}
     return web.json_response(body, status=status, headers=headers, dumps=compact_json)
 
@@ -516,7 +533,36 @@ class _Api:
     cors_origin: str
     request_timeout: float
     hub: Hub
+    max_streams_per_key: int
     streams: set[_SseStream] = field(default_factory=set)
+    streams_by_caller: dict[str, int] = field(default_factory=dict)
+
+    def take_stream_slot(self, request: web.Request) -> str:
+        """Count one more stream for the caller, or refuse it: 429 past the limit.
+
+        The caller is the API key; when the API runs open, the client's address.
+        Returns the caller to hand back to `free_stream_slot`.
+        """
+        key_id = request[PRINCIPAL].key_id
+        caller = f"key:{key_id}" if key_id is not None else f"addr:{request.remote}"
+        held = self.streams_by_caller.get(caller, 0)
+        if held >= self.max_streams_per_key:
+            who = "this key" if key_id is not None else "this address"
+            raise ApiError(
+                429,
+                "too_many_streams",
+                f"too many event streams: {who} already has {held} open, the limit set by "
+                "[serve] max_streams_per_key (or SUBS_MAX_STREAMS_PER_KEY); close one first",
+                headers={"Retry-After": "1"},
+                limit=self.max_streams_per_key,
+            )
+        self.streams_by_caller[caller] = held + 1
+        return caller
+
+    def free_stream_slot(self, caller: str) -> None:
+        held = self.streams_by_caller.pop(caller) - 1
+        if held:
+            self.streams_by_caller[caller] = held
 
 
 API = web.AppKey("subs_api", _Api)
@@ -534,7 +580,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         response = await handler(request)
     except ApiError as err:
-        response = _error_response(err.status, err.code, err.message, **err.detail)
+        response = _error_response(err.status, err.code, err.message, err.headers, **err.detail)
     except web.HTTPException as err:
         if err.status < 400:
             raise
@@ -710,35 +756,39 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     else:
         after = _int_query(request, "after_seq", 0, lo=0, hi=2**63)
     turn_id = request.query.get("turn_id") or None
-    seq, snap = await api.store.load_snapshot(sid)
-    if snap is None:
-        raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
-    if not _principal(request).owns(snap.get("identity")):
-        raise ApiError(403, "forbidden", f"session {sid!r} belongs to another key")
-    if after > seq:
-        raise ApiError(400, "invalid_query", f"seq {after} is past the log's end ({seq})")
-    async with api.hub.watch(sid) as watch:
-        cut = await _read_cut(api.store, sid)  # after joining: see `fanout`
-        if cut is None:
+    caller = api.take_stream_slot(request)
+    try:
+        seq, snap = await api.store.load_snapshot(sid)
+        if snap is None:
             raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
-        limits = api.limits
-        feed = _session_feed(
-            api.store,
-            watch,
-            cut,
-            after,
-            turn_id=turn_id,
-            page=limits.page,
-            heartbeat=api.heartbeat,
-        )
-        stream = _SseStream(request, watch, after_seq=after, limits=limits, metrics=api.metrics)
-        api.streams.add(stream)
-        api.metrics.inc("subs_sse_streams_open")
-        try:
-            return await stream.run(feed)
-        finally:
-            api.metrics.inc("subs_sse_streams_open", -1)
-            api.streams.discard(stream)
+        if not _principal(request).owns(snap.get("identity")):
+            raise ApiError(403, "forbidden", f"session {sid!r} belongs to another key")
+        if after > seq:
+            raise ApiError(400, "invalid_query", f"seq {after} is past the log's end ({seq})")
+        async with api.hub.watch(sid) as watch:
+            cut = await _read_cut(api.store, sid)  # after joining: see `fanout`
+            if cut is None:
+                raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
+            limits = api.limits
+            feed = _session_feed(
+                api.store,
+                watch,
+                cut,
+                after,
+                turn_id=turn_id,
+                page=limits.page,
+                heartbeat=api.heartbeat,
+            )
+            stream = _SseStream(request, watch, after_seq=after, limits=limits, metrics=api.metrics)
+            api.streams.add(stream)
+            api.metrics.inc("subs_sse_streams_open")
+            try:
+                return await stream.run(feed)
+            finally:
+                api.metrics.inc("subs_sse_streams_open", -1)
+                api.streams.discard(stream)
+    finally:
+        api.free_stream_slot(caller)
 
 
 async def post_interrupt(request: web.Request) -> web.Response:
@@ -850,12 +900,9 @@ def make_app(
     sse: SseLimits | None = None,
     cors_origin: str = "*",
     request_timeout: float = 30.0,
+    max_streams_per_key: int = 100,
 ) -> web.Application:
-    """The API as an aiohttp app; the caller runs it (and decides where, see `check_bind`).
-
-    `store` should be on a connection pool of its own, apart from the engine's: the
-    API's waits (submits, event-stream readers) must never hold up a lease renewal.
-    """
+    """The API as an aiohttp app; the caller runs it (and decides where, see `check_bind`)."""
     limits = sse or SseLimits()
     app = web.Application(middlewares=[_errors, _auth], client_max_size=max_body)
     app[API] = _Api(
@@ -869,6 +916,7 @@ def make_app(
         cors_origin=cors_origin,
         request_timeout=request_timeout,
         hub=Hub(store, sse_frame, block_ms=limits.block_ms, buffer=limits.max_pending),
+        max_streams_per_key=max_streams_per_key,
     )
     app.on_response_prepare.append(_cors_headers)
     app.on_shutdown.append(_stop_streams)

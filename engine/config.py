@@ -68,6 +68,7 @@ class ConfigError(Exception):
 class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8080
+    max_streams_per_key: int = 100  # event streams one API key (or address) may hold open
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,7 @@ class _Model(BaseModel):
 class _Serve(_Model):
     host: NonEmpty = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    max_streams_per_key: Annotated[int, Field(ge=1)] = 100
 
 
 class _Llm(_Model):
@@ -618,14 +620,18 @@ def _build(root: _Root, path: str) -> Project:
         path=path,
         name=root.name or Path(path).parent.name or "subs",
         redis=root.redis,
-        serve=ServeConfig(host=root.serve.host, port=root.serve.port),
+        serve=ServeConfig(
+            host=root.serve.host,
+            port=root.serve.port,
+            max_streams_per_key=root.serve.max_streams_per_key,
+        ),
         llm=llm,
         agents=agents,
     )
 
 
 def _apply_env(project: Project, env: Mapping[str, str]) -> Project:
-    """Environment beats the file: SUBS_REDIS, SUBS_HOST, SUBS_PORT."""
+    """Environment beats the file: SUBS_REDIS, SUBS_HOST, SUBS_PORT, SUBS_MAX_STREAMS_PER_KEY."""
     redis = env.get("SUBS_REDIS") or project.redis
     if env.get("SUBS_REDIS"):
         try:
@@ -641,4 +647,15 @@ def _apply_env(project: Project, env: Mapping[str, str]) -> Project:
                 "environment", "SUBS_PORT", f"expected a port number 0-65535, got {raw!r}"
             )
         port = int(raw)
-    return dataclasses.replace(project, redis=redis, serve=ServeConfig(host=host, port=port))
+    streams = project.serve.max_streams_per_key
+    if env.get("SUBS_MAX_STREAMS_PER_KEY"):
+        raw = env["SUBS_MAX_STREAMS_PER_KEY"]
+        if not re.fullmatch(r"[0-9]{1,9}", raw) or int(raw) < 1:
+            raise ConfigError(
+                "environment",
+                "SUBS_MAX_STREAMS_PER_KEY",
+                f"expected a count of 1 or more, got {raw!r}",
+            )
+        streams = int(raw)
+    serve = ServeConfig(host=host, port=port, max_streams_per_key=streams)
+    return dataclasses.replace(project, redis=redis, serve=serve)
