@@ -902,7 +902,11 @@ def make_app(
     request_timeout: float = 30.0,
     max_streams_per_key: int = 100,
 ) -> web.Application:
-    """The API as an aiohttp app; the caller runs it (and decides where, see `check_bind`)."""
+    """The API as an aiohttp app; the caller runs it (and decides where, see `check_bind`).
+
+    `store` should be on a connection pool of its own, apart from the engine's: the
+    API's waits (submits, event-stream readers) must never hold up a lease renewal.
+    """
     limits = sse or SseLimits()
     app = web.Application(middlewares=[_errors, _auth], client_max_size=max_body)
     app[API] = _Api(

@@ -401,8 +401,14 @@ class Store:
         )
         return value.decode() if value else None
 
-    async def renew(self, p: int, lease: str, ttl_ms: int) -> bool:
-        return bool(await self._renew(keys=[self.lease_key(p)], args=[lease, ttl_ms]))
+    async def renew(self, leases: Mapping[int, str], ttl_ms: int) -> list[int]:
+        """Renew several partitions' leases in one round trip (a busy process still renews
+        them all in time); returns the partitions whose lease is no longer ours."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for p, lease in leases.items():
+                await self._renew(keys=[self.lease_key(p)], args=[lease, ttl_ms], client=pipe)
+            renewed = await pipe.execute()
+        return [p for p, ok in zip(leases, renewed, strict=True) if not ok]
 
     async def release(self, p: int, lease: str) -> None:
         await self._release(keys=[self.lease_key(p)], args=[lease])
