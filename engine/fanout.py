@@ -126,14 +126,16 @@ class _Reader:
         self.hub = hub
         self.p = p
         self.taps: dict[str, _Tap] = {}
-        self.read: asyncio.Task[list[tuple[str, str, str, dict[str, Any]]]] | None = None
+        self.reading = False  # in the blocking read: a restart must interrupt it
+        self.restarting = False
         self.task = asyncio.create_task(self._run(), name=f"subs-fanout-{p}")
 
     def restart(self) -> None:
-        """A tap joined or the last one left: stop the read in flight (its connection is
-        dropped and remade), so the next read covers exactly the current taps."""
-        if self.read is not None and not self.read.done():
-            self.read.cancel()
+        """A tap joined or the last one left: interrupt the read in flight (its connection
+        is dropped and remade), so the next read covers exactly the current taps."""
+        if self.reading and not self.restarting:
+            self.restarting = True
+            self.task.cancel()
 
     async def _run(self) -> None:
         try:
@@ -147,18 +149,18 @@ class _Reader:
                     continue  # more may have joined meanwhile
                 tailed = dict(self.taps)
                 cursors = {sid: (tap.log_at, tap.delta_at) for sid, tap in tailed.items()}
-                self.read = asyncio.create_task(
-                    self.hub.store.read_tails(cursors, self.hub.block_ms)
-                )
+                self.reading = True
                 try:
-                    await asyncio.wait((self.read,))
+                    entries = await self.hub.store.read_tails(cursors, self.hub.block_ms)
+                except asyncio.CancelledError:
+                    # A restart, unless we are cancelled too (the hub is closing).
+                    task = asyncio.current_task()
+                    if not self.restarting or (task is not None and task.uncancel() > 0):
+                        raise
+                    continue  # unread entries stay past the cursors: the next read has them
                 finally:
-                    if not self.read.done():  # we ourselves are cancelled: so is the read
-                        self.read.cancel()
-                        await asyncio.wait((self.read,))
-                if self.read.cancelled():
-                    continue
-                for sid, kind, entry_id, item in self.read.result():
+                    self.reading = self.restarting = False
+                for sid, kind, entry_id, item in entries:
                     tailed[sid].deliver(kind, entry_id, item, self.hub.encode)
         except Exception as err:
             log.exception("the event-stream reader of partition %d failed", self.p)

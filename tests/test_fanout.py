@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from typing import Any
 
 import httpx
@@ -41,10 +41,10 @@ async def api_redis(redis_url: str) -> AsyncIterator[Redis]:
         yield client
 
 
-async def blocked_reads(redis: Redis) -> int:
-    """Connections of the API's pool parked in a blocking XREAD right now."""
+async def blocked_reads(redis: Redis, pool: str | None = API_POOL) -> int:
+    """Connections (of the API's pool, or of any with None) parked in a blocking read."""
     clients = await redis.client_list()
-    return sum(c["name"] == API_POOL and "b" in c["flags"] for c in clients)
+    return sum(pool in (None, c["name"]) and "b" in c["flags"] for c in clients)
 
 
 async def finished_turn(engine: Engine, vendor, sid: str | None = None) -> tuple[str, int]:
@@ -113,24 +113,29 @@ class Writer:
         self.on = False
         self.lock = asyncio.Lock()
 
-    async def commit(self, *, always: bool = False) -> None:
+    async def commit(self, *, always: bool = False, noting: list[int] | None = None) -> None:
+        """One event (and delta) while `on`, or `always`; `noting` gets the event's seq
+        before anyone can read it. `seq` is the last event committed."""
         async with self.lock:
             if not (self.on or always):
                 return
-            self.seq += 1
+            seq = self.seq + 1
+            if noting is not None:
+                noting.append(seq)
             self.deltas += 1
-            event = {
-                "session_id": self.sid,
-                "seq": self.seq,
-                "occurred_at": "2025-01-01T00:00:00.000Z",
-                "payload": {"type": "channels.updated", "channels": {"n": self.seq}},
-            }
             delta = {"call_id": "synthetic", "attempt": 1, "seq": self.deltas, "text": "."}
             await self.redis.xadd(self.store.delta_key(self.sid), {"d": compact_json(delta)})
+            event = {
+                "session_id": self.sid,
+                "seq": seq,
+                "occurred_at": "2025-01-01T00:00:00.000Z",
+                "payload": {"type": "channels.updated", "channels": {"n": seq}},
+            }
             async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.xadd(self.store.log_key(self.sid), {"e": compact_json(event)}, f"{self.seq}-0")
-                pipe.hset(self.store.snap_key(self.sid), "seq", self.seq)
+                pipe.xadd(self.store.log_key(self.sid), {"e": compact_json(event)}, f"{seq}-0")
+                pipe.hset(self.store.snap_key(self.sid), "seq", seq)
                 await pipe.execute()
+            self.seq = seq
 
 
 class CommittingStore(Store):
@@ -160,7 +165,7 @@ async def test_each_watcher_gets_each_event_once_in_order_while_the_log_grows(
     store = CommittingStore(api_redis, plain.partitions, writer)
     # Small catch-up pages: a long catch-up, with events committed between its reads.
     app = make_app(Client(store), store, keys=ApiKeys.from_env(KEYS_ENV), sse=SseLimits(page=3))
-    final: list[int] = []  # the last event's seq, set before it is committed
+    final: list[int] = []  # the last event's seq, noted before it is committed
 
     async def background() -> None:
         """Commits on its own too, interleaving with the joins."""
@@ -185,11 +190,10 @@ async def test_each_watcher_gets_each_event_once_in_order_while_the_log_grows(
             starts.append(0 if n % 2 == 0 else writer.seq)
             joined = asyncio.Event()
             watchers.append(asyncio.create_task(watcher(http, starts[-1], joined)))
-            await asyncio.wait_for(joined.wait(), 10)
+            await first_of(joined.wait(), watchers[-1])
         writer.on = False
         await pacer
-        final.append(writer.seq + 1)
-        await writer.commit(always=True)
+        await writer.commit(always=True, noting=final)
         frames_of = await asyncio.gather(*watchers)
     log = await plain.read_log(sid)
     assert final[0] > end + 40 and log[final[0] - 1]["seq"] == final[0]
@@ -228,6 +232,36 @@ async def test_a_watcher_that_falls_behind_is_dropped_and_the_others_are_not(red
     assert hub.readers == {}
 
 
+async def test_closing_the_hub_ends_its_watches_and_stops_its_readers(redis):
+    store = await Store.open(redis)
+    hub = Hub(store, sse_frame, block_ms=30_000)
+    writer = Writer(redis, store, "closing", 0)
+    async with hub.watch("closing") as watch, hub.watch("other") as other:
+        await writer.commit(always=True)
+        assert len(await asyncio.wait_for(watch.take(), 10)) == 2  # live, in a blocking read
+        readers = [reader.task for reader in hub.readers.values()]
+        await hub.aclose()
+        assert all(task.done() for task in readers) and hub.readers == {}
+        assert await watch.take() == [] and await other.take() == []
+        assert watch.ended == other.ended == "the server is shutting down"
+        assert not watch.overflowed
+    async with hub.watch("closing") as late:  # too late: ends at once, starts nothing
+        assert late.ended and hub.readers == {}
+    await poll_until(lambda: _blocked_is(redis, 0, None), 10, "no blocking read left")
+
+
+async def first_of(waiting: Coroutine[Any, Any, Any], task: asyncio.Task[Any]) -> None:
+    """Wait for `waiting` (10 s at most), unless `task` ends first: then raise what it raised."""
+    waiter = asyncio.ensure_future(waiting)
+    try:
+        await asyncio.wait((waiter, task), timeout=10, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if task.done():
+        task.result()
+    assert waiter.done(), "timed out"
+
+
 def say(text: str, **extra: Any) -> dict[str, Any]:
     message = {"role": "user", "content": text}
     return {"type": "client.message", "agent_id": "ops_openai", "message": message, **extra}
@@ -237,5 +271,5 @@ async def _is(value: object, expected: object) -> bool:
     return value == expected
 
 
-async def _blocked_is(redis: Redis, n: int) -> bool:
-    return await blocked_reads(redis) == n
+async def _blocked_is(redis: Redis, n: int, pool: str | None = API_POOL) -> bool:
+    return await blocked_reads(redis, pool) == n
