@@ -474,7 +474,12 @@ async def bench(
     interrupts = Interrupts()
     config = tmp / "subs.toml"
     config.write_text(project_toml(vendor.url))
-    serve = EngineProcess(config, redis_url, env={"SUBS_LEASE_MS": "10000"})  # the default lease
+    env = {
+        "SUBS_LEASE_MS": "10000",  # the default lease
+        # All the watchers come from this one address: let them all in.
+        "SUBS_MAX_STREAMS_PER_KEY": str(args.sessions * args.watchers + args.latency_sessions),
+    }
+    serve = EngineProcess(config, redis_url, env=env)
     stderr: deque[str] = deque(maxlen=20)
     drain: asyncio.Task[None] | None = None
     # Watchers get their own pool: httpx scans every pooled connection per request, so

@@ -2,9 +2,10 @@
 
 Handlers validate at the edge, call `Client`/`Store`, and map refusals to
 `{"error", "code"}` bodies. The event stream is one SSE writer per connection:
-a producer task reads the session (catch-up, then live tail) into a bounded
-queue and the handler writes the queue to the socket. A client that cannot
-keep up is sent `stream.overflow` and dropped, so it costs nobody else.
+it writes the session's catch-up read from the log, then the live frames that
+the process's shared readers (`fanout.Hub`) hand it. A client that cannot keep
+up is sent `stream.overflow` and dropped, so it costs nobody else; each key may
+hold only so many streams at once.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import contextlib
 import hashlib
 import hmac
 import ipaddress
-import json
 import logging
 import re
 import socket
@@ -30,6 +30,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .client import Client, ClientError
 from .errors import ProtocolError
+from .fanout import Hub, Watch, stream_pos
 from .jsonedge import JsonEdgeError, loads_checked
 from .machine import SessionState, state_from_json
 from .machine.tree import path_to
@@ -60,16 +61,32 @@ _DIGITS = re.compile(r"[0-9]{1,19}")  # int() also takes ' 7', '+7', '7_0', non-
 class ApiError(Exception):
     """A refusal with its status; the error middleware renders it as JSON."""
 
-    def __init__(self, status: int, code: str, message: str, **detail: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        **detail: Any,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = headers
         self.detail = detail
 
 
-def _error_response(status: int, code: str, message: str, **detail: Any) -> web.Response:
-    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+def _error_response(
+    status: int,
+    code: str,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+    **detail: Any,
+) -> web.Response:
+    if status == 401:
+        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
     body = {"error": message, "code": code, **detail}
     return web.json_response(body, status=status, headers=headers, dumps=compact_json)
 
@@ -230,7 +247,7 @@ def sse_frame(kind: str, item: Mapping[str, Any]) -> bytes:
 class SseLimits:
     """What one event-stream connection may cost before it is dropped."""
 
-    max_pending: int = 256  # frames read ahead of the socket; reading pauses when full
+    max_pending: int = 256  # live frames waiting for the socket; one more drops the client
     write_timeout: float = 10.0  # a write the socket does not take by then drops the client
     close_grace: float = 5.0  # how long the final overflow frame gets before the socket is cut
     send_buffer: int | None = 256 * 1024  # SO_SNDBUF per stream; None keeps the kernel's
@@ -252,16 +269,12 @@ class _Cut:
 
 
 async def _read_cut(store: Store, sid: str) -> _Cut | None:
-    """None when the session does not exist. Both keys share the session's slot."""
-    async with store.redis.pipeline(transaction=True) as pipe:
-        pipe.hmget(store.snap_key(sid), "seq", "state")
-        pipe.xrange(store.delta_key(sid))
-        (seq, raw), entries = await pipe.execute()
-    if raw is None:
+    """None when the session does not exist."""
+    read = await store.read_cut(sid)
+    if read is None:
         return None
-    deltas = [json.loads(fields[b"d"]) for _, fields in entries]
-    cursor = entries[-1][0].decode() if entries else "0-0"
-    return _Cut(int(seq), state_from_json(json.loads(raw)), deltas, cursor)
+    seq, snapshot, deltas, cursor = read
+    return _Cut(seq, state_from_json(snapshot), deltas, cursor)
 
 
 def _delta_key(delta: Mapping[str, Any]) -> tuple[Any, Any]:
@@ -293,21 +306,27 @@ def _ends_turn(event: Mapping[str, Any], turn_id: str | None) -> bool:
     )
 
 
+Sent = tuple[bytes, int | None]  # SSE frames, and the seq of the last event among them
+
+
 async def _session_feed(
-    client: Client,
+    store: Store,
+    watch: Watch,
     cut: _Cut,
     after_seq: int,
     *,
     turn_id: str | None = None,
     page: int = 500,
-    block_ms: int = 5000,
-) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
-    """Events after `after_seq` and token deltas, in order, with no gap or repeat.
+    heartbeat: float = 15.0,
+) -> AsyncGenerator[Sent, None]:
+    """Events after `after_seq` and token deltas, in order, with no gap or repeat, a
+    batch at a time; `PING` after `heartbeat` seconds without a live frame.
 
-    Catch-up reads the log up to the cut; the live tail follows the log and the
-    delta stream from the cut's cursors, so the seam is the cut itself. Deltas:
-    each call attempt that had not ended at `after_seq` gets its deltas replayed
-    whole (clients dedupe by `call_id`, `attempt`, `seq`): those of an attempt that
+    Catch-up reads the log up to the cut; then come the watch's live frames past
+    the cut (the watch joined before the cut was read, so it holds everything
+    after it, and maybe some from before: those are dropped). Deltas: each call
+    attempt that had not ended at `after_seq` gets its deltas replayed whole
+    (clients dedupe by `call_id`, `attempt`, `seq`): those of an attempt that
     ended during catch-up come right before the event that ends it, those of an
     attempt still running at the cut come after catch-up. Deltas of attempts that
     ended at or before `after_seq` are dropped. With `turn_id`, stops after that
@@ -320,87 +339,89 @@ async def _session_feed(
     cursor = after_seq
     while cursor < cut.seq:
         # Seqs are gapless stream ids, so this count stops exactly at the cut.
-        events = await client.store.read_log(sid, cursor, count=min(page, cut.seq - cursor))
+        events = await store.read_log(sid, cursor, count=min(page, cut.seq - cursor))
         if not events:
             break
+        frames: list[bytes] = []
         for event in events:
-            for delta in _ended_deltas(pending, event):
-                yield "delta", delta
-            yield "event", event
+            frames += [sse_frame("delta", delta) for delta in _ended_deltas(pending, event)]
+            frames.append(sse_frame("event", event))
             if _ends_turn(event, turn_id):
+                yield b"".join(frames), event["seq"]
                 return
         cursor = events[-1]["seq"]
+        yield b"".join(frames), cursor
     if turn_id is not None and cut.state.turns.get(turn_id) in ("completed", "failed"):
         return
     running = {
         (c.id, c.attempt) for c in cut.state.calls.values() if c.status in ("running", "waiting")
     }
-    for delta in cut.deltas:
-        key = _delta_key(delta)
-        if key in pending and key in running:
-            yield "delta", delta
-    tail = client.follow(sid, cut.seq, delta_cursor=cut.delta_cursor, block_ms=block_ms)
-    async with contextlib.aclosing(tail):
-        async for kind, item in tail:
-            yield kind, item
-            if kind == "event" and _ends_turn(item, turn_id):
-                return
+    replay = [
+        sse_frame("delta", delta)
+        for delta in cut.deltas
+        if _delta_key(delta) in pending and _delta_key(delta) in running
+    ]
+    if replay:
+        yield b"".join(replay), None
+    delta_floor = stream_pos(cut.delta_cursor)
+    while True:
+        try:
+            async with asyncio.timeout(heartbeat):
+                batch = await watch.take()
+        except TimeoutError:
+            yield PING, None
+            continue
+        if not batch:
+            return
+        wires: list[bytes] = []
+        last: int | None = None
+        for frame in batch:
+            if frame.kind == "delta":
+                if frame.pos > delta_floor:
+                    wires.append(frame.wire)
+            elif frame.item["seq"] > cut.seq:
+                wires.append(frame.wire)
+                last = frame.item["seq"]
+                if _ends_turn(frame.item, turn_id):
+                    yield b"".join(wires), last
+                    return
+        if wires:
+            yield b"".join(wires), last
 
 
 # --- the SSE writer --------------------------------------------------------------------------
 
 
 class _SseStream:
-    """One connection: a producer fills a bounded queue, `run` empties it onto the socket.
+    """One connection: writes its feed to the socket, each write bounded in time.
 
-    The producer pulls from Redis, so a full queue just pauses it: memory stays at
-    `max_pending` frames however far behind the client is, and the log keeps the
-    rest. What ends a slow client is a write that the socket does not take within
-    `write_timeout` (its kernel and transport buffers are full): it gets a
-    `stream.overflow` frame naming the seq to resume after, and is disconnected.
+    Catch-up is read as fast as the socket takes it; live frames wait in the
+    watch's buffer (at most `max_pending`). A client that lets a write sit for
+    `write_timeout`, or its buffer fill, gets a `stream.overflow` frame naming the
+    seq to resume after, and is disconnected.
     """
 
     def __init__(
         self,
         request: web.Request,
-        feed: AsyncGenerator[tuple[str, dict[str, Any]], None],
+        watch: Watch,
         *,
         after_seq: int,
         limits: SseLimits,
-        heartbeat: float,
         metrics: Metrics,
     ) -> None:
         self.request = request
-        self.feed = feed
+        self.watch = watch
         self.limits = limits
-        self.heartbeat = heartbeat
         self.metrics = metrics
         self.last_sent = after_seq  # seq of the last event handed to the socket
         self.overflow: str | None = None
-        self.queue: asyncio.Queue[tuple[bytes, int | None] | None] = asyncio.Queue(
-            limits.max_pending
-        )
-        self.finished = False  # the producer is done: end once the queue is empty
-        self.producer: asyncio.Task[None] | None = None
-
-    async def _produce(self) -> None:
-        try:
-            async for kind, item in self.feed:
-                seq = item["seq"] if kind == "event" else None
-                await self.queue.put((sse_frame(kind, item), seq))
-        except Exception:
-            log.exception("event stream of %s failed", self.request.match_info.get("sid"))
-        finally:
-            self.finished = True
-            if self.queue.empty():
-                self.queue.put_nowait(None)  # wake the writer; it fits in an empty queue
 
     def stop(self) -> None:
-        """End the stream after what is queued (server shutdown)."""
-        if self.producer is not None:
-            self.producer.cancel()
+        """End the stream after the live frames already buffered (server shutdown)."""
+        self.watch.end("the server is shutting down")
 
-    async def run(self) -> web.StreamResponse:
+    async def run(self, feed: AsyncGenerator[Sent, None]) -> web.StreamResponse:
         resp = web.StreamResponse(headers=SSE_HEADERS)
         resp.force_close()
         sock = self.request.transport.get_extra_info("socket") if self.request.transport else None
@@ -408,9 +429,10 @@ class _SseStream:
             # Bounds what the kernel holds for a client that stops reading.
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.limits.send_buffer)
         await resp.prepare(self.request)
-        self.producer = asyncio.create_task(self._produce())
         try:
-            if await self._pump(resp):
+            async with contextlib.aclosing(feed):
+                ended = await self._pump(resp, feed)
+            if ended:
                 async with asyncio.timeout(self.limits.write_timeout):
                     await resp.write_eof()
             else:
@@ -419,34 +441,29 @@ class _SseStream:
             pass  # the client is gone
         except TimeoutError:
             self._abort()  # the client stopped reading at the very end
-        finally:
-            self.producer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.producer
-            await self.feed.aclose()
         return resp
 
-    async def _pump(self, resp: web.StreamResponse) -> bool:
-        """Write frames until the feed ends (True) or the client stops reading (False)."""
-        while True:
-            if self.finished and self.queue.empty():
-                return True
-            try:
-                async with asyncio.timeout(self.heartbeat):
-                    item = await self.queue.get()
-            except TimeoutError:
-                item = (PING, None)
-            if item is None:
-                continue
-            frame, seq = item
-            if seq is not None:
-                self.last_sent = seq
-            try:
-                async with asyncio.timeout(self.limits.write_timeout):
-                    await resp.write(frame)
-            except TimeoutError:
-                self.overflow = f"the client read nothing for {self.limits.write_timeout:g} s"
-                return False
+    async def _pump(self, resp: web.StreamResponse, feed: AsyncGenerator[Sent, None]) -> bool:
+        """Write frames until the feed ends (True) or the client falls behind (False)."""
+        try:
+            async for frames, seq in feed:
+                if seq is not None:
+                    self.last_sent = seq
+                try:
+                    async with asyncio.timeout(self.limits.write_timeout):
+                        await resp.write(frames)
+                except TimeoutError:
+                    self.overflow = f"the client read nothing for {self.limits.write_timeout:g} s"
+                    return False
+        except ConnectionError:
+            raise
+        except Exception:
+            log.exception("event stream of %s failed", self.request.match_info.get("sid"))
+            return True
+        if self.watch.overflowed:
+            self.overflow = self.watch.ended
+            return False
+        return True
 
     async def _overflowed(self, resp: web.StreamResponse) -> None:
         """Say why and where to resume, best effort; then cut the connection.
@@ -542,7 +559,37 @@ class _Api:
     limits: SseLimits
     cors_origins: frozenset[str]  # lower-cased; empty: no CORS headers at all
     request_timeout: float
+    hub: Hub
+    max_streams_per_key: int
     streams: set[_SseStream] = field(default_factory=set)
+    streams_by_caller: dict[str, int] = field(default_factory=dict)
+
+    def take_stream_slot(self, request: web.Request) -> str:
+        """Count one more stream for the caller, or refuse it: 429 past the limit.
+
+        The caller is the API key; when the API runs open, the client's address.
+        Returns the caller to hand back to `free_stream_slot`.
+        """
+        key_id = request[PRINCIPAL].key_id
+        caller = f"key:{key_id}" if key_id is not None else f"addr:{request.remote}"
+        held = self.streams_by_caller.get(caller, 0)
+        if held >= self.max_streams_per_key:
+            who = "this key" if key_id is not None else "this address"
+            raise ApiError(
+                429,
+                "too_many_streams",
+                f"too many event streams: {who} already has {held} open, the limit set by "
+                "[serve] max_streams_per_key (or SUBS_MAX_STREAMS_PER_KEY); close one first",
+                headers={"Retry-After": "1"},
+                limit=self.max_streams_per_key,
+            )
+        self.streams_by_caller[caller] = held + 1
+        return caller
+
+    def free_stream_slot(self, caller: str) -> None:
+        held = self.streams_by_caller.pop(caller) - 1
+        if held:
+            self.streams_by_caller[caller] = held
 
 
 API = web.AppKey("subs_api", _Api)
@@ -560,7 +607,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         response = await handler(request)
     except ApiError as err:
-        response = _error_response(err.status, err.code, err.message, **err.detail)
+        response = _error_response(err.status, err.code, err.message, err.headers, **err.detail)
     except _STORE_DOWN as err:
         log.warning("%s %s: Redis is not reachable (%s)", request.method, request.path, err)
         response = _error_response(
@@ -638,6 +685,10 @@ async def _cors_headers(request: web.Request, response: web.StreamResponse) -> N
 async def _stop_streams(app: web.Application) -> None:
     for stream in list(app[API].streams):
         stream.stop()
+
+
+async def _close_hub(app: web.Application) -> None:
+    await app[API].hub.aclose()
 
 
 def _principal(request: web.Request) -> Principal:
@@ -767,27 +818,39 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     else:
         after = _int_query(request, "after_seq", 0, lo=0, hi=MAX_SEQ)
     turn_id = request.query.get("turn_id") or None
-    cut = await _read_cut(api.store, sid)
-    if cut is None:
-        raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
-    if not _principal(request).owns(cut.state.identity):
-        raise ApiError(403, "forbidden", f"session {sid!r} belongs to another key")
-    if after > cut.seq:
-        raise ApiError(400, "invalid_query", f"seq {after} is past the log's end ({cut.seq})")
-    limits = api.limits
-    feed = _session_feed(
-        api.client, cut, after, turn_id=turn_id, page=limits.page, block_ms=limits.block_ms
-    )
-    stream = _SseStream(
-        request, feed, after_seq=after, limits=limits, heartbeat=api.heartbeat, metrics=api.metrics
-    )
-    api.streams.add(stream)
-    api.metrics.inc("subs_sse_streams_open")
+    caller = api.take_stream_slot(request)
     try:
-        return await stream.run()
+        seq, snap = await api.store.load_snapshot(sid)
+        if snap is None:
+            raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
+        if not _principal(request).owns(snap.get("identity")):
+            raise ApiError(403, "forbidden", f"session {sid!r} belongs to another key")
+        if after > seq:
+            raise ApiError(400, "invalid_query", f"seq {after} is past the log's end ({seq})")
+        async with api.hub.watch(sid) as watch:
+            cut = await _read_cut(api.store, sid)  # after joining: see `fanout`
+            if cut is None:
+                raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
+            limits = api.limits
+            feed = _session_feed(
+                api.store,
+                watch,
+                cut,
+                after,
+                turn_id=turn_id,
+                page=limits.page,
+                heartbeat=api.heartbeat,
+            )
+            stream = _SseStream(request, watch, after_seq=after, limits=limits, metrics=api.metrics)
+            api.streams.add(stream)
+            api.metrics.inc("subs_sse_streams_open")
+            try:
+                return await stream.run(feed)
+            finally:
+                api.metrics.inc("subs_sse_streams_open", -1)
+                api.streams.discard(stream)
     finally:
-        api.metrics.inc("subs_sse_streams_open", -1)
-        api.streams.discard(stream)
+        api.free_stream_slot(caller)
 
 
 async def post_interrupt(request: web.Request) -> web.Response:
@@ -895,7 +958,9 @@ async def get_healthz(request: web.Request) -> web.Response:
 
 
 async def get_metrics(request: web.Request) -> web.Response:
-    text = request.app[API].metrics.render()
+    api = request.app[API]
+    api.metrics.set("subs_sse_readers", len(api.hub.readers))
+    text = api.metrics.render()
     return web.Response(
         body=text.encode(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
     )
@@ -912,11 +977,16 @@ def make_app(
     sse: SseLimits | None = None,
     cors_origins: Iterable[str] = (),
     request_timeout: float = 30.0,
+    max_streams_per_key: int = 100,
 ) -> web.Application:
     """The API as an aiohttp app; the caller runs it (and decides where, see `check_bind`).
 
     `cors_origins` are the browser origins (`scheme://host[:port]`) allowed to call it;
-    none, the default, sends no CORS headers and refuses every preflight."""
+    none, the default, sends no CORS headers and refuses every preflight. `store` should
+    be on a connection pool of its own, apart from the engine's: the API's waits
+    (submits, event-stream readers) must never hold up a lease renewal.
+    """
+    limits = sse or SseLimits()
     app = web.Application(middlewares=[_errors, _cors, _auth], client_max_size=max_body)
     app[API] = _Api(
         client=engine_client,
@@ -925,12 +995,15 @@ def make_app(
         metrics=metrics or Metrics(),
         max_body=max_body,
         heartbeat=heartbeat,
-        limits=sse or SseLimits(),
+        limits=limits,
         cors_origins=frozenset(o.lower() for o in cors_origins),
         request_timeout=request_timeout,
+        hub=Hub(store, sse_frame, block_ms=limits.block_ms, buffer=limits.max_pending),
+        max_streams_per_key=max_streams_per_key,
     )
     app.on_response_prepare.append(_cors_headers)
     app.on_shutdown.append(_stop_streams)
+    app.on_cleanup.append(_close_hub)
     r = app.router
     r.add_post("/api/client/sessions/input", post_input)
     r.add_get("/api/client/sessions/{sid}", get_session)

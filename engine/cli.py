@@ -102,20 +102,25 @@ def _parser() -> argparse.ArgumentParser:
 
 
 @contextlib.asynccontextmanager
-async def _redis_for(project: Project, url: str | None) -> AsyncIterator[aioredis.Redis]:
-    """The configured Redis, or a private embedded one under `.subs/` beside the file."""
+async def _redis_url(project: Project, url: str | None) -> AsyncIterator[str]:
+    """The configured Redis's URL, or that of a private embedded one under `.subs/`
+    beside the file, running until the block ends."""
     url = url or project.redis
-    embedded = None
-    if url is None:
-        embedded = EmbeddedRedis(Path(project.path).parent / ".subs")
-        url = await asyncio.to_thread(embedded.start)
-    client = connect(url)
+    if url is not None:
+        yield url
+        return
+    embedded = EmbeddedRedis(Path(project.path).parent / ".subs")
     try:
-        yield client
+        yield await asyncio.to_thread(embedded.start)
     finally:
-        await client.aclose()
-        if embedded is not None:
-            await asyncio.to_thread(embedded.stop)
+        await asyncio.to_thread(embedded.stop)
+
+
+@contextlib.asynccontextmanager
+async def _redis_for(project: Project, url: str | None) -> AsyncIterator[aioredis.Redis]:
+    """One client (one pool) on the configured or embedded Redis."""
+    async with _redis_url(project, url) as address, connect(address) as client:
+        yield client
 
 
 def _load(args: argparse.Namespace) -> Project:
@@ -284,20 +289,28 @@ async def _serve(args: argparse.Namespace) -> int:
     refusal = check_bind(host, keys)
     if refusal is not None:
         raise _Usage(refusal)
-    async with _redis_for(project, args.redis) as redis:
+    # Two pools on one server: whatever the API and the bots wait on (submits, event
+    # streams), the engine's leases, commits and timers always find a connection.
+    async with (
+        _redis_url(project, args.redis) as url,
+        connect(url, name="subs-engine") as engine_redis,
+        connect(url, name="subs-api") as api_redis,
+    ):
         metrics = Metrics()
-        engine = Engine(project, redis, lease_ms=_lease_ms(), metrics=metrics)
+        engine = Engine(project, engine_redis, lease_ms=_lease_ms(), metrics=metrics)
         await engine.start()
-        client = Client(engine.store)
+        store = await Store.open(api_redis)
+        client = Client(store)
         # The agents whose Slack tokens are set; a dead serve's turns move after one lease.
         bots = start_bots(project, client, os.environ, lease_ms=_lease_ms(), owner=engine.owner)
         await bots.start()  # connects the Socket Mode bots (SLACK_APP_TOKEN_<AGENT>)
         app = make_app(
             client,
-            engine.store,
+            store,
             keys=keys,
             metrics=metrics,
             cors_origins=project.serve.cors_origins,
+            max_streams_per_key=project.serve.max_streams_per_key,
         )
         app.add_routes(bots.routes())  # POST /slack/<agent>/events
         runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=3)

@@ -74,6 +74,7 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     cors_origins: tuple[str, ...] = ()  # browser origins the API answers; none: no CORS
+    max_streams_per_key: int = 100  # event streams one API key (or address) may hold open
 
 
 @dataclass(frozen=True)
@@ -259,6 +260,7 @@ class _Serve(_Model):
     host: NonEmpty = "127.0.0.1"
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
     cors_origins: list[Origin] = Field(default_factory=list)
+    max_streams_per_key: Annotated[int, Field(ge=1)] = 100
 
 
 class _Llm(_Model):
@@ -644,6 +646,7 @@ def _build(root: _Root, path: str) -> Project:
             host=root.serve.host,
             port=root.serve.port,
             cors_origins=tuple(dict.fromkeys(root.serve.cors_origins)),
+            max_streams_per_key=root.serve.max_streams_per_key,
         ),
         llm=llm,
         agents=agents,
@@ -651,7 +654,7 @@ def _build(root: _Root, path: str) -> Project:
 
 
 def _apply_env(project: Project, env: Mapping[str, str]) -> Project:
-    """Environment beats the file: SUBS_REDIS, SUBS_HOST, SUBS_PORT."""
+    """Environment beats the file: SUBS_REDIS, SUBS_HOST, SUBS_PORT, SUBS_MAX_STREAMS_PER_KEY."""
     redis = env.get("SUBS_REDIS") or project.redis
     if env.get("SUBS_REDIS"):
         try:
@@ -667,5 +670,15 @@ def _apply_env(project: Project, env: Mapping[str, str]) -> Project:
                 "environment", "SUBS_PORT", f"expected a port number 0-65535, got {raw!r}"
             )
         port = int(raw)
-    serve = dataclasses.replace(project.serve, host=host, port=port)
+    streams = project.serve.max_streams_per_key
+    if env.get("SUBS_MAX_STREAMS_PER_KEY"):
+        raw = env["SUBS_MAX_STREAMS_PER_KEY"]
+        if not re.fullmatch(r"[0-9]{1,9}", raw) or int(raw) < 1:
+            raise ConfigError(
+                "environment",
+                "SUBS_MAX_STREAMS_PER_KEY",
+                f"expected a count of 1 or more, got {raw!r}",
+            )
+        streams = int(raw)
+    serve = dataclasses.replace(project.serve, host=host, port=port, max_streams_per_key=streams)
     return dataclasses.replace(project, redis=redis, serve=serve)

@@ -46,9 +46,11 @@ class Metrics:
         "subs_turns_completed_total": ("counter", "Turns that completed."),
         "subs_turns_failed_total": ("counter", "Turns that failed."),
         "subs_steps_committed_total": ("counter", "Machine transitions committed to Redis."),
+        "subs_partition_leases_lost_total": ("counter", "Partition leases lapsed before renewal."),
         "subs_sse_overflows_total": ("counter", "Event streams dropped as too slow."),
         "subs_http_requests_total": ("counter", "HTTP requests answered."),
         "subs_sse_streams_open": ("gauge", "Event streams open now."),
+        "subs_sse_readers": ("gauge", "Redis readers behind the event streams (one a partition)."),
         "subs_partitions_owned": ("gauge", "Partitions this process owns."),
         "subs_model_call_seconds": ("histogram", "Duration of one model call attempt."),
         "subs_worker_call_seconds": ("histogram", "Duration of one worker delivery."),
@@ -91,6 +93,9 @@ class Metrics:
 
     def steps_committed(self, n: int = 1) -> None:
         self.inc("subs_steps_committed_total", n)
+
+    def lease_lost(self) -> None:
+        self.inc("subs_partition_leases_lost_total")
 
     def partitions_owned(self, n: int) -> None:
         self.set("subs_partitions_owned", n)

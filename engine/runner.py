@@ -140,10 +140,11 @@ class Engine:
         now = self.now_ms()
         live = await self.store.heartbeat(self.owner, now + self.lease_ms, now)
         share = math.ceil(self.store.partitions / max(live, 1))
-        for p, part in list(self.owned.items()):
-            if not await self.store.renew(p, part.lease, self.lease_ms):
-                log.warning("lost the lease on partition %d", p)
-                await self._drop(p, release=False)
+        leases = {p: part.lease for p, part in self.owned.items()}
+        for p in await self.store.renew(leases, self.lease_ms):
+            log.warning("lost the lease on partition %d", p)
+            self.metrics.lease_lost()
+            await self._drop(p, release=False)
         for p in sorted(self.owned, reverse=True)[: max(len(self.owned) - share, 0)]:
             await self._drop(p, release=True)  # another engine joined: hand back our surplus
         for p in range(self.store.partitions):

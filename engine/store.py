@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import zlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NewType
 
@@ -35,12 +36,12 @@ DELTA_CAP = 2000
 _LEGACY_SESSIONS = "subs:sessions"
 
 
-def connect(url: str, max_connections: int = 1024) -> aioredis.Redis:
-    """A client for the engine's use.
+def connect(url: str, max_connections: int = 1024, name: str | None = None) -> aioredis.Redis:
+    """A client with its own connection pool; `name` labels its connections in CLIENT LIST.
 
     No socket read timeout: blocking stream reads wait on purpose (redis-py's
-    default of 5 s would cut them off). A blocking pool: each event-stream
-    watcher and each waiting submit holds a connection, and past the cap a
+    default of 5 s would cut them off). A blocking pool: each waiting submit and
+    each partition's event-stream reader holds a connection, and past the cap a
     caller should wait for one, not fail.
     """
     pool = aioredis.BlockingConnectionPool.from_url(
@@ -49,6 +50,7 @@ def connect(url: str, max_connections: int = 1024) -> aioredis.Redis:
         timeout=30,
         socket_timeout=None,
         socket_connect_timeout=10,
+        client_name=name,
     )
     return aioredis.Redis.from_pool(pool)
 
@@ -302,6 +304,59 @@ class Store:
         )
         return [json.loads(fields[b"e"]) for _, fields in entries]
 
+    async def read_cut(
+        self, session_id: str
+    ) -> tuple[int, dict[str, Any], list[dict[str, Any]], str] | None:
+        """The snapshot's seq and state, and the token deltas with the delta stream's last
+        id ("0-0" when empty), read in one transaction: one instant. None when the session
+        does not exist. Both keys share the session's slot."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hmget(self.snap_key(session_id), "seq", "state")
+            pipe.xrange(self.delta_key(session_id))
+            (seq, raw), entries = await pipe.execute()
+        if raw is None:
+            return None
+        deltas = [json.loads(fields[b"d"]) for _, fields in entries]
+        cursor = entries[-1][0].decode() if entries else "0-0"
+        return int(seq), json.loads(raw), deltas, cursor
+
+    async def stream_ends(self, session_ids: Sequence[str]) -> list[tuple[str, str]]:
+        """Where each session's log and delta stream end now ("0-0" when empty): a tail
+        started there misses nothing committed afterwards."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for sid in session_ids:
+                pipe.xrevrange(self.log_key(sid), count=1)
+                pipe.xrevrange(self.delta_key(sid), count=1)
+            replies = await pipe.execute()
+        ends = [reply[0][0].decode() if reply else "0-0" for reply in replies]
+        return list(zip(ends[::2], ends[1::2], strict=True))
+
+    async def read_tails(
+        self, cursors: Mapping[str, tuple[str, str]], block_ms: int
+    ) -> list[tuple[str, str, str, dict[str, Any]]]:
+        """What many sessions' logs and delta streams gained after `{sid: (log id, delta id)}`,
+        in one blocking XREAD: `(sid, "event" | "delta", entry id, item)`.
+
+        Within a session its deltas come first: a call's deltas are written before the
+        event that ends it. On Redis Cluster, all the sessions must share a partition.
+        """
+        streams: dict[str, str] = {}
+        owners: dict[bytes, tuple[str, str]] = {}
+        for sid, (log_at, delta_at) in cursors.items():
+            delta_key, log_key = self.delta_key(sid), self.log_key(sid)
+            streams[delta_key] = delta_at
+            streams[log_key] = log_at
+            owners[delta_key.encode()] = (sid, "delta")
+            owners[log_key.encode()] = (sid, "event")
+        reply = await self.redis.xread(streams, block=block_ms)
+        out = []
+        for key, entries in reply or ():
+            sid, kind = owners[key]
+            field = b"e" if kind == "event" else b"d"
+            for entry_id, fields in entries:
+                out.append((sid, kind, entry_id.decode(), json.loads(fields[field])))
+        return out
+
     async def list_sessions(self, offset: int = 0, limit: int = 50) -> list[str]:
         """Session ids, newest first, merged from every partition's index.
 
@@ -426,8 +481,14 @@ class Store:
         )
         return value.decode() if value else None
 
-    async def renew(self, p: int, lease: str, ttl_ms: int) -> bool:
-        return bool(await self._renew(keys=[self.lease_key(p)], args=[lease, ttl_ms]))
+    async def renew(self, leases: Mapping[int, str], ttl_ms: int) -> list[int]:
+        """Renew several partitions' leases in one round trip (a busy process still renews
+        them all in time); returns the partitions whose lease is no longer ours."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for p, lease in leases.items():
+                await self._renew(keys=[self.lease_key(p)], args=[lease, ttl_ms], client=pipe)
+            renewed = await pipe.execute()
+        return [p for p, ok in zip(leases, renewed, strict=True) if not ok]
 
     async def release(self, p: int, lease: str) -> None:
         await self._release(keys=[self.lease_key(p)], args=[lease])

@@ -673,6 +673,64 @@ async def test_a_slow_client_is_cut_off_and_others_keep_streaming(engine, vendor
         assert got + events_of(rest) == seen
 
 
+async def test_each_key_holds_a_bounded_number_of_streams(engine, vendor, metrics):
+    app = app_for(engine, metrics, max_streams_per_key=2, heartbeat=30)
+    vendor.push(Text("for root"), Text("for bob"))
+    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as http:
+        sid = (await submit(http, say("hi")))["session_id"]
+        bobs = (await submit(http, say("hi"), key=BOB))["session_id"]
+        vanishing = await raw_stream(url, sid, ROOT)
+        async with http.stream("GET", stream_path(sid), headers=auth(ROOT)) as held:
+            assert held.status_code == 200
+            await streams_open(metrics, 2)
+            refused = await http.get(stream_path(sid), headers=auth(ROOT))
+            assert refused.status_code == 429 and refused.headers["Retry-After"] == "1"
+            body = refused.json()
+            assert (body["code"], body["limit"]) == ("too_many_streams", 2)
+            assert "[serve] max_streams_per_key" in body["error"]
+            assert "SUBS_MAX_STREAMS_PER_KEY" in body["error"]
+            # Another key counts its own streams.
+            async with http.stream("GET", stream_path(bobs), headers=auth(BOB)) as other:
+                assert other.status_code == 200
+            # A client that vanishes frees its slot at once, not at the next heartbeat (30 s).
+            vanishing.transport.abort()
+
+            async def opens() -> bool:
+                async with http.stream("GET", stream_path(sid), headers=auth(ROOT)) as again:
+                    return again.status_code == 200
+
+            await poll_until(opens, 3, "the vanished stream's slot")
+    await streams_open(metrics, 0)
+
+
+async def test_an_open_api_bounds_streams_per_client_address(engine, vendor, metrics):
+    app = make_app(
+        Client(engine.store), engine.store, keys=ApiKeys(), metrics=metrics, max_streams_per_key=1
+    )
+    vendor.push(Text("hi"))
+    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as http:
+        sid = (await submit(http, say("hi"), key=None))["session_id"]
+        async with http.stream("GET", stream_path(sid)) as held:
+            assert held.status_code == 200
+            refused = await http.get(stream_path(sid))
+            assert refused.status_code == 429 and "this address" in refused.json()["error"]
+        await streams_open(metrics, 0)
+        async with http.stream("GET", stream_path(sid)) as again:
+            assert again.status_code == 200
+
+
+async def raw_stream(url: str, sid: str, key: str) -> asyncio.StreamWriter:
+    """An event stream on a bare socket, its status line read: the caller can cut it."""
+    host, port = httpx.URL(url).host, httpx.URL(url).port
+    reader, writer = await asyncio.open_connection(host, port)
+    auth_line = f"Authorization: Bearer {key}"
+    request = f"GET {stream_path(sid)} HTTP/1.1\r\nHost: {host}\r\n{auth_line}\r\n\r\n"
+    writer.write(request.encode())
+    status = await asyncio.wait_for(reader.readline(), 10)
+    assert status.startswith(b"HTTP/1.1 200"), status
+    return writer
+
+
 async def test_a_stream_of_an_unknown_session_is_404(http):
     resp = await http.get(stream_path("nope"), headers=auth(ROOT))
     assert resp.status_code == 404 and resp.json()["code"] == "unknown_session"

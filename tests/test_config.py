@@ -10,6 +10,7 @@ from jsonschema import Draft202012Validator
 from engine.config import (
     ConfigError,
     MissingEnv,
+    ServeConfig,
     load_project,
     parse_project,
     slack_env_suffix,
@@ -92,6 +93,12 @@ BROKEN = [
         '[serve]\ncors_origin = ["https://a.example"]\n',
         "serve.cors_origin",
         "did you mean cors_origins",
+    ),
+    (
+        "stream limit range",
+        "[serve]\nmax_streams_per_key = 0\n",
+        "serve.max_streams_per_key",
+        "1 or more",
     ),
     ("tools type", OK + 'tools = "x"\n', "agent.oncall.tools", "expected a list, got a string"),
     ("tool entry type", OK + 'tools = ["x"]\n', "agent.oncall.tools.0", "expected a table"),
@@ -492,20 +499,27 @@ def test_missing_env(tmp_path: Path):
 
 
 def test_env_overrides_file(tmp_path: Path):
-    text = 'redis = "redis://file:6379/0"\n[serve]\nhost = "0.0.0.0"\nport = 9000\n'
+    text = (
+        'redis = "redis://file:6379/0"\n[serve]\nhost = "0.0.0.0"\nport = 9000\n'
+        "max_streams_per_key = 7\n"
+    )
     project = load(tmp_path, text)
-    assert (project.redis, project.serve.host, project.serve.port) == (
+    assert (project.redis, project.serve) == (
         "redis://file:6379/0",
-        "0.0.0.0",
-        9000,
+        ServeConfig("0.0.0.0", 9000, max_streams_per_key=7),
     )
-    env = {"SUBS_REDIS": "redis://env:6380/1", "SUBS_PORT": "0", "SUBS_HOST": "127.0.0.2"}
+    env = {
+        "SUBS_REDIS": "redis://env:6380/1",
+        "SUBS_PORT": "0",
+        "SUBS_HOST": "127.0.0.2",
+        "SUBS_MAX_STREAMS_PER_KEY": "1000",
+    }
     project = load(tmp_path, text, env)
-    assert (project.redis, project.serve.host, project.serve.port) == (
+    assert (project.redis, project.serve) == (
         "redis://env:6380/1",
-        "127.0.0.2",
-        0,
+        ServeConfig("127.0.0.2", 0, max_streams_per_key=1000),
     )
+    assert load(tmp_path, "").serve.max_streams_per_key == 100
     # Without a redis key the env still wins over the embedded default.
     assert load(tmp_path, "", {"SUBS_REDIS": "redis://env:1"}).redis == "redis://env:1"
 
@@ -515,6 +529,8 @@ def test_env_overrides_file(tmp_path: Path):
     [
         ("SUBS_PORT", "eighty", "expected a port number"),
         ("SUBS_PORT", "70000", "expected a port number"),
+        ("SUBS_MAX_STREAMS_PER_KEY", "0", "expected a count of 1 or more"),
+        ("SUBS_MAX_STREAMS_PER_KEY", "-5", "expected a count of 1 or more"),
         ("SUBS_REDIS", "localhost:6379", "redis://"),
     ],
 )
