@@ -97,7 +97,7 @@ async def _redis_for(project: Project, url: str | None) -> AsyncIterator[aioredi
     url = url or project.redis
     embedded = None
     if url is None:
-        embedded = EmbeddedRedis(Path(project.path).parent / ".subs")
+        embedded = EmbeddedRedis(Path(project.path).parent / ".subs", fsync=project.store.fsync)
         url = await asyncio.to_thread(embedded.start)
     client = connect(url)
     try:

@@ -33,6 +33,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from .config import DEFAULT_FSYNC, Fsync
+
 SOCKET_NAME = "redis.sock"
 PIDFILE_NAME = "redis.pid"
 LOGFILE_NAME = "redis.log"
@@ -111,9 +113,16 @@ class EmbeddedRedis:
     parent-death signal when the thread that spawned the child exits.
     """
 
-    def __init__(self, data_dir: str | os.PathLike[str], *, binary: str | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        binary: str | None = None,
+        fsync: Fsync = DEFAULT_FSYNC,
+    ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.binary = binary
+        self.fsync = fsync
         self.socket_path = self.data_dir / SOCKET_NAME
         self.pidfile = self.data_dir / PIDFILE_NAME
         self.logfile = self.data_dir / LOGFILE_NAME
@@ -188,7 +197,7 @@ class EmbeddedRedis:
             "dbfilename dump.rdb",
             'save ""',
             "appendonly yes",
-            "appendfsync everysec",
+            f"appendfsync {self.fsync}",
             f"logfile {_conf_quote(str(self.logfile))}",
         ]
         config = self.data_dir / CONFIG_NAME

@@ -70,11 +70,19 @@ def test_start_ping_stop(tmp_path: Path) -> None:
             assert client.ping()
             assert client.config_get("port") == {"port": "0"}
             assert client.config_get("appendonly") == {"appendonly": "yes"}
-            assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
+            assert client.config_get("appendfsync") == {"appendfsync": "always"}
     finally:
         server.stop()
     assert server.pid is None
     assert not (data_dir / "redis.sock").exists()
+
+
+def test_fsync_setting_becomes_appendfsync(tmp_path: Path) -> None:
+    with (
+        EmbeddedRedis(tmp_path, fsync="everysec") as server,
+        Redis.from_url(server.url, decode_responses=True) as client,
+    ):
+        assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
 
 
 def test_data_survives_restart_via_aof(tmp_path: Path) -> None:
