@@ -26,6 +26,7 @@ import httpx
 import redis.asyncio as aioredis
 
 from .config import Project
+from .durability import check_server
 from .errors import SubsError
 from .llm import LlmTarget, ProviderError, complete
 from .machine import (
@@ -143,7 +144,14 @@ class Engine:
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.store = await Store.open(self.redis, self._want_partitions)
+        durability = self.project.store
+        self.store = await Store.open(
+            self.redis,
+            self._want_partitions,
+            wait_replicas=durability.wait_replicas,
+            wait_timeout_ms=durability.wait_timeout_ms,
+        )
+        await check_server(self.redis, durability.fsync)
         await self._balance()
         self._background = [
             asyncio.create_task(self._lease_loop(), name="subs-leases"),
