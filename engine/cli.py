@@ -25,7 +25,7 @@ from .api import ApiKeys, bind_warning, check_bind, make_app
 from .client import Client, ClientError
 from .config import ConfigError, Project, load_project, slack_env_suffix
 from .console import Printer, short, watch_turn
-from .embedded import EmbeddedRedis, EmbeddedRedisError
+from .embedded import EmbeddedRedis, EmbeddedRedisError, supervise
 from .http_client import HttpClient
 from .metrics import Metrics
 from .runner import Engine
@@ -93,16 +93,23 @@ def _parser() -> argparse.ArgumentParser:
 
 @contextlib.asynccontextmanager
 async def _redis_for(project: Project, url: str | None) -> AsyncIterator[aioredis.Redis]:
-    """The configured Redis, or a private embedded one under `.subs/` beside the file."""
+    """The configured Redis, or a private embedded one under `.subs/` beside the file,
+    restarted on the same AOF whenever it dies while the command runs."""
     url = url or project.redis
     embedded = None
+    supervisor = None
     if url is None:
         embedded = EmbeddedRedis(Path(project.path).parent / ".subs", fsync=project.store.fsync)
         url = await asyncio.to_thread(embedded.start)
+        supervisor = asyncio.create_task(supervise(embedded), name="subs-embedded-redis")
     client = connect(url)
     try:
         yield client
     finally:
+        if supervisor is not None:
+            supervisor.cancel()  # first, or it would restart the server stopped below
+            with contextlib.suppress(asyncio.CancelledError):
+                await supervisor
         await client.aclose()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
