@@ -76,7 +76,7 @@ def find_redis_server() -> str:
     )
 
 
-def _die_with_parent() -> Callable[[], None] | None:
+def die_with_parent() -> Callable[[], None] | None:
     """preexec_fn asking Linux to SIGTERM the child when its parent dies; None elsewhere."""
     if not sys.platform.startswith("linux"):
         return None
@@ -248,7 +248,7 @@ class EmbeddedRedis:
                     stderr=log,
                     pass_fds=(lock_fd,),
                     start_new_session=True,  # Ctrl-C on subs must not stop redis before subs
-                    preexec_fn=_die_with_parent(),  # only prctl + getppid run in the child
+                    preexec_fn=die_with_parent(),  # only prctl + getppid run in the child
                 )
             except OSError as exc:
                 raise EmbeddedRedisError(f"cannot run {binary}: {exc}") from exc
