@@ -14,6 +14,7 @@ restart), and it serialises two `subs` processes starting on the same dir at onc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import fcntl
 import importlib.util
@@ -184,7 +185,11 @@ class EmbeddedRedis:
         self.owned = False
 
     def alive(self) -> bool:
-        """Whether a server (ours or another process's) holds this dir's lock, i.e. runs."""
+        """Whether a server (ours or another process's) holds this dir's lock, i.e. runs.
+
+        When none does, the probe holds the lock for a moment, during which another
+        process's start() would wait for a server: so probe only to start one on False.
+        """
         fd = os.open(self.pidfile, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -302,8 +307,9 @@ async def supervise(server: EmbeddedRedis) -> None:
     up_since = time.monotonic()
     while True:
         await asyncio.sleep(SUPERVISE_POLL)
-        if server.alive():
-            continue
+        with contextlib.suppress(OSError):  # the dir is gone: start() makes it again
+            if server.alive():
+                continue
         how = server.ended()
         if time.monotonic() - up_since >= STABLE_AFTER:
             restarts = 0
@@ -313,7 +319,7 @@ async def supervise(server: EmbeddedRedis) -> None:
             await asyncio.sleep(delay)
             try:
                 await asyncio.to_thread(server.start)
-            except EmbeddedRedisError as err:
+            except (EmbeddedRedisError, OSError) as err:
                 log.warning(
                     "the embedded redis-server (%s) could not be restarted (try %d): %s",
                     how,
