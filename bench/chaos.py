@@ -252,6 +252,7 @@ class Serve:
 
 @dataclass
 class Handoff:
+    kill: int  # which kill of the run
     killed_at: float
     owner: str
     partitions: set[int]
@@ -294,7 +295,6 @@ class Turn:
     session_id: str
     tag: str  # the user message, unique over the run
     turn_id: str | None  # None: the submit got no answer
-    problem: str | None = None  # what the submit got instead
 
 
 @dataclass
@@ -328,15 +328,33 @@ class SessionLog:
     def seq_ok(self) -> bool:
         return [e["seq"] for e in self.events] == list(range(1, len(self.events) + 1))
 
-    @property
-    def snapshot_ok(self) -> bool:
-        """The stored snapshot is the fold of the log up to its seq (DESIGN: it can always
-        be rebuilt from the log)."""
+    def snapshot_difference(self) -> str | None:
+        """Where the stored snapshot differs from the fold of the log up to its seq (DESIGN:
+        it can always be rebuilt from the log); None when it does not."""
         seq, state = self.snapshot
         if seq > len(self.events):
-            return False
+            return f"snapshot at seq {seq}, log ends at {len(self.events)}"
         folded = fold(json.loads(json.dumps(self.events[:seq])))
-        return folded is not None and state_to_json(folded) == state
+        return _difference(None if folded is None else state_to_json(folded), state, "state")
+
+
+def _difference(folded: Any, stored: Any, path: str) -> str | None:
+    """The first path at which two JSON values differ, with both values."""
+    if isinstance(folded, dict) and isinstance(stored, dict):
+        for key in sorted(folded.keys() | stored.keys()):
+            found = _difference(folded.get(key), stored.get(key), f"{path}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(folded, list) and isinstance(stored, list) and len(folded) == len(stored):
+        for i, (a, b) in enumerate(zip(folded, stored, strict=True)):
+            found = _difference(a, b, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    if folded == stored:
+        return None
+    return f"{path}: fold {json.dumps(folded)[:120]}, stored {json.dumps(stored)[:120]}"
 
 
 class Run:
@@ -394,7 +412,7 @@ class Run:
         else:
             return Turn(sid, tag, reply["turn_id"])
         self.submit_problems[problem] += 1
-        return Turn(sid, tag, None, problem)
+        return Turn(sid, tag, None)
 
     async def live_serve(self) -> Serve:
         while True:
@@ -460,7 +478,7 @@ class Run:
         held = {p for p, o in owners.items() if o == owner}
         killed_at = asyncio.get_running_loop().time()
         await victim.kill()
-        self.leases.handoffs.append(Handoff(killed_at, owner, held))
+        self.leases.handoffs.append(Handoff(n, killed_at, owner, held))
         self.say(f"{n}/{of}: SIGKILL serve {victim.slot} ({owner}, {len(held)} partitions)")
         return asyncio.create_task(self.restart_serve(victim))
 
@@ -503,13 +521,16 @@ class Run:
         """Waits (bounded) until every turn that ran has ended."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.args.drain
-        waiting = {t.session_id for t in self.turns}
+        by_session: defaultdict[str, list[Turn]] = defaultdict(list)
+        for turn in self.turns:
+            by_session[turn.session_id].append(turn)
+        waiting = set(by_session)
         while waiting and loop.time() < deadline:
             for sid in sorted(waiting):
                 with contextlib.suppress(RedisError, OSError):
                     log = await self.read(sid)
-                    turns = (t for t in self.turns if t.session_id == sid)
-                    if all(self.outcome(t, log)[1] or not self.outcome(t, log)[0] for t in turns):
+                    outcomes = [self.outcome(t, log) for t in by_session[sid]]
+                    if all(ends or not turn_id for turn_id, ends in outcomes):
                         waiting.discard(sid)
             if waiting:
                 await asyncio.sleep(0.5)  # turns end in other processes: poll
@@ -551,7 +572,11 @@ class Run:
                 ),
             }
         )
-        mismatched = sum(not log.snapshot_ok for log in logs.values())
+        differences = {sid: log.snapshot_difference() for sid, log in logs.items()}
+        differing = [
+            f"{sid} at seq {logs[sid].snapshot[0]}: {d}" for sid, d in differences.items() if d
+        ]
+        mismatched = len(differing)
         answered = sum(t.turn_id is not None for t in self.turns)
         unanswered = len(self.turns) - answered
         a = self.args
@@ -575,10 +600,18 @@ class Run:
         detail = ", ".join(f"{k} {v}" for k, v in dups.items())
         print(f"duplicated: {sum(dups.values())} ({detail})")
         print(f"snapshots that are not their log's fold: {mismatched} of {len(logs)} sessions")
-        took = [h.took for h in self.leases.handoffs if h.partitions and h.took is not None]
+        for line in differing[:5]:
+            print(f"  not the fold: {line}")
+        moved = [h for h in self.leases.handoffs if h.partitions and h.took is not None]
+        took = [h.took for h in moved if h.took is not None]
         empty = sum(not h.partitions for h in self.leases.handoffs)
         never = sum(bool(h.partitions) and h.took is None for h in self.leases.handoffs)
-        spread = f"median {statistics.median(took):.2f} s, max {max(took):.2f} s" if took else "-"
+        slowest = max(moved, key=lambda h: h.took or 0.0) if moved else None
+        spread = (
+            f"median {statistics.median(took):.2f} s, max {max(took):.2f} s (event {slowest.kill})"
+            if slowest
+            else "-"
+        )
         print(
             f"lease handoff after a serve kill: {spread} over {len(took)} kills "
             f"({empty} held no partition, {never} never handed over, "
