@@ -16,6 +16,7 @@ clients run in the engine's loop, as `subs run` does. For the same reason
 it): `--profile FILE` profiles the measured repeats instead.
 
     .venv/bin/python bench/step_overhead.py [--sessions 20] [--turns 10] [--repeat 3]
+        [--fsync always|everysec]
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from typing import Any
 from aiohttp import web
 
 from engine.client import Client
-from engine.config import AgentDecl, Project
+from engine.config import DEFAULT_FSYNC, AgentDecl, Project
 from engine.embedded import EmbeddedRedis
 from engine.runner import Engine
 from engine.store import Store, connect
@@ -350,11 +351,17 @@ def main() -> int:
         "--no-stream", action="store_true", help="ask the vendor for whole bodies, not streams"
     )
     parser.add_argument(
+        "--fsync",
+        choices=["always", "everysec"],
+        default=DEFAULT_FSYNC,
+        help="the embedded server's appendfsync ([store] fsync; default %(default)s)",
+    )
+    parser.add_argument(
         "--profile", metavar="FILE", help="cProfile the measured repeats into FILE (slows them)"
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="subs-bench-") as tmp:
-        server = EmbeddedRedis(Path(tmp) / "redis")
+        server = EmbeddedRedis(Path(tmp) / "redis", fsync=args.fsync)
         vendor = ChildServer(_vendor_child)
         try:
             url = server.start()

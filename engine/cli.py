@@ -25,7 +25,7 @@ from .api import ApiKeys, ApiKeysError, bind_warning, check_bind, make_app
 from .client import Client, ClientError
 from .config import ConfigError, Project, load_project, slack_env_suffix
 from .console import Printer, short, watch_turn
-from .embedded import EmbeddedRedis, EmbeddedRedisError
+from .embedded import EmbeddedRedis, EmbeddedRedisError, supervise
 from .http_client import HttpClient
 from .machine import iso
 from .metrics import Metrics
@@ -104,15 +104,21 @@ def _parser() -> argparse.ArgumentParser:
 @contextlib.asynccontextmanager
 async def _redis_url(project: Project, url: str | None) -> AsyncIterator[str]:
     """The configured Redis's URL, or that of a private embedded one under `.subs/`
-    beside the file, running until the block ends."""
+    beside the file, running (restarted on the same AOF whenever it dies) until the
+    block ends."""
     url = url or project.redis
     if url is not None:
         yield url
         return
-    embedded = EmbeddedRedis(Path(project.path).parent / ".subs")
+    embedded = EmbeddedRedis(Path(project.path).parent / ".subs", fsync=project.store.fsync)
+    address = await asyncio.to_thread(embedded.start)
+    supervisor = asyncio.create_task(supervise(embedded), name="subs-embedded-redis")
     try:
-        yield await asyncio.to_thread(embedded.start)
+        yield address
     finally:
+        supervisor.cancel()  # first, or it would restart the server stopped below
+        with contextlib.suppress(asyncio.CancelledError):
+            await supervisor
         await asyncio.to_thread(embedded.stop)
 
 

@@ -77,6 +77,24 @@ class ServeConfig:
     max_streams_per_key: int = 100  # event streams one API key (or address) may hold open
 
 
+Fsync = Literal["always", "everysec"]
+DEFAULT_FSYNC: Fsync = "always"
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """How durable a commit is before the engine acts on it (README "Durability").
+
+    `fsync` is the embedded server's `appendfsync` (and the level an external
+    server is checked against); `wait_replicas` > 0 makes each commit wait for
+    that many replicas to acknowledge it, for at most `wait_timeout_ms`.
+    """
+
+    fsync: Fsync = DEFAULT_FSYNC
+    wait_replicas: int = 0
+    wait_timeout_ms: int = 1000
+
+
 @dataclass(frozen=True)
 class LlmBlock:
     id: str
@@ -150,6 +168,7 @@ class Project:
     serve: ServeConfig
     llm: dict[str, LlmBlock]
     agents: dict[str, AgentDecl]
+    store: StoreConfig = StoreConfig()
 
     def missing_env(self, env: Mapping[str, str]) -> list[MissingEnv]:
         """Environment variables the project needs that are unset or empty."""
@@ -263,6 +282,12 @@ class _Serve(_Model):
     max_streams_per_key: Annotated[int, Field(ge=1)] = 100
 
 
+class _Store(_Model):
+    fsync: Fsync = DEFAULT_FSYNC
+    wait_replicas: UInt32 = 0
+    wait_timeout_ms: Annotated[int, Field(ge=1, le=_UINT32_MAX)] = 1000
+
+
 class _Llm(_Model):
     type: Literal["anthropic", "openai", "openrouter", "worker"]
     api_key_env: EnvName | None = None
@@ -322,6 +347,7 @@ class _Root(_Model):
     redis: RedisUrl | None = None
     max_subagent_depth: UInt32 = 5  # every agent's default (SPEC §9)
     serve: _Serve = Field(default_factory=_Serve)
+    store: _Store = Field(default_factory=_Store)
     llm: dict[str, _Llm] = Field(default_factory=dict)
     agent: dict[str, _Agent] = Field(default_factory=dict)
 
@@ -650,6 +676,11 @@ def _build(root: _Root, path: str) -> Project:
         ),
         llm=llm,
         agents=agents,
+        store=StoreConfig(
+            fsync=root.store.fsync,
+            wait_replicas=root.store.wait_replicas,
+            wait_timeout_ms=root.store.wait_timeout_ms,
+        ),
     )
 
 

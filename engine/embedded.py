@@ -2,7 +2,8 @@
 
 Same storage code path as production, just a server we own: unix socket only, AOF
 persistence in the data dir, and a child that dies with its parent so a SIGKILLed
-`subs` never leaves an orphan behind.
+`subs` never leaves an orphan behind. `supervise` starts it again, on the same socket
+and AOF, whenever it dies while `subs` runs.
 
 Liveness of "a server for this data dir" is an exclusive flock on the pidfile, taken
 by the starter and inherited by redis-server, so it is held exactly as long as that
@@ -12,9 +13,12 @@ restart), and it serialises two `subs` processes starting on the same dir at onc
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
 import fcntl
 import importlib.util
+import logging
 import os
 import shutil
 import signal
@@ -33,6 +37,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
+from .config import DEFAULT_FSYNC, Fsync
+
 SOCKET_NAME = "redis.sock"
 PIDFILE_NAME = "redis.pid"
 LOGFILE_NAME = "redis.log"
@@ -40,6 +46,11 @@ CONFIG_NAME = "redis.conf"
 _MAX_SOCKET_PATH = 107  # sockaddr_un.sun_path is 108 bytes; redis silently truncates longer ones
 _PR_SET_PDEATHSIG = 1
 _POLL_INTERVAL = 0.02
+SUPERVISE_POLL = 0.1  # seconds between two liveness checks
+RESTART_BACKOFF = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)  # before restart 1, 2, ...; the last repeats
+STABLE_AFTER = 30.0  # a server up this long starts the backoff over
+
+log = logging.getLogger("subs.embedded")
 
 
 class EmbeddedRedisError(Exception):
@@ -66,7 +77,7 @@ def find_redis_server() -> str:
     )
 
 
-def _die_with_parent() -> Callable[[], None] | None:
+def die_with_parent() -> Callable[[], None] | None:
     """preexec_fn asking Linux to SIGTERM the child when its parent dies; None elsewhere."""
     if not sys.platform.startswith("linux"):
         return None
@@ -111,9 +122,16 @@ class EmbeddedRedis:
     parent-death signal when the thread that spawned the child exits.
     """
 
-    def __init__(self, data_dir: str | os.PathLike[str], *, binary: str | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: str | os.PathLike[str],
+        *,
+        binary: str | None = None,
+        fsync: Fsync = DEFAULT_FSYNC,
+    ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.binary = binary
+        self.fsync = fsync
         self.socket_path = self.data_dir / SOCKET_NAME
         self.pidfile = self.data_dir / PIDFILE_NAME
         self.logfile = self.data_dir / LOGFILE_NAME
@@ -166,6 +184,32 @@ class EmbeddedRedis:
         self.socket_path.unlink(missing_ok=True)
         self.owned = False
 
+    def alive(self) -> bool:
+        """Whether a server (ours or another process's) holds this dir's lock, i.e. runs.
+
+        When none does, the probe holds the lock for a moment, during which another
+        process's start() would wait for a server: so probe only to start one on False.
+        """
+        fd = os.open(self.pidfile, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # also lets go of the lock if we just took it
+        return False
+
+    def ended(self) -> str:
+        """How the server that last ran here ended; reaps it when it was our child."""
+        proc, self._proc = self._proc, None
+        self.owned = False
+        if proc is None:
+            return "another process's server exited"
+        code = proc.wait()
+        if code < 0:
+            return f"pid {proc.pid} was killed by {signal.Signals(-code).name}"
+        return f"pid {proc.pid} exited with code {code}"
+
     def __enter__(self) -> EmbeddedRedis:
         self.start()
         return self
@@ -188,7 +232,7 @@ class EmbeddedRedis:
             "dbfilename dump.rdb",
             'save ""',
             "appendonly yes",
-            "appendfsync everysec",
+            f"appendfsync {self.fsync}",
             f"logfile {_conf_quote(str(self.logfile))}",
         ]
         config = self.data_dir / CONFIG_NAME
@@ -209,7 +253,7 @@ class EmbeddedRedis:
                     stderr=log,
                     pass_fds=(lock_fd,),
                     start_new_session=True,  # Ctrl-C on subs must not stop redis before subs
-                    preexec_fn=_die_with_parent(),  # only prctl + getppid run in the child
+                    preexec_fn=die_with_parent(),  # only prctl + getppid run in the child
                 )
             except OSError as exc:
                 raise EmbeddedRedisError(f"cannot run {binary}: {exc}") from exc
@@ -250,3 +294,49 @@ class EmbeddedRedis:
         except OSError:
             return ""
         return f"; last lines of {self.logfile}:\n" + "\n".join(tail) if tail else ""
+
+
+async def supervise(server: EmbeddedRedis) -> None:
+    """Start `server` again each time it dies, until cancelled; one log line per restart.
+
+    Restarts back off (RESTART_BACKOFF) while the server keeps dying within
+    STABLE_AFTER of its start. Another `subs` on the same dir may win the race to
+    restart it: then this one shares that server, as at start.
+    """
+    restarts = 0
+    up_since = time.monotonic()
+    while True:
+        await asyncio.sleep(SUPERVISE_POLL)
+        with contextlib.suppress(OSError):  # the dir is gone: start() makes it again
+            if server.alive():
+                continue
+        how = server.ended()
+        if time.monotonic() - up_since >= STABLE_AFTER:
+            restarts = 0
+        while True:
+            delay = RESTART_BACKOFF[min(restarts, len(RESTART_BACKOFF) - 1)]
+            restarts += 1
+            await asyncio.sleep(delay)
+            try:
+                await asyncio.to_thread(server.start)
+            except (EmbeddedRedisError, OSError) as err:
+                log.warning(
+                    "the embedded redis-server (%s) could not be restarted (try %d): %s",
+                    how,
+                    restarts,
+                    err,
+                )
+                continue
+            break
+        up_since = time.monotonic()
+        now = f"restarted it as pid {server.pid}" if server.owned else "another subs restarted it"
+        log.warning(
+            "the embedded redis-server died (%s): %s on %s with the AOF in %s "
+            "(restart %d, after %.1f s backoff)",
+            how,
+            now,
+            server.socket_path,
+            server.data_dir,
+            restarts,
+            delay,
+        )

@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 
 from .apply import Applier, EngineStats, lost_work, new_id
 from .config import Project
+from .durability import check_server
 from .effect_runner import EffectRunner, worker_targets
 from .machine import Deliver, Input, RunDecision, RunExecute, RunLlmCall, Transition, input_to_json
 from .metrics import Metrics
@@ -85,7 +86,14 @@ class Engine:
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.store = await Store.open(self.redis, self._want_partitions)
+        durability = self.project.store
+        self.store = await Store.open(
+            self.redis,
+            self._want_partitions,
+            wait_replicas=durability.wait_replicas,
+            wait_timeout_ms=durability.wait_timeout_ms,
+        )
+        await check_server(self.redis, durability.fsync)
         self.applier = Applier(
             self.project,
             self.store,

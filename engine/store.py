@@ -26,6 +26,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from .durability import ReplicaWait
 from .errors import SubsError
 
 SessionId = NewType("SessionId", str)
@@ -183,21 +184,36 @@ def compact_json(value: Any) -> str:
 class Store:
     """A thin, typed command layer over one Redis connection pool."""
 
-    def __init__(self, redis: aioredis.Redis, partitions: int = DEFAULT_PARTITIONS) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        partitions: int = DEFAULT_PARTITIONS,
+        *,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
+    ) -> None:
         self.redis = redis
         self.partitions = partitions
+        self.replicas = ReplicaWait(wait_replicas, wait_timeout_ms) if wait_replicas else None
         self._commit = redis.register_script(_COMMIT)
         self._acquire = redis.register_script(_ACQUIRE)
         self._renew = redis.register_script(_RENEW)
         self._release = redis.register_script(_RELEASE)
 
     @classmethod
-    async def open(cls, redis: aioredis.Redis, partitions: int | None = None) -> Store:
+    async def open(
+        cls,
+        redis: aioredis.Redis,
+        partitions: int | None = None,
+        *,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
+    ) -> Store:
         """Agree on the partition count with whoever set up this Redis first."""
         wanted = partitions or DEFAULT_PARTITIONS
         await redis.hsetnx("subs:meta", "partitions", wanted)
         stored = int(await redis.hget("subs:meta", "partitions"))
-        return cls(redis, stored)
+        return cls(redis, stored, wait_replicas=wait_replicas, wait_timeout_ms=wait_timeout_ms)
 
     # -- keys --------------------------------------------------------------------
 
@@ -289,7 +305,14 @@ class Store:
             self.sessions_key(p),
             self.dead_key(p),
         ]
-        result = await self._commit(keys=keys, args=args)
+        if self.replicas is None:
+            result = await self._commit(keys=keys, args=args)
+        else:
+            # WAIT counts the writes of its own connection: the script and WAIT share one.
+            async with self.redis.client() as conn:
+                result = await self._commit(keys=keys, args=args, client=conn)
+                if result >= 0:
+                    await self.replicas.wait(conn, sid)
         if result == -1:
             raise StoreConflict(f"lease on partition {p} is no longer ours", lease_lost=True)
         if result == -2:

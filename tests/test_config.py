@@ -275,6 +275,10 @@ BROKEN = [
         "only letters, digits",
     ),
     ("redis url", 'redis = "localhost:6379"\n', "redis", "redis://"),
+    ("store fsync", '[store]\nfsync = "no"\n', "store.fsync", "one of 'always' or 'everysec'"),
+    ("store typo", "[store]\nwait_replica = 1\n", "store.wait_replica", "did you mean"),
+    ("wait_replicas sign", "[store]\nwait_replicas = -1\n", "store.wait_replicas", "0 or more"),
+    ("wait_timeout_ms 0", "[store]\nwait_timeout_ms = 0\n", "store.wait_timeout_ms", "1 or more"),
     (
         "literal api key",
         LLM + 'api_key = "abc"\n',
@@ -419,6 +423,18 @@ def test_defaults(tmp_path: Path):
     }
     with pytest.raises(dataclasses.FrozenInstanceError):
         agent.model = "other"  # type: ignore[misc]
+    # A step is acknowledged only once on disk: the engine's promise, not Redis's default.
+    assert dataclasses.asdict(project.store) == {
+        "fsync": "always",
+        "wait_replicas": 0,
+        "wait_timeout_ms": 1000,
+    }
+
+
+def test_store_settings(tmp_path: Path):
+    text = '[store]\nfsync = "everysec"\nwait_replicas = 2\nwait_timeout_ms = 250\n'
+    store = load(tmp_path, text).store
+    assert (store.fsync, store.wait_replicas, store.wait_timeout_ms) == ("everysec", 2, 250)
 
 
 def test_explicit_llm_settings_win(tmp_path: Path):

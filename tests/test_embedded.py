@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import select
 import signal
@@ -9,16 +11,29 @@ import socket
 import stat
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import httpx
 import pytest
 from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
-from engine.embedded import EmbeddedRedis, EmbeddedRedisError, find_redis_server
+from engine.embedded import (
+    RESTART_BACKOFF,
+    EmbeddedRedis,
+    EmbeddedRedisError,
+    find_redis_server,
+    supervise,
+)
+from engine.http_client import HttpClient
+from tests.engine_helpers import poll_until, project_toml, start_subs
+from tests.fakes.llm_vendor import FakeVendor, Text
 
 CHILD = """
 import sys
 from redis import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from engine.embedded import EmbeddedRedis
 server = EmbeddedRedis(sys.argv[1])
 server.start()
@@ -70,11 +85,19 @@ def test_start_ping_stop(tmp_path: Path) -> None:
             assert client.ping()
             assert client.config_get("port") == {"port": "0"}
             assert client.config_get("appendonly") == {"appendonly": "yes"}
-            assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
+            assert client.config_get("appendfsync") == {"appendfsync": "always"}
     finally:
         server.stop()
     assert server.pid is None
     assert not (data_dir / "redis.sock").exists()
+
+
+def test_fsync_setting_becomes_appendfsync(tmp_path: Path) -> None:
+    with (
+        EmbeddedRedis(tmp_path, fsync="everysec") as server,
+        Redis.from_url(server.url, decode_responses=True) as client,
+    ):
+        assert client.config_get("appendfsync") == {"appendfsync": "everysec"}
 
 
 def test_data_survives_restart_via_aof(tmp_path: Path) -> None:
@@ -157,3 +180,171 @@ def test_server_dies_with_its_parent(tmp_path: Path) -> None:
     with EmbeddedRedis(tmp_path) as server, Redis.from_url(server.url) as client:
         assert server.owned
         assert client.get("written-by") == b"child"
+
+
+async def test_supervise_backs_off_while_restarts_fail(tmp_path: Path, caplog) -> None:
+    """A server that will not start is tried again after 0, 0.5, 1 s...; each try is logged."""
+    broken = tmp_path / "broken-redis-server"
+    broken.write_text("#!/bin/sh\necho 'cannot start (fake)' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    server = EmbeddedRedis(tmp_path / "data")
+    real = server.start()
+    supervisor = asyncio.create_task(supervise(server))
+    try:
+        with Redis.from_url(real) as client:
+            client.set("kept", "yes")
+        server.binary = str(broken)
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGKILL)
+
+        async def failed_twice() -> bool:
+            return sum("could not be restarted" in r.getMessage() for r in caplog.records) >= 2
+
+        await poll_until(failed_twice, 10, "two failed restarts")
+        server.binary = None  # the real one again: found on the next try
+
+        async def restarted() -> bool:
+            return any("restarted it as pid" in r.getMessage() for r in caplog.records)
+
+        await poll_until(restarted, 10, "the restart's log line")
+        assert await server_answers(server)()
+    finally:
+        supervisor.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await supervisor
+        server.stop()
+    messages = [r.getMessage() for r in caplog.records if r.name == "subs.embedded"]
+    assert "(try 1): " in messages[0] and "cannot start (fake)" in messages[0]
+    assert "(try 2): " in messages[1]
+    done = messages[-1]
+    assert "was killed by SIGKILL" in done and "restarted it as pid" in done
+    # Tries 1 and 2 came after 0 and 0.5 s; each further one waited longer than the last.
+    assert f"(restart {len(messages)}, after {RESTART_BACKOFF[len(messages) - 1]:.1f} s" in done
+    with EmbeddedRedis(tmp_path / "data") as again, Redis.from_url(again.url) as client:
+        assert client.get("kept") == b"yes"
+
+
+async def test_a_sharer_restarts_the_server_when_its_starter_is_gone(tmp_path: Path) -> None:
+    starter = EmbeddedRedis(tmp_path)
+    starter.start()
+    sharer = EmbeddedRedis(tmp_path)
+    sharer.start()
+    assert not sharer.owned
+    supervisor = asyncio.create_task(supervise(sharer))
+    try:
+        starter.stop()  # as when the `subs` that started it exits
+        await poll_until(server_answers(sharer), 10, "the sharer's own server")
+        assert sharer.owned and sharer.pid is not None and _alive(sharer.pid)
+    finally:
+        supervisor.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await supervisor
+        sharer.stop()
+
+
+def server_answers(server: EmbeddedRedis) -> Callable[[], Awaitable[bool]]:
+    async def answers() -> bool:
+        # Not server.alive(): its probe takes the lock of a dead server for a moment.
+        with Redis.from_url(server.url, socket_timeout=1) as client:
+            try:
+                return bool(client.ping())
+            except RedisConnectionError:
+                return False
+
+    return answers
+
+
+async def _lines(stream: asyncio.StreamReader, into: list[str]) -> None:
+    """Keeps reading a process's stderr (a full pipe would block it) into `into`."""
+    while line := await stream.readline():
+        into.append(line.decode(errors="replace"))
+
+
+async def test_serve_restarts_its_embedded_server_on_the_same_aof(
+    tmp_path: Path, vendor: FakeVendor
+) -> None:
+    vendor.default = Text("back again")
+    config = tmp_path / "subs.toml"
+    config.write_text(project_toml(vendor.url))
+    pidfile = tmp_path / ".subs" / "redis.pid"
+    serve = await start_subs("serve", "-c", str(config), "--port", "0")
+    assert serve.stderr is not None
+    stderr: list[str] = []
+    reading: asyncio.Task[None] | None = None
+    pids: list[int] = []
+    try:
+        async with asyncio.timeout(20):
+            first = (await serve.stderr.readline()).decode()
+        assert first.startswith("subs: engine "), first
+        reading = asyncio.create_task(_lines(serve.stderr, stderr))
+        api = HttpClient(first.split("; api ")[1].split(";")[0])
+        before = await api.submit(say("before"))
+        await _turn_completed(api, before)
+        pids.append(int(pidfile.read_text()))
+        assert _alive(pids[0])
+
+        os.kill(pids[0], signal.SIGKILL)
+
+        async def restarted() -> int | None:
+            pid = int(pidfile.read_text() or 0)
+            return pid if pid != pids[0] and _alive(pid) else None
+
+        pids.append(await poll_until(restarted, 20, "a new redis-server"))
+
+        async def healthy() -> bool:
+            try:
+                response = await api.http.get(f"{api.base_url}/healthz")
+            except httpx.HTTPError:
+                return False
+            return response.status_code == 200
+
+        await poll_until(healthy, 20, "/healthz to answer 200 again")
+
+        async def said() -> list[str]:
+            return [line for line in stderr if "the embedded redis-server died" in line]
+
+        lines = await poll_until(said, 5, "the restart's log line")
+        assert len(lines) == 1, stderr
+        assert f"pid {pids[0]} was killed by SIGKILL" in lines[0]
+        assert f"restarted it as pid {pids[1]}" in lines[0]
+        assert str(tmp_path / ".subs" / "redis.sock") in lines[0]
+
+        # The same AOF: the session from before is there, and takes another turn.
+        after = await api.submit(say("after"), session_id=before["session_id"])
+        events = await _turn_completed(api, after)
+        users = [
+            e["payload"]["message"]["content"]
+            for e in events
+            if e["payload"]["type"] == "message.new" and e["payload"]["message"]["role"] == "user"
+        ]
+        assert users == ["before", "after"]
+        await api.aclose()
+    finally:
+        if serve.returncode is None:
+            serve.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(15):
+            await serve.wait()
+        if reading is not None:
+            await reading
+        for pid in pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert serve.returncode == 0, stderr
+    assert all(_wait_dead(pid) for pid in pids)  # serve stopped the server it restarted
+
+
+def say(text: str) -> dict:
+    message = {"role": "user", "content": text}
+    return {"type": "client.message", "agent_id": "ops_openai", "message": message}
+
+
+async def _turn_completed(api: HttpClient, reply: dict) -> list[dict]:
+    """Follows the turn to its end; the session's whole log once it completed."""
+    sid, turn_id = reply["session_id"], reply["turn_id"]
+    async with asyncio.timeout(30):
+        async for kind, event in api.follow(sid, turn_id=turn_id):
+            if kind == "event" and event.get("turn_id") == turn_id:
+                end = event["payload"]["type"]
+                if end in ("turn.completed", "turn.failed"):
+                    assert end == "turn.completed", event
+    return await api.events(sid)
