@@ -141,6 +141,8 @@ class Engine:
             await asyncio.sleep(self.lease_ms / 3000)
             try:
                 await self._balance()
+            except STORE_FAULTS as err:  # Redis away: the next round tries again
+                self.trouble("a lease round", err)
             except Exception:
                 log.exception("lease round failed")
 
