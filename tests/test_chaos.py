@@ -1,8 +1,5 @@
-"""bench/chaos.py works: a quick run SIGKILLs serves mid-load and finds every turn once.
-
-Redis restarts are left out (`--redis-restarts 0`): the engine does not yet retry a
-commit while Redis is away, so a restart can strand a turn (README "Durability").
-"""
+"""bench/chaos.py works: a quick run SIGKILLs serves, and the redis-server once, mid-load
+and finds every turn once."""
 
 from __future__ import annotations
 
@@ -19,16 +16,16 @@ def figure(out: str, name: str) -> int:
     return int(match[1])
 
 
-def test_quick_chaos_with_serve_kills_loses_and_repeats_no_turn() -> None:
+def test_quick_chaos_with_serve_and_redis_kills_loses_and_repeats_no_turn() -> None:
     run = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "chaos.py"), "--quick", "--redis-restarts", "0"],
+        [sys.executable, str(ROOT / "bench" / "chaos.py"), "--quick"],
         capture_output=True,
         text=True,
         timeout=150,  # SIGKILLs the script; its serves and redis-server die with it
     )
     assert run.returncode == 0, run.stdout + run.stderr[-3000:]
     out = run.stdout
-    assert out.startswith("chaos: 2 serves, 5 sessions, 5 serve kills, 0 redis restarts"), out
+    assert out.startswith("chaos: 2 serves, 5 sessions, 5 serve kills, 1 redis restarts"), out
     submitted = figure(out, "turns submitted")
     assert submitted > 0
     assert figure(out, "turns lost (never ended)") == 0
@@ -38,3 +35,4 @@ def test_quick_chaos_with_serve_kills_loses_and_repeats_no_turn() -> None:
     assert ran >= submitted  # plus the unanswered submits that ran anyway
     assert re.search(r"^lease handoff after a serve kill: median [\d.]+ s", out, re.MULTILINE), out
     assert len(re.findall(r"SIGKILL serve", run.stderr)) == 5, run.stderr
+    assert len(re.findall(r"SIGKILL redis-server", run.stderr)) == 1, run.stderr
