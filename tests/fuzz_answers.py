@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1366,36 +1367,28 @@ def answer(
     cls = rng.choice(classes)
     if cls == "transport":
         return _transport(rng, draft)
-    if cls == "dup_message_id":
-        label = _dup_message_id(rng, draft, req)
-    elif cls == "wrong_type":
-        label = _wrong_type(rng, draft)
-    elif cls == "missing":
-        label = _drop_key(rng, draft)
-    elif cls == "surrogate":
-        label = _surrogate(rng, draft)
-    elif cls == "invalid_utf8":
-        label = _invalid_utf8(rng, draft)
-    elif cls == "deep_state":
-        label = _deep_state(rng, draft)
-    elif cls == "deep_anywhere":
-        label = _deep_anywhere(rng, draft)
-    elif cls == "nan":
-        label = _nan(rng, draft)
-    elif cls == "fine_unicode":
-        label = _fine_unicode(rng, draft)
-    elif cls == "unknown_action":
-        label = _unknown_action(rng, draft)
-    elif cls == "not_open":
-        label = _not_open(rng, draft, req)
-    elif cls == "deep_ok":
-        label = _deep_ok(rng, draft)
-    elif cls == "vendor":
-        label = _vendor_break(rng, draft, plan.format)
-    elif cls == "tool_id":
-        label = _tool_id_not_string(rng, draft, plan.format)
-    elif cls == "sse":
-        label = _sse_structure(rng, draft)
-    else:
-        label = _stream_break(rng, draft, plan.format)
+    label = _MUTATIONS[cls](rng, draft, req, plan.format)
     return draft.encode(f"{label}:{sse}")
+
+
+Mutation = Callable[[random.Random, Draft, dict[str, Any], str | None], str]
+
+# Each class of bad answer: it changes the draft in place and returns its label.
+_MUTATIONS: dict[str, Mutation] = {
+    "dup_message_id": lambda rng, draft, req, fmt: _dup_message_id(rng, draft, req),
+    "wrong_type": lambda rng, draft, req, fmt: _wrong_type(rng, draft),
+    "missing": lambda rng, draft, req, fmt: _drop_key(rng, draft),
+    "surrogate": lambda rng, draft, req, fmt: _surrogate(rng, draft),
+    "invalid_utf8": lambda rng, draft, req, fmt: _invalid_utf8(rng, draft),
+    "deep_state": lambda rng, draft, req, fmt: _deep_state(rng, draft),
+    "deep_anywhere": lambda rng, draft, req, fmt: _deep_anywhere(rng, draft),
+    "nan": lambda rng, draft, req, fmt: _nan(rng, draft),
+    "fine_unicode": lambda rng, draft, req, fmt: _fine_unicode(rng, draft),
+    "unknown_action": lambda rng, draft, req, fmt: _unknown_action(rng, draft),
+    "not_open": lambda rng, draft, req, fmt: _not_open(rng, draft, req),
+    "deep_ok": lambda rng, draft, req, fmt: _deep_ok(rng, draft),
+    "vendor": lambda rng, draft, req, fmt: _vendor_break(rng, draft, fmt),
+    "tool_id": lambda rng, draft, req, fmt: _tool_id_not_string(rng, draft, fmt),
+    "sse": lambda rng, draft, req, fmt: _sse_structure(rng, draft),
+    "stream": lambda rng, draft, req, fmt: _stream_break(rng, draft, fmt),
+}
