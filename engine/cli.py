@@ -283,6 +283,12 @@ def _lease_ms() -> int:
     return int(os.environ.get("SUBS_LEASE_MS", "10000"))
 
 
+def _engine_socket_timeout(project: Project) -> float:
+    """Longer than any command the engine waits on (a 2 s work read, a WAIT), so only a
+    Redis that stopped answering trips it; short, since each dead connection costs it once."""
+    return 5.0 + project.store.wait_timeout_ms / 1000
+
+
 async def _serve(args: argparse.Namespace) -> int:
     """Engine and HTTP API in one process, until SIGTERM/SIGINT (SPEC §15)."""
     project = _load(args)
@@ -299,7 +305,9 @@ async def _serve(args: argparse.Namespace) -> int:
     # streams), the engine's leases, commits and timers always find a connection.
     async with (
         _redis_url(project, args.redis) as url,
-        connect(url, name="subs-engine") as engine_redis,
+        connect(
+            url, name="subs-engine", socket_timeout=_engine_socket_timeout(project)
+        ) as engine_redis,
         connect(url, name="subs-api") as api_redis,
     ):
         metrics = Metrics()

@@ -43,6 +43,7 @@ class _Partition:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
     calls: set[asyncio.Task[None]] = field(default_factory=set)
     timers_queued: set[str] = field(default_factory=set)
+    entries: set[str | None] = field(default_factory=set)  # work entries in hand, not acked
     outbox_dirty: bool = False  # committed deliveries may wait in the outbox
     relaying: bool = False
 
@@ -118,8 +119,8 @@ class Engine:
         for task in self._background:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for p in list(self.owned):
-            await self._drop(p, release=True)
+        # At once: a release on a connection Redis stopped answering costs a socket timeout.
+        await asyncio.gather(*(self._drop(p, release=True) for p in list(self.owned)))
         with contextlib.suppress(Exception):
             await self.store.leave(self.owner)
         await self.effects.aclose()
@@ -183,6 +184,7 @@ class Engine:
                 await self.store.release(p, lease)
             raise
         self.owned[p] = part
+        part.entries.update(item.entry_id for item in pending)
         for item in [*pending, *lost]:
             part.queue.put_nowait(item)
         part.outbox_dirty = True
@@ -210,16 +212,22 @@ class Engine:
 
     async def _read_work(self, part: _Partition) -> None:
         backoff = Backoff()
+        recover = False
         while True:
             try:
-                items = await self.store.read_work(part.p, self.owner, block_ms=2000)
+                items = await self.store.read_work(part.p, self.owner, block_ms=2000, own=recover)
             except Exception as err:
+                # A read can fail after Redis handed us entries: read our own next time.
+                recover = True
                 self.trouble(f"reading work of partition {part.p}", err)
                 await backoff.wait()
                 continue
+            recover = False
             backoff.reset()
             for item in items:
-                part.queue.put_nowait(item)
+                if item.entry_id not in part.entries:  # already in hand (a re-read)
+                    part.entries.add(item.entry_id)
+                    part.queue.put_nowait(item)
             if part.outbox_dirty:
                 await self._relay_outbox(part)
 
@@ -258,6 +266,7 @@ class Engine:
             finally:
                 if item.timer_member:
                     part.timers_queued.discard(item.timer_member)
+                part.entries.discard(item.entry_id)
 
     async def _settle(self, part: _Partition, item: WorkItem) -> None:
         """Apply and commit one input, then start what the committed transition asks for."""

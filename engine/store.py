@@ -37,19 +37,27 @@ DELTA_CAP = 2000
 _LEGACY_SESSIONS = "subs:sessions"
 
 
-def connect(url: str, max_connections: int = 1024, name: str | None = None) -> aioredis.Redis:
+def connect(
+    url: str,
+    max_connections: int = 1024,
+    name: str | None = None,
+    *,
+    socket_timeout: float | None = None,
+) -> aioredis.Redis:
     """A client with its own connection pool; `name` labels its connections in CLIENT LIST.
 
-    No socket read timeout: blocking stream reads wait on purpose (redis-py's
-    default of 5 s would cut them off). A blocking pool: each waiting submit and
-    each partition's event-stream reader holds a connection, and past the cap a
-    caller should wait for one, not fail.
+    No socket read timeout by default: blocking reads wait on purpose (redis-py's
+    default of 5 s would cut them off). A pool whose longest wait is known (the
+    engine's) sets one, so a Redis that stops answering without closing the
+    connection (a network partition) is a fault to wait out, not a hang forever.
+    A blocking pool: each waiting submit and each partition's event-stream reader
+    holds a connection, and past the cap a caller should wait for one, not fail.
     """
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,
         timeout=30,
-        socket_timeout=None,
+        socket_timeout=socket_timeout,
         socket_connect_timeout=10,
         client_name=name,
     )
@@ -435,10 +443,16 @@ class Store:
         return WorkItem(entry_id.decode(), body["sid"], body["input"], body.get("reply_to"))
 
     async def read_work(
-        self, p: int, consumer: str, *, block_ms: int, count: int = 64
+        self, p: int, consumer: str, *, block_ms: int, count: int = 64, own: bool = False
     ) -> list[WorkItem]:
+        """New entries of the partition's work stream; with `own`, instead, those already
+        handed to `consumer` and not acked (a read whose answer was lost on the way)."""
         reply = await self.redis.xreadgroup(
-            GROUP, consumer, {self.work_key(p): ">"}, count=count, block=block_ms
+            GROUP,
+            consumer,
+            {self.work_key(p): "0" if own else ">"},
+            count=None if own else count,
+            block=None if own else block_ms,
         )
         items = []
         for _, entries in reply or ():
