@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import textwrap
 from pathlib import Path
 
 from engine.client import Client
@@ -71,38 +70,18 @@ class Blackhole:
         await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
-def _project(tmp_path: Path, vendor_url: str) -> Path:
-    path = tmp_path / "subs.toml"
-    path.write_text(
-        textwrap.dedent(
-            f"""\
-            [llm.openai]
-            type = "openai"
-            base_url = "{vendor_url}/v1"
-
-            [agent.ops]
-            llm = "openai"
-            model = "gpt-4.1-mini"
-            """
-        )
-    )
-    return path
-
-
 def _say(text: str) -> dict:
     message = {"role": "user", "content": text}
-    return {"type": "client.message", "agent_id": "ops", "message": message}
+    return {"type": "client.message", "agent_id": "ops_openai", "message": message}
 
 
-async def test_a_partition_from_redis_is_waited_out_not_hung_on(tmp_path, vendor):
+async def test_a_partition_from_redis_is_waited_out_not_hung_on(tmp_path, vendor, config):
     vendor.default = Text("answered")
     server = EmbeddedRedis(tmp_path / "redis")
     direct_url = server.start()
     proxy = Blackhole(server.socket_path)
     await proxy.start()
-    serve = await EngineProcess(
-        _project(tmp_path, vendor.url), f"redis://127.0.0.1:{proxy.port}/0"
-    ).start()
+    serve = await EngineProcess(config, f"redis://127.0.0.1:{proxy.port}/0").start()
     redis = connect(direct_url)  # the test's own view, around the proxy
     try:
         client = Client(await Store.open(redis))
