@@ -9,22 +9,20 @@ belongs to the caller.
 from __future__ import annotations
 
 import asyncio
-import codecs
 import hashlib
 import hmac
 import json
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from httpx_sse import EventSource
 
 from engine.errors import ProtocolError, SubsError
 from engine.jsonedge import JsonEdgeError, loads_checked
 from engine.protocol import parse_decision_response, to_json
+from engine.sse import Event, SseDecoder
 
 __all__ = ["DecisionFailure", "Delivery", "deliver", "sign", "verify"]
 
@@ -171,61 +169,41 @@ async def _read_body(response: httpx.Response, limit: int) -> bytes:
     return bytes(body)
 
 
-class _FrameBytes(httpx.AsyncByteStream):
-    """The body as httpx-sse reads it, refused once `limit` bytes pass without an event.
-
-    Bounding each frame rather than the whole stream lets a long answer stream as
-    many deltas as it has while no single frame can fill memory.
-    """
-
-    def __init__(self, response: httpx.Response, limit: int) -> None:
-        self._response = response
-        self._limit = limit
-        self.pending = 0
-        # httpx-sse decodes with replacement characters; a worker's bad bytes are refused.
-        self._utf8 = codecs.getincrementaldecoder("utf-8")()
-        self._offset = 0
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        async for chunk in self._response.aiter_bytes():
-            self.pending += len(chunk)
-            if self.pending > self._limit:
-                raise _too_large(self._limit, "an event-stream frame")
-            try:
-                self._utf8.decode(chunk)
-            except UnicodeDecodeError as err:
-                raise _invalid(
-                    f"the event stream is not UTF-8: byte {self._offset + err.start} is invalid"
-                ) from None
-            self._offset += len(chunk)
-            yield chunk
-        try:
-            self._utf8.decode(b"", final=True)
-        except UnicodeDecodeError:
-            raise _invalid("the event stream is not UTF-8: it ends inside a character") from None
-
-
 async def _read_stream(
     response: httpx.Response, limit: int, on_delta: OnDelta | None
 ) -> dict[str, Any]:
-    frames = _FrameBytes(response, limit)
-    source = EventSource(
-        httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=frames)
-    )
-    async with aclosing(source.aiter_sse()) as events:
-        async for event in events:
-            frames.pending = 0
-            if event.event == "llm.token.delta":
-                delta = _frame_json(event.event, event.data)
-                if not isinstance(delta, dict):
-                    raise _invalid("llm.token.delta: the data is not a JSON object")
-                if on_delta is not None:
-                    await on_delta(delta)
-            elif event.event == "decision.result":
-                return _decision(_frame_json(event.event, event.data), "decision.result: ")
-            elif event.event == "decision.error":
-                raise _handler_error(_frame_json(event.event, event.data))
+    """The worker's event stream, frame by frame (`engine/sse.py`); each frame (not the
+    stream) is bounded by `limit`, so a long answer streams as many deltas as it has."""
+    decoder = SseDecoder()
+    try:
+        async for chunk in response.aiter_bytes():
+            answer = await _on_frames(decoder.feed(chunk), on_delta)
+            if answer is not None:  # `{}`, the empty decision, is an answer too
+                return answer
+            if decoder.pending > limit:
+                raise _too_large(limit, "an event-stream frame")
+        answer = await _on_frames(decoder.close(), on_delta)
+        if answer is not None:
+            return answer
+    except UnicodeDecodeError as err:
+        raise _invalid(f"the event stream is not UTF-8 ({err.reason})") from None
     raise _invalid("the stream ended without decision.result")
+
+
+async def _on_frames(events: list[Event], on_delta: OnDelta | None) -> dict[str, Any] | None:
+    """Deltas go to `on_delta`; `decision.result` is the answer; other events are ignored."""
+    for event in events:
+        if event.event == "llm.token.delta":
+            delta = _frame_json(event.event, event.data)
+            if not isinstance(delta, dict):
+                raise _invalid("llm.token.delta: the data is not a JSON object")
+            if on_delta is not None:
+                await on_delta(delta)
+        elif event.event == "decision.result":
+            return _decision(_frame_json(event.event, event.data), "decision.result: ")
+        elif event.event == "decision.error":
+            raise _handler_error(_frame_json(event.event, event.data))
+    return None
 
 
 def _frame_json(event: str, data: str) -> Any:

@@ -221,6 +221,22 @@ async def test_stream_without_a_delta_callback(
     assert await deliver(http, to(worker, STREAMED_BODY)) == LLM_RESULT
 
 
+async def test_a_streamed_empty_decision_is_an_answer(
+    http: httpx.AsyncClient, test_worker: WorkerFactory
+) -> None:
+    worker = await test_worker(answer(Stream([("decision.result", {})])))
+    assert await deliver(http, to(worker, STREAMED_BODY)) == {}
+
+
+async def test_a_stream_that_is_not_utf8_is_refused(
+    http: httpx.AsyncClient, test_worker: WorkerFactory
+) -> None:
+    body = b'event: llm.token.delta\ndata: {"text":"\xff"}\n\n'
+    worker = await test_worker(answer(Reply(200, body, "text/event-stream")))
+    failed = await failure(http, to(worker, STREAMED_BODY))
+    assert failed.code == "invalid_response" and "not UTF-8" in failed.message
+
+
 @pytest.mark.parametrize(
     ("space", "newline"),
     [(False, "\n"), (True, "\r\n"), (False, "\r")],

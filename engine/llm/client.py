@@ -1,7 +1,7 @@
 """One model call over HTTP: the only I/O in engine.llm.
 
 The vendor modules convert shapes; this one sends the body, reads the answer
-(JSON, or SSE through httpx-sse) and turns every transport failure into a
+(JSON, or an event stream through `engine.sse`) and turns every transport failure into a
 ProviderError. See SPEC.md §7.
 """
 
@@ -13,13 +13,13 @@ from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import httpx
-from httpx_sse import SSEError, aconnect_sse
 from pydantic import BaseModel, ValidationError
 
 from engine.jsonedge import JsonEdgeError, loads_checked
 from engine.llm import anthropic, openai
 from engine.llm.errors import ProviderError, quote
 from engine.protocol import LlmResponse, StreamDelta
+from engine.sse import Event, SseDecoder
 
 ANTHROPIC_VERSION = "2023-06-01"
 
@@ -179,31 +179,31 @@ async def _streamed(
     body: dict[str, Any],
     on_delta: OnDelta | None,
 ) -> dict[str, Any]:
-    async with aconnect_sse(http, "POST", url, json=body, headers=headers) as source:
-        response = source.response
+    headers = {**headers, "Accept": "text/event-stream", "Cache-Control": "no-store"}
+    async with http.stream("POST", url, json=body, headers=headers) as response:
         if not response.is_success:
             await response.aread()
             raise adapter.parse_error(response.status_code, response.headers, response.content)
-        accumulator = adapter.accumulator()
-        try:
-            async for event in source.aiter_sse():
-                # Comment lines (OpenRouter's keep-alives) never reach here; empty
-                # data is a keep-alive too; `[DONE]` ends an OpenAI-shaped stream.
-                if not event.data:
-                    continue
-                if event.data == "[DONE]":
-                    break
-                event_json = _event_json(adapter.name, event.data)
-                for delta in _read(adapter, accumulator.feed, event_json, "stream event"):
-                    _check(adapter, StreamDelta, delta, "stream event")
-                    if on_delta is not None:
-                        await on_delta(delta)
-        except SSEError as exc:
+        if "text/event-stream" not in response.headers.get("content-type", "").lower():
             raise ProviderError(
                 f"{adapter.name} answered a streaming call without an event stream.",
                 "invalid_response",
                 retryable=True,
-            ) from exc
+            )
+        accumulator = adapter.accumulator()
+        decoder = SseDecoder()
+        try:
+            async for chunk in response.aiter_bytes():
+                if await _on_events(adapter, accumulator, decoder.feed(chunk), on_delta):
+                    break
+            else:
+                await _on_events(adapter, accumulator, decoder.close(), on_delta)
+        except UnicodeDecodeError as exc:
+            raise ProviderError(
+                f"{adapter.name} sent a stream that is not UTF-8 ({exc.reason}).",
+                "invalid_response",
+                retryable=True,
+            ) from None
         except httpx.TimeoutException:
             raise
         except httpx.TransportError as exc:
@@ -211,6 +211,26 @@ async def _streamed(
                 f"The {adapter.name} stream was cut: {_reason(exc)}.", retryable=True
             ) from exc
     return _read(adapter, lambda _: accumulator.finish(), None, "stream")
+
+
+async def _on_events(
+    adapter: _Adapter, accumulator: _Accumulator, events: list[Event], on_delta: OnDelta | None
+) -> bool:
+    """Vendor stream events; True at `[DONE]`, which ends an OpenAI-shaped stream (the
+    rest is not read: measured against the fake vendor, reading the stream to its end
+    to reuse the connection cost more CPU per call than it saved, with httpx).
+    Comments and empty data are keep-alives."""
+    for event in events:
+        if event.data == "[DONE]":
+            return True
+        if not event.data:
+            continue
+        event_json = _event_json(adapter.name, event.data)
+        for delta in _read(adapter, accumulator.feed, event_json, "stream event"):
+            _check(adapter, StreamDelta, delta, "stream event")
+            if on_delta is not None:
+                await on_delta(delta)
+    return False
 
 
 def _read(adapter: _Adapter, reader: Callable[[Any], _T], document: Any, what: str) -> _T:
