@@ -118,15 +118,29 @@ async def poll_until(predicate, timeout: float, what: str):
 
 
 class EngineProcess:
-    """`subs serve` in its own process, on the test's Redis."""
+    """`subs serve` in its own process, on the test's Redis.
 
-    def __init__(self, config: Path, redis_url: str, env: dict[str, str] | None = None) -> None:
+    Everything it writes after its start line is read as it comes (into `stderr`, or
+    the list given as `sink`): a pipe nobody reads fills up, and a process blocked
+    writing its log stalls, and never exits on SIGTERM.
+    """
+
+    def __init__(
+        self,
+        config: Path,
+        redis_url: str,
+        env: dict[str, str] | None = None,
+        *,
+        sink: list[str] | None = None,
+    ) -> None:
         self.config = config
         self.redis_url = redis_url
         self.extra_env = env or {}
         self.api = ""  # the API's base URL, read from the startup line
         self.proc: asyncio.subprocess.Process | None = None
         self.owner = ""
+        self.stderr: list[str] = [] if sink is None else sink
+        self._drain: asyncio.Task[None] | None = None
 
     async def start(self) -> EngineProcess:
         env = {
@@ -156,18 +170,48 @@ class EngineProcess:
         assert line.startswith("subs: engine "), line
         self.owner = line.split()[2]
         self.api = line.split("; api ")[1].split(";")[0]
+        self._drain = asyncio.create_task(self._read_stderr(self.proc.stderr))
         return self
+
+    async def _read_stderr(self, stream: asyncio.StreamReader) -> None:
+        while line := await stream.readline():
+            self.stderr.append(line.decode(errors="replace").rstrip("\n"))
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.stderr[-lines:])
 
     def kill(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGKILL)
 
+    async def drained(self) -> None:
+        """Every line the process wrote is in `stderr` (call once it has exited)."""
+        drain, self._drain = self._drain, None
+        if drain is not None:
+            try:
+                await asyncio.wait_for(drain, 5)  # ends at EOF, once the process is gone
+            except TimeoutError:
+                drain.cancel()
+
     async def stop(self) -> int:
+        """SIGTERM, and the exit status; a serve still up 15 s later is SIGKILLed (so it
+        cannot take work from the tests after this one) and the test fails with its log."""
         assert self.proc is not None
         if self.proc.returncode is None:
             self.proc.send_signal(signal.SIGTERM)
-        async with asyncio.timeout(15):
-            return await self.proc.wait()
+        try:
+            async with asyncio.timeout(15):
+                code = await self.proc.wait()
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+            await self.drained()
+            raise AssertionError(
+                f"subs serve did not stop within 15 s of SIGTERM; its last lines:\n"
+                f"{self.log_tail()}"
+            ) from None
+        await self.drained()
+        return code
 
 
 # -- the `subs` command as a user runs it ------------------------------------------------

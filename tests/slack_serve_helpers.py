@@ -17,7 +17,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import aclosing, asynccontextmanager, suppress
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,7 +113,6 @@ class SlackServe:
         self.stderr: list[str] = []  # everything every serve process wrote after its start line
         self.redis = connect(redis_url)  # the serve process's Redis, for reading sessions
         self._client: Client | None = None
-        self._drain: asyncio.Task[None] | None = None
 
     @property
     def client(self) -> Client:
@@ -126,10 +125,9 @@ class SlackServe:
     async def start(self) -> None:
         """Start `subs serve` and return once Slack can reach the app."""
         connected = self.fake.connections
-        self.serve = EngineProcess(self.config, self.redis_url, self.env)  # aclose stops it
+        # aclose stops it; its log goes on from the last process's in `self.stderr`
+        self.serve = EngineProcess(self.config, self.redis_url, self.env, sink=self.stderr)
         await self.serve.start()
-        assert self.serve.proc is not None and self.serve.proc.stderr is not None
-        self._drain = asyncio.create_task(self._read_stderr(self.serve.proc.stderr))
         self.events_url = f"{self.serve.api}/slack/{self.agent}/events"
         if self._client is None:
             self._client = Client(await Store.open(self.redis))
@@ -154,11 +152,6 @@ class SlackServe:
             raise AssertionError(
                 f"{self.events_url} failed Slack's URL check: {answer.status} {answer.text[:200]}"
             )
-
-    async def _read_stderr(self, stream: asyncio.StreamReader) -> None:
-        """Keep reading what the process logs: a full pipe would stall it."""
-        while line := await stream.readline():
-            self.stderr.append(line.decode(errors="replace").rstrip("\n"))
 
     async def kill(self) -> None:
         """SIGKILL the serve process (no cleanup of any kind) and reap it."""
@@ -192,14 +185,8 @@ class SlackServe:
         await self.redis.aclose()
 
     async def _stop_draining(self) -> None:
-        drain, self._drain = self._drain, None
-        if drain is not None:
-            try:
-                await asyncio.wait_for(drain, 5)  # ends at EOF, once the process is gone
-            except TimeoutError:
-                drain.cancel()
-                with suppress(asyncio.CancelledError):
-                    await drain
+        if self.serve is not None:
+            await self.serve.drained()
 
     @property
     def alive(self) -> bool:

@@ -102,8 +102,10 @@ async def test_a_partition_from_redis_is_waited_out_not_hung_on(tmp_path, vendor
             end = await wait_for_event(client, sid, turn_ended(second["turn_id"]), timeout=60)
         except TimeoutError:
             serve.kill()
-            assert serve.proc is not None and serve.proc.stderr is not None
-            raise AssertionError((await serve.proc.stderr.read()).decode()[-3000:]) from None
+            assert serve.proc is not None
+            await serve.proc.wait()
+            await serve.drained()
+            raise AssertionError(serve.log_tail()) from None
         assert end["payload"]["type"] == "turn.completed", end
         assert serve.proc is not None and serve.proc.returncode is None
     finally:
