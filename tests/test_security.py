@@ -8,7 +8,7 @@ import asyncio
 import json
 import socket
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +28,7 @@ from engine.runner import Engine
 from engine.store import Store, compact_json, connect
 from tests.api_helpers import INPUT, KEYS_ENV, ROOT, auth, read_stream, serve, stream_path
 from tests.bot_helpers import AGENT, serve_bots
-from tests.engine_helpers import ENV, make_project, project_toml, start_subs
+from tests.engine_helpers import ENV, make_project, poll_until, project_toml, start_subs
 from tests.fakes.llm_vendor import FakeVendor, Text
 from tests.fakes.slack import FakeSlack, sign
 from tests.slack_serve_helpers import slack_serve
@@ -95,19 +95,14 @@ async def run_table(http: httpx.AsyncClient, calls: list[Call]) -> list[str]:
     return wrong
 
 
-async def poll(
-    http: httpx.AsyncClient, path: str, status: int, timeout: float
-) -> tuple[httpx.Response, float]:
-    """GET `path` until it answers `status`; the answer and how long that took."""
-    started = time.monotonic()
-    while True:
-        resp = await http.get(path)
-        elapsed = time.monotonic() - started
-        if resp.status_code == status:
-            return resp, elapsed
-        if elapsed > timeout:
-            raise AssertionError(f"{path} still {resp.status_code} after {timeout} s")
-        await asyncio.sleep(0.05)
+def healthz_is(http: httpx.AsyncClient, status: int) -> Callable[[], Awaitable[Any]]:
+    """A poll_until predicate: the /healthz answer, once it has `status`."""
+
+    async def check() -> httpx.Response | None:
+        resp = await http.get("/healthz")
+        return resp if resp.status_code == status else None
+
+    return check
 
 
 # -- CORS ------------------------------------------------------------------------------------
@@ -618,8 +613,9 @@ async def test_healthz_is_degraded_while_redis_is_away_and_handlers_answer_503(
             assert (ok.status_code, ok.json()) == (200, {"status": "ok"})
 
             server.stop()
-            degraded, took = await poll(http, "/healthz", 503, timeout=5)
-            assert took < 2
+            started = time.monotonic()
+            degraded = await poll_until(healthz_is(http, 503), 5, "/healthz to answer 503")
+            assert time.monotonic() - started < 2
             assert degraded.json()["status"] == "degraded"
             reason = degraded.json()["redis"]
             assert reason and len(reason) < 40 and "/" not in reason  # a word, no address
@@ -638,7 +634,7 @@ async def test_healthz_is_degraded_while_redis_is_away_and_handlers_answer_503(
                 assert resp.headers["Retry-After"] == "1"
 
             server.start()
-            await poll(http, "/healthz", 200, timeout=5)
+            await poll_until(healthz_is(http, 200), 5, "/healthz to answer 200 again")
             back = await http.get("/api/client/sessions/s", headers=auth(ROOT))
             assert back.status_code == 404
     finally:
