@@ -302,7 +302,7 @@ class SessionLog:
     """What one session's log says, read once."""
 
     events: list[dict[str, Any]]
-    snapshot: tuple[int, Any]  # (seq, state) as stored, read together with the log
+    snapshot: tuple[int, Any]  # (at, state) as stored, read together with the log
     started: Counter[str] = field(default_factory=Counter)
     ends: defaultdict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     tags: defaultdict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
@@ -504,10 +504,12 @@ class Run:
         """The log and the snapshot in one transaction: a serve may be committing meanwhile."""
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.xrange(self.store.log_key(sid))
-            pipe.hmget(self.store.snap_key(sid), "seq", "state")
-            entries, (seq, state) = await pipe.execute()
+            pipe.hmget(self.store.snap_key(sid), "state", "at", "seq")
+            entries, (state, at, seq) = await pipe.execute()
         events = [json.loads(fields[b"e"]) for _, fields in entries]
-        return SessionLog.of(events, (int(seq or 0), json.loads(state) if state else None))
+        # The full state is as of `at`; the log's tail after it is folded on load.
+        at = int(at or seq or 0)
+        return SessionLog.of(events, (at, json.loads(state) if state else None))
 
     def outcome(self, turn: Turn, log: SessionLog) -> tuple[str | None, list[dict[str, Any]]]:
         """The turn's id (for an unanswered submit: from its message, if it ran) and ends."""

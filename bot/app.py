@@ -40,6 +40,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from engine.client import Client, ClientError
 from engine.config import Project, slack_env_suffix
+from engine.snapshots import load_state
 
 from .checkpoint import Checkpoint, Checkpoints, LeaseLost
 from .governor import Paced, RateGovernor
@@ -530,9 +531,8 @@ class Bots:
 
     async def _open_interrupts(self, sid: str) -> dict[str, dict[str, Any]]:
         """The session's open interrupts as the engine recorded them, by id."""
-        _, state = await self.client.store.load_snapshot(sid)
-        interrupts = (state or {}).get("interrupts")
-        return interrupts if isinstance(interrupts, dict) else {}
+        state = await load_state(self.client.store, sid)
+        return dict(state.interrupts) if state else {}
 
     async def _click(self, bot: Bot, body: dict[str, Any]) -> None:
         """A prompt button: resume with the recorded option, then show who answered."""

@@ -32,10 +32,11 @@ from .client import Client, ClientError
 from .errors import ProtocolError
 from .fanout import Hub, Watch, stream_pos
 from .jsonedge import JsonEdgeError, loads_checked
-from .machine import SessionState, state_from_json
+from .machine import SessionState
 from .machine.tree import path_to
 from .metrics import Metrics
 from .protocol import InterruptPayload, WorkerIdentity, parse_client_input
+from .snapshots import load_state, state_of
 from .store import Store, compact_json
 
 log = logging.getLogger("subs.api")
@@ -273,8 +274,8 @@ async def _read_cut(store: Store, sid: str) -> _Cut | None:
     read = await store.read_cut(sid)
     if read is None:
         return None
-    seq, snapshot, deltas, cursor = read
-    return _Cut(seq, state_from_json(snapshot), deltas, cursor)
+    snap, deltas, cursor = read
+    return _Cut(snap.seq, state_of(snap), deltas, cursor)
 
 
 def _delta_key(delta: Mapping[str, Any]) -> tuple[Any, Any]:
@@ -741,10 +742,9 @@ async def _json_body(request: web.Request) -> Any:
 
 async def _owned_state(request: web.Request, sid: str) -> SessionState:
     """The session's state, 404 when unknown, 403 when the caller does not own it."""
-    _, snap = await request.app[API].store.load_snapshot(sid)
-    if snap is None:
+    state = await load_state(request.app[API].store, sid)
+    if state is None:
         raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
-    state = state_from_json(snap)
     if not _principal(request).owns(state.identity):
         raise ApiError(403, "forbidden", f"session {sid!r} belongs to another key")
     return state
@@ -773,8 +773,8 @@ async def post_input(request: web.Request) -> web.Response:
         metadata = {**identity["metadata"], **supplied.get("metadata", {})}
         identity = {**identity, **supplied, "metadata": metadata}
     if body.session_id is not None and not principal.full:
-        _, snap = await api.store.load_snapshot(body.session_id)
-        if snap is not None and not principal.owns(snap.get("identity")):
+        snap = await api.store.load_snapshot(body.session_id)
+        if snap is not None and not principal.owns(snap.state.get("identity")):
             raise ApiError(403, "forbidden", f"session {body.session_id!r} belongs to another key")
     try:
         reply = await api.client.submit(
@@ -820,13 +820,13 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     turn_id = request.query.get("turn_id") or None
     caller = api.take_stream_slot(request)
     try:
-        seq, snap = await api.store.load_snapshot(sid)
+        snap = await api.store.load_snapshot(sid)
         if snap is None:
             raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
-        if not _principal(request).owns(snap.get("identity")):
+        if not _principal(request).owns(snap.state.get("identity")):
             raise ApiError(403, "forbidden", f"session {sid!r} belongs to another key")
-        if after > seq:
-            raise ApiError(400, "invalid_query", f"seq {after} is past the log's end ({seq})")
+        if after > snap.seq:
+            raise ApiError(400, "invalid_query", f"seq {after} is past the log's end ({snap.seq})")
         async with api.hub.watch(sid) as watch:
             cut = await _read_cut(api.store, sid)  # after joining: see `fanout`
             if cut is None:
@@ -898,12 +898,11 @@ async def admin_sessions(request: web.Request) -> web.Response:
     offset = _int_query(request, "offset", 0, lo=0, hi=2**31)
     limit = _int_query(request, "limit", 50, lo=1, hi=500)
     ids = await store.list_sessions(offset, limit)
-    snaps = await asyncio.gather(*(store.load_snapshot(sid) for sid in ids))
+    states = await asyncio.gather(*(load_state(store, sid) for sid in ids))
     sessions = []
-    for sid, (_, snap) in zip(ids, snaps, strict=True):
-        if snap is None:
+    for sid, state in zip(ids, states, strict=True):
+        if state is None:
             continue  # indexed, then lost with its snapshot: nothing to show
-        state = state_from_json(snap)
         sessions.append(
             {
                 "session_id": sid,
@@ -932,12 +931,12 @@ async def admin_events(request: web.Request) -> web.Response:
     sid = request.match_info["sid"]
     after = _int_query(request, "after_seq", 0, lo=0, hi=MAX_SEQ)
     limit = _int_query(request, "limit", 100, lo=1, hi=1000)
-    seq, snap = await store.load_snapshot(sid)
+    snap = await store.load_snapshot(sid)
     if snap is None:
         raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
     events = await store.read_log(sid, after, count=limit)
     last = events[-1]["seq"] if events else after
-    body = {"events": events, "next_after_seq": last if last < seq else None}
+    body = {"events": events, "next_after_seq": last if last < snap.seq else None}
     return web.json_response(body, dumps=compact_json)
 
 

@@ -34,13 +34,13 @@ from .machine import (
     Transition,
     input_from_json,
     input_to_json,
-    state_from_json,
     state_to_json,
     step,
 )
 from .machine.evolve import at_ms
 from .metrics import Metrics
 from .retrying import Backoff, Trouble
+from .snapshots import SNAPSHOT_MIN_BYTES, Mark, mark_of, state_of
 from .store import STORE_FAULTS, Commit, Store, StoreConflict, WorkItem, compact_json
 
 log = logging.getLogger("subs.engine")
@@ -73,6 +73,7 @@ class _Planned:
     commit: Commit
     transition: Transition | None  # None: refused, nothing follows
     started: float  # perf_counter at the start of the step
+    mark: Mark | None = None  # the stored snapshot's mark once this commit lands
 
 
 class Applier:
@@ -95,6 +96,8 @@ class Applier:
         self.stats = stats
         self.trouble = trouble
         self.cache: dict[str, SessionState] = {}
+        self.marks: dict[str, Mark] = {}  # of the cached sessions' stored snapshots
+        self.snapshot_min_bytes = SNAPSHOT_MIN_BYTES
         # Built once: the machine only reads these (events carry them by reference).
         self.agent_configs = {a.id: a.wire_config(project) for a in project.agents.values()}
         self.llm_routes = {b.id: {"type": b.type, "format": b.format} for b in project.llm.values()}
@@ -105,7 +108,11 @@ class Applier:
     def forget(self, p: int) -> None:
         """The partition is no longer ours: its cached states may go stale."""
         for sid in [s for s in self.cache if self.store.partition_of(s) == p]:
-            del self.cache[sid]
+            self._drop(sid)
+
+    def _drop(self, sid: str) -> None:
+        self.cache.pop(sid, None)
+        self.marks.pop(sid, None)
 
     async def settle(self, p: int, lease: str, item: WorkItem) -> Transition | None:
         """Apply one input and commit it, however long Redis is away.
@@ -143,17 +150,17 @@ class Applier:
                         raise
                 return self._committed(planned)
             except StoreConflict as err:
-                self.cache.pop(sid, None)
+                self._drop(sid)
                 if err.lease_lost:
                     raise
                 planned, faulted = None, False  # another writer won: re-read and apply again
             except STORE_FAULTS as err:
-                self.cache.pop(sid, None)
+                self._drop(sid)
                 faulted = planned is not None
                 self.trouble(f"committing an input to {sid}", err)
                 await backoff.wait()
             except Exception as err:  # not CancelledError: that one leaves
-                self.cache.pop(sid, None)
+                self._drop(sid)
                 planned, faulted = None, False
                 failures += 1
                 if failures >= POISON_FAILURES:
@@ -171,6 +178,8 @@ class Applier:
         if t is None or t.state is None:
             return None
         self.cache[t.state.session_id] = t.state
+        if planned.mark is not None:
+            self.marks[t.state.session_id] = planned.mark
         self._count(t.events)
         self.stats.steps += 1
         if self.stats.record_steps:
@@ -180,10 +189,11 @@ class Applier:
     async def load(self, sid: str) -> SessionState | None:
         state = self.cache.get(sid)
         if state is None:
-            _, snap = await self.store.load_snapshot(sid)
+            snap = await self.store.load_snapshot(sid)
             if snap is not None:
-                state = state_from_json(snap)
+                state = state_of(snap)
                 self.cache[sid] = state
+                self.marks[sid] = mark_of(snap)
         return state
 
     def _decider(self, agent_id: str) -> str:
@@ -238,9 +248,10 @@ class Applier:
             t = step(state, sid, self._machine_input(state, item.input), self.now_ms(), new_id)
         except MachineError as err:
             reply = {"ok": False, "error": err.message, "code": err.code, "status": err.status}
-            commit = Commit(sid, seq, seq, [], None, reply={**reply, **err.detail})
+            commit = Commit(sid, seq, seq, (), None, reply={**reply, **err.detail})
             return _Planned(self._finish(commit, item), None, started)
-        return _Planned(self._finish(_commit_of(sid, seq, t), item), t, started)
+        commit, mark = _commit_of(sid, seq, t, self.marks.get(sid), self.snapshot_min_bytes)
+        return _Planned(self._finish(commit, item), t, started, mark)
 
     @staticmethod
     def _finish(commit: Commit, item: WorkItem) -> Commit:
@@ -276,7 +287,11 @@ class Applier:
         except Exception:  # the session cannot even record it: the dead letter still does
             log.exception("session %s cannot record the rejected input", sid)
             t = None
-        commit = _commit_of(sid, seq, t) if t else Commit(sid, seq, seq, [], None)
+        mark = None
+        if t:
+            commit, mark = _commit_of(sid, seq, t, self.marks.get(sid), self.snapshot_min_bytes)
+        else:
+            commit = Commit(sid, seq, seq, (), None)
         letter = {
             "session_id": sid,
             "entry_id": item.entry_id,
@@ -290,7 +305,7 @@ class Applier:
             reply={"ok": False, "error": error["message"], "code": "internal", "status": 500},
             dead_letter=compact_json(letter),
         )
-        return _Planned(self._finish(commit, item), t, started)
+        return _Planned(self._finish(commit, item), t, started, mark)
 
     def _count(self, events: list[dict[str, Any]]) -> None:
         if not events:
@@ -325,27 +340,26 @@ def has_inflight(state: SessionState | None) -> bool:
     return bool(lost_work(state))
 
 
-@dataclass(frozen=True)
-class _Planned:
-    """One input's transition, ready to commit: what to write, and what follows it."""
-
-    commit: Commit
-    transition: Transition | None  # None: refused, nothing follows
-    started: float  # perf_counter at the start of the step
-
-
-def _commit_of(sid: str, seq: int, t: Transition) -> Commit:
-    """What a transition writes: its events, the new snapshot, its timers and deliveries."""
+def _commit_of(
+    sid: str, seq: int, t: Transition, mark: Mark | None, min_bytes: int
+) -> tuple[Commit, Mark | None]:
+    """What a transition writes: its events, the snapshot when it is due, its timers and
+    deliveries; and the snapshot's mark once it is written."""
     new_state = t.state
     created = t.events[0] if t.events else None
-    return Commit(
+    events = tuple(compact_json(e) for e in t.events)
+    snapshot = None
+    if events and new_state:
+        mark = mark.after(sum(map(len, events)), min_bytes) if mark else None
+        if mark is None:
+            snapshot = compact_json(state_to_json(new_state))
+            mark = Mark(len(snapshot.encode()), 0)
+    commit = Commit(
         session_id=sid,
         expected_seq=seq,
         new_seq=new_state.seq if new_state else 0,
-        events=t.events,
-        snapshot=json.dumps(state_to_json(new_state), separators=(",", ":"))
-        if t.events and new_state
-        else None,
+        events=events,
+        snapshot=snapshot,
         inflight=has_inflight(new_state) if t.events else None,
         timers=tuple(
             (e.due, _timer_member(sid, e.due, e.input))
@@ -365,6 +379,7 @@ def _commit_of(sid: str, seq: int, t: Transition) -> Commit:
         if created and created["payload"]["type"] == "session.created"
         else None,
     )
+    return commit, mark
 
 
 def _timer_member(sid: str, due: int, inp: Input) -> str:

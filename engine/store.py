@@ -86,9 +86,10 @@ class StoreConflict(SubsError):
 
 
 # KEYS: log, snap, work, inflight, lease, timers, reply, outbox, sessions, dead
-# ARGV: lease_value, expected_seq, new_seq, snapshot ('' = unchanged), ack_id, inflight (+/-/''),
-#       session_id, reply ('' = none), n_events, created_ms ('' = not new), dead letter ('' =
-#       none), (id, json)*, n_timers, (score, member)*, n_timer_removals, member*, n_outbox, item*
+# ARGV: lease_value, expected_seq, new_seq, snapshot ('' = not rewritten), ack_id,
+#       inflight (+/-/''), session_id, reply ('' = none), n_events, created_ms ('' = not
+#       new), dead letter ('' = none), (id, json)*, n_timers, (score, member)*,
+#       n_timer_removals, member*, n_outbox, item*
 _COMMIT = """
 if redis.call('GET', KEYS[5]) ~= ARGV[1] then return -1 end
 local cur = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0')
@@ -102,7 +103,10 @@ for _ = 1, n do
   i = i + 2
 end
 if ARGV[4] ~= '' then
-  redis.call('HSET', KEYS[2], 'seq', ARGV[3], 'state', ARGV[4])
+  redis.call('HSET', KEYS[2], 'seq', ARGV[3], 'state', ARGV[4], 'at', ARGV[3])
+elseif n > 0 then
+  redis.call('HSETNX', KEYS[2], 'at', cur)
+  redis.call('HSET', KEYS[2], 'seq', ARGV[3])
 end
 if ARGV[5] ~= '' then
   redis.call('XACK', KEYS[3], 'engine', ARGV[5])
@@ -155,13 +159,19 @@ return 1
 
 @dataclass(frozen=True)
 class Commit:
-    """One transition's writes, applied all-or-nothing."""
+    """One transition's writes, applied all-or-nothing.
+
+    `events` are the new log entries, encoded, numbered from `expected_seq + 1`. The
+    snapshot is the whole state, written only now and then (engine/snapshots.py): a
+    step that does not write it still moves the hash's `seq`, and the state stays at
+    its `at`, the log's tail after it folded on load.
+    """
 
     session_id: str
     expected_seq: int
     new_seq: int
-    events: list[dict[str, Any]]
-    snapshot: str | None  # None: unchanged
+    events: tuple[str, ...]
+    snapshot: str | None  # None: not rewritten
     ack_id: str | None = None
     inflight: bool | None = None  # None: unchanged
     timers: tuple[tuple[int, str], ...] = ()
@@ -171,6 +181,18 @@ class Commit:
     outbox: tuple[str, ...] = ()  # messages to other sessions, relayed after the commit
     created_ms: int | None = None  # the session is new: index it (in the same commit)
     dead_letter: str | None = None  # an input no transition could take, kept for a person
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A session as stored: the state at seq `at` and the log entries after it, to `seq`."""
+
+    seq: int
+    at: int
+    state: dict[str, Any]
+    state_bytes: int
+    tail: list[dict[str, Any]]
+    tail_bytes: int
 
 
 @dataclass(frozen=True)
@@ -270,11 +292,31 @@ class Store:
 
     # -- snapshots and logs --------------------------------------------------------
 
-    async def load_snapshot(self, session_id: str) -> tuple[int, dict[str, Any] | None]:
-        seq, state = await self.redis.hmget(self.snap_key(session_id), "seq", "state")
+    async def load_snapshot(self, session_id: str) -> Snapshot | None:
+        """The last full snapshot and the log after it; None when the session does not exist."""
+        seq, state, at = await self.redis.hmget(self.snap_key(session_id), "seq", "state", "at")
         if state is None:
-            return 0, None
-        return int(seq), json.loads(state)
+            return None
+        return await self._snapshot(session_id, seq, state, at)
+
+    async def _snapshot(
+        self, session_id: str, seq: bytes, state: bytes, at: bytes | None
+    ) -> Snapshot:
+        """A snapshot hash read as one instant, with its tail. The tail is read after it:
+        log entries up to `seq` never change, so a commit in between adds nothing to it."""
+        head = int(seq)
+        since = head if at is None else int(at)  # no `at`: written before tails existed
+        tail: list[dict[str, Any]] = []
+        tail_bytes = 0
+        if since < head:
+            entries = await self.redis.xrange(
+                self.log_key(session_id), min=f"({since}-0", max=f"{head}-0"
+            )
+            for _, fields in entries:
+                raw = fields[b"e"]
+                tail_bytes += len(raw)
+                tail.append(json.loads(raw))
+        return Snapshot(head, since, json.loads(state), len(state), tail, tail_bytes)
 
     async def commit(self, p: int, lease: str, c: Commit) -> int:
         """Apply a transition. Raises StoreConflict when fenced off."""
@@ -292,8 +334,8 @@ class Store:
             "" if c.created_ms is None else c.created_ms,
             c.dead_letter or "",
         ]
-        for e in c.events:
-            args += [f"{e['seq']}-0", compact_json(e)]
+        for n, event in enumerate(c.events, c.expected_seq + 1):
+            args += [f"{n}-0", event]
         args.append(len(c.timers))
         for due, member in c.timers:
             args += [due, member]
@@ -335,21 +377,19 @@ class Store:
         )
         return [json.loads(fields[b"e"]) for _, fields in entries]
 
-    async def read_cut(
-        self, session_id: str
-    ) -> tuple[int, dict[str, Any], list[dict[str, Any]], str] | None:
-        """The snapshot's seq and state, and the token deltas with the delta stream's last
-        id ("0-0" when empty), read in one transaction: one instant. None when the session
-        does not exist. Both keys share the session's slot."""
+    async def read_cut(self, session_id: str) -> tuple[Snapshot, list[dict[str, Any]], str] | None:
+        """The snapshot, and the token deltas with the delta stream's last id ("0-0" when
+        empty), read in one transaction: one instant. None when the session does not
+        exist. Both keys share the session's slot."""
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hmget(self.snap_key(session_id), "seq", "state")
+            pipe.hmget(self.snap_key(session_id), "seq", "state", "at")
             pipe.xrange(self.delta_key(session_id))
-            (seq, raw), entries = await pipe.execute()
+            (seq, raw, at), entries = await pipe.execute()
         if raw is None:
             return None
         deltas = [json.loads(fields[b"d"]) for _, fields in entries]
         cursor = entries[-1][0].decode() if entries else "0-0"
-        return int(seq), json.loads(raw), deltas, cursor
+        return await self._snapshot(session_id, seq, raw, at), deltas, cursor
 
     async def stream_ends(self, session_ids: Sequence[str]) -> list[tuple[str, str]]:
         """Where each session's log and delta stream end now ("0-0" when empty): a tail

@@ -15,6 +15,7 @@ from typing import Any
 from engine.client import Client
 from engine.config import Project, parse_project
 from engine.machine import fold, state_to_json
+from engine.snapshots import state_of
 from engine.store import Store
 
 ENV = {"OPENAI_API_KEY": "test-openai", "ANTHROPIC_API_KEY": "test-anthropic"}
@@ -89,13 +90,17 @@ def turn_ended(turn_id: str):
 
 
 async def assert_consistent(store: Store, sid: str) -> list[dict[str, Any]]:
-    """seq is gapless from 1 and the snapshot equals the fold of the log."""
+    """seq is gapless from 1; the stored snapshot equals the fold of the log up to its
+    seq, and with the log's tail folded on, the fold of the whole log."""
     events = await store.read_log(sid)
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
-    seq, snap = await store.load_snapshot(sid)
-    assert seq == len(events)
+    snap = await store.load_snapshot(sid)
+    assert snap is not None and snap.seq == len(events)
+    assert snap.tail == events[snap.at :]
+    at_snapshot = fold(json.loads(json.dumps(events[: snap.at])))
+    assert at_snapshot is not None and state_to_json(at_snapshot) == snap.state
     folded = fold(json.loads(json.dumps(events)))
-    assert folded is not None and state_to_json(folded) == snap
+    assert folded is not None and state_to_json(folded) == state_to_json(state_of(snap))
     return events
 
 

@@ -20,7 +20,7 @@ from engine.config import StoreConfig
 from engine.durability import check_server
 from engine.embedded import EmbeddedRedis, find_redis_server
 from engine.runner import Engine
-from engine.store import Commit, Store, connect
+from engine.store import Commit, Store, compact_json, connect
 from tests.engine_helpers import ENV, make_project
 
 
@@ -72,7 +72,7 @@ def tcp_redis(data_dir: Path, *extra: str) -> Iterator[int]:
 
 def one_step(sid: str, seq: int) -> Commit:
     event = {"seq": seq, "session_id": sid, "payload": {"type": "test.step"}}
-    return Commit(sid, seq - 1, seq, [event], snapshot='{"t":1}')
+    return Commit(sid, seq - 1, seq, (compact_json(event),), snapshot='{"t":1}')
 
 
 async def commit_steps(store: Store, sid: str, steps: int) -> list[float]:
@@ -138,7 +138,8 @@ async def test_wait_without_replicas_times_out_but_the_commits_stand(tmp_path, c
         took = await commit_steps(store, "s1", 3)
         assert min(took) >= 0.1  # each commit waited for the replica that never came
         assert [e["seq"] for e in await store.read_log("s1")] == [1, 2, 3]
-        assert await store.load_snapshot("s1") == (3, {"t": 1})
+        snap = await store.load_snapshot("s1")
+        assert snap is not None and (snap.seq, snap.at, snap.state) == (3, 3, {"t": 1})
     lines = [r.getMessage() for r in caplog.records if r.name == "subs.store"]
     assert len(lines) == 1, lines  # rate-limited: one line for the three short WAITs
     assert "reached 0 of 1 replicas in 100 ms; it stands" in lines[0]
