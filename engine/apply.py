@@ -41,7 +41,7 @@ from .machine.evolve import at_ms
 from .metrics import Metrics
 from .retrying import Backoff, Trouble
 from .snapshots import SNAPSHOT_MIN_BYTES, Mark, mark_of, state_of
-from .store import STORE_FAULTS, Commit, Store, StoreConflict, WorkItem, compact_json
+from .store import STORE_FAULTS, Commit, Store, StoreConflict, WorkItem, encode
 
 log = logging.getLogger("subs.engine")
 
@@ -303,7 +303,7 @@ class Applier:
         commit = dataclasses.replace(
             commit,
             reply={"ok": False, "error": error["message"], "code": "internal", "status": 500},
-            dead_letter=compact_json(letter),
+            dead_letter=encode(letter),
         )
         return _Planned(self._finish(commit, item), t, started, mark)
 
@@ -347,13 +347,13 @@ def _commit_of(
     deliveries; and the snapshot's mark once it is written."""
     new_state = t.state
     created = t.events[0] if t.events else None
-    events = tuple(compact_json(e) for e in t.events)
+    events = tuple(map(encode, t.events))
     snapshot = None
     if events and new_state:
         mark = mark.after(sum(map(len, events)), min_bytes) if mark else None
         if mark is None:
-            snapshot = compact_json(state_to_json(new_state))
-            mark = Mark(len(snapshot.encode()), 0)
+            snapshot = encode(state_to_json(new_state))
+            mark = Mark(len(snapshot), 0)
     commit = Commit(
         session_id=sid,
         expected_seq=seq,

@@ -7,10 +7,11 @@ engine answers on a reply list once the transition is committed.
 
 from __future__ import annotations
 
-import json
 import secrets
 from collections.abc import AsyncIterator
 from typing import Any
+
+import orjson
 
 from .apply import new_id
 from .errors import SubsError
@@ -71,7 +72,7 @@ class Client:
                 status=503,
                 detail={},
             )
-        reply = json.loads(answer[1])
+        reply = orjson.loads(answer[1])
         if not reply.pop("ok"):
             raise ClientError(
                 reply.pop("error"), code=reply.pop("code"), status=reply.pop("status"), detail=reply
@@ -146,6 +147,6 @@ class Client:
                 for entry_id, fields in entries:
                     cursors[name] = entry_id.decode()
                     if name == log_key:
-                        yield "event", json.loads(fields[b"e"])
+                        yield "event", orjson.loads(fields[b"e"])
                     else:
-                        yield "delta", json.loads(fields[b"d"])
+                        yield "delta", orjson.loads(fields[b"d"])

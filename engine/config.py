@@ -272,7 +272,7 @@ UInt32 = Annotated[int, Field(ge=0, le=_UINT32_MAX)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class _Serve(_Model):

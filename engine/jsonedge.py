@@ -15,6 +15,8 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+import orjson
+
 from .errors import SubsError
 
 MAX_DEPTH = 64
@@ -41,6 +43,13 @@ class _Constant:
         self.name = name
 
 
+_WIDE = 2.0**63
+
+
+class _Wide(Exception):
+    """orjson's float that may have been an integer past 64 bits in the document."""
+
+
 class _Refused(Exception):
     """Raised at the offence; each level it passes on the way up adds its key to `path`."""
 
@@ -57,6 +66,20 @@ def loads_checked(data: bytes | str, *, max_depth: int = MAX_DEPTH) -> Any:
         JsonEdgeError: not UTF-8, not JSON, or the first of: a non-finite number, a lone
             surrogate in a string or a key, nesting deeper than `max_depth`.
     """
+    try:
+        # orjson refuses all of the above but depth (its limit is 1024), several times
+        # faster. It reads an integer past 64 bits as a float, where `json` keeps it
+        # exact: a float that large sends the document down the slow path too.
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        pass  # refused: parsed again below, for a message that names the offence
+    else:
+        try:
+            _checked(value, max_depth, wide=True)
+        except _Wide:
+            pass
+        else:
+            return value
     if isinstance(data, bytes | bytearray):
         try:
             data = data.decode("utf-8")
@@ -79,17 +102,23 @@ def check(value: Any, *, max_depth: int = MAX_DEPTH) -> None:
     Raises:
         JsonEdgeError: as `loads_checked`, for the first offence found.
     """
+    _checked(value, max_depth, wide=False)
+
+
+def _checked(value: Any, max_depth: int, *, wide: bool) -> None:
     try:
-        _check([value], -1, max_depth)  # the document as item 0 of a list: scalars need no call
+        # The document as item 0 of a list: scalars need no call.
+        _check([value], -1, max_depth, wide)
     except _Refused as refused:
         path = ".".join(reversed(refused.path[:-1]))
         message = f"{path}: {refused.problem}" if path else refused.problem
         raise JsonEdgeError(message, path or None) from None
 
 
-def _check(node: list[Any] | dict[str, Any], depth: int, max_depth: int) -> None:
+def _check(node: list[Any] | dict[str, Any], depth: int, max_depth: int, wide: bool) -> None:
     """A container's items, checked inline: only a nested container costs a call, and the
-    path is worked out only for an offence. The types are exactly those `json.loads` builds."""
+    path is worked out only for an offence. The types are exactly those `json.loads` builds.
+    With `wide`, a float past ±2**63 raises `_Wide`."""
     if depth >= max_depth:
         raise _Refused(f"nested deeper than {max_depth} levels")
     if type(node) is dict:
@@ -106,13 +135,15 @@ def _check(node: list[Any] | dict[str, Any], depth: int, max_depth: int) -> None
             refused = _Refused("a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape)")
         elif kind is dict or kind is list:
             try:
-                _check(value, depth + 1, max_depth)
+                _check(value, depth + 1, max_depth, wide)
             except _Refused as nested:
                 nested.path.append(_key_of(node, value))
                 raise
             continue
         elif kind is float:
             if math.isfinite(value):
+                if wide and not -_WIDE < value < _WIDE:
+                    raise _Wide
                 continue
             # A parsed document's only non-finite floats are overflows (1e999); a NaN can
             # come from a value built in Python.

@@ -20,7 +20,7 @@ from engine.config import StoreConfig
 from engine.durability import check_server
 from engine.embedded import EmbeddedRedis, find_redis_server
 from engine.runner import Engine
-from engine.store import Commit, Store, compact_json, connect
+from engine.store import Commit, Store, connect, encode
 from tests.engine_helpers import ENV, make_project
 
 
@@ -72,7 +72,7 @@ def tcp_redis(data_dir: Path, *extra: str) -> Iterator[int]:
 
 def one_step(sid: str, seq: int) -> Commit:
     event = {"seq": seq, "session_id": sid, "payload": {"type": "test.step"}}
-    return Commit(sid, seq - 1, seq, (compact_json(event),), snapshot='{"t":1}')
+    return Commit(sid, seq - 1, seq, (encode(event),), snapshot=b'{"t":1}')
 
 
 async def commit_steps(store: Store, sid: str, steps: int) -> list[float]:
@@ -175,3 +175,12 @@ async def test_the_embedded_servers_own_setting_passes(tmp_path, caplog, fsync):
     async with embedded(tmp_path, fsync) as redis:
         assert await check_server(redis, fsync) is None
     assert not caplog.records
+
+
+def test_the_store_writes_what_the_edge_keeps() -> None:
+    """Integers past 64 bits come through the edge exact (tests/test_jsonedge.py) and are
+    written exact; what orjson cannot write is still refused like `json` refuses it."""
+    big = 123456789012345678901234567890
+    assert encode({"n": big, "s": "é"}) == '{"n":123456789012345678901234567890,"s":"é"}'.encode()
+    with pytest.raises(ValueError, match="JSON compliant"):
+        encode({"n": big, "x": float("nan")})

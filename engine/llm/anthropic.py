@@ -65,29 +65,9 @@ def build_request(request: dict[str, Any], *, stream: bool) -> dict[str, Any]:
     Raises:
         ProviderError: a message holds content Anthropic cannot take.
     """
-    system: list[dict[str, Any]] = []
-    messages: list[dict[str, Any]] = []
-    previous_role = None
-    for message in request["messages"]:
-        role = message["role"]
-        if role == "system":
-            system.extend(_blocks(message.get("content")))
-        elif role == "tool":
-            result = {
-                "type": "tool_result",
-                "tool_use_id": message.get("tool_call_id") or "",
-                "content": _content(message.get("content")),
-            }
-            if previous_role == "tool":
-                messages[-1]["content"].append(result)
-            else:
-                messages.append({"role": "user", "content": [result]})
-        elif role == "assistant":
-            messages.append({"role": "assistant", "content": _assistant_content(message)})
-        else:
-            messages.append({"role": "user", "content": _content(message.get("content"))})
-        previous_role = role
-
+    system_messages, groups = message_groups(request["messages"])
+    system = [block for m in system_messages for block in _blocks(m.get("content"))]
+    messages = [convert_group(group) for group in groups]
     body: dict[str, Any] = {"model": request["model"]}
     budget = _thinking_budget(request.get("reasoning") or {})
     max_tokens = request.get("max_completion_tokens")
@@ -108,6 +88,45 @@ def build_request(request: dict[str, Any], *, stream: bool) -> dict[str, Any]:
     if stream:
         body["stream"] = True
     return body
+
+
+def message_groups(
+    messages: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
+    """The system messages, and the rest grouped as they become Anthropic messages: a run
+    of consecutive tool results is one user message, any other message one of its own."""
+    system: list[dict[str, Any]] = []
+    groups: list[list[dict[str, Any]]] = []
+    previous_role = None
+    for message in messages:
+        role = message["role"]
+        if role == "system":
+            system.append(message)
+        elif role == "tool" and previous_role == "tool":
+            groups[-1].append(message)
+        else:
+            groups.append([message])
+        previous_role = role
+    return system, groups
+
+
+def convert_group(group: list[dict[str, Any]]) -> dict[str, Any]:
+    """One group of `message_groups` as the Anthropic message it becomes."""
+    message = group[0]
+    role = message["role"]
+    if role == "tool":
+        results = [
+            {
+                "type": "tool_result",
+                "tool_use_id": m.get("tool_call_id") or "",
+                "content": _content(m.get("content")),
+            }
+            for m in group
+        ]
+        return {"role": "user", "content": results}
+    if role == "assistant":
+        return {"role": "assistant", "content": _assistant_content(message)}
+    return {"role": "user", "content": _content(message.get("content"))}
 
 
 def _assistant_content(message: dict[str, Any]) -> Any:

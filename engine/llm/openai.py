@@ -73,6 +73,17 @@ def build_request(
     return body
 
 
+def message_groups(
+    messages: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]:
+    """Each neutral message is one Chat Completions message: (no system part, singletons)."""
+    return [], [[message] for message in messages]
+
+
+def convert_group(group: list[dict[str, Any]]) -> dict[str, Any]:
+    return _message(group[0])
+
+
 def _message(message: dict[str, Any]) -> dict[str, Any]:
     role = message["role"]
     content = _content(message.get("content"))
