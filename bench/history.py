@@ -1,10 +1,11 @@
 """Does a step cost more as the conversation grows? One session, many turns.
 
 One engine-decided session runs `--turns` turns (200) back to back on an in-process
-Engine and the embedded redis-server: each turn a streamed model call, and every
-`--tool-every` turns (5) the model first calls a client tool that the bench answers, so
-the history holds tool calls and results too. The fake vendor (bench/vs_langgraph.py's,
-in its own process) answers at once with `--words`-word replies.
+Engine and the embedded redis-server, after a 5-turn session that warms them up. Each
+turn is a streamed model call; every `--tool-every` turns (5) the model first calls a
+client tool that the bench answers, so the history holds tool calls and results too.
+The fake vendor (bench/vs_langgraph.py's, in its own process) answers at once with
+`--words`-word replies.
 
 Printed: the median turn time over turns 1-10 and over the last 10, and their ratio
 (target: at most 1.5x), the same for the turn time minus the vendor's own time and for
@@ -12,8 +13,9 @@ the engine's apply+commit per step; then, every tenth of the run, the bytes writ
 Redis per committed step (`INFO stats` total_net_input_bytes around each turn, divided by
 the steps the engine committed in it: everything any client sent, so the commits' events
 and snapshots, the work items, the token deltas and the clients' reads), next to the
-history's length and the snapshot's size. A step that writes only what it adds keeps
-that column flat; one that rewrites the whole snapshot makes it grow with the history.
+history's length and the snapshot key's size (`MEMORY USAGE`). A step that writes only
+what it adds keeps that column flat; one that rewrites the whole snapshot makes it grow
+with the history.
 
     .venv/bin/python bench/history.py [--turns 200] [--tool-every 5] [--words 40]
         [--fsync always|everysec]
@@ -63,6 +65,7 @@ from tests.engine_helpers import ENV
 
 AGENT = "historian"
 EDGE = 10  # turns at each end of the run that are compared
+WARMUP_TURNS = 5
 
 
 def project_of(tmp: Path, vendor_url: str) -> Project:
@@ -92,7 +95,7 @@ class Turn:
     step_seconds: list[float]  # the engine's apply+commit of each step
     bytes_in: int  # what Redis read from its clients during the turn
     messages: int  # in the history once the turn ended
-    snapshot: int  # bytes of the session's snapshot once the turn ended
+    snapshot: int  # bytes Redis holds for the session's snapshot key once the turn ended
 
 
 async def bytes_in(redis: aioredis.Redis) -> int:
@@ -136,17 +139,16 @@ async def one_turn(
 
 
 async def run(
-    engine: Engine, client: Client, vendor: ChildServer, turns: int, tool_every: int
+    engine: Engine, client: Client, vendor: ChildServer, sid: str, turns: int, tool_every: int
 ) -> list[Turn]:
     redis = client.redis
-    sid = "bench-history"
     snap_key = client.store.snap_key(sid)
     out: list[Turn] = []
     messages = 0
     take_vendor(vendor)
     async with contextlib.aclosing(client.follow(sid, 0, delta_cursor="0-0")) as events:
         for t in range(turns):
-            tag = f"history t{t}"
+            tag = f"{sid} t{t}"
             text = user_text(tag, tool=tool_every > 0 and t % tool_every == tool_every - 1)
             written, steps = await bytes_in(redis), engine.stats.steps
             recorded = len(engine.stats.step_seconds)
@@ -166,7 +168,7 @@ async def run(
                     step_seconds=engine.stats.step_seconds[recorded:],
                     bytes_in=written,
                     messages=messages,
-                    snapshot=await redis.hstrlen(snap_key, "state"),
+                    snapshot=await redis.memory_usage(snap_key) or 0,
                 )
             )
     return out
@@ -230,7 +232,9 @@ async def bench(args: argparse.Namespace, redis_url: str, vendor: ChildServer, t
         await engine.wait_owned(engine.store.partitions)
         engine.stats.record_steps = True
         client = Client(await Store.open(client_redis))
-        turns = await run(engine, client, vendor, args.turns, args.tool_every)
+        # Connections, caches, lazy imports: paid by a session of its own, not by turn 1.
+        await run(engine, client, vendor, "bench-warmup", WARMUP_TURNS, args.tool_every)
+        turns = await run(engine, client, vendor, "bench-history", args.turns, args.tool_every)
     finally:
         await engine.stop()
         await engine.redis.aclose()
