@@ -5,6 +5,13 @@ the embedded redis-server (AOF on), and prints the engine's own apply+commit tim
 per step, end-to-end turn time minus the time spent inside the fake vendor per
 step, and throughput. Target: under 1 ms median per step.
 
+It also counts Redis traffic per committed step, two ways. Round trips this process
+made, by connection pool (the engine's, the clients') and command, counted in
+redis-py's send path (a pipeline is one round trip, named by its commands); target
+for the engine: 1 commit (`evalsha`) + at most 1 read per step. And what Redis ran,
+from `INFO commandstats` deltas around the run: there the commands a script runs
+(the commit's XADDs, HSET, XACK...) count again under their own names.
+
 With many sessions the loop is saturated, so the two per-step times measure
 waiting for the loop as much as work; the CPU time of this process per step
 says what a step costs.
@@ -38,12 +45,17 @@ import signal
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
 from multiprocessing.connection import Connection
 from typing import Any
+from unittest import mock
 
+import redis.asyncio as aioredis
 from aiohttp import web
+from redis.asyncio.client import Pipeline
+from redis.asyncio.connection import AbstractConnection
 
 from engine.client import Client
 from engine.config import DEFAULT_FSYNC, AgentDecl, Project
@@ -55,6 +67,7 @@ from tests.fakes.llm_vendor import FakeVendor, Text
 
 AGENT = "ops_openai"
 WARMUP_TURNS = 2
+ENGINE_POOL, CLIENTS_POOL = "bench-engine", "bench-clients"  # CLIENT SETNAME of each pool
 
 
 # --- the fake vendor, timed, in its own process ---------------------------------------
@@ -165,6 +178,8 @@ class Run:
     turns: int
     wall: float
     cpu: float  # this process: the engine and the clients, not the vendor
+    commands: Counter[str]  # what Redis ran (INFO commandstats), by command
+    trips: dict[str, Counter[str]]  # round trips from this process, by pool and command
 
     @property
     def steps_per_turn(self) -> float:
@@ -213,11 +228,16 @@ async def run_once(
     steps_before = engine.stats.steps
     engine.stats.step_seconds.clear()
     walls: list[tuple[str, float]] = []
-    started, cpu_started = time.perf_counter(), time.process_time()
-    async with asyncio.TaskGroup() as group:
-        for s in range(sessions):
-            group.create_task(one_session(client, f"{label} s{s}", turns, walls))
-    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    ran_before = await commands_run(client.redis)
+    with counting_round_trips() as trips:
+        started, cpu_started = time.perf_counter(), time.process_time()
+        async with asyncio.TaskGroup() as group:
+            for s in range(sessions):
+                group.create_task(one_session(client, f"{label} s{s}", turns, walls))
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+    ran = await commands_run(client.redis)
+    ran.subtract(ran_before)
+    del ran["info"]  # ours, around the run
     steps = engine.stats.steps - steps_before
     in_vendor = vendor.take()
     missing = [tag for tag, _ in walls if tag not in in_vendor]
@@ -232,6 +252,73 @@ async def run_once(
         turns=len(walls),
         wall=wall,
         cpu=cpu,
+        commands=+ran,
+        trips=dict(trips),
+    )
+
+
+# --- Redis traffic ----------------------------------------------------------------------
+
+
+async def commands_run(redis: aioredis.Redis) -> Counter[str]:
+    """Calls per command since the server started (INFO commandstats)."""
+    info = await redis.info("commandstats")
+    return Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in info.items()})
+
+
+@contextlib.contextmanager
+def counting_round_trips() -> Iterator[defaultdict[str, Counter[str]]]:
+    """Counts the round trips to Redis of this process by pool name and command, while open.
+
+    A command goes out through `send_command` (also the blocking reads and a pipeline's
+    SCRIPT EXISTS), a pipeline or transaction in one write of all its commands.
+    """
+    counts: defaultdict[str, Counter[str]] = defaultdict(Counter)
+    send = AbstractConnection.send_command
+    batches = Pipeline._execute_pipeline, Pipeline._execute_transaction
+
+    async def counted_send(self: AbstractConnection, *args: Any, **kwargs: Any) -> None:
+        counts[self.client_name or "other"][str(args[0]).lower()] += 1
+        await send(self, *args, **kwargs)
+
+    def counted(execute: Callable[..., Any]) -> Callable[..., Any]:
+        async def run(self: Pipeline, conn: AbstractConnection, commands: Any, *rest: Any) -> Any:
+            names = "+".join(sorted({str(args[0]).lower() for args, _ in commands}))
+            counts[conn.client_name or "other"][f"pipeline[{names}]"] += 1
+            return await execute(self, conn, commands, *rest)
+
+        return run
+
+    with (
+        mock.patch.object(AbstractConnection, "send_command", counted_send),
+        mock.patch.object(Pipeline, "_execute_pipeline", counted(batches[0])),
+        mock.patch.object(Pipeline, "_execute_transaction", counted(batches[1])),
+    ):
+        yield counts
+
+
+def per_step(counts: Counter[str], steps: int) -> dict[str, float]:
+    return {name: n / steps for name, n in counts.most_common()}
+
+
+def redis_traffic(
+    run_commands: dict[str, float], trips: dict[str, dict[str, float]], pools: list[str]
+) -> None:
+    """Prints Redis traffic per committed step: round trips by pool, then what Redis ran."""
+
+    def listed(counts: dict[str, float]) -> str:
+        ordered = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        return ", ".join(f"{name} {n:.2f}" for name, n in ordered if n >= 0.005)
+
+    for pool in pools:
+        counts = trips.get(pool, {})
+        print(
+            f"  Redis round trips per step, {pool.removeprefix('bench-')}: "
+            f"{sum(counts.values()):.2f} ({listed(counts)})"
+        )
+    print(
+        f"  Redis commands run per step (INFO commandstats; a script's own commands count "
+        f"too): {sum(run_commands.values()):.2f} ({listed(run_commands)})"
     )
 
 
@@ -295,8 +382,10 @@ async def bench(args: argparse.Namespace, redis_url: str, vendor: ChildServer, t
     if args.no_stream:
         agents = {k: _UnstreamedAgent(**vars(a)) for k, a in project.agents.items()}
         project = replace(project, agents=agents)
-    engine = Engine(project, connect(redis_url), env=ENV)
-    client_redis = connect(redis_url)  # the clients' own pool, as a separate process would have
+    engine = Engine(project, connect(redis_url, name=ENGINE_POOL), env=ENV)
+    # The clients' own pool, as a separate process would have.
+    client_redis = connect(redis_url, name=CLIENTS_POOL)
+    pools = [ENGINE_POOL, CLIENTS_POOL]
     try:
         await engine.start()
         await engine.wait_owned(engine.store.partitions)
@@ -319,6 +408,11 @@ async def bench(args: argparse.Namespace, redis_url: str, vendor: ChildServer, t
                 sessions=args.sessions,
                 t=args.turns,
             )
+            redis_traffic(
+                per_step(run.commands, run.steps),
+                {pool: per_step(counts, run.steps) for pool, counts in run.trips.items()},
+                pools,
+            )
         if profile:
             profile.disable()
             profile.dump_stats(args.profile)
@@ -340,6 +434,22 @@ async def bench(args: argparse.Namespace, redis_url: str, vendor: ChildServer, t
         sessions=args.sessions,
         t=args.turns,
     )
+    redis_traffic(
+        median_counts([per_step(run.commands, run.steps) for run in runs]),
+        {
+            pool: median_counts(
+                [per_step(run.trips.get(pool, Counter()), run.steps) for run in runs]
+            )
+            for pool in pools
+        },
+        pools,
+    )
+
+
+def median_counts(each: list[dict[str, float]]) -> dict[str, float]:
+    """Per name, the median over runs (a run without the name counts 0)."""
+    names = {name for counts in each for name in counts}
+    return {name: statistics.median(counts.get(name, 0.0) for counts in each) for name in names}
 
 
 def main() -> int:
