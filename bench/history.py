@@ -210,15 +210,22 @@ def report(turns: list[Turn], tool_every: int, words: int, fsync: str) -> None:
         [t.bytes_in / t.steps for t in last],
         1 / 1000,
     )
-    print("  bytes written to Redis per step as the history grows:")
-    print(f"  {'turn':>6} {'messages':>9} {'snapshot KB':>12} {'steps':>6} {'KB/step':>8}")
+    # Over windows of turns, not single ones: the full snapshot is rewritten now and then
+    # (engine/snapshots.py), so one turn's figure is either a rewrite or none.
+    print("  bytes written to Redis per step as the history grows, by window of turns:")
+    print(f"  {'turns':>9} {'messages':>9} {'snapshot KB':>12} {'steps':>6} {'KB/step':>8}")
     marks = sorted({0, *range(max(n // 10, 1) - 1, n, max(n // 10, 1)), n - 1})
+    start = 0
     for i in marks:
+        window = turns[start : i + 1]
+        steps = sum(t.steps for t in window)
+        written = sum(t.bytes_in for t in window)
         t = turns[i]
         print(
-            f"  {i + 1:>6} {t.messages:>9} {t.snapshot / 1000:>12.1f} {t.steps:>6} "
-            f"{t.bytes_in / t.steps / 1000:>8.1f}"
+            f"  {f'{start + 1}-{i + 1}':>9} {t.messages:>9} {t.snapshot / 1000:>12.1f} "
+            f"{steps:>6} {written / steps / 1000:>8.1f}"
         )
+        start = i + 1
 
 
 async def bench(args: argparse.Namespace, redis_url: str, vendor: ChildServer, tmp: Path) -> None:
