@@ -119,10 +119,9 @@ async def deliver(
         ) from None
     except aiohttp.ClientError as exc:
         name, text = failure_name(exc), failure_text(exc)
+        reason = f"{name}: {text}" if text else name
         raise DecisionFailure(
-            f"cannot reach the worker: {name}: {text}"
-            if text
-            else f"cannot reach the worker: {name}",
+            f"cannot reach the worker: {reason}",
             code="worker_unreachable",
             detail={"error": name},
         ) from None
