@@ -2,16 +2,16 @@
 
 `subs serve` runs as its own process (engine and API together, as deployed) on an
 embedded redis-server; the fake vendor runs in a child process; the SSE watchers
-(httpx + httpx-sse) run here. Two figures:
+(aiohttp + engine/sse.py) run here. Two figures:
 
 - token latency: from a model token leaving the vendor to its `llm.token.delta`
   frame reaching an SSE client. The vendor streams each reply as chunks with
   unique text (`t17`) at a steady pace and notes `time.time()` just before
-  writing each; the watcher notes `time.time()` as httpx-sse hands it the frame.
+  writing each; the watcher notes `time.time()` as the decoder hands it the frame.
   Both read the same host clock. The Redis entry id of each delta (ms, from the
   same clock) splits the path: vendor -> stored in Redis (the engine reads, parses
-  and XADDs) and Redis -> client (the API's XREAD wakes, frames, writes; httpx
-  reads). Those two legs are +-0.5 ms each.
+  and XADDs) and Redis -> client (the API's XREAD wakes, frames, writes; the
+  watcher reads). Those two legs are +-0.5 ms each.
 - fan-out: 200 watchers, by default 20 sessions x 10 watchers (each delta is
   written once and read by ten connections, each its own blocking XREAD), while
   every session runs turns back to back against a vendor that answers at once.
@@ -50,12 +50,12 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-import httpx
-from httpx_sse import aconnect_sse
+import aiohttp
 
 from bench.step_overhead import ChildServer, _recv, p99
 from engine.embedded import EmbeddedRedis
 from engine.http_client import HttpClient
+from engine.sse import SseDecoder
 from engine.store import Store, connect
 from tests.engine_helpers import EngineProcess, project_toml
 from tests.fakes.llm_vendor import FakeVendor, Text
@@ -138,7 +138,7 @@ class Watcher:
     Any other ending (HTTP error, `stream.overflow`, end of stream) is a Failure.
     """
 
-    def __init__(self, http: httpx.AsyncClient, api: str, sid: str) -> None:
+    def __init__(self, http: aiohttp.ClientSession, api: str, sid: str) -> None:
         self.http = http
         self.url = f"{api}/api/client/sessions/{sid}/events/stream"
         self.sid = sid
@@ -147,25 +147,28 @@ class Watcher:
         self.ends: defaultdict[str, asyncio.Event] = defaultdict(asyncio.Event)
 
     async def run(self) -> None:
-        async with aconnect_sse(self.http, "GET", self.url, params={"after_seq": 0}) as source:
-            if not source.response.is_success:
-                await source.response.aread()
-                status, text = source.response.status_code, source.response.text[:200]
-                raise Failure(f"{self.sid}: the stream answered {status}: {text}")
-            async for sse in source.aiter_sse():
+        headers = {"Accept": "text/event-stream"}
+        async with self.http.get(self.url, params={"after_seq": 0}, headers=headers) as response:
+            if response.status != 200:
+                text = (await response.read())[:200].decode("utf-8", "replace")
+                raise Failure(f"{self.sid}: the stream answered {response.status}: {text}")
+            decoder = SseDecoder()
+            async for chunk in response.content.iter_any():
                 received = time.time()
-                if not sse.data:
-                    continue  # a `: ping` comment after an `id:` decodes as an empty frame
-                data = json.loads(sse.data)
-                if sse.event == "llm.token.delta":
-                    self.deltas.append((received, data))
-                elif "seq" in data:
-                    self.events.append(data)
-                    if data["payload"]["type"] in TURN_ENDS:
-                        self.ends[data["turn_id"]].set()
-                else:
-                    raise Failure(f"{self.sid}: a watcher got {sse.event}: {sse.data}")
+                for sse in decoder.feed(chunk):
+                    self.frame(received, sse.event, sse.data)
         raise Failure(f"{self.sid}: the server ended a stream that had no turn_id")
+
+    def frame(self, received: float, event: str, text: str) -> None:
+        data = json.loads(text)
+        if event == "llm.token.delta":
+            self.deltas.append((received, data))
+        elif "seq" in data:
+            self.events.append(data)
+            if data["payload"]["type"] in TURN_ENDS:
+                self.ends[data["turn_id"]].set()
+        else:
+            raise Failure(f"{self.sid}: a watcher got {event}: {text}")
 
     async def turn_end(self, turn_id: str) -> None:
         """Returns once this watcher has seen the turn complete; Failure if it failed."""
@@ -304,7 +307,7 @@ def latency_line(lat: Latency) -> str:
 async def latency_phase(
     args: argparse.Namespace,
     client: HttpClient,
-    watch_http: httpx.AsyncClient,
+    watch_http: aiohttp.ClientSession,
     store: Store,
     vendor: ChildServer,
 ) -> None:
@@ -388,7 +391,7 @@ def sample(watchers: list[Watcher], turns: int, pids: dict[str, int | None]) -> 
 async def fanout_phase(
     args: argparse.Namespace,
     client: HttpClient,
-    watch_http: httpx.AsyncClient,
+    watch_http: aiohttp.ClientSession,
     pids: dict[str, int | None],
 ) -> None:
     sids = [f"load-{i}" for i in range(args.sessions)]
@@ -482,10 +485,11 @@ async def bench(
     serve = EngineProcess(config, redis_url, env=env)
     stderr: deque[str] = deque(maxlen=20)
     drain: asyncio.Task[None] | None = None
-    # Watchers get their own pool: httpx scans every pooled connection per request, so
-    # submits through a pool of 200 streams would cost this process more than they do.
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=1000)
-    watch_http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None), limits=limits)
+    # Watchers get a pool of their own, as large as they need: each holds a connection.
+    watch_http = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0),
+        timeout=aiohttp.ClientTimeout(total=None, connect=30.0),
+    )
     client = HttpClient("")
     store_redis = connect(redis_url)
     try:
@@ -510,7 +514,7 @@ async def bench(
             print("subs serve said:\n" + "".join(stderr), file=sys.stderr)
         raise
     finally:
-        await watch_http.aclose()
+        await watch_http.close()
         await client.aclose()
         await store_redis.aclose()
         if serve.proc is not None:

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-import httpx
+import aiohttp
 from aiohttp import web
 from redis.exceptions import RedisError
 
@@ -366,8 +366,9 @@ class Run:
         self.server = redis_server
         self.tmp = tmp
         self.redis = connect(redis_server.url)
-        self.http = httpx.AsyncClient(
-            timeout=httpx.Timeout(45.0), limits=httpx.Limits(max_connections=200)
+        self.http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=200),
+            timeout=aiohttp.ClientTimeout(total=45.0),
         )
         self.store: Store
         self.leases: Leases
@@ -406,9 +407,9 @@ class Run:
         try:
             reply = await HttpClient(serve.api, http=self.http).submit(payload, session_id=sid)
         except ClientError as err:
-            problem = f"HTTP {err.status} {err.code}"
-        except httpx.HTTPError as err:
-            problem = type(err).__name__
+            # Unreached: the transport failure's name (ConnectError, RemoteProtocolError...).
+            unreached = err.code == "unreachable"
+            problem = err.detail["error"] if unreached else f"HTTP {err.status} {err.code}"
         else:
             return Turn(sid, tag, reply["turn_id"])
         self.submit_problems[problem] += 1
@@ -642,7 +643,7 @@ class Run:
         for serve in self.serves:
             with contextlib.suppress(Exception):
                 await serve.stop()
-        await self.http.aclose()
+        await self.http.close()
         await self.redis.aclose()
 
 

@@ -22,8 +22,12 @@ clients run in the engine's loop, as `subs run` does. For the same reason
 `python -m cProfile` cannot run this script (the child cannot be spawned from
 it): `--profile FILE` profiles the measured repeats instead.
 
+`--new-connections` turns keep-alive off in the engine's HTTP session (patched here,
+not in the engine): a new connection per model call, as when streams were abandoned at
+`[DONE]` with httpx, against reading each to its end and reusing its connection.
+
     .venv/bin/python bench/step_overhead.py [--sessions 20] [--turns 10] [--repeat 3]
-        [--fsync always|everysec]
+        [--fsync always|everysec] [--no-stream] [--new-connections]
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 from unittest import mock
 
+import aiohttp
 import redis.asyncio as aioredis
 from aiohttp import web
 from redis.asyncio.client import Pipeline
@@ -322,6 +327,14 @@ def redis_traffic(
     )
 
 
+def _connection_per_call() -> aiohttp.ClientSession:
+    """The engine's session with keep-alive off: every request on a new connection."""
+    connector = aiohttp.TCPConnector(force_close=True)
+    return aiohttp.ClientSession(
+        connector=connector, timeout=aiohttp.ClientTimeout(total=None, connect=30.0)
+    )
+
+
 # --- figures ----------------------------------------------------------------------------
 
 
@@ -425,6 +438,8 @@ async def bench(args: argparse.Namespace, redis_url: str, vendor: ChildServer, t
     names = [fl.name for fl in fields(Figures)]
     med = Figures(*(statistics.median(getattr(f, name) for f in each) for name in names))
     mode = "whole bodies" if args.no_stream else "streamed"
+    if args.new_connections:
+        mode += ", a new connection per call"
     print(f"median of {len(runs)} repeats ({mode}; a shared machine is noisy, compare medians):")
     report(
         med,
@@ -461,6 +476,11 @@ def main() -> int:
         "--no-stream", action="store_true", help="ask the vendor for whole bodies, not streams"
     )
     parser.add_argument(
+        "--new-connections",
+        action="store_true",
+        help="keep-alive off: a new connection per model call",
+    )
+    parser.add_argument(
         "--fsync",
         choices=["always", "everysec"],
         default=DEFAULT_FSYNC,
@@ -477,7 +497,9 @@ def main() -> int:
             url = server.start()
             vendor.start()
             vendor.ready()
-            asyncio.run(bench(args, url, vendor, Path(tmp)))
+            fresh = mock.patch("engine.effect_runner.new_session", _connection_per_call)
+            with fresh if args.new_connections else contextlib.nullcontext():
+                asyncio.run(bench(args, url, vendor, Path(tmp)))
         except (KeyboardInterrupt, asyncio.CancelledError):
             print("interrupted", file=sys.stderr)
             return 130

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field, fields
 from multiprocessing.connection import Connection
 from unittest import mock
 
-import httpx
+import aiohttp
 from aiohttp import web
 
 from bench.step_overhead import ChildServer, _recv, _vendor_child, one_turn, p99
@@ -151,7 +151,7 @@ def instrumented(engine: Engine, probe: Probe) -> Iterator[None]:
     """Time the engine's side of each decision; undone on exit."""
     run, apply, commit = DecisionRun.run, engine._settle, engine.store.commit
 
-    async def timed_run(self: DecisionRun, http: httpx.AsyncClient) -> Input:
+    async def timed_run(self: DecisionRun, http: aiohttp.ClientSession) -> Input:
         started = time.perf_counter()
         result = await run(self, http)
         probe.round_trip[key(self.decision_id, self.attempt)] = time.perf_counter() - started

@@ -16,10 +16,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 
 from .config import Project
 from .errors import SubsError, describe
+from .http_pool import new_session
 from .llm import LlmTarget, ProviderError, complete
 from .machine import (
     DecisionFailed,
@@ -68,7 +69,12 @@ def worker_targets(project: Project, env: Mapping[str, str]) -> dict[str, Worker
 
 @dataclass
 class EffectRunner:
-    """Starts effects as tasks; `tasks` is the owner's set, so it can cancel them."""
+    """Starts effects as tasks; `tasks` is the owner's set, so it can cancel them.
+
+    Owns the engine's one HTTP session (`http_pool`): every model call and worker
+    delivery shares its pool of kept-alive connections. Made in the running loop
+    (the engine's `start`), closed by `aclose`.
+    """
 
     project: Project
     store: Store
@@ -78,10 +84,10 @@ class EffectRunner:
     clock: Callable[[], float]
 
     def __post_init__(self) -> None:
-        self.http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
+        self.http: aiohttp.ClientSession = new_session()
 
     async def aclose(self) -> None:
-        await self.http.aclose()
+        await self.http.close()
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)

@@ -2,7 +2,8 @@
 
 `follow` resumes by itself: when the connection drops it reconnects with
 `Last-Event-ID` set to the last event it yielded, so a caller sees every
-event exactly once.
+event exactly once. Event streams are decoded by `engine.sse`. An engine that
+cannot be reached is a ClientError (code `unreachable`), not a traceback.
 """
 
 from __future__ import annotations
@@ -12,51 +13,75 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
-from httpx_sse import aconnect_sse
+import aiohttp
 
 from .client import ClientError
+from .http_pool import dumps, failure_name, failure_text, new_session
+from .sse import SseDecoder
 
 _TURN_ENDS = ("turn.completed", "turn.failed")
+# Dropped: resume from the last event yielded. Timeouts are ClientConnectionErrors too.
+_DROPS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 
 
 class HttpClient:
+    """`http` is a session to share (its owner closes it); without one the client makes
+    its own on first use, in the running loop, and `aclose` closes it."""
+
     def __init__(
         self,
         base_url: str,
         api_key: str | None = None,
         *,
-        http: httpx.AsyncClient | None = None,
+        http: aiohttp.ClientSession | None = None,
         reconnect_delay: float = 0.5,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.http = http or httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
+        self._http = http
+        self._owned = http is None
         self.base_url = base_url.rstrip("/")
         self.headers = headers
         self.reconnect_delay = reconnect_delay
 
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            self._http = new_session()
+        return self._http
+
     async def aclose(self) -> None:
-        await self.http.aclose()
+        if self._owned and self._http is not None:
+            await self._http.close()
 
     async def _call(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
-        response = await self.http.request(
-            method,
-            self.base_url + path,
-            json=body,
-            params={k: v for k, v in params.items() if v is not None},
-            headers=self.headers,
-        )
-        if response.is_success:
-            return response.json()
+        headers = self.headers
+        data = None
+        if body is not None:
+            headers = {**headers, "Content-Type": "application/json"}
+            data = dumps(body)
         try:
-            detail = response.json()
-        except ValueError:
-            detail = {"error": response.text[:200]}
-        raise ClientError(
-            detail.pop("error", f"HTTP {response.status_code}"),
-            code=detail.pop("code", "http_error"),
-            status=response.status_code,
-            detail=detail,
+            async with self.http.request(
+                method,
+                self.base_url + path,
+                data=data,
+                params={k: v for k, v in params.items() if v is not None},
+                headers=headers,
+                allow_redirects=False,
+            ) as response:
+                content = await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise self._unreachable(exc) from None
+        if 200 <= response.status < 300:
+            return json.loads(content)
+        raise _refusal(response.status, content)
+
+    def _unreachable(self, exc: BaseException) -> ClientError:
+        name, text = failure_name(exc), failure_text(exc)
+        return ClientError(
+            f"cannot reach {self.base_url}: {name}" + (f": {text}" if text else ""),
+            code="unreachable",
+            status=503,
+            detail={"error": name},
         )
 
     async def submit(
@@ -139,36 +164,59 @@ class HttpClient:
             params: dict[str, Any] = {"after_seq": last}
             if turn_id:
                 params["turn_id"] = turn_id
-            headers = {**self.headers, "Last-Event-ID": str(last)}
+            headers = {
+                **self.headers,
+                "Accept": "text/event-stream",
+                "Cache-Control": "no-store",
+                "Last-Event-ID": str(last),
+            }
             try:
-                async with aconnect_sse(
-                    self.http, "GET", url, params=params, headers=headers
-                ) as source:
-                    if not source.response.is_success:
-                        await source.response.aread()
-                        detail = source.response.json()
-                        raise ClientError(
-                            detail.get("error", "cannot follow"),
-                            code=detail.get("code", "http_error"),
-                            status=source.response.status_code,
-                            detail=detail,
-                        )
-                    async for sse in source.aiter_sse():
-                        if not sse.data:
-                            continue  # a heartbeat comment, decoded as an empty frame
-                        data = json.loads(sse.data)
-                        if sse.event == "llm.token.delta":
-                            yield "delta", data
-                            continue
-                        if "seq" not in data:
-                            continue  # a control frame (e.g. stream.overflow): reconnect below
-                        if data["seq"] <= last:
-                            continue
-                        last = data["seq"]
-                        yield "event", data
-                        ends = data["payload"]["type"] in _TURN_ENDS
-                        if turn_id and data.get("turn_id") == turn_id and ends:
-                            return
-            except (httpx.TransportError, httpx.RemoteProtocolError):
+                async with self.http.get(
+                    url, params=params, headers=headers, allow_redirects=False
+                ) as response:
+                    if not 200 <= response.status < 300:
+                        raise _refusal(response.status, await response.read())
+                    decoder = SseDecoder()
+                    async for chunk in response.content.iter_any():
+                        for sse in decoder.feed(chunk):
+                            if not sse.data:
+                                continue  # `data:` with nothing after it: no JSON to read
+                            if sse.event == "llm.token.delta":
+                                yield "delta", json.loads(sse.data)
+                                continue
+                            data = json.loads(sse.data)
+                            if "seq" not in data:
+                                continue  # a control frame (e.g. stream.overflow): reconnect below
+                            if data["seq"] <= last:
+                                continue
+                            last = data["seq"]
+                            yield "event", data
+                            ends = data["payload"]["type"] in _TURN_ENDS
+                            if turn_id and data.get("turn_id") == turn_id and ends:
+                                return
+            except _DROPS:
                 pass  # dropped: resume from the last event we yielded
+            except UnicodeDecodeError as err:
+                raise ClientError(
+                    f"the event stream of {session_id} is not UTF-8 ({err.reason})",
+                    code="invalid_response",
+                    status=502,
+                    detail={},
+                ) from None
             await asyncio.sleep(self.reconnect_delay)
+
+
+def _refusal(status: int, content: bytes) -> ClientError:
+    """The API's `{"error", "code", ...}` answer as a ClientError; any other body quoted."""
+    try:
+        detail = json.loads(content)
+    except ValueError:
+        detail = None
+    if not isinstance(detail, dict):
+        detail = {"error": content[:200].decode("utf-8", "replace")}
+    return ClientError(
+        detail.pop("error", f"HTTP {status}"),
+        code=detail.pop("code", "http_error"),
+        status=status,
+        detail=detail,
+    )

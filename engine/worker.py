@@ -17,9 +17,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 
 from engine.errors import ProtocolError, SubsError
+from engine.http_pool import drain, failure_name, failure_text
 from engine.jsonedge import JsonEdgeError, loads_checked
 from engine.protocol import parse_decision_response, to_json
 from engine.sse import Event, SseDecoder
@@ -89,7 +90,7 @@ def traceparent() -> str:
 
 
 async def deliver(
-    http: httpx.AsyncClient, d: Delivery, on_delta: OnDelta | None = None
+    http: aiohttp.ClientSession, d: Delivery, on_delta: OnDelta | None = None
 ) -> dict[str, Any]:
     """POST the request once and return the worker's DecisionResponse as `to_json` gives it.
 
@@ -106,29 +107,32 @@ async def deliver(
         headers[SIGNATURE_HEADER] = sign(d.secret, d.body)
     try:
         async with asyncio.timeout(d.timeout):
-            async with http.stream(
-                "POST", d.url, content=d.body, headers=headers, timeout=d.timeout
+            async with http.post(
+                d.url, data=d.body, headers=headers, allow_redirects=False
             ) as response:
                 return await _answer(response, d.max_body, on_delta)
-    except (TimeoutError, httpx.TimeoutException):
+    except TimeoutError:  # the deadline, or one of aiohttp's own timeouts
         raise DecisionFailure(
             f"no answer within {d.timeout:g} s",
             code="worker_unreachable",
             detail={"timeout": d.timeout},
         ) from None
-    except (httpx.HTTPError, httpx.InvalidURL) as exc:
-        reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    except aiohttp.ClientError as exc:
+        name, text = failure_name(exc), failure_text(exc)
+        reason = f"{name}: {text}" if text else name
         raise DecisionFailure(
             f"cannot reach the worker: {reason}",
             code="worker_unreachable",
-            detail={"error": type(exc).__name__},
+            detail={"error": name},
         ) from None
 
 
-async def _answer(response: httpx.Response, limit: int, on_delta: OnDelta | None) -> dict[str, Any]:
-    if not response.is_success:
+async def _answer(
+    response: aiohttp.ClientResponse, limit: int, on_delta: OnDelta | None
+) -> dict[str, Any]:
+    if not 200 <= response.status < 300:
         raise await _status_failure(response)
-    if "text/event-stream" in response.headers.get("content-type", "").lower():
+    if "text/event-stream" in response.headers.get("Content-Type", "").lower():
         return await _read_stream(response, limit, on_delta)
     body = await _read_body(response, limit)
     if not body.strip():
@@ -142,27 +146,23 @@ async def _answer(response: httpx.Response, limit: int, on_delta: OnDelta | None
     return _decision(data, "")
 
 
-async def _status_failure(response: httpx.Response) -> DecisionFailure:
+async def _status_failure(response: aiohttp.ClientResponse) -> DecisionFailure:
     head = bytearray()
-    async for chunk in response.aiter_bytes():
+    while len(head) < _ERROR_BODY and (chunk := await response.content.readany()):
         head += chunk
-        if len(head) >= _ERROR_BODY:
-            break
-    message = f"worker answered {response.status_code}"
+    message = f"worker answered {response.status}"
     if head:
         message += f": {_excerpt(bytes(head))}"
-    return DecisionFailure(
-        message, code="worker_unreachable", detail={"status": response.status_code}
-    )
+    return DecisionFailure(message, code="worker_unreachable", detail={"status": response.status})
 
 
-async def _read_body(response: httpx.Response, limit: int) -> bytes:
+async def _read_body(response: aiohttp.ClientResponse, limit: int) -> bytes:
     """The whole body, refused as soon as it is known to be longer than `limit`."""
-    declared = response.headers.get("content-length", "")
+    declared = response.headers.get("Content-Length", "")
     if declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
     body = bytearray()
-    async for chunk in response.aiter_bytes():
+    async for chunk in response.content.iter_any():
         body += chunk
         if len(body) > limit:
             raise _too_large(limit)
@@ -170,15 +170,18 @@ async def _read_body(response: httpx.Response, limit: int) -> bytes:
 
 
 async def _read_stream(
-    response: httpx.Response, limit: int, on_delta: OnDelta | None
+    response: aiohttp.ClientResponse, limit: int, on_delta: OnDelta | None
 ) -> dict[str, Any]:
     """The worker's event stream, frame by frame (`engine/sse.py`); each frame (not the
-    stream) is bounded by `limit`, so a long answer streams as many deltas as it has."""
+    stream) is bounded by `limit`, so a long answer streams as many deltas as it has.
+    What follows `decision.result` is drained, not read: the connection goes back to
+    the pool."""
     decoder = SseDecoder()
     try:
-        async for chunk in response.aiter_bytes():
+        async for chunk in response.content.iter_any():
             answer = await _on_frames(decoder.feed(chunk), on_delta)
             if answer is not None:  # `{}`, the empty decision, is an answer too
+                await drain(response)
                 return answer
             if decoder.pending > limit:
                 raise _too_large(limit, "an event-stream frame")

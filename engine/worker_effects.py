@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 from pydantic import ValidationError
 
 from .errors import SubsError
@@ -70,7 +70,7 @@ class DecisionRun:
             target.url, _body(request), target.secret, _timeout(d.deadline, now_ms)
         )
 
-    async def run(self, http: httpx.AsyncClient) -> Input:
+    async def run(self, http: aiohttp.ClientSession) -> Input:
         try:
             response = await deliver(http, self.delivery)
         except DecisionFailure as failure:
@@ -109,7 +109,7 @@ class ExecuteRun:
         self.accumulator = _VENDORS[self.format].StreamAccumulator() if self.format else None
         self.delta_seq = 0
 
-    async def run(self, http: httpx.AsyncClient, add_delta: AddDelta) -> Input:
+    async def run(self, http: aiohttp.ClientSession, add_delta: AddDelta) -> Input:
         async def on_delta(frame: dict[str, Any]) -> None:
             for delta in self._deltas(frame):
                 self.delta_seq += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 
 from engine.embedded import EmbeddedRedis
 from engine.store import Store, connect
@@ -75,6 +76,17 @@ async def test_bad_config_and_unknown_agent_are_clear_errors(tmp_path, config):
     assert code == 2 and "agent.x.llm" in err and str(bad) in err
     code, _, err = await subs("run", "-o", "pretty", "ghost", "hi", "-c", str(config))
     assert code == 2 and "ops_openai" in err
+
+
+async def test_an_engine_url_nothing_answers_is_a_clear_error():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    for args in (("sessions", "list"), ("run", "-o", "pretty", "ops_openai", "hi")):
+        code, _, err = await subs(*args, "--url", url)
+        assert code == 1, err
+        assert err.startswith(f"subs: cannot reach {url}: ConnectError: "), err
+        assert "Traceback" not in err
 
 
 async def test_killed_mid_turn_then_run_again_the_session_is_still_there(config, vendor):

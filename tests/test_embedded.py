@@ -14,7 +14,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-import httpx
+import aiohttp
 import pytest
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -293,10 +293,10 @@ async def test_serve_restarts_its_embedded_server_on_the_same_aof(
 
         async def healthy() -> bool:
             try:
-                response = await api.http.get(f"{api.base_url}/healthz")
-            except httpx.HTTPError:
+                async with api.http.get(f"{api.base_url}/healthz") as response:
+                    return response.status == 200
+            except aiohttp.ClientError:
                 return False
-            return response.status_code == 200
 
         await poll_until(healthy, 20, "/healthz to answer 200 again")
 

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import json
 import logging
-import ssl
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 import jsonschema
 import pytest
+from multidict import CIMultiDict
 
 from engine.errors import SubsError
+from engine.http_pool import new_session
 from engine.llm import LlmTarget, ProviderError, anthropic, complete, openai, prices
 from tests.fakes.llm_vendor import (
     CutStream,
@@ -53,14 +54,10 @@ DELTA_SCHEMA = _validator("StreamDelta")
 REQUEST_SCHEMA = _validator("LlmRequest")
 
 
-# Building a TLS context costs ~60 ms; the fake speaks plain HTTP, so share one.
-_TLS = ssl.create_default_context()
-
-
 @pytest.fixture
 async def http():
-    async with httpx.AsyncClient(timeout=5, verify=_TLS) as client:
-        yield client
+    async with new_session(connect_timeout=5, read_timeout=5) as session:
+        yield session
 
 
 def target(fake: FakeVendor, kind: str, key: str | None = "test-key") -> LlmTarget:
@@ -77,7 +74,7 @@ def ask(text: str = "Say something.", model: str = "test-model", **extra: Any) -
 
 
 async def call(
-    http: httpx.AsyncClient,
+    http: aiohttp.ClientSession,
     fake: FakeVendor,
     kind: str,
     *,
@@ -98,7 +95,7 @@ async def call(
 
 
 async def failure(
-    http: httpx.AsyncClient, fake: FakeVendor, kind: str, *, stream: bool
+    http: aiohttp.ClientSession, fake: FakeVendor, kind: str, *, stream: bool
 ) -> tuple[ProviderError, list[dict[str, Any]]]:
     deltas: list[dict[str, Any]] = []
 
@@ -411,7 +408,7 @@ async def test_connection_refused_is_retryable(http, kind):
 @both
 async def test_read_timeout_is_retryable(vendor, kind, stream):
     vendor.push(Text("a slow answer", chunk_delay=2))
-    async with httpx.AsyncClient(timeout=httpx.Timeout(5, read=0.05), verify=_TLS) as slow:
+    async with new_session(read_timeout=0.05) as slow:
         with pytest.raises(ProviderError) as caught:
             await complete(slow, target(vendor, kind), ask(), stream=stream)
     assert caught.value.retryable is True
@@ -445,6 +442,29 @@ async def test_an_empty_script_answers_500_and_default_replies(vendor, http):
         response, _ = await call(http, vendor, "anthropic", stream=True)
         assert response["content"] == "again"
     await vendor.wait_for_requests(3)
+
+
+@each_vendor
+@both
+@pytest.mark.parametrize("end_delay", [0, 0.02], ids=["prompt-end", "late-end"])
+async def test_sequential_calls_reuse_one_connection(vendor, http, kind, stream, end_delay):
+    """An OpenAI stream is read past `[DONE]` to the body's end (however late it comes),
+    so its connection is reused rather than closed; so is every other answer."""
+    vendor.default = Text("Reused connections are cheaper.", end_delay=end_delay)
+    for _ in range(5):
+        response, _ = await call(http, vendor, kind, stream=stream)
+        assert response["content"] == "Reused connections are cheaper."
+    assert len(vendor.requests) == 5
+    assert vendor.connections == 1, [r.peer for r in vendor.requests]
+
+
+@each_vendor
+async def test_an_error_answer_leaves_its_connection_reusable(vendor, http, kind):
+    vendor.push(HttpError(503), Text("after the error"))
+    await failure(http, vendor, kind, stream=True)
+    response, _ = await call(http, vendor, kind, stream=True)
+    assert response["content"] == "after the error"
+    assert vendor.connections == 1
 
 
 # --- recorded vendor streams, replayed byte for byte ----------------------------------
@@ -558,10 +578,10 @@ async def test_recorded_openrouter_error_chunk(vendor, http):
 # --- the fake itself: byte layout and hang-ups -----------------------------------------
 
 
-async def _raw_stream(http: httpx.AsyncClient, url: str, body: dict[str, Any]) -> bytes:
-    response = await http.post(url, json=body)
-    assert response.headers["content-type"].startswith("text/event-stream")
-    return response.content
+async def _raw_stream(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> bytes:
+    async with http.post(url, json=body) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        return await response.read()
 
 
 async def test_fake_openai_bytes(vendor, http):
@@ -1032,22 +1052,20 @@ def test_openai_error_in_a_whole_body():
 
 
 def test_retry_after_headers():
-    headers = httpx.Headers({"Retry-After": "7", "retry-after-ms": "1500"})
+    headers = CIMultiDict({"Retry-After": "7", "retry-after-ms": "1500"})
     assert openai.parse_error(429, headers, b"{}").retry_after == 1.5
-    assert openai.parse_error(429, httpx.Headers({"retry-after": "7"}), b"").retry_after == 7
-    dated = httpx.Headers({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"})
+    assert openai.parse_error(429, CIMultiDict({"retry-after": "7"}), b"").retry_after == 7
+    dated = CIMultiDict({"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"})
     assert anthropic.parse_error(429, dated, b"").retry_after == 0.0
-    assert (
-        anthropic.parse_error(429, httpx.Headers({"retry-after": "soon"}), b"").retry_after is None
-    )
+    assert anthropic.parse_error(429, CIMultiDict({"retry-after": "soon"}), b"").retry_after is None
 
 
 def test_error_messages_never_carry_documents():
     html = b"<html><head><title>502</title></head><body>" + b"x" * 5000 + b"</body></html>"
-    error = openai.parse_error(502, httpx.Headers(), html, provider="openrouter")
+    error = openai.parse_error(502, CIMultiDict(), html, provider="openrouter")
     assert error.message == "OpenRouter returned HTTP 502"
     long = json.dumps({"error": {"message": "word " * 500}}).encode()
-    error = openai.parse_error(400, httpx.Headers(), long)
+    error = openai.parse_error(400, CIMultiDict(), long)
     assert len(error.message) < 300 and error.message.endswith("…")
 
 
@@ -1055,12 +1073,12 @@ def test_anthropic_error_types_decide():
     body = json.dumps(
         {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
     )
-    error = anthropic.parse_error(529, httpx.Headers(), body.encode())
+    error = anthropic.parse_error(529, CIMultiDict(), body.encode())
     assert (error.code, error.retryable) == ("provider_error", True)
     body = json.dumps(
         {"type": "error", "error": {"type": "invalid_request_error", "message": "no"}}
     )
-    assert anthropic.parse_error(400, httpx.Headers(), body.encode()).retryable is False
+    assert anthropic.parse_error(400, CIMultiDict(), body.encode()).retryable is False
 
 
 # --- prices ---------------------------------------------------------------------------

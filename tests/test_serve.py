@@ -6,11 +6,12 @@ import asyncio
 import signal
 import time
 
-import httpx
+import aiohttp
 import pytest
 
 from engine.client import ClientError
 from engine.http_client import HttpClient
+from engine.http_pool import new_session
 from tests.engine_helpers import session_of, subs
 from tests.fakes.llm_vendor import Text, ToolCalls
 
@@ -30,7 +31,7 @@ async def test_two_watchers_one_reconnecting_see_the_same_events(serve_processes
     slow = " ".join(f"w{i}" for i in range(30))
     vendor.push(Text(slow, chunk_delay=0.02))
     proc = await serve_processes()
-    http = httpx.AsyncClient(timeout=httpx.Timeout(30.0, read=None))
+    http = new_session()
     client = HttpClient(proc.api, http=http)
     reply = await client.submit(say("go"))
     sid, turn_id = reply["session_id"], reply["turn_id"]
@@ -39,8 +40,9 @@ async def test_two_watchers_one_reconnecting_see_the_same_events(serve_processes
     # The second watcher reads a few events, hangs up, then reconnects with Last-Event-ID.
     first_part: list[dict] = []
     stream = f"{proc.api}/api/client/sessions/{sid}/events/stream"
-    async with http.stream("GET", stream) as response:
-        async for line in response.aiter_lines():
+    async with http.get(stream) as response:
+        async for raw in response.content:  # line by line
+            line = raw.decode()
             if line.startswith("data:") and '"seq"' in line and len(first_part) < 3:
                 first_part.append(line)
             if len(first_part) == 3:
@@ -52,7 +54,7 @@ async def test_two_watchers_one_reconnecting_see_the_same_events(serve_processes
     assert [e["seq"] for e in rest] == list(range(seen_seq + 1, len(full) + 1))
     assert rest == full[seen_seq:]
     assert full[-1]["payload"]["type"] == "turn.completed"
-    await http.aclose()
+    await http.close()
 
 
 async def test_sigterm_mid_turn_exits_fast_and_a_new_serve_finishes_the_turn(
@@ -70,6 +72,7 @@ async def test_sigterm_mid_turn_exits_fast_and_a_new_serve_finishes_the_turn(
     proc.proc.send_signal(signal.SIGTERM)
     assert await proc.stop() == 0
     assert time.monotonic() - started < 10
+    await client.aclose()
 
     proc = await serve_processes()
     client = HttpClient(proc.api)
@@ -85,6 +88,7 @@ async def test_sigterm_mid_turn_exits_fast_and_a_new_serve_finishes_the_turn(
     with pytest.raises(ClientError) as err:
         await client.session("nope")
     assert err.value.status == 404
+    await client.aclose()
 
 
 def three_steps(body: dict) -> ToolCalls | Text:
@@ -97,8 +101,9 @@ def three_steps(body: dict) -> ToolCalls | Text:
 async def test_load_100_sessions_with_100_watchers(serve_processes, vendor):
     vendor.responder = three_steps
     proc = await serve_processes()
-    limits = httpx.Limits(max_connections=300, max_keepalive_connections=300)
-    http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, read=None), limits=limits)
+    connector = aiohttp.TCPConnector(limit=300)
+    timeout = aiohttp.ClientTimeout(total=None, connect=60.0)
+    http = aiohttp.ClientSession(connector=connector, timeout=timeout)
     client = HttpClient(proc.api, http=http)
 
     async def one(n: int) -> list[dict]:
@@ -116,7 +121,7 @@ async def test_load_100_sessions_with_100_watchers(serve_processes, vendor):
         calls = [e for e in events if e["payload"]["type"] == "llm.call.completed"]
         assert len(calls) == 2
     assert elapsed < 120
-    await http.aclose()
+    await http.close()
 
 
 async def _watch_until_done(client: HttpClient, sid: str) -> list[dict]:

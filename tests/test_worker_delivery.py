@@ -10,9 +10,10 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import aiohttp
 import pytest
 
+from engine.http_pool import new_session
 from engine.protocol import (
     DecisionRequest,
     DecisionResponse,
@@ -78,12 +79,12 @@ def to(worker: TestWorker, body: bytes = BODY, **kw: Any) -> Delivery:
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient() as client:
-        yield client
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with new_session() as session:
+        yield session
 
 
-async def failure(http: httpx.AsyncClient, d: Delivery, **kw: Any) -> DecisionFailure:
+async def failure(http: aiohttp.ClientSession, d: Delivery, **kw: Any) -> DecisionFailure:
     with pytest.raises(DecisionFailure) as caught:
         await deliver(http, d, **kw)
     return caught.value
@@ -93,7 +94,7 @@ async def failure(http: httpx.AsyncClient, d: Delivery, **kw: Any) -> DecisionFa
 
 
 async def test_json_answer_is_parsed_and_the_body_arrives_byte_for_byte(
-    http: httpx.AsyncClient, test_worker: WorkerFactory
+    http: aiohttp.ClientSession, test_worker: WorkerFactory
 ) -> None:
     decision = {
         "messages": [{"role": "assistant", "content": "hi"}],
@@ -109,7 +110,7 @@ async def test_json_answer_is_parsed_and_the_body_arrives_byte_for_byte(
 
 
 async def test_default_worker_echoes_proposed(
-    http: httpx.AsyncClient, test_worker: WorkerFactory
+    http: aiohttp.ClientSession, test_worker: WorkerFactory
 ) -> None:
     request = decision_request()
     request["proposed"] = {"actions": [{"type": "llm.call"}]}
@@ -119,14 +120,14 @@ async def test_default_worker_echoes_proposed(
 
 @pytest.mark.parametrize("empty", [None, {}], ids=["null", "object"])
 async def test_null_and_empty_object_are_the_empty_decision(
-    http: httpx.AsyncClient, test_worker: WorkerFactory, empty: Any
+    http: aiohttp.ClientSession, test_worker: WorkerFactory, empty: Any
 ) -> None:
     worker = await test_worker(answer(Json(empty)))
     assert await deliver(http, to(worker)) == {}
 
 
 async def test_headers_and_a_fresh_traceparent_per_attempt(
-    http: httpx.AsyncClient, test_worker: WorkerFactory
+    http: aiohttp.ClientSession, test_worker: WorkerFactory
 ) -> None:
     worker = await test_worker()
     await deliver(http, to(worker))
@@ -159,7 +160,7 @@ def test_sign_matches_the_rfc_4231_vector_and_verify_is_exact() -> None:
 
 
 async def test_signed_request_passes_the_workers_own_check(
-    http: httpx.AsyncClient, test_worker: WorkerFactory
+    http: aiohttp.ClientSession, test_worker: WorkerFactory
 ) -> None:
     worker = await test_worker(answer({"state": 1}), secret="s3cret")
     assert await deliver(http, to(worker, secret="s3cret")) == {"state": 1}
@@ -169,7 +170,7 @@ async def test_signed_request_passes_the_workers_own_check(
 
 @pytest.mark.parametrize("secret", ["wrong", None], ids=["wrong-secret", "unsigned"])
 async def test_bad_signature_is_refused_with_401(
-    http: httpx.AsyncClient, test_worker: WorkerFactory, secret: str | None
+    http: aiohttp.ClientSession, test_worker: WorkerFactory, secret: str | None
 ) -> None:
     worker = await test_worker(answer({"state": 1}), secret="s3cret")
     failed = await failure(http, to(worker, secret=secret))
@@ -185,7 +186,7 @@ async def test_bad_signature_is_refused_with_401(
 
 
 async def test_stream_delivers_deltas_in_order_then_returns_the_result(
-    http: httpx.AsyncClient, test_worker: WorkerFactory
+    http: aiohttp.ClientSession, test_worker: WorkerFactory
 ) -> None:
     vendor_event = {
         "type": "content_block_delta",
@@ -214,7 +215,7 @@ async def test_stream_delivers_deltas_in_order_then_returns_the_result(
 
 
 async def test_stream_without_a_delta_callback(
-    http: httpx.AsyncClient, test_worker: WorkerFactory
+    http: aiohttp.ClientSession, test_worker: WorkerFactory
 ) -> None:
     stream = Stream([("llm.token.delta", {"text": "x"}), ("decision.result", LLM_RESULT)])
     worker = await test_worker(answer(stream))
@@ -222,14 +223,14 @@ async def test_stream_without_a_delta_callback(
 
 
 async def test_a_streamed_empty_decision_is_an_answer(
-    http: httpx.AsyncClient, test_worker: WorkerFactory
+    http: aiohttp.ClientSession, test_worker: WorkerFactory
 ) -> None:
     worker = await test_worker(answer(Stream([("decision.result", {})])))
     assert await deliver(http, to(worker, STREAMED_BODY)) == {}
 
 
 async def test_a_stream_that_is_not_utf8_is_refused(
-    http: httpx.AsyncClient, test_worker: WorkerFactory
+    http: aiohttp.ClientSession, test_worker: WorkerFactory
 ) -> None:
     body = b'event: llm.token.delta\ndata: {"text":"\xff"}\n\n'
     worker = await test_worker(answer(Reply(200, body, "text/event-stream")))
@@ -243,7 +244,7 @@ async def test_a_stream_that_is_not_utf8_is_refused(
     ids=["nospace", "crlf", "cr"],
 )
 async def test_stream_framing_variants(
-    http: httpx.AsyncClient, test_worker: WorkerFactory, space: bool, newline: str
+    http: aiohttp.ClientSession, test_worker: WorkerFactory, space: bool, newline: str
 ) -> None:
     frames = [("llm.token.delta", {"text": "a b"}), ("decision.result", LLM_RESULT)]
     worker = await test_worker(answer(Stream(frames, space=space, newline=newline)))
@@ -257,7 +258,7 @@ async def test_stream_framing_variants(
 
 
 async def test_multiline_data_is_joined(
-    http: httpx.AsyncClient, test_worker: WorkerFactory
+    http: aiohttp.ClientSession, test_worker: WorkerFactory
 ) -> None:
     result = json.dumps(LLM_RESULT, indent=2)  # several `data:` lines
     worker = await test_worker(answer(Stream([("decision.result", result)])))
@@ -270,7 +271,7 @@ async def test_multiline_data_is_joined(
     ids=["default-retryable", "not-retryable"],
 )
 async def test_decision_error_frame_is_a_handler_error(
-    http: httpx.AsyncClient, test_worker: WorkerFactory, data: dict[str, Any], retryable: bool
+    http: aiohttp.ClientSession, test_worker: WorkerFactory, data: dict[str, Any], retryable: bool
 ) -> None:
     stream = Stream([("llm.token.delta", {"text": "x"}), ("decision.error", data)])
     worker = await test_worker(answer(stream))
@@ -281,7 +282,7 @@ async def test_decision_error_frame_is_a_handler_error(
 
 
 async def test_malformed_decision_error_is_an_invalid_response(
-    http: httpx.AsyncClient, test_worker: WorkerFactory
+    http: aiohttp.ClientSession, test_worker: WorkerFactory
 ) -> None:
     worker = await test_worker(answer(Stream([("decision.error", {"error": "oops"})])))
     failed = await failure(http, to(worker, STREAMED_BODY))
@@ -290,7 +291,7 @@ async def test_malformed_decision_error_is_an_invalid_response(
 
 
 async def test_stream_ending_without_result_is_an_invalid_response(
-    http: httpx.AsyncClient, test_worker: WorkerFactory
+    http: aiohttp.ClientSession, test_worker: WorkerFactory
 ) -> None:
     worker = await test_worker(answer(Stream([("llm.token.delta", {"text": "x"})])))
     deltas: list[dict[str, Any]] = []
@@ -314,7 +315,7 @@ async def test_stream_ending_without_result_is_an_invalid_response(
     ],
 )
 async def test_bad_frame_data_names_the_event(
-    http: httpx.AsyncClient, test_worker: WorkerFactory, event: str, data: str, message: str
+    http: aiohttp.ClientSession, test_worker: WorkerFactory, event: str, data: str, message: str
 ) -> None:
     worker = await test_worker(answer(Stream([(event, data)], invalid=True)))
     failed = await failure(http, to(worker, STREAMED_BODY))
@@ -322,7 +323,7 @@ async def test_bad_frame_data_names_the_event(
 
 
 async def test_invalid_streamed_result_names_the_param(
-    http: httpx.AsyncClient, test_worker: WorkerFactory
+    http: aiohttp.ClientSession, test_worker: WorkerFactory
 ) -> None:
     bad = {"actions": [{"type": "llm.reslt", "response": {}}]}
     worker = await test_worker(answer(Stream([("decision.result", bad)], invalid=True)))
@@ -355,7 +356,7 @@ async def test_invalid_streamed_result_names_the_param(
     ids=["html", "empty", "array", "string"],
 )
 async def test_a_body_that_is_not_a_json_object(
-    http: httpx.AsyncClient, test_worker: WorkerFactory, reply: Any, message: str
+    http: aiohttp.ClientSession, test_worker: WorkerFactory, reply: Any, message: str
 ) -> None:
     worker = await test_worker(answer(reply))
     failed = await failure(http, to(worker))
@@ -363,7 +364,7 @@ async def test_a_body_that_is_not_a_json_object(
 
 
 async def test_long_garbage_is_cut_in_the_message(
-    http: httpx.AsyncClient, test_worker: WorkerFactory
+    http: aiohttp.ClientSession, test_worker: WorkerFactory
 ) -> None:
     worker = await test_worker(answer(Reply(200, b"y" * 5000, "text/plain")))
     failed = await failure(http, to(worker))
@@ -380,7 +381,7 @@ async def test_long_garbage_is_cut_in_the_message(
     ids=["action-type", "extra-field", "missing-field"],
 )
 async def test_an_invalid_decision_names_the_param(
-    http: httpx.AsyncClient,
+    http: aiohttp.ClientSession,
     test_worker: WorkerFactory,
     decision: dict[str, Any],
     param: str,
@@ -403,7 +404,7 @@ async def test_an_invalid_decision_names_the_param(
     ids=["content-length", "chunked", "one-huge-frame"],
 )
 async def test_ten_megabytes_of_junk_is_refused_quickly(
-    http: httpx.AsyncClient, test_worker: WorkerFactory, reply: Any
+    http: aiohttp.ClientSession, test_worker: WorkerFactory, reply: Any
 ) -> None:
     worker = await test_worker(answer(reply))
     started = time.monotonic()
@@ -415,7 +416,7 @@ async def test_ten_megabytes_of_junk_is_refused_quickly(
 
 
 async def test_body_limit_counts_decoded_bytes_without_content_length(
-    http: httpx.AsyncClient, test_worker: WorkerFactory
+    http: aiohttp.ClientSession, test_worker: WorkerFactory
 ) -> None:
     body = json.dumps({"state": "z" * 2000}).encode()
     worker = await test_worker(answer(Reply(200, body, chunked=True)))
@@ -425,7 +426,7 @@ async def test_body_limit_counts_decoded_bytes_without_content_length(
 
 
 async def test_a_long_stream_of_small_frames_is_not_cut_by_the_limit(
-    http: httpx.AsyncClient, test_worker: WorkerFactory
+    http: aiohttp.ClientSession, test_worker: WorkerFactory
 ) -> None:
     frames = [("llm.token.delta", {"text": "token "}) for _ in range(200)]
     worker = await test_worker(answer(Stream([*frames, ("decision.result", LLM_RESULT)])))
@@ -443,7 +444,7 @@ async def test_a_long_stream_of_small_frames_is_not_cut_by_the_limit(
 # --- unreachable -------------------------------------------------------------------------
 
 
-async def test_server_error_status(http: httpx.AsyncClient, test_worker: WorkerFactory) -> None:
+async def test_server_error_status(http: aiohttp.ClientSession, test_worker: WorkerFactory) -> None:
     worker = await test_worker(answer(Reply(500, b"Traceback: KeyError 'trigger'", "text/plain")))
     failed = await failure(http, to(worker))
     assert (failed.code, failed.retryable) == ("worker_unreachable", True)
@@ -451,7 +452,7 @@ async def test_server_error_status(http: httpx.AsyncClient, test_worker: WorkerF
     assert failed.detail == {"status": 500}
 
 
-async def test_connection_refused(http: httpx.AsyncClient) -> None:
+async def test_connection_refused(http: aiohttp.ClientSession) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -462,7 +463,7 @@ async def test_connection_refused(http: httpx.AsyncClient) -> None:
 
 
 async def test_a_worker_that_never_answers_times_out(
-    http: httpx.AsyncClient, test_worker: WorkerFactory
+    http: aiohttp.ClientSession, test_worker: WorkerFactory
 ) -> None:
     worker = await test_worker(answer(Hang()))
     started = time.monotonic()
@@ -473,7 +474,7 @@ async def test_a_worker_that_never_answers_times_out(
 
 
 async def test_a_stream_that_stalls_times_out(
-    http: httpx.AsyncClient, test_worker: WorkerFactory
+    http: aiohttp.ClientSession, test_worker: WorkerFactory
 ) -> None:
     worker = await test_worker(answer(Stream([("llm.token.delta", {"text": "x"})], hang=True)))
     deltas: list[dict[str, Any]] = []
@@ -490,7 +491,7 @@ async def test_a_stream_that_stalls_times_out(
 
 
 async def test_cancelling_an_attempt_is_not_a_failure(
-    http: httpx.AsyncClient, test_worker: WorkerFactory
+    http: aiohttp.ClientSession, test_worker: WorkerFactory
 ) -> None:
     worker = await test_worker(answer(Hang()))
     attempt = asyncio.create_task(deliver(http, to(worker)))
@@ -500,17 +501,53 @@ async def test_cancelling_an_attempt_is_not_a_failure(
         await attempt
 
 
+# --- the connection ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        Json({"state": 1}),
+        Stream([("llm.token.delta", {"text": "x"}), ("decision.result", LLM_RESULT)]),
+        # The body ends a moment after the result: read to its end, not abandoned.
+        Stream([("decision.result", LLM_RESULT)], end_delay=0.02),
+        Stream([("decision.result", LLM_RESULT), ("llm.token.delta", {"text": "after"})]),
+    ],
+    ids=["json", "stream", "slow-end", "frames-after-the-result"],
+)
+async def test_sequential_deliveries_reuse_one_connection(
+    http: aiohttp.ClientSession, test_worker: WorkerFactory, reply: Any
+) -> None:
+    worker = await test_worker(answer(reply))
+    for _ in range(5):
+        await deliver(http, to(worker, STREAMED_BODY))
+    assert len(worker.peers) == 5
+    assert len(set(worker.peers)) == 1, worker.peers
+
+
+async def test_a_stream_held_open_after_its_result_is_answered_and_let_go(
+    http: aiohttp.ClientSession, test_worker: WorkerFactory
+) -> None:
+    worker = await test_worker(answer(Stream([("decision.result", LLM_RESULT)], hang=True)))
+    started = time.monotonic()
+    assert await deliver(http, to(worker, STREAMED_BODY)) == LLM_RESULT
+    assert time.monotonic() - started < 1.3  # the drain gives up; the deadline is 5 s
+    assert await deliver(http, to(worker, STREAMED_BODY)) == LLM_RESULT
+    assert len(set(worker.peers)) == 2  # the held connection was closed, not reused
+
+
 # --- the test worker itself --------------------------------------------------------------
 
 
 async def test_the_test_worker_records_what_a_strict_worker_would_reject(
-    http: httpx.AsyncClient,
+    http: aiohttp.ClientSession,
 ) -> None:
     unmarked_invalid = {"actions": [{"type": "nope"}]}
     async with TestWorker(answer(unmarked_invalid)) as worker:
         d = Delivery(url=worker.url, body=b'{"session_id": "s1"}', secret=None, timeout=5.0)
         failed = await failure(http, d)
-        await http.post(worker.url, content=BODY)  # none of the delivery headers
+        async with http.post(worker.url, data=BODY) as response:  # none of the delivery headers
+            await response.read()
     assert failed.param == "actions.0.type"
     assert "$: 'decision_id' is a required property" in worker.schema_errors
     assert [e.split(" is ")[0] for e in worker.schema_errors if e.startswith("header")] == [

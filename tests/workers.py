@@ -69,7 +69,8 @@ class Stream:
     Each frame is `(event, data)`: a `str` data is sent as it is (split into one
     `data:` line per line), anything else as JSON. `space` puts a space after
     `data:`; `newline` ends lines. `hang=True` keeps the stream open after the last
-    frame until the client goes away or the worker stops.
+    frame until the client goes away or the worker stops. `end_delay` is slept
+    between the last frame and the body's end: a worker slow to close its stream.
     """
 
     frames: list[tuple[str, Any]]
@@ -77,6 +78,7 @@ class Stream:
     space: bool = True
     newline: str = "\n"
     hang: bool = False
+    end_delay: float = 0.0
 
 
 @dataclass
@@ -106,7 +108,8 @@ class TestWorker:
 
     `decide` may return a dict/None (sent as JSON), `Json`, `Stream`, `Reply` or
     `Hang()`; by default it echoes `proposed`. `raw_bodies` and `headers` record
-    every request received, `requests` the decoded ones that passed the signature
+    every request received, `peers` the client address and port each came from (one
+    per connection), `requests` the decoded ones that passed the signature
     check and reached `decide`. `schema_errors` collects what was wrong with a
     request (body against the schema, delivery headers), `response_schema_errors`
     what was wrong with an answer not marked invalid.
@@ -121,6 +124,7 @@ class TestWorker:
         self.requests: list[dict[str, Any]] = []
         self.raw_bodies: list[bytes] = []
         self.headers: list[dict[str, str]] = []
+        self.peers: list[str] = []
         self.schema_errors: list[str] = []
         self.response_schema_errors: list[str] = []
         self._arrived = asyncio.Condition()
@@ -167,6 +171,7 @@ class TestWorker:
         async with self._arrived:
             self.raw_bodies.append(raw)
             self.headers.append(dict(request.headers))
+            self.peers.append(_peer(request))
             self._arrived.notify_all()
         self._check_headers(request)
         try:
@@ -256,10 +261,19 @@ class TestWorker:
                 await response.write(frame.encode())
             if stream.hang:
                 await self._stopping.wait()
+            if stream.end_delay:
+                await asyncio.sleep(stream.end_delay)  # a slow worker, not synchronisation
             await response.write_eof()
         except ConnectionResetError:
             pass  # the client stopped reading, as it may after decision.result
         return response
+
+
+def _peer(request: web.Request) -> str:
+    """The client's end of the connection: a new one has a new port."""
+    assert request.transport is not None
+    host, port = request.transport.get_extra_info("peername")[:2]
+    return f"{host}:{port}"
 
 
 WorkerFactory = Callable[..., Awaitable[TestWorker]]

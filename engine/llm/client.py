@@ -2,7 +2,8 @@
 
 The vendor modules convert shapes; this one sends the body, reads the answer
 (JSON, or an event stream through `engine.sse`) and turns every transport failure into a
-ProviderError. See SPEC.md §7.
+ProviderError. Every answer is read to its end, so its connection goes back to the
+engine's pool (`engine.http_pool`). See SPEC.md §7.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
-import httpx
+import aiohttp
 from pydantic import BaseModel, ValidationError
 
+from engine.http_pool import drain, dumps, failure_name, failure_text, is_decoding
 from engine.jsonedge import JsonEdgeError, loads_checked
 from engine.llm import anthropic, openai
 from engine.llm.errors import ProviderError, quote
@@ -94,7 +96,7 @@ _ADAPTERS = {
 
 
 async def complete(
-    http: httpx.AsyncClient,
+    http: aiohttp.ClientSession,
     target: LlmTarget,
     request: dict[str, Any],
     *,
@@ -104,7 +106,7 @@ async def complete(
     """Runs one model call.
 
     Args:
-        http: the client to send with; its timeouts bound the call.
+        http: the session to send with; its timeouts bound the call.
         target: the vendor, its URL and key.
         request: a neutral LlmRequest.
         stream: whether to stream the answer.
@@ -124,67 +126,68 @@ async def complete(
     if not target.api_key:
         raise ProviderError(f"{target.api_key_env} is not set.", param=target.api_key_env)
     url = target.base_url.rstrip("/") + adapter.path
-    headers = adapter.auth(target.api_key)
-    body = adapter.build(request, stream=stream)
+    headers = {"Content-Type": "application/json", **adapter.auth(target.api_key)}
+    body = dumps(adapter.build(request, stream=stream))
     try:
         if stream:
             response = await _streamed(http, adapter, url, headers, body, on_delta)
         else:
             response = await _whole(http, adapter, url, headers, body)
         return _neutral(adapter, response)
-    except httpx.TimeoutException as exc:
+    except TimeoutError as exc:  # aiohttp's own; a deadline around the call cancels instead
         raise ProviderError(
-            f"{adapter.name} did not answer in time ({type(exc).__name__}).", retryable=True
+            f"{adapter.name} did not answer in time ({failure_name(exc)}).", retryable=True
         ) from exc
-    except httpx.TransportError as exc:
+    except aiohttp.ClientError as exc:
+        if is_decoding(exc):
+            raise ProviderError(
+                f"{adapter.name} sent a body that could not be decoded.",
+                "invalid_response",
+                retryable=True,
+            ) from exc
         raise ProviderError(
             f"The connection to {adapter.name} failed: {_reason(exc)}.", retryable=True
-        ) from exc
-    except httpx.DecodingError as exc:
-        raise ProviderError(
-            f"{adapter.name} sent a body that could not be decoded.",
-            "invalid_response",
-            retryable=True,
         ) from exc
 
 
 async def _whole(
-    http: httpx.AsyncClient,
+    http: aiohttp.ClientSession,
     adapter: _Adapter,
     url: str,
     headers: dict[str, str],
-    body: dict[str, Any],
+    body: bytes,
 ) -> dict[str, Any]:
-    response = await http.post(url, json=body, headers=headers)
-    if not response.is_success:
-        raise adapter.parse_error(response.status_code, response.headers, response.content)
+    async with http.post(url, data=body, headers=headers, allow_redirects=False) as response:
+        content = await response.read()
+    if not 200 <= response.status < 300:
+        raise adapter.parse_error(response.status, response.headers, content)
     try:
-        document = loads_checked(response.content)
+        document = loads_checked(content)
     except JsonEdgeError as exc:
         problem = "that is not JSON" if exc.syntax else f"this engine refuses ({exc.message})"
         raise ProviderError(
             f"{adapter.name} sent a response {problem}.",
             "invalid_response",
             retryable=True,
-            status=response.status_code,
+            status=response.status,
         ) from None
     return _read(adapter, adapter.parse, document, "response")
 
 
 async def _streamed(
-    http: httpx.AsyncClient,
+    http: aiohttp.ClientSession,
     adapter: _Adapter,
     url: str,
     headers: dict[str, str],
-    body: dict[str, Any],
+    body: bytes,
     on_delta: OnDelta | None,
 ) -> dict[str, Any]:
     headers = {**headers, "Accept": "text/event-stream", "Cache-Control": "no-store"}
-    async with http.stream("POST", url, json=body, headers=headers) as response:
-        if not response.is_success:
-            await response.aread()
-            raise adapter.parse_error(response.status_code, response.headers, response.content)
-        if "text/event-stream" not in response.headers.get("content-type", "").lower():
+    async with http.post(url, data=body, headers=headers, allow_redirects=False) as response:
+        if not 200 <= response.status < 300:
+            content = await response.read()
+            raise adapter.parse_error(response.status, response.headers, content)
+        if "text/event-stream" not in response.headers.get("Content-Type", "").lower():
             raise ProviderError(
                 f"{adapter.name} answered a streaming call without an event stream.",
                 "invalid_response",
@@ -193,8 +196,9 @@ async def _streamed(
         accumulator = adapter.accumulator()
         decoder = SseDecoder()
         try:
-            async for chunk in response.aiter_bytes():
+            async for chunk in response.content.iter_any():
                 if await _on_events(adapter, accumulator, decoder.feed(chunk), on_delta):
+                    await drain(response)
                     break
             else:
                 await _on_events(adapter, accumulator, decoder.close(), on_delta)
@@ -204,9 +208,11 @@ async def _streamed(
                 "invalid_response",
                 retryable=True,
             ) from None
-        except httpx.TimeoutException:
+        except TimeoutError:
             raise
-        except httpx.TransportError as exc:
+        except aiohttp.ClientError as exc:
+            if is_decoding(exc):
+                raise
             raise ProviderError(
                 f"The {adapter.name} stream was cut: {_reason(exc)}.", retryable=True
             ) from exc
@@ -217,9 +223,8 @@ async def _on_events(
     adapter: _Adapter, accumulator: _Accumulator, events: list[Event], on_delta: OnDelta | None
 ) -> bool:
     """Vendor stream events; True at `[DONE]`, which ends an OpenAI-shaped stream (the
-    rest is not read: measured against the fake vendor, reading the stream to its end
-    to reuse the connection cost more CPU per call than it saved, with httpx).
-    Comments and empty data are keep-alives."""
+    caller drains the rest of the body, which the vendor ends right after, so that the
+    connection is reused). Comments and empty data are keep-alives."""
     for event in events:
         if event.data == "[DONE]":
             return True
@@ -289,4 +294,4 @@ def _event_json(name: str, data: str) -> dict[str, Any]:
 
 
 def _reason(exc: Exception) -> str:
-    return quote(str(exc)).rstrip(".") or type(exc).__name__
+    return quote(failure_text(exc)).rstrip(".") or failure_name(exc)

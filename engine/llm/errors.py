@@ -71,7 +71,7 @@ def retry_after(headers: Mapping[str, str]) -> float | None:
     """Returns the wait the vendor asked for, in seconds, or None.
 
     Reads `retry-after-ms` first (OpenAI's SDKs do), then `retry-after` as seconds
-    or an HTTP date. `headers` must look keys up case-insensitively (httpx does).
+    or an HTTP date. `headers` must look keys up case-insensitively (aiohttp's do).
     """
     ms = headers.get("retry-after-ms")
     if ms is not None:

@@ -38,7 +38,9 @@ class Text:
     """A text answer.
 
     `chunks` splits the text into about that many stream chunks (default: one per
-    word). `chunk_delay` is slept before each chunk (before a whole body, once).
+    word). `chunk_delay` is slept before each chunk (before a whole body, once);
+    `end_delay` between a stream's last chunk and the end of its body, which over a
+    real network can arrive in a packet of its own.
     `cache_read` / `cache_write` add that many cached input tokens.
     `reasoning` adds Anthropic thinking / OpenRouter reasoning. `cost` is what
     OpenRouter reports (default: derived from the usage).
@@ -52,6 +54,7 @@ class Text:
     finish: str = "stop"
     cost: str | None = None
     chunk_delay: float = 0.0
+    end_delay: float = 0.0
 
 
 @dataclass
@@ -107,12 +110,14 @@ Reply = Text | ToolCalls | HttpError | CutStream | InStreamError | Raw
 
 @dataclass
 class Recorded:
-    """One request as the fake received it (header names in lower case)."""
+    """One request as the fake received it (header names in lower case); `peer` is the
+    client's address and port, one per connection."""
 
     path: str
     headers: dict[str, str]
     body: Any
     received: float
+    peer: str = ""
 
 
 # --- one answer, vendor-neutral --------------------------------------------------------
@@ -281,7 +286,9 @@ class FakeVendor:
         except ValueError:
             body = None
         headers = {name.lower(): value for name, value in request.headers.items()}
-        self.requests.append(Recorded(request.path, headers, body, time.time()))
+        assert request.transport is not None
+        host, port = request.transport.get_extra_info("peername")[:2]
+        self.requests.append(Recorded(request.path, headers, body, time.time(), f"{host}:{port}"))
         self._arrived.set()
         if self._script:
             reply = self._script.popleft()
@@ -314,7 +321,10 @@ class FakeVendor:
             if isinstance(reply, InStreamError):
                 frames.append(vendor.stream_error())
             cut = isinstance(reply, CutStream) and reply.abort
-        return await self._send_stream(request, vendor.stream_headers(), frames, delay, cut)
+        end_delay = reply.end_delay if isinstance(reply, Text) else 0.0
+        return await self._send_stream(
+            request, vendor.stream_headers(), frames, delay, cut, end_delay
+        )
 
     def _answer(self, vendor: _Vendor, reply: Reply, body: Any) -> _Answer:
         uncached = _request_text(body) // 4 + 1
@@ -362,6 +372,11 @@ class FakeVendor:
             cost=cost,
         )
 
+    @property
+    def connections(self) -> int:
+        """How many connections the recorded requests came over."""
+        return len({r.peer for r in self.requests})
+
     def sending(self, frame: bytes) -> None:
         """Called as each stream frame goes out; a benchmark overrides it to time tokens."""
 
@@ -372,6 +387,7 @@ class FakeVendor:
         frames: list[bytes],
         delay: float,
         cut: bool,
+        end_delay: float = 0.0,
     ) -> web.StreamResponse:
         response = web.StreamResponse(status=200, headers=headers)
         await response.prepare(request)
@@ -386,6 +402,8 @@ class FakeVendor:
                 assert request.transport is not None
                 request.transport.close()
                 return response
+            if end_delay:
+                await asyncio.sleep(end_delay)  # a slow network, not a test's synchronisation
             await response.write_eof()
         except ConnectionResetError:
             pass  # the client hung up; nothing to finish
