@@ -31,13 +31,13 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from .client import Client, ClientError
 from .errors import ProtocolError
 from .fanout import Hub, Watch, stream_pos
-from .jsonedge import JsonEdgeError, loads_checked
+from .jsonedge import JsonEdgeError, compact_json, loads_checked
 from .machine import SessionState
 from .machine.tree import path_to
 from .metrics import Metrics
 from .protocol import InterruptPayload, WorkerIdentity, parse_client_input
 from .snapshots import load_state, state_of
-from .store import Store, compact_json
+from .store import Store
 
 log = logging.getLogger("subs.api")
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from .config import Project
 from .errors import describe
+from .jsonedge import encode
 from .machine import (
     CallLost,
     CancelTimer,
@@ -41,7 +42,7 @@ from .machine.evolve import at_ms
 from .metrics import Metrics
 from .retrying import Backoff, Trouble
 from .snapshots import SNAPSHOT_MIN_BYTES, Mark, mark_of, state_of
-from .store import STORE_FAULTS, Commit, Store, StoreConflict, WorkItem, encode
+from .store import STORE_FAULTS, Commit, Store, StoreConflict, WorkItem
 
 log = logging.getLogger("subs.engine")
 

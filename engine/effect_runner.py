@@ -22,6 +22,7 @@ from .config import Project
 from .errors import SubsError, describe
 from .http_pool import new_session
 from .llm import LlmTarget, ProviderError, complete
+from .llm.prompts import EncodedMessages
 from .machine import (
     DecisionFailed,
     ExecuteFailed,
@@ -85,6 +86,7 @@ class EffectRunner:
 
     def __post_init__(self) -> None:
         self.http: aiohttp.ClientSession = new_session()
+        self.prompts = EncodedMessages()
 
     async def aclose(self) -> None:
         await self.http.close()
@@ -257,7 +259,13 @@ class EffectRunner:
             timeout = None if effect.deadline is None else (effect.deadline - self.now_ms()) / 1000
             async with asyncio.timeout(timeout):
                 response = await complete(
-                    self.http, target, plan.request, stream=plan.stream, on_delta=on_delta
+                    self.http,
+                    target,
+                    plan.request,
+                    stream=plan.stream,
+                    on_delta=on_delta,
+                    kept=self.prompts,
+                    session_id=sid,
                 )
             settled = LlmCallSettled(effect.call_id, effect.attempt, response=response)
         except ProviderError as err:

@@ -172,3 +172,20 @@ def _key_of(node: list[Any] | dict[str, Any], value: Any) -> str:
     earlier in `node` would have been refused first: the first `is` match is the one."""
     pairs = node.items() if type(node) is dict else enumerate(node)
     return next(str(key) for key, item in pairs if item is value)
+
+
+def encode(value: Any) -> bytes:
+    """JSON as the engine writes it (the store, request bodies): compact UTF-8, by orjson,
+    several times faster than `json`. What is written has passed an edge (this module,
+    the config's models), which refuse NaN and infinities: orjson itself would write
+    them as null. An integer past 64 bits, which the edge keeps exact, is left to `json`."""
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return compact_json(value).encode()
+
+
+def compact_json(value: Any) -> str:
+    """JSON as stored and served: no spaces, UTF-8 kept (Redis and HTTP alike). NaN and
+    infinities raise ValueError: written out, they would be JSON no other parser reads."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

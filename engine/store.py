@@ -9,7 +9,6 @@ stream id. See DESIGN.md "Storage on Redis".
 from __future__ import annotations
 
 import dataclasses
-import json
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .durability import ReplicaWait
 from .errors import SubsError
+from .jsonedge import encode
 
 SessionId = NewType("SessionId", str)
 
@@ -204,23 +204,6 @@ class WorkItem:
     reply_to: str | None = None
     timer_member: str | None = None
     deliveries: int = 1  # times the work stream handed this entry to an engine
-
-
-def encode(value: Any) -> bytes:
-    """JSON as the store writes it: compact UTF-8, by orjson (several times faster than
-    `json`). What is written has passed an edge (jsonedge, the config's models), which
-    refuse NaN and infinities: orjson itself would write them as null. An integer past
-    64 bits, which the edge keeps exact, is left to `json`."""
-    try:
-        return orjson.dumps(value)
-    except orjson.JSONEncodeError:
-        return compact_json(value).encode()
-
-
-def compact_json(value: Any) -> str:
-    """JSON as stored and served: no spaces, UTF-8 kept (Redis and HTTP alike). NaN and
-    infinities raise ValueError: written out, they would be JSON no other parser reads."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 class Store:

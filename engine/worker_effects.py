@@ -7,7 +7,6 @@ later transition cannot change what was sent.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +15,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from .errors import SubsError
+from .jsonedge import encode
 from .llm import ProviderError, anthropic, openai
 from .machine import (
     DecisionAnswered,
@@ -41,7 +41,7 @@ class WorkerTarget:
 
 
 def _body(request: dict[str, Any]) -> bytes:
-    return json.dumps(request, separators=(",", ":"), ensure_ascii=False).encode()
+    return encode(request)
 
 
 def _timeout(deadline_ms: int | None, now_ms: int) -> float:

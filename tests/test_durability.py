@@ -19,8 +19,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from engine.config import StoreConfig
 from engine.durability import check_server
 from engine.embedded import EmbeddedRedis, find_redis_server
+from engine.jsonedge import encode
 from engine.runner import Engine
-from engine.store import Commit, Store, connect, encode
+from engine.store import Commit, Store, connect
 from tests.engine_helpers import ENV, make_project
 
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from engine.http_pool import drain, dumps, failure_name, failure_text, is_decoding
 from engine.jsonedge import JsonEdgeError, loads_checked
-from engine.llm import anthropic, openai
+from engine.llm import anthropic, openai, prompts
 from engine.llm.errors import ProviderError, quote
 from engine.protocol import LlmResponse, StreamDelta
 from engine.sse import Event, SseDecoder
@@ -58,6 +58,8 @@ class _Adapter:
     name: str
     path: str
     build: Callable[..., dict[str, Any]]
+    groups: prompts.Groups
+    convert: prompts.Convert
     parse: Callable[[Any], dict[str, Any]]
     accumulator: Callable[[], _Accumulator]
     parse_error: Callable[[int, Mapping[str, str], bytes], ProviderError]
@@ -73,6 +75,8 @@ def _openai_shaped(provider: str) -> _Adapter:
         name=openai.NAMES[provider],
         path="/chat/completions",
         build=partial(openai.build_request, provider=provider),
+        groups=openai.message_groups,
+        convert=openai.convert_group,
         parse=partial(openai.parse_response, provider=provider),
         accumulator=partial(openai.StreamAccumulator, provider=provider),
         parse_error=partial(openai.parse_error, provider=provider),
@@ -87,6 +91,8 @@ _ADAPTERS = {
         name=anthropic.NAME,
         path="/v1/messages",
         build=anthropic.build_request,
+        groups=anthropic.message_groups,
+        convert=anthropic.convert_group,
         parse=anthropic.parse_response,
         accumulator=anthropic.StreamAccumulator,
         parse_error=anthropic.parse_error,
@@ -102,6 +108,8 @@ async def complete(
     *,
     stream: bool,
     on_delta: OnDelta | None = None,
+    kept: prompts.EncodedMessages | None = None,
+    session_id: str = "",
 ) -> dict[str, Any]:
     """Runs one model call.
 
@@ -111,6 +119,9 @@ async def complete(
         request: a neutral LlmRequest.
         stream: whether to stream the answer.
         on_delta: awaited with each neutral StreamDelta as it arrives.
+        kept: the session's messages already encoded in vendor form (engine.llm.prompts);
+            without it, the body is built whole.
+        session_id: whose messages `kept` holds them as.
 
     Returns:
         The neutral LlmResponse {model, content, tool_calls, finish_reason,
@@ -127,7 +138,18 @@ async def complete(
         raise ProviderError(f"{target.api_key_env} is not set.", param=target.api_key_env)
     url = target.base_url.rstrip("/") + adapter.path
     headers = {"Content-Type": "application/json", **adapter.auth(target.api_key)}
-    body = dumps(adapter.build(request, stream=stream))
+    if kept is None:
+        body = dumps(adapter.build(request, stream=stream))
+    else:
+        body = prompts.encode_body(
+            request,
+            scope=(session_id, target.type),
+            groups=adapter.groups,
+            convert=adapter.convert,
+            build=adapter.build,
+            stream=stream,
+            kept=kept,
+        )
     try:
         if stream:
             response = await _streamed(http, adapter, url, headers, body, on_delta)

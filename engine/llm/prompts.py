@@ -22,6 +22,7 @@ Convert = Callable[[list[dict[str, Any]]], dict[str, Any]]
 Build = Callable[..., dict[str, Any]]
 
 DEFAULT_MAX_BYTES = 64 << 20
+_EMPTY_MESSAGES = b'"messages":[]'
 
 
 class EncodedMessages:
@@ -64,11 +65,16 @@ def encode_body(
     """The vendor body of a neutral request, as bytes equal in JSON to
     `build(request, stream=stream)`; `scope` is (session id, vendor format)."""
     system, grouped = groups(request["messages"])
-    head = build({**request, "messages": system}, stream=stream)
-    del head["messages"]
+    head = orjson.dumps(build({**request, "messages": system}, stream=stream))
     fragments = []
     for group in grouped:
         ids = [m.get("id") for m in group]
         key = None if None in ids else (*scope, *ids)
         fragments.append(kept.fragment(key, lambda group=group: convert(group)))
-    return orjson.dumps(head)[:-1] + b',"messages":[' + b",".join(fragments) + b"]}"
+    # The messages go where `build` puts them, so the body reads the same. The first
+    # `"messages":[]` is that key: inside a string its quotes would be escaped, and the
+    # keys before it (model, max_tokens, system) hold no such object.
+    at = head.index(_EMPTY_MESSAGES)
+    return b"".join(
+        (head[:at], b'"messages":[', b",".join(fragments), b"]", head[at + len(_EMPTY_MESSAGES) :])
+    )
