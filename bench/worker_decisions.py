@@ -173,8 +173,8 @@ def instrumented(engine: Engine, probe: Probe) -> Iterator[None]:
     async def timed_commit(p: int, lease: str, c: Commit) -> int:
         seq = await commit(p, lease, c)
         now = time.perf_counter()
-        for event in c.events:
-            payload = event["payload"]
+        for encoded in c.events:
+            payload = json.loads(encoded)["payload"]
             if payload["type"] == "decision.dispatched":
                 probe.dispatched[key(payload["decision_id"], payload["attempt"])] = now
             elif payload["type"] == "decision.completed":

@@ -18,8 +18,9 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -33,6 +34,33 @@ from .retrying import Backoff, Trouble
 from .store import STORE_FAULTS, Store, StoreConflict, WorkItem
 
 log = logging.getLogger("subs.engine")
+
+
+RECANCEL_SECONDS = 0.1
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Task[Any]], *, patience: float | None) -> None:
+    """Cancel the tasks and wait for them to end, cancelling again while they run.
+
+    Once is not always enough on Python 3.11: a cancel that lands just as a
+    `wait_for` (redis-py's socket timeout) completes its inner call is lost, and
+    the task goes on sleeping; `subs serve` then never exited on SIGTERM. After
+    `patience` seconds (None: no limit) a task still running is logged and left.
+    """
+    every = list(tasks)
+    pending = {t for t in every if not t.done()}
+    loop = asyncio.get_running_loop()
+    give_up = None if patience is None else loop.time() + patience
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=RECANCEL_SECONDS)
+        if pending and give_up is not None and loop.time() >= give_up:
+            log.warning("%d task(s) did not stop when cancelled: %s", len(pending), pending)
+            break
+    for task in every:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            log.warning("task %s had failed: %s", task.get_name(), task.exception())
 
 
 @dataclass
@@ -114,11 +142,7 @@ class Engine:
 
     async def stop(self) -> None:
         """Stop taking work, hand back in-flight calls, release leases."""
-        for task in self._background:
-            task.cancel()
-        for task in self._background:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._background, patience=None)
         # At once: a release on a connection Redis stopped answering costs a socket timeout.
         await asyncio.gather(*(self._drop(p, release=True) for p in list(self.owned)))
         with contextlib.suppress(Exception):
@@ -196,12 +220,8 @@ class Engine:
 
     async def _drop(self, p: int, *, release: bool) -> None:
         part = self.owned.pop(p)
-        tasks = [*part.tasks, *part.calls]
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            # Bounded: a task stuck in a library must not hold up shutdown.
-            await asyncio.wait(tasks, timeout=5)
+        # Bounded: a task stuck in a library must not hold up shutdown.
+        await cancel_and_wait([*part.tasks, *part.calls], patience=5.0)
         self.applier.forget(p)
         if release:
             with contextlib.suppress(Exception):

@@ -32,6 +32,7 @@ TINY: dict[str, tuple[str, list[str]]] = {
             r"median of 1 repeats",
             rf"  step overhead \(engine apply\+commit\): median {NUMBER} ms",
             rf"  throughput: {NUMBER} steps/s",
+            rf"  engine cpu \(its own thread; target <= 0\.5 ms\): {NUMBER} ms per step",
             rf"  Redis round trips per step, engine: {NUMBER} \(.*evalsha {NUMBER}",
             rf"  Redis round trips per step, clients: {NUMBER} \(",
             rf"  Redis commands run per step \(INFO commandstats.*\): {NUMBER} \(.*evalsha",
@@ -52,6 +53,13 @@ TINY: dict[str, tuple[str, list[str]]] = {
         [
             rf"token latency, median of 1 repeats .*: median {NUMBER} ms, p99 {NUMBER} ms",
             rf"fan-out, 2 watchers .*: {NUMBER} frames/s",
+        ],
+    ),
+    "stream_reuse.py": (
+        "--calls 10 --rounds 1",
+        [
+            rf"  drain: cpu {NUMBER} ms/call, wall {NUMBER} ms/call, "
+            rf"1 connections per {NUMBER} calls"
         ],
     ),
     "slack_stream.py": (

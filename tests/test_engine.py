@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -199,3 +200,24 @@ async def test_a_poison_input_fails_the_running_turn_and_the_queued_one_runs(eng
     assert rejected["input_kind"] == "TimerFired" and "TypeError" in rejected["error"]["message"]
     (letter,) = await engine.store.dead_letters()
     assert letter["session_id"] == sid and letter["input"] == {"kind": "TimerFired", "call_id": 5}
+
+
+async def test_a_task_that_loses_a_cancel_is_cancelled_again() -> None:
+    """What Python 3.11's wait_for can do to a cancel (the serve that never exited)."""
+    from engine.runner import cancel_and_wait
+
+    never, waiting = asyncio.Event(), asyncio.Event()
+    swallowed = []
+
+    async def deaf_once() -> None:
+        try:
+            waiting.set()
+            await never.wait()
+        except asyncio.CancelledError:
+            swallowed.append(True)  # lost, as if it had landed on a finished wait_for
+        await never.wait()
+
+    task = asyncio.create_task(deaf_once())
+    await waiting.wait()
+    await cancel_and_wait([task], patience=None)
+    assert task.cancelled() and swallowed == [True]
