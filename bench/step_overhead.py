@@ -346,11 +346,18 @@ def counting_round_trips() -> Iterator[defaultdict[str, Counter[str]]]:
     """Counts the round trips to Redis of this process by pool name and command, while open.
 
     A command goes out through `send_command` (also the blocking reads and a pipeline's
-    SCRIPT EXISTS), a pipeline or transaction in one write of all its commands.
+    SCRIPT EXISTS), a pipeline or transaction in one write of all its commands, a
+    commit through the store's own packed send (`Store._ask`).
     """
     counts: defaultdict[str, Counter[str]] = defaultdict(Counter)
     send = AbstractConnection.send_command
     batches = Pipeline._execute_pipeline, Pipeline._execute_transaction
+
+    ask = Store._ask
+
+    async def counted_ask(conn: AbstractConnection, args: list[Any]) -> Any:
+        counts[conn.client_name or "other"][bytes(args[0]).decode().lower()] += 1
+        return await ask(conn, args)
 
     async def counted_send(self: AbstractConnection, *args: Any, **kwargs: Any) -> None:
         counts[self.client_name or "other"][str(args[0]).lower()] += 1
@@ -366,6 +373,7 @@ def counting_round_trips() -> Iterator[defaultdict[str, Counter[str]]]:
 
     with (
         mock.patch.object(AbstractConnection, "send_command", counted_send),
+        mock.patch.object(Store, "_ask", staticmethod(counted_ask)),
         mock.patch.object(Pipeline, "_execute_pipeline", counted(batches[0])),
         mock.patch.object(Pipeline, "_execute_transaction", counted(batches[1])),
     ):

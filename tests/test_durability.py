@@ -21,7 +21,7 @@ from engine.durability import check_server
 from engine.embedded import EmbeddedRedis, find_redis_server
 from engine.jsonedge import encode
 from engine.runner import Engine
-from engine.store import Commit, Store, connect
+from engine.store import STORE_FAULTS, Commit, Store, connect
 from tests.engine_helpers import ENV, make_project
 
 
@@ -185,3 +185,20 @@ def test_the_store_writes_what_the_edge_keeps() -> None:
     assert encode({"n": big, "s": "é"}) == '{"n":123456789012345678901234567890,"s":"é"}'.encode()
     with pytest.raises(ValueError, match="JSON compliant"):
         encode({"n": big, "x": float("nan")})
+
+
+async def test_commits_go_on_after_redis_forgets_the_script_and_the_connection(redis) -> None:
+    """A restarted Redis has no scripts, and the partition's commit connection is gone."""
+    store = await Store.open(redis)
+    sid = f"lines-{time.monotonic_ns()}"
+    p = store.partition_of(sid)
+    lease = await store.acquire(p, "test", 30_000)
+    assert lease is not None
+    await store.commit(p, lease, one_step(sid, 1))
+    await redis.script_flush()
+    await store.commit(p, lease, one_step(sid, 2))
+    await redis.client_kill_filter(_type="normal", skipme=True)
+    with pytest.raises(STORE_FAULTS):
+        await store.commit(p, lease, one_step(sid, 3))  # the held connection was killed
+    await store.commit(p, lease, one_step(sid, 3))  # a new one
+    assert [e["seq"] for e in await store.read_log(sid)] == [1, 2, 3]
