@@ -347,17 +347,22 @@ def counting_round_trips() -> Iterator[defaultdict[str, Counter[str]]]:
 
     A command goes out through `send_command` (also the blocking reads and a pipeline's
     SCRIPT EXISTS), a pipeline or transaction in one write of all its commands, a
-    commit through the store's own packed send (`Store._ask`).
+    commit and a batch of token deltas through the store's own packed sends.
     """
     counts: defaultdict[str, Counter[str]] = defaultdict(Counter)
     send = AbstractConnection.send_command
     batches = Pipeline._execute_pipeline, Pipeline._execute_transaction
 
-    ask = Store._ask
+    ask, add_deltas = Store._ask, Store.add_deltas
 
     async def counted_ask(conn: AbstractConnection, args: list[Any]) -> Any:
         counts[conn.client_name or "other"][bytes(args[0]).decode().lower()] += 1
         return await ask(conn, args)
+
+    async def counted_deltas(self: Store, session_id: str, deltas: list[Any]) -> None:
+        pool = self.redis.connection_pool.connection_kwargs.get("client_name") or "other"
+        counts[pool]["packed[xadd]"] += 1
+        await add_deltas(self, session_id, deltas)
 
     async def counted_send(self: AbstractConnection, *args: Any, **kwargs: Any) -> None:
         counts[self.client_name or "other"][str(args[0]).lower()] += 1
@@ -374,6 +379,7 @@ def counting_round_trips() -> Iterator[defaultdict[str, Counter[str]]]:
     with (
         mock.patch.object(AbstractConnection, "send_command", counted_send),
         mock.patch.object(Store, "_ask", staticmethod(counted_ask)),
+        mock.patch.object(Store, "add_deltas", counted_deltas),
         mock.patch.object(Pipeline, "_execute_pipeline", counted(batches[0])),
         mock.patch.object(Pipeline, "_execute_transaction", counted(batches[1])),
     ):
