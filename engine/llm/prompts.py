@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import orjson
@@ -69,8 +70,8 @@ def encode_body(
     fragments = []
     for group in grouped:
         ids = [m.get("id") for m in group]
-        key = None if None in ids else (*scope, *ids)
-        fragments.append(kept.fragment(key, lambda group=group: convert(group)))
+        key = None if None in ids else (*scope, *map(str, ids))
+        fragments.append(kept.fragment(key, partial(convert, group)))
     # The messages go where `build` puts them, so the body reads the same. The first
     # `"messages":[]` is that key: inside a string its quotes would be escaped, and the
     # keys before it (model, max_tokens, system) hold no such object.
