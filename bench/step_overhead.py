@@ -353,16 +353,14 @@ def counting_round_trips() -> Iterator[defaultdict[str, Counter[str]]]:
     send = AbstractConnection.send_command
     batches = Pipeline._execute_pipeline, Pipeline._execute_transaction
 
-    ask, add_deltas = Store._ask, Store.add_deltas
+    ask = Store._ask
 
-    async def counted_ask(conn: AbstractConnection, args: list[Any]) -> Any:
-        counts[conn.client_name or "other"][bytes(args[0]).decode().lower()] += 1
-        return await ask(conn, args)
-
-    async def counted_deltas(self: Store, session_id: str, deltas: list[Any]) -> None:
-        pool = self.redis.connection_pool.connection_kwargs.get("client_name") or "other"
-        counts[pool]["packed[xadd]"] += 1
-        await add_deltas(self, session_id, deltas)
+    async def counted_ask(conn: AbstractConnection, commands: list[list[Any]]) -> list[Any]:
+        names = "+".join(sorted({bytes(c[0]).decode().lower() for c in commands}))
+        counts[conn.client_name or "other"][
+            names if len(commands) == 1 else f"packed[{names}]"
+        ] += 1
+        return await ask(conn, commands)
 
     async def counted_send(self: AbstractConnection, *args: Any, **kwargs: Any) -> None:
         counts[self.client_name or "other"][str(args[0]).lower()] += 1
@@ -379,7 +377,6 @@ def counting_round_trips() -> Iterator[defaultdict[str, Counter[str]]]:
     with (
         mock.patch.object(AbstractConnection, "send_command", counted_send),
         mock.patch.object(Store, "_ask", staticmethod(counted_ask)),
-        mock.patch.object(Store, "add_deltas", counted_deltas),
         mock.patch.object(Pipeline, "_execute_pipeline", counted(batches[0])),
         mock.patch.object(Pipeline, "_execute_transaction", counted(batches[1])),
     ):

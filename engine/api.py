@@ -773,8 +773,8 @@ async def post_input(request: web.Request) -> web.Response:
         metadata = {**identity["metadata"], **supplied.get("metadata", {})}
         identity = {**identity, **supplied, "metadata": metadata}
     if body.session_id is not None and not principal.full:
-        snap = await api.store.load_snapshot(body.session_id)
-        if snap is not None and not principal.owns(snap.state.get("identity")):
+        head = await api.store.head(body.session_id)
+        if head is not None and not principal.owns(head[1]):
             raise ApiError(403, "forbidden", f"session {body.session_id!r} belongs to another key")
     try:
         reply = await api.client.submit(
@@ -820,13 +820,14 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     turn_id = request.query.get("turn_id") or None
     caller = api.take_stream_slot(request)
     try:
-        snap = await api.store.load_snapshot(sid)
-        if snap is None:
+        head = await api.store.head(sid)
+        if head is None:
             raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
-        if not _principal(request).owns(snap.state.get("identity")):
+        seq, identity = head
+        if not _principal(request).owns(identity):
             raise ApiError(403, "forbidden", f"session {sid!r} belongs to another key")
-        if after > snap.seq:
-            raise ApiError(400, "invalid_query", f"seq {after} is past the log's end ({snap.seq})")
+        if after > seq:
+            raise ApiError(400, "invalid_query", f"seq {after} is past the log's end ({seq})")
         async with api.hub.watch(sid) as watch:
             cut = await _read_cut(api.store, sid)  # after joining: see `fanout`
             if cut is None:
@@ -931,12 +932,12 @@ async def admin_events(request: web.Request) -> web.Response:
     sid = request.match_info["sid"]
     after = _int_query(request, "after_seq", 0, lo=0, hi=MAX_SEQ)
     limit = _int_query(request, "limit", 100, lo=1, hi=1000)
-    snap = await store.load_snapshot(sid)
-    if snap is None:
+    head = await store.head(sid)
+    if head is None:
         raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
     events = await store.read_log(sid, after, count=limit)
     last = events[-1]["seq"] if events else after
-    body = {"events": events, "next_after_seq": last if last < snap.seq else None}
+    body = {"events": events, "next_after_seq": last if last < head[0] else None}
     return web.json_response(body, dumps=compact_json)
 
 

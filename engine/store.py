@@ -302,6 +302,14 @@ class Store:
 
     # -- snapshots and logs --------------------------------------------------------
 
+    async def head(self, session_id: str) -> tuple[int, dict[str, Any]] | None:
+        """The session's seq and owner (its identity, fixed when it was created): what an
+        access check needs, without the log's tail. None when the session does not exist."""
+        seq, state = await self.redis.hmget(self.snap_key(session_id), "seq", "state")
+        if state is None:
+            return None
+        return int(seq), orjson.loads(state)["identity"]
+
     async def load_snapshot(self, session_id: str) -> Snapshot | None:
         """The last full snapshot and the log after it; None when the session does not exist."""
         seq, state, at = await self.redis.hmget(self.snap_key(session_id), "seq", "state", "at")
@@ -388,16 +396,19 @@ class Store:
         so its connection is never shared; any failure drops it (the pool makes a new
         one), and a Redis that lost its scripts (a restart) is given the script again.
         """
-        async with self._line_locks.setdefault(p, asyncio.Lock()):
+        lock = self._line_locks.get(p)
+        if lock is None:
+            lock = self._line_locks[p] = asyncio.Lock()
+        async with lock:
             conn = self._lines.pop(p, None)
             if conn is None:
                 conn = await self.redis.connection_pool.get_connection()
+            evalsha = [b"EVALSHA", self._commit.sha, *args]
             try:
                 try:
-                    result = await self._ask(conn, [b"EVALSHA", self._commit.sha, *args])
+                    (result,) = await self._ask(conn, [evalsha])
                 except NoScriptError:
-                    await self._ask(conn, [b"SCRIPT", b"LOAD", _COMMIT])
-                    result = await self._ask(conn, [b"EVALSHA", self._commit.sha, *args])
+                    _, result = await self._ask(conn, [[b"SCRIPT", b"LOAD", _COMMIT], evalsha])
             except BaseException:
                 await conn.disconnect(nowait=True)
                 await self.redis.connection_pool.release(conn)
@@ -406,9 +417,11 @@ class Store:
             return result
 
     @staticmethod
-    async def _ask(conn: AbstractConnection, args: list[Any]) -> Any:
-        await conn.send_packed_command(_pack(args), check_health=False)
-        return await conn.read_response()
+    async def _ask(conn: AbstractConnection, commands: list[list[Any]]) -> list[Any]:
+        """Commands packed here and sent in one write; their replies, in order. A reply
+        that is an error raises, leaving later replies unread: the caller drops `conn`."""
+        await conn.send_packed_command(b"".join(map(_pack, commands)), check_health=False)
+        return [await conn.read_response() for _ in commands]
 
     async def read_log(
         self, session_id: str, after_seq: int = 0, count: int | None = None
@@ -630,16 +643,14 @@ class Store:
         one of these per batch of tokens, and redis-py's pipeline spent ~60 µs of CPU per
         command encoding them (a call's last deltas held its end back by ~2 ms)."""
         key = self.delta_key(session_id).encode()
-        packed = b"".join(
-            _pack([b"XADD", key, b"MAXLEN", b"~", DELTA_CAP, b"*", b"d", encode(delta)])
+        xadds = [
+            [b"XADD", key, b"MAXLEN", b"~", DELTA_CAP, b"*", b"d", encode(delta)]
             for delta in deltas
-        )
+        ]
         pool = self.redis.connection_pool
         conn = await pool.get_connection()
         try:
-            await conn.send_packed_command(packed, check_health=False)
-            for _ in deltas:
-                await conn.read_response()
+            await self._ask(conn, xadds)
         except BaseException:
             await conn.disconnect(nowait=True)  # answers may be left unread on it
             raise

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import socket
 import subprocess
@@ -22,7 +21,7 @@ from engine.embedded import EmbeddedRedis, find_redis_server
 from engine.jsonedge import encode
 from engine.runner import Engine
 from engine.store import STORE_FAULTS, Commit, Store, connect
-from tests.engine_helpers import ENV, make_project
+from tests.engine_helpers import ENV, make_project, poll_until
 
 
 @asynccontextmanager
@@ -156,9 +155,11 @@ async def test_wait_returns_once_a_replica_has_the_commit(tmp_path, caplog):
         await replica.replicaof("127.0.0.1", primary)
         redis = connect(f"redis://127.0.0.1:{primary}")
         try:
-            async with asyncio.timeout(10):
-                while (await replica.info("replication"))["master_link_status"] != "up":
-                    await asyncio.sleep(0.02)
+
+            async def linked() -> bool:
+                return (await replica.info("replication"))["master_link_status"] == "up"
+
+            await poll_until(linked, 10, "the replica's link to the primary")
             store = await Store.open(redis, wait_replicas=1, wait_timeout_ms=10_000)
             took = await commit_steps(store, "s1", 3)
             assert max(took) < 2.0
