@@ -16,7 +16,8 @@ from typing import Any
 import aiohttp
 
 from .client import ClientError
-from .http_pool import dumps, failure_name, failure_text, new_session
+from .http_pool import failure_name, failure_text, new_session
+from .jsonedge import compact_json
 from .sse import SseDecoder
 
 _TURN_ENDS = ("turn.completed", "turn.failed")
@@ -58,7 +59,7 @@ class HttpClient:
         data = None
         if body is not None:
             headers = {**headers, "Content-Type": "application/json"}
-            data = dumps(body)
+            data = compact_json(body).encode()
         try:
             async with self.http.request(
                 method,

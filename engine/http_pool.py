@@ -14,13 +14,11 @@ logs and read by people, so they should not change with the client library.
 from __future__ import annotations
 
 import asyncio
-import json
-from typing import Any
 
 import aiohttp
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 
-__all__ = ["drain", "dumps", "failure_name", "failure_text", "is_decoding", "new_session"]
+__all__ = ["drain", "failure_name", "failure_text", "is_decoding", "new_session"]
 
 CONNECT_TIMEOUT = 30.0  # a free pooled connection, or a new one, within this
 LIMIT = 256  # connections in all: a bound on sockets, far above one host's share
@@ -67,11 +65,6 @@ def new_session(
         trust_env=False,
         cookie_jar=aiohttp.DummyCookieJar(),
     )
-
-
-def dumps(body: Any) -> bytes:
-    """A JSON request body: compact, UTF-8, and no NaN or Infinity (no peer parses them)."""
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode()
 
 
 async def drain(response: aiohttp.ClientResponse) -> None:

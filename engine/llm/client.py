@@ -16,8 +16,8 @@ from typing import Any, Protocol, TypeVar
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
-from engine.http_pool import drain, dumps, failure_name, failure_text, is_decoding
-from engine.jsonedge import JsonEdgeError, loads_checked
+from engine.http_pool import drain, failure_name, failure_text, is_decoding
+from engine.jsonedge import JsonEdgeError, compact_json, loads_checked
 from engine.llm import anthropic, openai, prompts
 from engine.llm.errors import ProviderError, quote
 from engine.protocol import LlmResponse, StreamDelta
@@ -139,7 +139,7 @@ async def complete(
     url = target.base_url.rstrip("/") + adapter.path
     headers = {"Content-Type": "application/json", **adapter.auth(target.api_key)}
     if kept is None:
-        body = dumps(adapter.build(request, stream=stream))
+        body = compact_json(adapter.build(request, stream=stream)).encode()
     else:
         body = prompts.encode_body(
             request,
