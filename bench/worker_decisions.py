@@ -54,9 +54,10 @@ import statistics
 import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from multiprocessing.connection import Connection
+from typing import Any
 from unittest import mock
 
 import aiohttp
@@ -170,8 +171,8 @@ def instrumented(engine: Engine, probe: Probe) -> Iterator[None]:
         if len(probe.apply) >= probe.expected:
             probe.all_applied.set()
 
-    async def timed_commit(p: int, lease: str, c: Commit) -> int:
-        seq = await commit(p, lease, c)
+    async def timed_commit(p: int, lease: str, c: Commit, deltas: Sequence[Any] = ()) -> int:
+        seq = await commit(p, lease, c, deltas)
         now = time.perf_counter()
         for encoded in c.events:
             payload = json.loads(encoded)["payload"]

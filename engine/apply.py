@@ -138,6 +138,7 @@ class Applier:
         rejection: tuple[str, str | None] | None = None  # (reason, traceback): dead-letter it
         if item.deliveries > POISON_DELIVERIES:
             rejection = (f"delivered {item.deliveries} times without an answer", None)
+        deltas = item.deltas  # sent with the first commit attempt only: never twice
         while True:
             try:
                 if planned is None:
@@ -145,10 +146,12 @@ class Applier:
                         self._plan_rejection(item, *rejection) if rejection else self._plan(item)
                     )
                 try:
-                    await self.store.commit(p, lease, planned.commit)
+                    await self.store.commit(p, lease, planned.commit, deltas)
                 except StoreConflict as err:
                     if err.lease_lost or not (faulted and await self._landed(planned)):
                         raise
+                finally:
+                    deltas = ()
                 return self._committed(planned)
             except StoreConflict as err:
                 self._drop(sid)

@@ -42,7 +42,8 @@ from .worker_effects import DecisionRun, ExecuteRun, WorkerTarget
 
 log = logging.getLogger("subs.engine")
 
-Done = Callable[[Input], None]
+Deltas = tuple[dict[str, Any], ...]
+Done = Callable[[Input, Deltas], None]  # the effect's result, and the call's last token deltas
 _delta_trouble = Trouble(log)
 
 
@@ -114,13 +115,15 @@ class EffectRunner:
         failed: Callable[[dict[str, Any], bool], Input],
         done: Done,
         tasks: set[asyncio.Task[None]],
+        deltas: DeltaWriter | None = None,
     ) -> None:
         """Run one effect so that it always reports back: whatever it raises is a failed
         attempt with a reason, never a task that dies with nothing recorded.
 
         `prepare` builds the request from the committed state, before any await (so a
         later transition cannot change what is sent); a failure there is deterministic,
-        so it is not retried.
+        so it is not retried. `deltas` is the writer the effect streams tokens into:
+        what it still holds at the end is handed to `done`, to go out with the commit.
         """
         try:
             run = prepare()
@@ -129,13 +132,15 @@ class EffectRunner:
                 log.exception("preparing the %s of %s failed", what, sid)
             code = err.code if isinstance(err, SubsError) else "internal"
             error = {"message": f"the {what} could not be prepared: {describe(err)}", "code": code}
-            done(failed(error, False))
+            done(failed(error, False), ())
             return
 
         async def guarded() -> None:
             try:
                 result = await run()
             except asyncio.CancelledError:
+                if deltas is not None:
+                    deltas.abandon()
                 raise
             except Exception as err:
                 log.exception("the %s of %s failed inside the engine", what, sid)
@@ -144,7 +149,7 @@ class EffectRunner:
                     "code": "internal",
                 }
                 result = failed(error, True)
-            done(result)
+            done(result, () if deltas is None else await deltas.end())
 
         task = asyncio.create_task(guarded())
         tasks.add(task)
@@ -155,14 +160,16 @@ class EffectRunner:
     ) -> None:
         sid, call_id, attempt = state.session_id, effect.call_id, effect.attempt
 
+        deltas = DeltaWriter(self.store, sid)
+
         def prepare() -> Callable[[], Awaitable[Input]]:
             plan = build_llm_request(state, state.calls[call_id])
-            return lambda: self._run_llm_call(sid, effect, plan)
+            return lambda: self._run_llm_call(sid, effect, plan, deltas)
 
         def failed(error: dict[str, Any], retryable: bool) -> Input:
             return LlmCallSettled(call_id, attempt, error=error, retryable=retryable)
 
-        self._run(sid, f"model call {call_id}", prepare, failed, done, tasks)
+        self._run(sid, f"model call {call_id}", prepare, failed, done, tasks, deltas)
 
     def _start_worker_effect(
         self,
@@ -184,9 +191,10 @@ class EffectRunner:
                 "message": f"agent {state.agent_id!r} has no worker to send this to",
                 "code": "unroutable",
             }
-            done(failed(error, False))
+            done(failed(error, False), ())
             return
         now = self.now_ms()
+        deltas = None if isinstance(effect, RunDecision) else DeltaWriter(self.store, sid)
 
         def prepare() -> Callable[[], Awaitable[Input]]:
             if isinstance(effect, RunDecision):
@@ -200,20 +208,19 @@ class EffectRunner:
 
                 return run_decision
             execute = ExecuteRun(state, effect.call_id, target, now)
+            assert deltas is not None
 
             async def run_execute() -> Input:
-                deltas = DeltaWriter(self.store, sid)
                 started = time.perf_counter()
                 try:
                     return await execute.run(self.http, deltas.add)
                 finally:
                     self.metrics.observe_worker_call(time.perf_counter() - started)
-                    await deltas.close()  # every delta is out before the event that ends it
 
             return run_execute
 
         what = "decision" if isinstance(effect, RunDecision) else f"call {effect.call_id}"
-        self._run(sid, f"worker {what}", prepare, failed, done, tasks)
+        self._run(sid, f"worker {what}", prepare, failed, done, tasks, deltas)
 
     def _target(self, block_id: str | None) -> LlmTarget:
         block = self.project.llm.get(block_id or "")
@@ -241,9 +248,10 @@ class EffectRunner:
             api_key_env=block.api_key_env,
         )
 
-    async def _run_llm_call(self, sid: str, effect: RunLlmCall, plan: LlmCallPlan) -> Input:
+    async def _run_llm_call(
+        self, sid: str, effect: RunLlmCall, plan: LlmCallPlan, deltas: DeltaWriter
+    ) -> Input:
         delta_seq = 0
-        deltas = DeltaWriter(self.store, sid)
 
         async def on_delta(delta: dict[str, Any]) -> None:
             nonlocal delta_seq
@@ -287,32 +295,43 @@ class EffectRunner:
             settled = LlmCallSettled(effect.call_id, effect.attempt, error=info, retryable=True)
         finally:
             self.metrics.observe_model_call(time.perf_counter() - started)
-            await deltas.close()  # every delta is out before the event that ends the call
         return settled
 
 
 class DeltaWriter:
-    """Writes one call's token deltas in order, batching what piles up during a round trip."""
+    """Writes one call's token deltas in order while the call runs, batching what piles
+    up during a round trip. What is left when the call ends goes out in the write that
+    commits its end (`Store.commit`): ahead of that event, without a round trip."""
 
     def __init__(self, store: Store, session_id: str) -> None:
         self.store = store
         self.session_id = session_id
         self.buffer: list[dict[str, Any]] = []
         self.task: asyncio.Task[None] | None = None
+        self.ended = False
 
     def add(self, delta: dict[str, Any]) -> None:
         self.buffer.append(delta)
-        if self.task is None or self.task.done():
+        if not self.ended and (self.task is None or self.task.done()):
             self.task = asyncio.create_task(self._flush())
 
     async def _flush(self) -> None:
-        while self.buffer:
+        while self.buffer and not self.ended:
             batch, self.buffer = self.buffer, []
             try:
                 await self.store.add_deltas(self.session_id, batch)
             except Exception as err:  # deltas are best effort; the reply itself is in the log
                 _delta_trouble(f"writing token deltas of {self.session_id}", err)
 
-    async def close(self) -> None:
+    async def end(self) -> Deltas:
+        """The deltas not written yet, once the batch in flight is in (order holds)."""
+        self.ended = True
         if self.task is not None:
             await self.task
+        rest, self.buffer = tuple(self.buffer), []
+        return rest
+
+    def abandon(self) -> None:
+        self.ended = True
+        if self.task is not None:
+            self.task.cancel()

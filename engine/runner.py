@@ -300,8 +300,8 @@ class Engine:
         assert state is not None
         sid = state.session_id
 
-        def done(result: Input) -> None:
-            part.queue.put_nowait(WorkItem(None, sid, input_to_json(result)))
+        def done(result: Input, deltas: tuple[dict[str, Any], ...]) -> None:
+            part.queue.put_nowait(WorkItem(None, sid, input_to_json(result), deltas=deltas))
 
         for effect in t.effects:
             if isinstance(effect, RunLlmCall | RunDecision | RunExecute):

@@ -17,6 +17,7 @@ from typing import Any, NewType
 
 import orjson
 import redis.asyncio as aioredis
+from hiredis import pack_command
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import (
     BusyLoadingError,
@@ -161,16 +162,6 @@ return 1
 """
 
 
-def _pack(args: list[Any]) -> bytes:
-    """One command in RESP: an array of bulk strings."""
-    out = [b"*%d\r\n" % len(args)]
-    for arg in args:
-        if type(arg) is not bytes:
-            arg = str(arg).encode()
-        out += (b"$%d\r\n" % len(arg), arg, b"\r\n")
-    return b"".join(out)
-
-
 @dataclass(frozen=True)
 class Commit:
     """One transition's writes, applied all-or-nothing.
@@ -217,6 +208,7 @@ class WorkItem:
     reply_to: str | None = None
     timer_member: str | None = None
     deliveries: int = 1  # times the work stream handed this entry to an engine
+    deltas: tuple[dict[str, Any], ...] = ()  # a call's last token deltas, written with its end
 
 
 class Store:
@@ -336,8 +328,16 @@ class Store:
                 tail.append(orjson.loads(raw))
         return Snapshot(head, since, orjson.loads(state), len(state), tail, tail_bytes)
 
-    async def commit(self, p: int, lease: str, c: Commit) -> int:
-        """Apply a transition. Raises StoreConflict when fenced off."""
+    async def commit(
+        self, p: int, lease: str, c: Commit, deltas: Sequence[dict[str, Any]] = ()
+    ) -> int:
+        """Apply a transition. Raises StoreConflict when fenced off.
+
+        `deltas` (token deltas of the call this input ends) go out in the same write,
+        ahead of the script: they reach the delta stream before the event that ends
+        their call, with no round trip of their own. They are written even when the
+        commit is then refused (they are best effort, and were streamed).
+        """
         sid = c.session_id
         args: list[Any] = [
             lease,
@@ -374,8 +374,12 @@ class Store:
             self.dead_key(p),
         ]
         if self.replicas is None:
-            result = await self._commit_on_line(p, [len(keys), *keys, *args])
+            result = await self._commit_on_line(
+                p, [len(keys), *keys, *args], self._delta_xadds(sid, deltas)
+            )
         else:
+            if deltas:
+                await self.add_deltas(sid, deltas)
             # WAIT counts the writes of its own connection: the script and WAIT share one.
             async with self.redis.client() as conn:
                 result = await self._commit(keys=keys, args=args, client=conn)
@@ -387,7 +391,7 @@ class Store:
             raise StoreConflict(f"session {sid} moved past seq {c.expected_seq}", lease_lost=False)
         return int(result)
 
-    async def _commit_on_line(self, p: int, args: list[Any]) -> Any:
+    async def _commit_on_line(self, p: int, args: list[Any], before: list[list[Any]]) -> Any:
         """EVALSHA of the commit script on the partition's own connection, packed here.
 
         Commits are the hot path: redis-py's command layer (a pool checkout with its
@@ -395,6 +399,7 @@ class Store:
         commit more than this (measured). One partition commits one input at a time,
         so its connection is never shared; any failure drops it (the pool makes a new
         one), and a Redis that lost its scripts (a restart) is given the script again.
+        `before` are commands sent ahead of the script in the same write.
         """
         lock = self._line_locks.get(p)
         if lock is None:
@@ -406,8 +411,8 @@ class Store:
             evalsha = [b"EVALSHA", self._commit.sha, *args]
             try:
                 try:
-                    (result,) = await self._ask(conn, [evalsha])
-                except NoScriptError:
+                    *_, result = await self._ask(conn, [*before, evalsha])
+                except NoScriptError:  # `before` ran: only the script is sent again
                     _, result = await self._ask(conn, [[b"SCRIPT", b"LOAD", _COMMIT], evalsha])
             except BaseException:
                 await conn.disconnect(nowait=True)
@@ -418,9 +423,10 @@ class Store:
 
     @staticmethod
     async def _ask(conn: AbstractConnection, commands: list[list[Any]]) -> list[Any]:
-        """Commands packed here and sent in one write; their replies, in order. A reply
-        that is an error raises, leaving later replies unread: the caller drops `conn`."""
-        await conn.send_packed_command(b"".join(map(_pack, commands)), check_health=False)
+        """Commands packed by hiredis (C) and sent in one write; their replies, in order. A
+        reply that is an error raises, leaving later replies unread: the caller drops `conn`."""
+        packed = b"".join(pack_command(tuple(command)) for command in commands)
+        await conn.send_packed_command(packed, check_health=False)
         return [await conn.read_response() for _ in commands]
 
     async def read_log(
@@ -638,15 +644,11 @@ class Store:
 
     # -- token deltas ----------------------------------------------------------------
 
-    async def add_deltas(self, session_id: str, deltas: list[dict[str, Any]]) -> None:
+    async def add_deltas(self, session_id: str, deltas: Sequence[dict[str, Any]]) -> None:
         """One XADD per delta, all in one write, packed here: a streamed model call writes
         one of these per batch of tokens, and redis-py's pipeline spent ~60 µs of CPU per
         command encoding them (a call's last deltas held its end back by ~2 ms)."""
-        key = self.delta_key(session_id).encode()
-        xadds = [
-            [b"XADD", key, b"MAXLEN", b"~", DELTA_CAP, b"*", b"d", encode(delta)]
-            for delta in deltas
-        ]
+        xadds = self._delta_xadds(session_id, deltas)
         pool = self.redis.connection_pool
         conn = await pool.get_connection()
         try:
@@ -656,6 +658,13 @@ class Store:
             raise
         finally:
             await pool.release(conn)
+
+    def _delta_xadds(self, session_id: str, deltas: Sequence[dict[str, Any]]) -> list[list[Any]]:
+        key = self.delta_key(session_id).encode()
+        return [
+            [b"XADD", key, b"MAXLEN", b"~", DELTA_CAP, b"*", b"d", encode(delta)]
+            for delta in deltas
+        ]
 
     async def due_timers_all(self, partitions: list[int], now_ms: int) -> list[str]:
         """Due timers of several partitions in one round trip."""

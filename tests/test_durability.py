@@ -20,7 +20,7 @@ from engine.durability import check_server
 from engine.embedded import EmbeddedRedis, find_redis_server
 from engine.jsonedge import encode
 from engine.runner import Engine
-from engine.store import STORE_FAULTS, Commit, Store, connect
+from engine.store import STORE_FAULTS, Commit, Store, StoreConflict, connect
 from tests.engine_helpers import ENV, make_project, poll_until
 
 
@@ -203,3 +203,31 @@ async def test_commits_go_on_after_redis_forgets_the_script_and_the_connection(r
         await store.commit(p, lease, one_step(sid, 3))  # the held connection was killed
     await store.commit(p, lease, one_step(sid, 3))  # a new one
     assert [e["seq"] for e in await store.read_log(sid)] == [1, 2, 3]
+
+
+async def test_a_calls_last_deltas_go_out_once_with_the_commit_that_ends_it(redis) -> None:
+    """Ahead of the script in one write: there even when Redis lost the script (sent
+    again alone) or the commit is refused, and never written twice."""
+    store = await Store.open(redis)
+    sid = f"tail-{time.monotonic_ns()}"
+    p = store.partition_of(sid)
+    lease = await store.acquire(p, "test", 30_000)
+    assert lease is not None
+
+    def delta(n: int) -> dict[str, object]:
+        return {"call_id": "c1", "attempt": 1, "seq": n, "text": f"w{n}"}
+
+    async def written() -> list[int]:
+        cut = await store.read_cut(sid)
+        assert cut is not None
+        return [d["seq"] for d in cut[1]]
+
+    await store.commit(p, lease, one_step(sid, 1), [delta(1), delta(2)])
+    assert await written() == [1, 2]
+    await redis.script_flush()
+    await store.commit(p, lease, one_step(sid, 2), [delta(3)])
+    assert await written() == [1, 2, 3]
+    with pytest.raises(StoreConflict):
+        await store.commit(p, lease, one_step(sid, 2), [delta(4)])  # seq 2 is taken
+    assert await written() == [1, 2, 3, 4]
+    assert [e["seq"] for e in await store.read_log(sid)] == [1, 2]
