@@ -68,7 +68,7 @@ from redis.asyncio.connection import AbstractConnection
 from engine.client import Client
 from engine.config import DEFAULT_FSYNC, AgentDecl, Project
 from engine.embedded import EmbeddedRedis
-from engine.runner import Engine
+from engine.runner import Engine, new_event_loop
 from engine.store import Store, connect
 from tests.engine_helpers import ENV, make_project
 from tests.fakes.llm_vendor import FakeVendor, Text
@@ -244,7 +244,7 @@ class EngineThread:
         self.failure: BaseException | None = None
 
     def _main(self) -> None:
-        self.loop = asyncio.new_event_loop()
+        self.loop = new_event_loop()  # as `subs serve` runs it
         try:
             self.engine = self._make()
             self.loop.run_until_complete(self.engine.start())

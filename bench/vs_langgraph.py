@@ -78,7 +78,7 @@ from bench.step_overhead import ChildServer, TimedVendor, _recv, p99
 from engine.client import Client
 from engine.config import DEFAULT_FSYNC, Project, parse_project
 from engine.embedded import EmbeddedRedis
-from engine.runner import Engine
+from engine.runner import Engine, new_event_loop
 from engine.store import Store, connect
 from tests.engine_helpers import ENV
 from tests.fakes.llm_vendor import Reply, Text, ToolCalls
@@ -684,7 +684,9 @@ def main() -> int:
             worker.start()
             vendor.ready()
             worker.ready()
-            asyncio.run(bench(args, url, (vendor, worker), Path(tmp)))
+            # Every variant on the loop `subs serve` runs (uvloop): LangGraph gains from it too.
+            with asyncio.Runner(loop_factory=new_event_loop) as runner:
+                runner.run(bench(args, url, (vendor, worker), Path(tmp)))
         except (KeyboardInterrupt, asyncio.CancelledError):
             print("interrupted", file=sys.stderr)
             return 130

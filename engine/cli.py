@@ -30,7 +30,7 @@ from .http_client import HttpClient
 from .machine import iso
 from .metrics import Metrics
 from .redact import Redactor, env_secrets, project_secrets, redact_url
-from .runner import Engine
+from .runner import Engine, new_event_loop
 from .store import Store, connect
 
 # Masks secrets in every log record (installed by `main`) and in the errors `main` prints.
@@ -481,7 +481,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "manifest":
             return _manifest(args)
         runs = {"serve": _serve, "run": _run, "chat": _chat, "sessions": _sessions}
-        return asyncio.run(runs[args.command](args))
+        loop = new_event_loop if args.command == "serve" else None
+        with asyncio.Runner(loop_factory=loop) as runner:
+            return runner.run(runs[args.command](args))
     except (ConfigError, _Usage) as err:
         print(f"subs: {REDACTOR.scrub(str(err))}", file=sys.stderr)
         return 2
