@@ -38,7 +38,7 @@ from .machine import (
 from .metrics import Metrics
 from .retrying import Trouble
 from .store import Store
-from .worker_effects import DecisionRun, ExecuteRun, WorkerTarget
+from .worker_effects import CheckedMessages, DecisionRun, ExecuteRun, WorkerTarget
 
 log = logging.getLogger("subs.engine")
 
@@ -88,6 +88,7 @@ class EffectRunner:
     def __post_init__(self) -> None:
         self.http: aiohttp.ClientSession = new_session()
         self.prompts = EncodedMessages()
+        self.checked = CheckedMessages()
 
     async def aclose(self) -> None:
         await self.http.close()
@@ -198,7 +199,7 @@ class EffectRunner:
 
         def prepare() -> Callable[[], Awaitable[Input]]:
             if isinstance(effect, RunDecision):
-                decision = DecisionRun(state, target, now)
+                decision = DecisionRun(state, target, now, self.checked)
 
                 async def run_decision() -> Input:
                     started = time.perf_counter()
@@ -207,7 +208,7 @@ class EffectRunner:
                     return result
 
                 return run_decision
-            execute = ExecuteRun(state, effect.call_id, target, now)
+            execute = ExecuteRun(state, effect.call_id, target, now, self.checked)
             assert deltas is not None
 
             async def run_execute() -> Input:

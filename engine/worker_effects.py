@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from .errors import SubsError
 from .jsonedge import encode
@@ -26,7 +26,15 @@ from .machine import (
     SessionState,
 )
 from .machine.request import control_request, execute_request
-from .protocol import DecisionRequest, LlmResponse, StreamDelta, WireModel, to_json
+from .protocol import (
+    DecisionRequest,
+    LlmResponse,
+    Message,
+    Nullable,
+    StreamDelta,
+    WireModel,
+    to_json,
+)
 from .worker import DecisionFailure, Delivery, deliver
 
 AddDelta = Callable[[dict[str, Any]], None]
@@ -60,12 +68,14 @@ def _error(failure: DecisionFailure) -> dict[str, Any]:
 class DecisionRun:
     """One attempt of the live decision."""
 
-    def __init__(self, state: SessionState, target: WorkerTarget, now_ms: int) -> None:
+    def __init__(
+        self, state: SessionState, target: WorkerTarget, now_ms: int, checked: CheckedMessages
+    ) -> None:
         d = state.decision
         assert d is not None
         self.decision_id, self.attempt = d.id, d.attempt
         request = control_request(state)
-        _check_outgoing(request)
+        _check_outgoing(request, checked)
         self.delivery = Delivery(
             target.url, _body(request), target.secret, _timeout(d.deadline, now_ms)
         )
@@ -84,12 +94,17 @@ class ExecuteRun:
     """One attempt of a worker call's execute; normalises vendor-format model answers."""
 
     def __init__(
-        self, state: SessionState, call_id: str, target: WorkerTarget, now_ms: int
+        self,
+        state: SessionState,
+        call_id: str,
+        target: WorkerTarget,
+        now_ms: int,
+        checked: CheckedMessages,
     ) -> None:
         call = state.calls[call_id]
         self.call_id, self.attempt, self.kind = call.id, call.attempt, call.kind
         request = execute_request(state, call)
-        _check_outgoing(request)  # with the neutral LlmRequest, before any vendor body
+        _check_outgoing(request, checked)  # with the neutral LlmRequest, before any vendor body
         trigger = request["trigger"]
         self.format: str | None = trigger.get("format")
         if self.format:
@@ -179,14 +194,66 @@ class Unsendable(SubsError):
     code = "internal"
 
 
-def _check_outgoing(request: dict[str, Any]) -> None:
+class _CheckedNode(WireModel):
+    message: Any  # checked by CheckedMessages
+    parent_id: Nullable[str] = None
+
+
+class _CheckedTree(WireModel):
+    nodes: list[_CheckedNode]
+    head_id: Nullable[str] = None
+
+
+class _RequestAround(DecisionRequest):
+    """A DecisionRequest but for its recorded messages, which CheckedMessages checks."""
+
+    messages: list[Any]
+    message_tree: _CheckedTree
+
+
+_MESSAGE: TypeAdapter[Message] = TypeAdapter(Message)
+
+
+class CheckedMessages:
+    """Recorded messages found valid, by identity, so each is checked once, not at every
+    decision (at turn 5 they were 90% of a request's check, and they grow with it).
+
+    A recorded message is a fact: the state holds the same dict from step to step
+    and never changes it. Each is held here, so its `id()` stays its own.
+    """
+
+    def __init__(self, limit: int = 200_000) -> None:
+        self.limit = limit
+        self._held: dict[int, Any] = {}
+
+    def check(self, where: str, message: Any) -> None:
+        if id(message) in self._held:
+            return
+        try:
+            _MESSAGE.validate_python(message)
+        except ValidationError as err:
+            raise _unsendable(err, where) from None
+        if len(self._held) >= self.limit:
+            del self._held[next(iter(self._held))]  # the oldest
+        self._held[id(message)] = message
+
+
+def _check_outgoing(request: dict[str, Any], checked: CheckedMessages) -> None:
     """What goes to a worker must validate against the protocol (SPEC: our output is checked)."""
     try:
-        DecisionRequest.model_validate(request)
+        _RequestAround.model_validate(request)
     except ValidationError as err:
-        first = err.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"])
-        raise Unsendable(f"the decision request is invalid at {loc}: {first['msg']}") from None
+        raise _unsendable(err, "") from None
+    for i, message in enumerate(request["messages"]):
+        checked.check(f"messages.{i}.", message)
+    for i, node in enumerate(request["message_tree"]["nodes"]):
+        checked.check(f"message_tree.nodes.{i}.message.", node["message"])
+
+
+def _unsendable(err: ValidationError, where: str) -> Unsendable:
+    first = err.errors()[0]
+    loc = where + ".".join(str(p) for p in first["loc"])
+    return Unsendable(f"the decision request is invalid at {loc.rstrip('.')}: {first['msg']}")
 
 
 def _validated(model: type[WireModel], body: Any, where: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from engine.protocol import (
     to_wire,
 )
 from engine.worker import DecisionFailure, Delivery, deliver, sign, verify
+from engine.worker_effects import CheckedMessages, Unsendable, _check_outgoing
 from tests.workers import (
     Decide,
     Hang,
@@ -556,3 +557,26 @@ async def test_the_test_worker_records_what_a_strict_worker_would_reject(
         "header traceparent",
     ]
     assert worker.response_schema_errors != []
+
+
+def test_outgoing_requests_are_checked_and_each_recorded_message_once() -> None:
+    """The engine never sends an invalid request (it names where it is wrong); a recorded
+    message, the same dict in `messages` and `message_tree`, is checked once."""
+    checked = CheckedMessages()
+    good = {"id": "m1", "role": "user", "content": "hi"}
+    request = decision_request()
+    request["messages"] = [good]
+    request["message_tree"] = {"nodes": [{"message": good, "parent_id": None}], "head_id": "m1"}
+    _check_outgoing(request, checked)
+    assert list(checked._held.values()) == [good]
+
+    bad = {"id": "m2", "role": "nobody", "content": "hi"}
+    request["message_tree"]["nodes"].append({"message": bad, "parent_id": "m1"})
+    with pytest.raises(Unsendable, match=r"invalid at message_tree\.nodes\.1\.message\.role"):
+        _check_outgoing(request, checked)
+    request["messages"] = [good, bad]
+    with pytest.raises(Unsendable, match=r"invalid at messages\.1\.role"):
+        _check_outgoing(request, checked)
+    request["pending_calls"] = -1
+    with pytest.raises(Unsendable, match=r"invalid at pending_calls"):
+        _check_outgoing(request, checked)
