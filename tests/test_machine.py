@@ -22,6 +22,7 @@ from engine.machine import (
     state_from_json,
     state_to_json,
 )
+from engine.machine.core import iso
 from tests.machine_helpers import Session, text_reply, tool_reply
 
 
@@ -334,3 +335,17 @@ def test_a_slash_command_action_records_the_command_and_calls_the_model(name, ar
     else:
         assert users == [recorded] and s.types(t)[-1] == "llm.call.dispatched"
     s.check_fold()
+
+
+@pytest.mark.parametrize(
+    ("ms", "text"),
+    [
+        (0, "1970-01-01T00:00:00.000Z"),
+        (1, "1970-01-01T00:00:00.001Z"),
+        (-1, "1969-12-31T23:59:59.999Z"),
+        (1_764_770_000_999, "2025-12-03T13:53:20.999Z"),
+        (253_402_300_799_999, "9999-12-31T23:59:59.999Z"),  # no float rounding
+    ],
+)
+def test_occurred_at_is_rfc3339_utc_to_the_millisecond(ms: int, text: str) -> None:
+    assert iso(ms) == text

@@ -200,7 +200,7 @@ class TurnRules(StepBase):
                 self.emit({"type": "head.moved", "head_id": match.known})
             new, new_from = view[match.new_from :], match.new_from
         else:
-            path = [dict(m) for m in path_to(self.s.nodes, self.s.head_id)]
+            path = path_to(self.s.nodes, self.s.head_id)  # recorded messages: never changed
             new = [body["message"]] if kind == "client.message" else self._fresh(body["messages"])
             view, new_from = path + new, len(path)
         trigger = {
