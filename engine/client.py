@@ -123,7 +123,7 @@ class Client:
         last = await self.redis.xrevrange(self.store.delta_key(session_id), count=1)
         return last[0][0].decode() if last else "0-0"
 
-    async def follow(
+    def follow(
         self,
         session_id: str,
         after_seq: int = 0,
@@ -131,22 +131,6 @@ class Client:
         delta_cursor: str | None = None,
         block_ms: int = 5000,
     ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """Yield `("event", Event)` and `("delta", TokenDelta)` in arrival order, forever."""
-        log_key = self.store.log_key(session_id)
-        delta_key = self.store.delta_key(session_id)
-        # Deltas first: a call's deltas are written before the event that ends it,
-        # so within one read they belong before that event.
-        cursors: dict[str, str] = {}
-        if delta_cursor is not None:
-            cursors[delta_key] = delta_cursor
-        cursors[log_key] = f"{after_seq}-0"
-        while True:
-            reply = await self.redis.xread(cursors, block=block_ms)
-            for key, entries in reply or ():
-                name = key.decode()
-                for entry_id, fields in entries:
-                    cursors[name] = entry_id.decode()
-                    if name == log_key:
-                        yield "event", orjson.loads(fields[b"e"])
-                    else:
-                        yield "delta", orjson.loads(fields[b"d"])
+        """Yield `("event", Event)` and `("delta", TokenDelta)` in arrival order, forever
+        (deltas only when `delta_cursor` says where to start)."""
+        return self.store.follow(session_id, after_seq, delta_cursor, block_ms)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NewType
 
@@ -488,6 +488,41 @@ class Store:
             for entry_id, fields in entries:
                 out.append((sid, kind, entry_id.decode(), orjson.loads(fields[field])))
         return out
+
+    async def follow(
+        self, session_id: str, after_seq: int, delta_cursor: str | None, block_ms: int
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """The session's events after `after_seq` (and its token deltas after
+        `delta_cursor`, when given) as they come, forever: `("event" | "delta", item)`.
+
+        Blocking XREADs, packed here, on one connection held for the whole follow: a
+        follower reads once per step, and the pool's checkout and redis-py's command
+        layer were most of its CPU. Within a read deltas come first: a call's deltas
+        are written before the event that ends it.
+        """
+        log_key = self.log_key(session_id).encode()
+        cursors: dict[bytes, bytes] = {}
+        if delta_cursor is not None:
+            cursors[self.delta_key(session_id).encode()] = delta_cursor.encode()
+        cursors[log_key] = f"{after_seq}-0".encode()
+        pool = self.redis.connection_pool
+        conn = await pool.get_connection()
+        reading = False
+        try:
+            while True:
+                read = [b"XREAD", b"BLOCK", block_ms, b"STREAMS", *cursors, *cursors.values()]
+                reading = True
+                (reply,) = await self._ask(conn, [read])
+                reading = False
+                for key, entries in reply.items() if isinstance(reply, dict) else reply or ():
+                    kind, field = ("event", b"e") if key == log_key else ("delta", b"d")
+                    for entry_id, fields in entries:
+                        cursors[key] = entry_id
+                        yield kind, orjson.loads(fields[fields.index(field) + 1])
+        finally:
+            if reading:  # its answer may still come: the connection cannot be reused
+                await conn.disconnect(nowait=True)
+            await pool.release(conn)
 
     async def list_sessions(self, offset: int = 0, limit: int = 50) -> list[str]:
         """Session ids, newest first, merged from every partition's index.

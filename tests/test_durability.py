@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import socket
 import subprocess
@@ -231,3 +232,41 @@ async def test_a_calls_last_deltas_go_out_once_with_the_commit_that_ends_it(redi
         await store.commit(p, lease, one_step(sid, 2), [delta(4)])  # seq 2 is taken
     assert await written() == [1, 2, 3, 4]
     assert [e["seq"] for e in await store.read_log(sid)] == [1, 2]
+
+
+async def test_a_follow_holds_one_connection_and_a_cancel_mid_read_drops_it(redis) -> None:
+    """The follower's blocking read is on its own connection: closed after a yield, it goes
+    back to the pool for reuse; cancelled while blocked, it is closed (its answer may
+    still come) and Redis sees no reader left behind."""
+    store = await Store.open(redis)
+    sid = f"follow-{time.monotonic_ns()}"
+    p = store.partition_of(sid)
+    lease = await store.acquire(p, "test", 30_000)
+    assert lease is not None
+
+    async def readers() -> int:
+        clients = await redis.client_list()
+        return sum(1 for c in clients if c["cmd"] == "xread")
+
+    await store.commit(p, lease, one_step(sid, 1))
+    follow = store.follow(sid, 0, None, 10_000)
+    assert await anext(follow) == (
+        "event",
+        {"seq": 1, "session_id": sid, "payload": {"type": "test.step"}},
+    )
+    await follow.aclose()  # between reads: the connection is clean
+    blocked = asyncio.create_task(anext(store.follow(sid, 1, "0-0", 10_000)))
+    await poll_until(lambda: _at_least(readers, 1), 5, "the follower blocked in XREAD")
+    blocked.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await blocked
+    await poll_until(lambda: _at_most(readers, 0), 5, "the blocked reader's connection closed")
+    await store.commit(p, lease, one_step(sid, 2))  # the pool still serves
+
+
+async def _at_least(count, n: int) -> bool:
+    return await count() >= n
+
+
+async def _at_most(count, n: int) -> bool:
+    return await count() <= n
