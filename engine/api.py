@@ -28,14 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .client import Client, ClientError
-from .errors import ProtocolError
+from .client import Client, ClientError, validate_client_input
 from .fanout import Hub, Watch, stream_pos
 from .jsonedge import JsonEdgeError, compact_json, loads_checked
 from .machine import SessionState
 from .machine.tree import path_to
 from .metrics import Metrics
-from .protocol import InterruptPayload, WorkerIdentity, parse_client_input
+from .protocol import InterruptPayload, WorkerIdentity
 from .snapshots import load_state, state_of
 from .store import Store
 
@@ -544,12 +543,9 @@ def _validate(model: type[BaseModel], data: Any, prefix: str = "") -> Any:
 def _client_input(data: Any) -> None:
     """Validate a ClientInput; the error names the field under `input.`."""
     try:
-        parse_client_input(data)
-    except ProtocolError as err:
-        text = err.message.removeprefix("invalid client input: ")
-        where = f"input.{err.param}" if err.param else "input"
-        message = f"input.{text}" if err.param else f"input: {text}"
-        raise ApiError(422, "invalid_input", message, param=where) from None
+        validate_client_input(data)
+    except ClientError as err:
+        raise _refused(err) from None
 
 
 # --- the app -----------------------------------------------------------------------------------
@@ -926,25 +922,9 @@ async def post_settle(request: web.Request) -> web.Response:
 
 async def admin_sessions(request: web.Request) -> web.Response:
     _full_access(request)
-    store = request.app[API].store
     offset = _int_query(request, "offset", 0, lo=0, hi=2**31)
     limit = _int_query(request, "limit", 50, lo=1, hi=500)
-    ids = await store.list_sessions(offset, limit)
-    states = await asyncio.gather(*(load_state(store, sid) for sid in ids))
-    sessions = []
-    for sid, state in zip(ids, states, strict=True):
-        if state is None:
-            continue  # indexed, then lost with its snapshot: nothing to show
-        sessions.append(
-            {
-                "session_id": sid,
-                "agent_id": state.agent_id,
-                "status": state.status,
-                "created_at": state.created_at,
-                "seq": state.seq,
-            }
-        )
-    more = len(ids) == limit
+    sessions, more = await request.app[API].client.session_rows(offset, limit)
     body = {"sessions": sessions, "next_offset": offset + limit if more else None}
     return web.json_response(body, dumps=compact_json)
 

@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TextIO
 
+from .client import ClientError
+
 _SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 _STEPS = {
     "llm.call.dispatched": "model call",
@@ -158,6 +160,24 @@ async def answer_interrupt(client: Any, sid: str, payload: dict[str, Any]) -> No
     resume = {"type": "interrupt.resume", "interrupt_id": payload["interrupt_id"]}
     resume["payload"] = {"value": chosen}
     await client.submit(resume, session_id=sid)
+
+
+async def require_session(client: SessionClient, session_id: str) -> None:
+    """`--session` names a session that exists: a typo must not start a new one."""
+    try:
+        known = bool(await client.events(session_id))
+    except ClientError as err:
+        if err.code != "unknown_session":
+            raise
+        known = False
+    if not known:
+        raise ClientError(
+            f"no session {session_id!r}: `subs sessions list` shows them; "
+            "leave out --session to start a new one",
+            code="unknown_session",
+            status=404,
+            detail={},
+        )
 
 
 async def watch_turn(

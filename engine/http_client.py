@@ -79,7 +79,9 @@ class HttpClient:
     def _unreachable(self, exc: BaseException) -> ClientError:
         name, text = failure_name(exc), failure_text(exc)
         return ClientError(
-            f"cannot reach {self.base_url}: {name}" + (f": {text}" if text else ""),
+            f"cannot reach {self.base_url}: {name}"
+            + (f": {text}" if text else "")
+            + " (is an engine serving there? check the URL)",
             code="unreachable",
             status=503,
             detail={"error": name},
@@ -145,6 +147,10 @@ class HttpClient:
     async def sessions(self, offset: int = 0, limit: int = 50) -> list[dict[str, Any]]:
         page = await self._call("GET", "/api/admin/sessions", offset=offset, limit=limit)
         return page["sessions"] if isinstance(page, dict) else page
+
+    async def session_rows(self, offset: int = 0, limit: int = 50) -> tuple[list[dict], bool]:
+        page = await self._call("GET", "/api/admin/sessions", offset=offset, limit=limit)
+        return page["sessions"], page["next_offset"] is not None
 
     async def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
         page = await self._call("GET", "/api/admin/dead-letters", limit=limit)

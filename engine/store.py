@@ -534,6 +534,14 @@ class Store:
         await self.redis.zrem(_LEGACY_SESSIONS, session_id)  # another slot: not in the script
         return True
 
+    async def last_events(self, session_ids: Sequence[str]) -> list[dict[str, Any] | None]:
+        """Each session's newest event (None when its log is empty), in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for sid in session_ids:
+                pipe.xrevrange(self.log_key(sid), count=1)
+            replies = await pipe.execute()
+        return [orjson.loads(reply[0][1][b"e"]) if reply else None for reply in replies]
+
     async def dead_letters(self, count: int = 100) -> list[dict[str, Any]]:
         """Inputs no transition could take, newest first, across partitions."""
         async with self.redis.pipeline(transaction=False) as pipe:

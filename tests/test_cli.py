@@ -140,7 +140,10 @@ async def test_sessions_list_and_events(config, vendor):
     assert code == 0, err
     sid = session_of(err)
     code, out, _ = await subs("sessions", "list", "-c", str(config))
-    assert code == 0 and out.split() == [sid]
+    (row,) = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and row["session_id"] == sid and row["agent_id"] == "ops_openai"
+    assert row["status"] == "idle" and row["turns"] == 1 and row["first_message"] == "hi"
+    assert row["last_activity_at"].endswith("Z")
     code, out, _ = await subs("sessions", "events", sid, "--from", "2", "-c", str(config))
     events = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and events[0]["seq"] == 3 and events[-1]["payload"]["type"] == "turn.completed"
