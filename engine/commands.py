@@ -402,7 +402,7 @@ async def _serve(args: argparse.Namespace) -> int:
     try:
         keys = ApiKeys.from_env(os.environ)
     except ApiKeysError as err:
-        raise Usage(f"{err}; fix SUBS_API_KEYS (KEY or KEY:own, comma-separated)") from None
+        raise Usage(str(err)) from None
     refusal = check_bind(host, keys)
     if refusal is not None:
         raise Usage(refusal)

@@ -112,7 +112,7 @@ CASES = [
         "a bad SUBS_API_KEYS entry",
         lambda cfg, port: ["serve", *_c(cfg), "--port", "0"],
         2,
-        ("SUBS_API_KEYS entry 2: empty", "fix SUBS_API_KEYS"),
+        ("SUBS_API_KEYS entry 2: empty", "separate keys with single commas"),
         env={"SUBS_API_KEYS": "k1,,k2"},
     ),
     Case(
