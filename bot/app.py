@@ -31,15 +31,18 @@ from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp, AsyncBoltContext
 from slack_bolt.context.ack.async_ack import AsyncAck
+from slack_sdk.errors import SlackClientError
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
 from engine.client import Client, ClientError
 from engine.config import Project, slack_env_suffix
+from engine.errors import describe
 from engine.snapshots import load_state
 
 from .checkpoint import Checkpoint, Checkpoints, LeaseLost
@@ -67,6 +70,8 @@ from .webapi import call, every_message, governed, thread_messages
 __all__ = ["SET_STATUS", "Bot", "Bots", "start_bots"]
 
 log = logging.getLogger(__name__)
+CONNECT_RETRY_FIRST = 1.0  # seconds before the second Socket Mode try; doubles up to the max
+CONNECT_RETRY_MAX = 30.0
 
 DEDUPE_SECONDS = 3600  # Slack retries within minutes; an hour covers replays too
 LEASE_MS = 15_000  # a dead bot's turns move to a live one within this (plus a scan)
@@ -115,6 +120,7 @@ class Bots:
         self._following: dict[str, tuple[Checkpoint, asyncio.Task[None]]] = {}
         self._sockets: list[AsyncSocketModeHandler] = []
         self._keeper: asyncio.Task[None] | None = None
+        self._connecting: list[asyncio.Task[None]] = []
 
     def add(
         self,
@@ -189,16 +195,49 @@ class Bots:
         ]
 
     async def start(self) -> None:
-        """Connect every Socket Mode bot, and start resuming turns left half-written."""
+        """Start connecting every Socket Mode bot, in the background (see `_connect`), and
+        resume turns left half-written. Returns at once, however Slack is doing."""
         for bot in self.bots.values():
             if bot.app_token is None:
                 continue
             handler = AsyncSocketModeHandler(bot.app, bot.app_token, web_client=bot.web)
             self._sockets.append(handler)
-            await handler.connect_async()
+            task = asyncio.create_task(self._connect(bot, handler), name=f"slack-{bot.agent}")
+            self._connecting.append(task)
         if self.bots and self._keeper is None:
             await self._resume_orphans()
             self._keeper = asyncio.create_task(self._keep_leases())
+
+    async def connected(self) -> None:
+        """Wait until every Socket Mode bot has connected."""
+        await asyncio.gather(*self._connecting)
+
+    async def _connect(self, bot: Bot, handler: AsyncSocketModeHandler) -> None:
+        """Open the bot's Socket Mode URL until Slack gives one, one log line a try.
+
+        Asked here rather than by the SDK, which retries forever, logging a traceback
+        each time; once Slack answers, the SDK connects to the URL and keeps it up.
+        """
+        delay = CONNECT_RETRY_FIRST
+        while True:
+            try:
+                opened = await bot.web.apps_connections_open(app_token=bot.app_token)
+                handler.client.wss_uri = opened["url"]
+                await handler.connect_async()
+            except (SlackClientError, aiohttp.ClientError, OSError, TimeoutError) as err:
+                log.warning(
+                    "slack: agent %s: cannot connect Socket Mode (%s); retrying in %g s",
+                    bot.agent,
+                    describe(err),
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, CONNECT_RETRY_MAX)
+                continue
+            # Said as loudly as the failures were, so whoever saw those sees this.
+            level = logging.INFO if delay == CONNECT_RETRY_FIRST else logging.WARNING
+            log.log(level, "slack: agent %s: connected (Socket Mode)", bot.agent)
+            return
 
     async def idle(self) -> None:
         """Wait until every turn started or resumed so far (and since) has ended."""
@@ -209,6 +248,10 @@ class Bots:
         """Stop receiving, following turns (the engine keeps running them) and the pacing.
 
         Leases are released, so another bot resumes the turns at once."""
+        connecting, self._connecting = self._connecting, []
+        for task in connecting:
+            task.cancel()
+        await asyncio.gather(*connecting, return_exceptions=True)
         sockets, self._sockets = self._sockets, []
         for handler in sockets:
             await handler.close_async()

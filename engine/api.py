@@ -28,14 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .client import Client, ClientError
-from .errors import ProtocolError
+from .client import Client, ClientError, validate_client_input
 from .fanout import Hub, Watch, stream_pos
 from .jsonedge import JsonEdgeError, compact_json, loads_checked
 from .machine import SessionState
 from .machine.tree import path_to
 from .metrics import Metrics
-from .protocol import InterruptPayload, WorkerIdentity, parse_client_input
+from .protocol import InterruptPayload, WorkerIdentity
 from .snapshots import load_state, state_of
 from .store import Store
 
@@ -516,6 +515,12 @@ class _InterruptBody(BaseModel):
     payload: dict[str, Any] | None = None
 
 
+class _CancelBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str | None = Field(default=None, max_length=1000)
+
+
 def _invalid(exc: ValidationError, prefix: str = "") -> ApiError:
     """422 naming the first bad field as a dotted path."""
     first = exc.errors()[0]
@@ -538,12 +543,9 @@ def _validate(model: type[BaseModel], data: Any, prefix: str = "") -> Any:
 def _client_input(data: Any) -> None:
     """Validate a ClientInput; the error names the field under `input.`."""
     try:
-        parse_client_input(data)
-    except ProtocolError as err:
-        text = err.message.removeprefix("invalid client input: ")
-        where = f"input.{err.param}" if err.param else "input"
-        message = f"input.{text}" if err.param else f"input: {text}"
-        raise ApiError(422, "invalid_input", message, param=where) from None
+        validate_client_input(data)
+    except ClientError as err:
+        raise _refused(err) from None
 
 
 # --- the app -----------------------------------------------------------------------------------
@@ -651,7 +653,7 @@ async def _cors(request: web.Request, handler: Handler) -> web.StreamResponse:
     return web.Response(
         status=204,
         headers={
-            "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+            "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
             "Access-Control-Allow-Headers": "Authorization, Content-Type, Last-Event-ID",
             "Access-Control-Max-Age": "600",
         },
@@ -870,6 +872,31 @@ async def post_interrupt(request: web.Request) -> web.Response:
     return web.json_response(reply, status=202, dumps=compact_json)
 
 
+async def post_cancel(request: web.Request) -> web.Response:
+    """End the running turn; the body (`{reason?}`) may be left out."""
+    api = request.app[API]
+    sid = request.match_info["sid"]
+    raw = await _json_body(request) if request.body_exists else {}
+    body: _CancelBody = _validate(_CancelBody, raw)
+    await _owned_state(request, sid)
+    try:
+        reply = await api.client.cancel(sid, body.reason, timeout=api.request_timeout)
+    except ClientError as err:
+        raise _refused(err) from None
+    return web.json_response(reply, status=202, dumps=compact_json)
+
+
+async def delete_session(request: web.Request) -> web.Response:
+    """Remove an idle session and all it stored; 409 `turn_running` while a turn runs."""
+    sid = request.match_info["sid"]
+    await _owned_state(request, sid)
+    try:
+        await request.app[API].client.delete(sid)
+    except ClientError as err:
+        raise _refused(err) from None
+    return web.Response(status=204)
+
+
 async def post_settle(request: web.Request) -> web.Response:
     api = request.app[API]
     sid = request.match_info["sid"]
@@ -895,25 +922,9 @@ async def post_settle(request: web.Request) -> web.Response:
 
 async def admin_sessions(request: web.Request) -> web.Response:
     _full_access(request)
-    store = request.app[API].store
     offset = _int_query(request, "offset", 0, lo=0, hi=2**31)
     limit = _int_query(request, "limit", 50, lo=1, hi=500)
-    ids = await store.list_sessions(offset, limit)
-    states = await asyncio.gather(*(load_state(store, sid) for sid in ids))
-    sessions = []
-    for sid, state in zip(ids, states, strict=True):
-        if state is None:
-            continue  # indexed, then lost with its snapshot: nothing to show
-        sessions.append(
-            {
-                "session_id": sid,
-                "agent_id": state.agent_id,
-                "status": state.status,
-                "created_at": state.created_at,
-                "seq": state.seq,
-            }
-        )
-    more = len(ids) == limit
+    sessions, more = await request.app[API].client.session_rows(offset, limit)
     body = {"sessions": sessions, "next_offset": offset + limit if more else None}
     return web.json_response(body, dumps=compact_json)
 
@@ -1009,6 +1020,8 @@ def make_app(
     r.add_get("/api/client/sessions/{sid}", get_session)
     r.add_get("/api/client/sessions/{sid}/events/stream", stream_events)
     r.add_post("/api/client/sessions/{sid}/interrupt", post_interrupt)
+    r.add_post("/api/client/sessions/{sid}/cancel", post_cancel)
+    r.add_delete("/api/client/sessions/{sid}", delete_session)
     r.add_post("/api/machine/sessions/{sid}/calls/settle", post_settle)
     r.add_get("/api/admin/sessions", admin_sessions)
     r.add_get("/api/admin/sessions/{sid}/events", admin_events)

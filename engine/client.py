@@ -7,6 +7,7 @@ engine answers on a reply list once the transition is committed.
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import AsyncIterator
 from typing import Any
@@ -14,9 +15,17 @@ from typing import Any
 import orjson
 
 from .apply import new_id
-from .errors import SubsError
+from .errors import ProtocolError, SubsError
 from .jsonedge import JsonEdgeError, check
-from .machine import CallSettled, InterruptRequested, input_to_json
+from .machine import (
+    CallSettled,
+    CancelRequested,
+    InterruptRequested,
+    SessionState,
+    input_to_json,
+)
+from .protocol import parse_client_input
+from .snapshots import load_state
 from .store import Store
 
 
@@ -28,6 +37,46 @@ class ClientError(SubsError):
         self.code = code
         self.status = status
         self.detail = detail
+
+
+def validate_client_input(data: Any) -> None:
+    """Check a ClientInput as the API does, wherever it comes from (the API, `--input`).
+
+    Raises:
+        ClientError: `invalid_input` (422) naming the bad field under `input.`.
+    """
+    try:
+        parse_client_input(data)
+    except ProtocolError as err:
+        text = err.message.removeprefix("invalid client input: ")
+        where = f"input.{err.param}" if err.param else "input"
+        message = f"input.{text}" if err.param else f"input: {text}"
+        raise ClientError(
+            message, code="invalid_input", status=422, detail={"param": where}
+        ) from None
+
+
+def session_row(state: SessionState, last: dict[str, Any] | None) -> dict[str, Any]:
+    """A session as a listing shows it; `last` is its newest event."""
+    first = next((n.message for n in state.nodes.values() if n.message["role"] == "user"), None)
+    return {
+        "session_id": state.session_id,
+        "agent_id": state.agent_id,
+        "status": state.status,
+        "created_at": state.created_at,
+        "seq": state.seq,
+        "last_activity_at": last["occurred_at"] if last else None,
+        "turns": len(state.turns),
+        "first_message": _words(first["content"], 80) if first else None,
+    }
+
+
+def _words(content: Any, limit: int) -> str:
+    """A message's text on one line, cut at `limit` characters."""
+    if isinstance(content, list):
+        content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    text = " ".join(str(content).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class Client:
@@ -102,9 +151,62 @@ class Client:
         inp = InterruptRequested(reason, payload)
         return await self._request(session_id, input_to_json(inp), timeout)
 
+    async def cancel(
+        self, session_id: str, reason: str | None = None, *, timeout: float = 30.0
+    ) -> dict[str, Any]:
+        """End the session's running turn (`turn.failed`, code `cancelled`); returns
+        `{session_id, turn_id}`. Refused with `no_turn_running` when none runs."""
+        return await self._request(session_id, input_to_json(CancelRequested(reason)), timeout)
+
+    async def delete(self, session_id: str) -> None:
+        """Remove an idle session and everything stored for it.
+
+        Raises:
+            ClientError: `unknown_session` (404), or `turn_running` (409): cancel it first.
+        """
+        for _ in range(10):  # each retry means a commit landed in between: rare
+            state = await load_state(self.store, session_id)
+            if state is None:
+                raise ClientError(
+                    f"session {session_id!r} does not exist",
+                    code="unknown_session",
+                    status=404,
+                    detail={},
+                )
+            if state.turn is not None:
+                raise ClientError(
+                    f"session {session_id} is running turn {state.turn.id}: cancel it first "
+                    f"(subs sessions cancel {session_id})",
+                    code="turn_running",
+                    status=409,
+                    detail={"turn_id": state.turn.id},
+                )
+            if await self.store.delete_session(session_id, state.seq):
+                return
+        raise ClientError(
+            f"session {session_id} keeps changing; try again",
+            code="turn_running",
+            status=409,
+            detail={},
+        )
+
     async def sessions(self, offset: int = 0, limit: int = 50) -> list[str]:
         """Session ids, newest first."""
         return await self.store.list_sessions(offset, limit)
+
+    async def session_rows(self, offset: int = 0, limit: int = 50) -> tuple[list[dict], bool]:
+        """Listing rows (`session_row`), newest first; and whether more may follow."""
+        ids = await self.store.list_sessions(offset, limit)
+        states, lasts = await asyncio.gather(
+            asyncio.gather(*(load_state(self.store, sid) for sid in ids)),
+            self.store.last_events(ids),
+        )
+        rows = [
+            session_row(state, last)
+            for state, last in zip(states, lasts, strict=True)
+            if state is not None  # indexed, then lost with its snapshot: nothing to show
+        ]
+        return rows, len(ids) == limit
 
     async def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
         """Inputs the engine could not apply (each failed its turn), newest first."""

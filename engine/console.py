@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TextIO
 
+from .client import ClientError
+
 _SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 _STEPS = {
     "llm.call.dispatched": "model call",
@@ -61,12 +63,18 @@ class Printer:
         self.step: str | None = None
         self.step_since = 0.0
         self.status_shown = False
+        self.tool_names: dict[str, str] = {}  # call id -> tool name, for the status line
 
     def clear_status(self) -> None:
         if self.status_shown and self.status_out is not None:
             self.status_out.write("\r\x1b[2K")
             self.status_out.flush()
             self.status_shown = False
+
+    def pause(self) -> None:
+        """Clear the status line and keep it away until the next step: a prompt is on screen."""
+        self.clear_status()
+        self.step = None
 
     def tick(self) -> None:
         """Redraw the status line: the running step and how long it has run."""
@@ -101,9 +109,12 @@ class Printer:
     def event(self, event: dict[str, Any]) -> None:
         p = event["payload"]
         kind = p["type"]
+        if kind == "tool.call.requested":
+            self.tool_names[p["id"]] = p["name"]
         label = _STEPS.get(kind)
         if label is not None:
-            self.step, self.step_since = label.format(name=p.get("id", "")), time.monotonic()
+            name = self.tool_names.get(p.get("id", ""), "")
+            self.step, self.step_since = label.format(name=name).strip(), time.monotonic()
         if self.jsonl:
             self.write(json.dumps(event) + "\n")
         elif kind == "tool.call.requested":
@@ -160,6 +171,24 @@ async def answer_interrupt(client: Any, sid: str, payload: dict[str, Any]) -> No
     await client.submit(resume, session_id=sid)
 
 
+async def require_session(client: SessionClient, session_id: str) -> None:
+    """`--session` names a session that exists: a typo must not start a new one."""
+    try:
+        known = bool(await client.events(session_id))
+    except ClientError as err:
+        if err.code != "unknown_session":
+            raise
+        known = False
+    if not known:
+        raise ClientError(
+            f"no session {session_id!r}: `subs sessions list` shows them; "
+            "leave out --session to start a new one",
+            code="unknown_session",
+            status=404,
+            detail={},
+        )
+
+
 async def watch_turn(
     client: SessionClient,
     payload: dict[str, Any],
@@ -204,10 +233,17 @@ async def _follow_turn(
     printer: Printer,
 ) -> TurnOutcome:
     client_calls: dict[str, dict[str, Any]] = {}
+    # A reconnected stream replays the deltas of the call attempt still running: each is
+    # printed once, by its (call, attempt) and seq.
+    printed: dict[tuple[str, int], int] = {}
     ours: set[str] = set()  # model calls of this turn: only their tokens are printed
     early: dict[str, list[dict[str, Any]]] = {}  # deltas read before their call's event
     async for kind, item in client.follow(sid, after, delta_cursor=cursor):
         if kind == "delta":
+            key, seq = (item["call_id"], item.get("attempt", 0)), item.get("seq", 0)
+            if seq <= printed.get(key, -1):
+                continue
+            printed[key] = seq
             if item["call_id"] in ours:
                 printer.delta(item)
             else:
@@ -226,10 +262,10 @@ async def _follow_turn(
         elif p["type"] == "tool.call.requested" and p["handler"] == "client":
             client_calls[p["id"]] = p
         elif p["type"] == "tool.call.dispatched" and p["id"] in client_calls:
-            printer.clear_status()
+            printer.pause()
             await answer_client_tool(client, sid, client_calls.pop(p["id"]))
         elif p["type"] == "session.interrupted" and not printer.jsonl:
-            printer.clear_status()
+            printer.pause()
             printer.line("")
             await answer_interrupt(client, sid, p)
         elif p["type"] in ("turn.completed", "turn.failed"):

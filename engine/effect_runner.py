@@ -247,6 +247,7 @@ class EffectRunner:
             base_url=block.base_url,
             api_key=self.env.get(block.api_key_env) or None,
             api_key_env=block.api_key_env,
+            block=block.id,
         )
 
     async def _run_llm_call(

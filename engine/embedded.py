@@ -181,7 +181,9 @@ class EmbeddedRedis:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self.socket_path.unlink(missing_ok=True)
+        # The socket file is not removed here: redis removes its own on shutdown, and once
+        # it has exited another process may already have started the next server on the
+        # same path (a start that holds the lock clears a stale one).
         self.owned = False
 
     def alive(self) -> bool:

@@ -73,13 +73,15 @@ class HttpClient:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise self._unreachable(exc) from None
         if 200 <= response.status < 300:
-            return json.loads(content)
+            return json.loads(content) if content else None
         raise _refusal(response.status, content)
 
     def _unreachable(self, exc: BaseException) -> ClientError:
         name, text = failure_name(exc), failure_text(exc)
         return ClientError(
-            f"cannot reach {self.base_url}: {name}" + (f": {text}" if text else ""),
+            f"cannot reach {self.base_url}: {name}"
+            + (f": {text}" if text else "")
+            + " (is an engine serving there? check the URL)",
             code="unreachable",
             status=503,
             detail={"error": name},
@@ -123,6 +125,13 @@ class HttpClient:
         body = {"reason": reason, "payload": payload}
         return await self._call("POST", f"/api/client/sessions/{session_id}/interrupt", body)
 
+    async def cancel(self, session_id: str, reason: str | None = None) -> dict[str, Any]:
+        body = {"reason": reason} if reason else {}
+        return await self._call("POST", f"/api/client/sessions/{session_id}/cancel", body)
+
+    async def delete(self, session_id: str) -> None:
+        await self._call("DELETE", f"/api/client/sessions/{session_id}")
+
     async def events(self, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         while True:
@@ -138,6 +147,10 @@ class HttpClient:
     async def sessions(self, offset: int = 0, limit: int = 50) -> list[dict[str, Any]]:
         page = await self._call("GET", "/api/admin/sessions", offset=offset, limit=limit)
         return page["sessions"] if isinstance(page, dict) else page
+
+    async def session_rows(self, offset: int = 0, limit: int = 50) -> tuple[list[dict], bool]:
+        page = await self._call("GET", "/api/admin/sessions", offset=offset, limit=limit)
+        return page["sessions"], page["next_offset"] is not None
 
     async def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
         page = await self._call("GET", "/api/admin/dead-letters", limit=limit)

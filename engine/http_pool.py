@@ -21,6 +21,9 @@ from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 __all__ = ["drain", "failure_name", "failure_text", "is_decoding", "new_session"]
 
 CONNECT_TIMEOUT = 30.0  # a free pooled connection, or a new one, within this
+# A TCP handshake within this: a wrong address (a `base_url` nothing answers at) fails in
+# seconds, not after the OS gives up (with retries, over a minute).
+SOCK_CONNECT_TIMEOUT = 5.0
 LIMIT = 256  # connections in all: a bound on sockets, far above one host's share
 LIMIT_PER_HOST = 100  # what the whole pool allowed before, per host now
 # Idle connections are dropped after this, before Node's 5 s server default closes them
@@ -43,7 +46,10 @@ _NAMES: tuple[tuple[type[BaseException], str], ...] = (
 
 
 def new_session(
-    *, connect_timeout: float = CONNECT_TIMEOUT, read_timeout: float | None = None
+    *,
+    connect_timeout: float = CONNECT_TIMEOUT,
+    sock_connect_timeout: float = SOCK_CONNECT_TIMEOUT,
+    read_timeout: float | None = None,
 ) -> aiohttp.ClientSession:
     """A session for the running loop; the caller closes it (`await session.close()`).
 
@@ -57,7 +63,10 @@ def new_session(
         limit=LIMIT, limit_per_host=LIMIT_PER_HOST, keepalive_timeout=KEEPALIVE
     )
     timeout = aiohttp.ClientTimeout(
-        total=None, connect=connect_timeout, sock_connect=connect_timeout, sock_read=read_timeout
+        total=None,
+        connect=connect_timeout,
+        sock_connect=min(sock_connect_timeout, connect_timeout),
+        sock_read=read_timeout,
     )
     return aiohttp.ClientSession(
         connector=connector,

@@ -162,6 +162,19 @@ return 1
 """
 
 
+# KEYS: snap, log, deltas, sessions, inflight. ARGV: expected seq, session id.
+# Deletes only while the snapshot is still at the seq the caller checked: a commit in
+# between (a turn that started) moves it, and the caller reads the session again.
+_DELETE = """
+local cur = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
+if cur ~= tonumber(ARGV[1]) then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('ZREM', KEYS[4], ARGV[2])
+redis.call('SREM', KEYS[5], ARGV[2])
+return 1
+"""
+
+
 @dataclass(frozen=True)
 class Commit:
     """One transition's writes, applied all-or-nothing.
@@ -232,6 +245,7 @@ class Store:
         self._acquire = redis.register_script(_ACQUIRE)
         self._renew = redis.register_script(_RENEW)
         self._release = redis.register_script(_RELEASE)
+        self._delete = redis.register_script(_DELETE)
 
     @classmethod
     async def open(
@@ -541,6 +555,34 @@ class Store:
                 newest.setdefault(member.decode(), score)
         ordered = sorted(newest, key=lambda sid: (-newest[sid], sid))
         return ordered[offset : offset + limit]
+
+    async def delete_session(self, session_id: str, expected_seq: int) -> bool:
+        """Remove the session's log, snapshot, token deltas and index entries, if its seq
+        is still `expected_seq`; False when a commit moved it (nothing was deleted).
+
+        An engine that cached the session is fenced off by the seq check of its next
+        commit, and reads the session afresh (gone) then.
+        """
+        p = self.partition_of(session_id)
+        keys = [
+            self.snap_key(session_id),
+            self.log_key(session_id),
+            self.delta_key(session_id),
+            self.sessions_key(p),
+            self.inflight_key(p),
+        ]
+        if not await self._delete(keys=keys, args=[expected_seq, session_id]):
+            return False
+        await self.redis.zrem(_LEGACY_SESSIONS, session_id)  # another slot: not in the script
+        return True
+
+    async def last_events(self, session_ids: Sequence[str]) -> list[dict[str, Any] | None]:
+        """Each session's newest event (None when its log is empty), in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for sid in session_ids:
+                pipe.xrevrange(self.log_key(sid), count=1)
+            replies = await pipe.execute()
+        return [orjson.loads(reply[0][1][b"e"]) if reply else None for reply in replies]
 
     async def dead_letters(self, count: int = 100) -> list[dict[str, Any]]:
         """Inputs no transition could take, newest first, across partitions."""

@@ -51,6 +51,7 @@ class World:
         assert self.project is not None
         bots = start_bots(self.project, self.client, self.env, governor=RateGovernor(FAST), **kw)
         await bots.start()
+        await bots.connected()
         try:
             yield bots
         finally:
@@ -93,6 +94,7 @@ async def serve_bots(
         bots = start_bots(project, client, env, governor=fast)
         assert list(bots.bots) == [agent]  # no other agent has a Slack block
         await bots.start()
+        await bots.connected()
         app = web.Application()
         app.add_routes(bots.routes())
         assert len(bots.routes()) == (0 if socket else 1)

@@ -7,8 +7,11 @@ import json
 import signal
 import socket
 
+import httpx
+
 from engine.embedded import EmbeddedRedis
 from engine.store import Store, connect
+from tests.api_helpers import INPUT, of_type, read_stream
 from tests.engine_helpers import session_of, start_subs, subs
 from tests.fakes.llm_vendor import HttpError, Text, ToolCalls
 
@@ -137,7 +140,10 @@ async def test_sessions_list_and_events(config, vendor):
     assert code == 0, err
     sid = session_of(err)
     code, out, _ = await subs("sessions", "list", "-c", str(config))
-    assert code == 0 and out.split() == [sid]
+    (row,) = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and row["session_id"] == sid and row["agent_id"] == "ops_openai"
+    assert row["status"] == "idle" and row["turns"] == 1 and row["first_message"] == "hi"
+    assert row["last_activity_at"].endswith("Z")
     code, out, _ = await subs("sessions", "events", sid, "--from", "2", "-c", str(config))
     events = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and events[0]["seq"] == 3 and events[-1]["payload"]["type"] == "turn.completed"
@@ -177,3 +183,30 @@ async def test_sessions_dead_names_an_input_the_engine_could_not_apply(config, v
     events = [json.loads(line) for line in out.splitlines()]
     rejected = [e for e in events if e["payload"]["type"] == "input.rejected"]
     assert rejected and rejected[0]["payload"]["input_kind"] == "from-the-future"
+
+
+async def test_sessions_cancel_and_delete_in_process_and_over_http(
+    config, vendor, redis_url, serve_processes
+):
+    serve = await serve_processes()
+    vendor.push(ToolCalls([("confirm", {"question": "sure?"})]))
+    message = {"role": "user", "content": "start"}
+    body = {"input": {"type": "client.message", "agent_id": "ops_openai", "message": message}}
+    async with httpx.AsyncClient(base_url=serve.api, timeout=10) as http:
+        reply = (await http.post(INPUT, json=body)).json()
+        sid = reply["session_id"]
+        await read_stream(http, sid, key=None, stop=of_type("tool.call.dispatched"))
+    local = ("-c", str(config), "--redis", redis_url)
+
+    code, _, err = await subs("sessions", "delete", sid, *local)
+    assert code == 1 and f"subs sessions cancel {sid}" in err, err
+    code, _, err = await subs("sessions", "cancel", sid, "--reason", "typo", *local)
+    assert code == 0 and f"cancelled turn {reply['turn_id']}" in err, err
+    code, _, err = await subs("sessions", "cancel", sid, "--url", serve.api)
+    assert code == 1 and "no running turn" in err and "Traceback" not in err, err
+    code, _, err = await subs("sessions", "delete", sid, "--url", serve.api)
+    assert code == 0 and f"deleted session {sid}" in err, err
+    code, out, _ = await subs("sessions", "list", *local)
+    assert code == 0 and sid not in out
+    code, _, err = await subs("sessions", "delete", sid, *local)
+    assert code == 1 and "does not exist" in err, err

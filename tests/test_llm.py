@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from decimal import Decimal
@@ -397,11 +398,20 @@ async def test_missing_key_sends_nothing(vendor, http, kind, key):
 @each_vendor
 async def test_connection_refused_is_retryable(http, kind):
     async with FakeVendor() as gone:
-        where = target(gone, kind)
+        where = dataclasses.replace(target(gone, kind), block="mine")
     with pytest.raises(ProviderError) as caught:
         await complete(http, where, ask(), stream=False)
     assert (caught.value.code, caught.value.retryable) == ("provider_error", True)
-    assert caught.value.message.startswith(f"The connection to {VENDOR_NAMES[kind]} failed")
+    # A wrong base_url is the usual cause: the message names the block and the URL.
+    assert caught.value.message.startswith(
+        f"The connection to {VENDOR_NAMES[kind]} failed ([llm.mine] base_url {where.base_url}): "
+    )
+
+
+async def test_a_tcp_connect_gives_up_in_seconds():
+    """An address nothing answers at (no refusal either) used to take 30 s a try."""
+    async with new_session() as session:
+        assert session.timeout.sock_connect is not None and session.timeout.sock_connect <= 5
 
 
 @each_vendor

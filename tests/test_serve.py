@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import time
 
@@ -143,6 +144,7 @@ async def test_the_cli_drives_a_remote_engine_with_url(serve_processes, vendor):
     assert out.strip() == "Remote answer."
     sid = session_of(err)
     code, out, _ = await subs("sessions", "list", "--url", proc.api)
-    assert code == 0 and sid in out.split()
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and [(r["session_id"], r["first_message"]) for r in rows] == [(sid, "hello")]
     code, out, _ = await subs("sessions", "events", sid, "--url", proc.api, "-o", "jsonl")
     assert code == 0 and '"turn.completed"' in out.splitlines()[-1]

@@ -39,12 +39,14 @@ class LlmTarget:
             https://api.anthropic.com.
         api_key: the key, resolved by the caller from the environment.
         api_key_env: the variable's name, for the error when the key is missing.
+        block: the `[llm.<id>]` block's id, named in connection errors with the URL.
     """
 
     type: str
     base_url: str
     api_key: str | None
     api_key_env: str
+    block: str = ""
 
 
 class _Accumulator(Protocol):
@@ -157,8 +159,10 @@ async def complete(
             response = await _whole(http, adapter, url, headers, body)
         return _neutral(adapter, response)
     except TimeoutError as exc:  # aiohttp's own; a deadline around the call cancels instead
+        name = failure_name(exc)
+        where = _where(target) if name == "ConnectTimeout" else ""
         raise ProviderError(
-            f"{adapter.name} did not answer in time ({failure_name(exc)}).", retryable=True
+            f"{adapter.name} did not answer in time ({name}){where}.", retryable=True
         ) from exc
     except aiohttp.ClientError as exc:
         if is_decoding(exc):
@@ -168,7 +172,8 @@ async def complete(
                 retryable=True,
             ) from exc
         raise ProviderError(
-            f"The connection to {adapter.name} failed: {_reason(exc)}.", retryable=True
+            f"The connection to {adapter.name} failed{_where(target)}: {_reason(exc)}.",
+            retryable=True,
         ) from exc
 
 
@@ -313,6 +318,12 @@ def _event_json(name: str, data: str) -> dict[str, Any]:
             retryable=True,
         )
     return payload
+
+
+def _where(target: LlmTarget) -> str:
+    """Which block and URL a connection went to: a wrong `base_url` is the usual cause."""
+    block = f"[llm.{target.block}] " if target.block else ""
+    return f" ({block}base_url {target.base_url})"
 
 
 def _reason(exc: Exception) -> str:

@@ -1,0 +1,663 @@
+"""What the `subs` commands do (engine/cli.py parses their arguments first).
+
+Every failure a person can fix ends here as one line naming the problem and what to
+do next, with a non-zero exit: 2 for a mistake on the command line, 1 for the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import errno
+import fcntl
+import getpass
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis.asyncio as aioredis
+from aiohttp import web
+from redis.exceptions import RedisError
+
+from bot.manifest import events_path, manifest, to_yaml
+
+from .api import ApiKeys, ApiKeysError, bind_warning, check_bind, make_app
+from .client import Client, ClientError, validate_client_input
+from .config import ConfigError, Project, load_project, slack_env_suffix
+from .console import Printer, require_session, short, watch_turn
+from .embedded import EmbeddedRedis, EmbeddedRedisError, supervise
+from .errors import SubsError
+from .http_client import HttpClient
+from .machine import iso
+from .metrics import Metrics
+from .redact import Redactor, env_secrets, project_secrets, redact_url
+from .runner import Engine, new_event_loop
+from .store import Store, connect
+
+# Masks secrets in every log record (installed by `run_command`) and in the errors it prints.
+REDACTOR = Redactor()
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+REDIS_CHECK_SECONDS = 5.0  # a Redis that does not answer PING by then is reported, not waited on
+SERVE_LOCK = "serve.lock"
+
+
+class Usage(Exception):
+    """A command-line mistake: exit 2 with this message."""
+
+
+def _data_dir(project: Project) -> Path:
+    """`.subs/` beside the project file, made if missing: the embedded Redis's home."""
+    path = Path(project.path).resolve().parent / ".subs"
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        probe = path / ".write-test"
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        raise SubsError(
+            f"cannot use {path} for the embedded Redis ({err.strerror or err}): run subs "
+            "from a folder you can write to, or give it a Redis with --redis or SUBS_REDIS"
+        ) from None
+    return path
+
+
+@contextlib.asynccontextmanager
+async def _redis_url(project: Project, url: str | None) -> AsyncIterator[str]:
+    """The configured Redis's URL, or that of a private embedded one under `.subs/`
+    beside the file, running (restarted on the same AOF whenever it dies) until the
+    block ends."""
+    url = url or project.redis
+    if url is not None:
+        yield url
+        return
+    embedded = EmbeddedRedis(_data_dir(project), fsync=project.store.fsync)
+    try:
+        address = await asyncio.to_thread(embedded.start)
+    except OSError as err:
+        raise EmbeddedRedisError(
+            f"cannot start the embedded Redis in {embedded.data_dir} ({err.strerror or err}); "
+            "give subs a Redis with --redis or SUBS_REDIS"
+        ) from None
+    supervisor = asyncio.create_task(supervise(embedded), name="subs-embedded-redis")
+    try:
+        yield address
+    finally:
+        supervisor.cancel()  # first, or it would restart the server stopped below
+        with contextlib.suppress(asyncio.CancelledError):
+            await supervisor
+        await asyncio.to_thread(embedded.stop)
+
+
+async def _reachable(redis: aioredis.Redis, url: str, project: Project) -> None:
+    """Fail now, naming the server, when Redis does not answer: not later, in a retry loop."""
+    try:
+        async with asyncio.timeout(REDIS_CHECK_SECONDS):
+            await redis.ping()
+    except (RedisError, OSError, TimeoutError) as err:
+        why = str(err) or f"no answer within {REDIS_CHECK_SECONDS:g} s"
+        raise SubsError(
+            f"cannot reach Redis at {redact_url(url)} ({why}): start it, or fix --redis, "
+            f"SUBS_REDIS or `redis` in {project.path} (leave all unset for an embedded one)"
+        ) from None
+
+
+@contextlib.asynccontextmanager
+async def _redis_for(project: Project, url: str | None) -> AsyncIterator[aioredis.Redis]:
+    """One client (one pool) on the configured or embedded Redis."""
+    async with _redis_url(project, url) as address, connect(address) as client:
+        await _reachable(client, address, project)
+        yield client
+
+
+def _load(args: argparse.Namespace) -> Project:
+    """The project, its secrets (and those in `--redis`) known to the redactor from now on."""
+    redis = getattr(args, "redis", None)
+    if redis is not None and urlsplit(redis).scheme not in ("redis", "rediss", "unix"):
+        raise Usage(
+            f"--redis must be a redis://, rediss:// or unix:// URL, got {redact_url(redis)!r} "
+            "(e.g. --redis redis://127.0.0.1:6379/0)"
+        )
+    project = load_project(args.config)
+    REDACTOR.add(project_secrets(project, os.environ, redis))
+    return project
+
+
+def _http_url(url: str) -> str:
+    """`--url` as given, when it is one: a bare `host:port` would fail later, less clearly."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise Usage(
+            f"--url must start with http:// or https://, got {url!r} "
+            f"(e.g. --url http://{url if '://' not in url else '127.0.0.1:8080'})"
+        )
+    return url
+
+
+def _identity() -> dict[str, Any]:
+    return {"subject": {"issuer": "cli", "id": getpass.getuser()}, "metadata": {}}
+
+
+def _message(agent: str, text: str) -> dict[str, Any]:
+    # Queued: a turn still running in this session (say, one a killed run left
+    # behind) finishes first, then this one runs.
+    message = {"role": "user", "content": text}
+    return {"type": "client.message", "agent_id": agent, "message": message, "queue": True}
+
+
+@contextlib.asynccontextmanager
+async def _remote(url: str) -> AsyncIterator[HttpClient]:
+    """A remote engine's HTTP API, with the key from `SUBS_API_KEY`."""
+    key = os.environ.get("SUBS_API_KEY")
+    if key is not None and (not key.isprintable() or " " in key):
+        raise Usage("SUBS_API_KEY holds a space or a control character: set it to the key alone")
+    client = HttpClient(_http_url(url), key)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _session_client(args: argparse.Namespace) -> AsyncIterator[Any]:
+    """A remote engine's HTTP API with `--url`, else an engine in this process."""
+    if getattr(args, "url", None):
+        async with _remote(args.url) as client:
+            yield client
+        return
+    project = _load(args)
+    if args.agent not in project.agents:
+        declared = ", ".join(sorted(project.agents)) or "none"
+        raise Usage(f"no agent {args.agent!r} in {project.path}; declared: {declared}")
+    async with _engine_client(project, args.redis) as client:
+        yield client
+
+
+@contextlib.asynccontextmanager
+async def _engine_client(project: Project, redis_url: str | None) -> AsyncIterator[Client]:
+    """A client with an engine in this process to apply what it submits (another engine
+    on the same Redis may answer instead: whichever owns the session's partition)."""
+    async with _redis_for(project, redis_url) as redis:
+        engine = Engine(project, redis, lease_ms=_lease_ms())
+        await engine.start()
+        try:
+            yield Client(engine.store)
+        finally:
+            await engine.stop()
+
+
+def _client_input(args: argparse.Namespace) -> dict[str, Any]:
+    """`--input`, checked here as the API would check it: one error naming the field."""
+    example = (
+        """--input '{"type": "client.message", "message": {"role": "user", "content": "hi"}}'"""
+    )
+    try:
+        payload = json.loads(args.input)
+    except json.JSONDecodeError as err:
+        raise Usage(
+            f"--input is not JSON ({err.msg} at column {err.colno}); e.g. {example}"
+        ) from None
+    if not isinstance(payload, dict):
+        raise Usage(f"--input must be a JSON object (a ClientInput); e.g. {example}")
+    payload.setdefault("agent_id", args.agent)
+    try:
+        validate_client_input(payload)
+    except ClientError as err:
+        raise Usage(f"--input: {err.message}; e.g. {example}") from None
+    return payload
+
+
+async def _run(args: argparse.Namespace) -> int:
+    if args.input:
+        payload = _client_input(args)
+    elif args.message is not None:
+        payload = _message(args.agent, args.message)
+    else:
+        raise Usage('give a message or --input, e.g. subs run oncall "what\'s paging?"')
+    printer = Printer(sys.stdout, _jsonl(args.output), sys.stderr)
+
+    def announce(sid: str, queued: bool) -> None:
+        if not printer.jsonl:
+            waiting = " (queued behind the running turn)" if queued else ""
+            print(f"session {sid}{waiting}", file=sys.stderr, flush=True)
+
+    async with _session_client(args) as client:
+        if args.session:
+            await require_session(client, args.session)
+        outcome = await watch_turn(
+            client,
+            payload,
+            printer,
+            session_id=args.session,
+            identity=_identity(),
+            on_session=announce,
+        )
+    if not printer.jsonl:
+        print(
+            f'continue: subs run {args.agent} "..." --session {outcome.session_id}', file=sys.stderr
+        )
+    if outcome.status == "failed":
+        print(f"subs: the turn failed: {outcome.error}", file=sys.stderr)
+        return 1
+    return 0 if outcome.status == "completed" else 1
+
+
+async def _read_message() -> str | None:
+    """One message from the keyboard; a line ending in a backslash continues it."""
+    lines: list[str] = []
+    prompt = "you> "
+    while True:
+        line = await asyncio.to_thread(_input, prompt)
+        if line is None:
+            return None if not lines else "\n".join(lines)
+        if line.endswith("\\"):
+            lines.append(line[:-1])
+            prompt = "...> "
+            continue
+        lines.append(line)
+        return "\n".join(lines)
+
+
+def _input(prompt: str) -> str | None:
+    try:
+        return input(prompt)
+    except EOFError:
+        return None
+
+
+async def _chat(args: argparse.Namespace) -> int:
+    """Talk to an agent; Ctrl-C stops watching a turn (it goes on), Ctrl-D leaves."""
+    with contextlib.suppress(ImportError):
+        import readline  # noqa: F401  (line editing and history for input())
+    printer = Printer(sys.stdout, False, sys.stderr)
+    sid = args.session
+    async with _session_client(args) as client:
+        if sid:
+            await require_session(client, sid)
+        while True:
+            text = await _read_message()
+            if text is None:
+                break
+            if not text.strip():
+                continue
+            watching = asyncio.create_task(
+                watch_turn(
+                    client,
+                    _message(args.agent, text),
+                    printer,
+                    session_id=sid,
+                    identity=_identity(),
+                )
+            )
+            try:
+                outcome = await watching
+            except asyncio.CancelledError:
+                # Ctrl-C cancelled us: stop watching, keep the session (and the turn) going.
+                current = asyncio.current_task()
+                if current is not None:
+                    current.uncancel()
+                watching.cancel()
+                print("\n(stopped watching; the turn goes on)", file=sys.stderr)
+                continue
+            sid = outcome.session_id
+            if outcome.status == "failed":
+                print(f"subs: the turn failed: {outcome.error}", file=sys.stderr)
+    if sid:
+        print(f"session {sid}", file=sys.stderr)
+    return 0
+
+
+def _lease_ms() -> int:
+    """Lease length; short in tests that kill engines on purpose."""
+    raw = os.environ.get("SUBS_LEASE_MS", "10000")
+    if not raw.isdigit() or int(raw) < 100:
+        raise Usage(f"SUBS_LEASE_MS must be a whole number of milliseconds >= 100, got {raw!r}")
+    return int(raw)
+
+
+def _engine_socket_timeout(project: Project) -> float:
+    """Longer than any command the engine waits on (a 2 s work read, a WAIT), so only a
+    Redis that stopped answering trips it; short, since each dead connection costs it once."""
+    return 5.0 + project.store.wait_timeout_ms / 1000
+
+
+@contextlib.contextmanager
+def _one_serve_per_folder(data_dir: Path) -> Iterator[Callable[[str], None]]:
+    """Refuse a second serve on this folder's embedded Redis: the first one owns it.
+
+    An flock on `.subs/serve.lock`, held while this process lives (a crashed serve's
+    lock goes with it), which names its holder: pid and API address. Yields the
+    function that records the address once the API is bound.
+    """
+    path = data_dir / SERVE_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid, _, api = os.pread(fd, 300, 0).decode(errors="replace").strip().partition(" ")
+            raise SubsError(
+                f"another subs serve (pid {pid or '?'}, api {api or 'starting'}) already runs "
+                f"on this folder's embedded Redis ({data_dir}): stop it first, or give each "
+                "serve the same Redis with --redis or SUBS_REDIS"
+            ) from None
+
+        def record(api: str) -> None:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {api}\n".encode(), 0)
+
+        record("")
+        yield record
+    finally:
+        os.close(fd)  # and with it the lock
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The API's listening socket, bound before anything starts: a port in use is the
+    first thing a person hears about, not a traceback after the engine came up."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as err:
+        raise Usage(
+            f"cannot bind to host {host!r}: {err.strerror}; pass --host 127.0.0.1"
+        ) from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(128)
+    except OSError as err:
+        sock.close()
+        if err.errno == errno.EADDRINUSE:
+            raise SubsError(
+                f"cannot listen on {host}:{port}: the port is in use (another subs serve?); "
+                "stop that process, or pass --port N (--port 0 picks a free one)"
+            ) from None
+        raise SubsError(
+            f"cannot listen on {host}:{port}: {err.strerror}; pass another --host or --port"
+        ) from None
+    return sock
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    """Engine and HTTP API in one process, until SIGTERM/SIGINT (SPEC §15).
+
+    The API answers as soon as the engine runs; Slack connects in the background (with
+    retries), so an unreachable Slack never holds up the API or the stop.
+    """
+    from bot.app import start_bots  # the Slack stack: only serve needs it
+
+    project = _load(args)
+    host = args.host or project.serve.host
+    port = project.serve.port if args.port is None else args.port
+    try:
+        keys = ApiKeys.from_env(os.environ)
+    except ApiKeysError as err:
+        raise Usage(str(err)) from None
+    refusal = check_bind(host, keys)
+    if refusal is not None:
+        raise Usage(refusal)
+    configured = args.redis or project.redis
+    async with contextlib.AsyncExitStack() as stack:
+        record_api: Callable[[str], None] = lambda api: None  # noqa: E731
+        if configured is None:
+            record_api = stack.enter_context(_one_serve_per_folder(_data_dir(project)))
+        sock = stack.enter_context(_listen(host, port))
+        url = await stack.enter_async_context(_redis_url(project, args.redis))
+        # Two pools on one server: whatever the API and the bots wait on (submits, event
+        # streams), the engine's leases, commits and timers always find a connection.
+        engine_redis = await stack.enter_async_context(
+            connect(url, name="subs-engine", socket_timeout=_engine_socket_timeout(project))
+        )
+        api_redis = await stack.enter_async_context(connect(url, name="subs-api"))
+        await _reachable(engine_redis, url, project)
+        metrics = Metrics()
+        engine = Engine(project, engine_redis, lease_ms=_lease_ms(), metrics=metrics)
+        await engine.start()
+        stack.push_async_callback(engine.stop)
+        store = await Store.open(api_redis)
+        client = Client(store)
+        # The agents whose Slack tokens are set; a dead serve's turns move after one lease.
+        bots = start_bots(project, client, os.environ, lease_ms=_lease_ms(), owner=engine.owner)
+        stack.push_async_callback(bots.aclose)
+        app = make_app(
+            client,
+            store,
+            keys=keys,
+            metrics=metrics,
+            cors_origins=project.serve.cors_origins,
+            max_streams_per_key=project.serve.max_streams_per_key,
+        )
+        app.add_routes(bots.routes())  # POST /slack/<agent>/events
+        runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=3)
+        await runner.setup()
+        # Last in, first out: stop taking requests (open streams end), then the bots,
+        # then the engine hands back partitions and calls.
+        stack.push_async_callback(runner.cleanup)
+        await web.SockSite(runner, sock).start()
+        bound = runner.addresses[0]
+        api = f"http://{bound[0]}:{bound[1]}"
+        record_api(api)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await bots.start()  # Socket Mode connects in the background, retrying
+        deciders = ", ".join(
+            f"{a.id} ({'worker ' + redact_url(a.worker) if a.worker else 'engine'})"
+            for a in project.agents.values()
+        )
+        where = redact_url(configured) if configured else "embedded redis under .subs/"
+        missing = ", ".join(m.var for m in project.missing_env(os.environ)) or "none"
+        slack = ", ".join(bots.describe()) or "none"
+        print(
+            f"subs: engine {engine.owner} on {where}; api {api}; "
+            f"agents: {deciders}; slack: {slack}; missing env: {missing}",
+            file=sys.stderr,
+            flush=True,
+        )
+        warning = bind_warning(host, keys)
+        if warning:
+            print(f"subs: {warning}", file=sys.stderr, flush=True)
+        await stop.wait()
+        print("subs: stopping", file=sys.stderr, flush=True)
+    return 0
+
+
+def _check(args: argparse.Namespace) -> int:
+    """Exit 1 when the file is wrong or an environment variable it needs is missing."""
+    project = _load(args)
+    missing = project.missing_env(os.environ)
+    if sys.stdout.isatty():
+        agents = ", ".join(
+            f"{a.id} ({'worker' if a.worker else 'engine'})" for a in project.agents.values()
+        )
+        print(f"{project.path}: ok; agents: {agents or 'none'}")
+        for m in missing:
+            print(f"missing {m.var}: needed by {m.needed_by} ({m.why})")
+    else:
+        for m in missing:
+            print(json.dumps({"missing": m.var, "needed_by": m.needed_by, "why": m.why}))
+    return 1 if missing else 0
+
+
+def _manifest(args: argparse.Namespace) -> int:
+    """Print the agent's Slack app manifest; the transport follows the environment by default."""
+    project = _load(args)
+    agent = project.agents.get(args.agent)
+    if agent is None:
+        declared = ", ".join(sorted(project.agents)) or "none"
+        raise Usage(f"no agent {args.agent!r} in {project.path}; declared: {declared}")
+    if agent.slack is None:
+        raise Usage(f"agent {agent.id!r} has no [agent.{agent.id}.slack] block in {project.path}")
+    socket_mode = args.socket_mode
+    if socket_mode is None:
+        socket_mode = args.url is None and bool(
+            os.environ.get(f"SLACK_APP_TOKEN_{slack_env_suffix(agent.id)}")
+        )
+    url = None
+    if not socket_mode:
+        base = args.url or f"http://{project.serve.host}:{project.serve.port}"
+        scheme = base.partition("://")[0]
+        if scheme not in ("http", "https") or not base.partition("://")[2]:
+            raise Usage(f"--url must be an http(s) URL, got {base!r}")
+        if scheme != "https":
+            print("subs: Slack only calls public https URLs; pass --url", file=sys.stderr)
+        url = base.rstrip("/") + events_path(agent.id)
+    print(to_yaml(manifest(agent, socket_mode=socket_mode, request_url=url)), end="")
+    return 0
+
+
+@contextlib.asynccontextmanager
+async def _reader(args: argparse.Namespace) -> AsyncIterator[Any]:
+    """Read sessions from a remote engine (`--url`) or straight from Redis."""
+    if args.url:
+        async with _remote(args.url) as client:
+            yield client
+        return
+    project = _load(args)
+    async with _redis_for(project, args.redis) as redis:
+        yield Client(await Store.open(redis))
+
+
+async def _cancel(args: argparse.Namespace) -> int:
+    """Cancelling is an input: an engine applies it (a remote one, or one started here)."""
+    if args.url:
+        async with _remote(args.url) as remote:
+            reply = await remote.cancel(args.session, args.reason)
+    else:
+        async with _engine_client(_load(args), args.redis) as client:
+            reply = await client.cancel(args.session, args.reason)
+    print(f"subs: cancelled turn {reply['turn_id']} of session {args.session}", file=sys.stderr)
+    return 0
+
+
+async def _sessions(args: argparse.Namespace) -> int:
+    if args.sessions_command == "cancel":
+        return await _cancel(args)
+    async with _reader(args) as client:
+        if args.sessions_command == "list":
+            rows, _ = await client.session_rows(0, args.limit)
+            _print_sessions(rows, _jsonl(args.output))
+            return 0
+        if args.sessions_command == "delete":
+            await client.delete(args.session)
+            print(f"subs: deleted session {args.session}", file=sys.stderr)
+            return 0
+        if args.sessions_command == "dead":
+            for letter in await client.dead_letters(args.limit):
+                print(_dead_letter_line(letter))
+            return 0
+        jsonl = _jsonl(args.output)
+        events = await client.events(args.session, args.after)
+        if not events and args.after == 0 and not args.follow:
+            raise SubsError(f"no session {args.session!r}; `subs sessions list` shows them")
+        for event in events:
+            _print_event(event, jsonl)
+        if args.follow:
+            after = events[-1]["seq"] if events else args.after
+            async for kind, event in client.follow(args.session, after):
+                if kind == "event":
+                    _print_event(event, jsonl)
+    return 0
+
+
+def _print_sessions(rows: list[dict[str, Any]], jsonl: bool) -> None:
+    """One JSON object a line, or a table with the first words of each conversation."""
+    if jsonl:
+        for row in rows:
+            print(json.dumps(row, ensure_ascii=False))
+        return
+    if not rows:
+        print('no sessions yet; start one with: subs run <agent> "hello"', file=sys.stderr)
+        return
+    table = [("SESSION", "AGENT", "STATUS", "LAST ACTIVITY", "TURNS", "FIRST MESSAGE")]
+    for row in rows:
+        last = (row.get("last_activity_at") or "")[:19].replace("T", " ")
+        first = short(row.get("first_message") or "", 50)
+        table.append(
+            (row["session_id"], row["agent_id"], row["status"], last, str(row["turns"]), first)
+        )
+    widths = [max(len(line[i]) for line in table) for i in range(5)]
+    for line in table:
+        cells = [cell.ljust(w) for cell, w in zip(line, widths, strict=False)]
+        print("  ".join([*cells, line[5]]).rstrip())
+
+
+def _dead_letter_line(letter: dict[str, Any]) -> str:
+    """`<time> <session> <input kind> (<n> deliveries): <reason>`: one line to act on."""
+    when = iso(int(letter.get("at_ms", 0)))
+    body = letter.get("input") or {}
+    kind = body.get("kind", "?")
+    if kind == "client":
+        kind = f"client {(body.get('input') or {}).get('type', '?')}"
+    deliveries = letter.get("deliveries", 1)
+    return f"{when} {letter['session_id']} {kind} ({deliveries}x): {letter.get('reason', '')}"
+
+
+def _jsonl(output: str | None) -> bool:
+    """JSON lines when asked, or by default when stdout is not a terminal."""
+    return output == "jsonl" or (output is None and not sys.stdout.isatty())
+
+
+def _print_event(event: dict[str, Any], jsonl: bool) -> None:
+    if jsonl:
+        print(json.dumps(event), flush=True)
+        return
+    p = event["payload"]
+    detail = {k: v for k, v in p.items() if k != "type"}
+    text = json.dumps(detail, ensure_ascii=False)
+    print(
+        f"{event['seq']:>5} {event['occurred_at']} {p['type']:<26} {short(text, 120)}", flush=True
+    )
+
+
+def _log_level() -> str:
+    """`SUBS_LOG`, any case; a level logging does not know is refused by name."""
+    level = os.environ.get("SUBS_LOG", "WARNING").strip().upper()
+    if level not in LOG_LEVELS:
+        raise Usage(
+            f"SUBS_LOG={os.environ['SUBS_LOG']!r} is not a level; use one of "
+            f"{', '.join(LOG_LEVELS)} (any case)"
+        )
+    return level
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run the parsed command; every failure a person can act on is one line on stderr."""
+    REDACTOR.add(env_secrets(os.environ))
+    try:
+        logging.basicConfig(level=_log_level(), stream=sys.stderr)
+        REDACTOR.install()
+        if args.command == "check":
+            return _check(args)
+        if args.command == "manifest":
+            return _manifest(args)
+        runs = {"serve": _serve, "run": _run, "chat": _chat, "sessions": _sessions}
+        loop = new_event_loop if args.command == "serve" else None
+        with asyncio.Runner(loop_factory=loop) as runner:
+            return runner.run(runs[args.command](args))
+    except (ConfigError, Usage) as err:
+        print(f"subs: {REDACTOR.scrub(str(err))}", file=sys.stderr)
+        return 2
+    except (SubsError, EmbeddedRedisError) as err:
+        print(f"subs: {REDACTOR.scrub(str(err))}", file=sys.stderr)
+        return 1
+    except RedisError as err:
+        print(
+            f"subs: Redis failed: {REDACTOR.scrub(str(err)) or type(err).__name__}; "
+            "check that it runs, then try again",
+            file=sys.stderr,
+        )
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,141 @@
+"""`subs serve` starting and stopping as a process: with Slack unreachable, and twice in
+one project folder (one embedded Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine.config import slack_env_suffix
+from tests.engine_helpers import ENV, ROOT, EngineProcess, poll_until, subs
+from tests.slack_serve_helpers import AGENT, slack_toml
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def healthy(api: str) -> bool:
+    async with httpx.AsyncClient(timeout=1) as http:
+        try:
+            return (await http.get(f"{api}/healthz")).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+
+async def test_an_unreachable_slack_holds_up_neither_the_api_nor_the_stop(
+    tmp_path: Path, vendor, redis_url: str
+):
+    config = tmp_path / "subs.toml"
+    config.write_text(slack_toml(vendor.url))
+    suffix = slack_env_suffix(AGENT)
+    env = {
+        f"SLACK_BOT_TOKEN_{suffix}": "xoxb-test",
+        f"SLACK_APP_TOKEN_{suffix}": "xapp-test",
+        "SLACK_API_URL": f"http://127.0.0.1:{closed_port()}/api/",
+    }
+    serve = await EngineProcess(config, redis_url, env).start()
+    try:
+        await poll_until(lambda: healthy(serve.api), 5, "/healthz to answer")
+
+        async def retrying() -> bool:
+            return any("cannot connect Socket Mode" in line for line in serve.stderr)
+
+        await poll_until(retrying, 10, "the log line that says Slack is being retried")
+        assert serve.proc is not None
+        serve.proc.send_signal(signal.SIGINT)
+        code = await asyncio.wait_for(serve.proc.wait(), 10)
+        await serve.drained()
+    finally:
+        await serve.stop()  # no-op once it exited; kills it if it did not
+    assert code == 0, serve.log_tail()
+    log = "\n".join(serve.stderr)
+    assert "Traceback" not in log, log
+    retry_lines = [line for line in serve.stderr if "cannot connect Socket Mode" in line]
+    assert f"agent {AGENT}" in retry_lines[0] and "retrying in 1 s" in retry_lines[0]
+
+
+class EmbeddedServe:
+    """`subs serve` on the project's own embedded Redis (no --redis)."""
+
+    def __init__(self, config: Path) -> None:
+        self.config = config
+        self.proc: asyncio.subprocess.Process | None = None
+        self.api = ""
+
+    async def start(self) -> EmbeddedServe:
+        env = {**os.environ, **ENV, "PYTHONPATH": str(ROOT), "SUBS_LEASE_MS": "1500"}
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "engine.cli",
+            "serve",
+            "-c",
+            str(self.config),
+            "--port",
+            "0",
+            env=env,
+            stderr=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+        )
+        lock = self.config.parent / ".subs" / "serve.lock"
+
+        async def bound() -> bool:
+            text = lock.read_text() if lock.exists() else ""
+            return text.startswith(f"{self.proc.pid} http://") if self.proc else False
+
+        await poll_until(bound, 20, "serve to record its API address")
+        self.api = lock.read_text().split()[1]
+        await poll_until(lambda: healthy(self.api), 10, "/healthz to answer")
+        return self
+
+    async def stop(self, sig: int = signal.SIGTERM) -> int:
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            self.proc.send_signal(sig)
+        try:
+            return await asyncio.wait_for(self.proc.wait(), 15)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+            raise AssertionError("subs serve did not stop within 15 s") from None
+
+
+@pytest.fixture
+async def embedded_serves(config: Path) -> AsyncIterator[list[EmbeddedServe]]:
+    started: list[EmbeddedServe] = []
+    yield started
+    for serve in started:
+        if serve.proc is not None and serve.proc.returncode is None:
+            await serve.stop(signal.SIGKILL)
+
+
+async def test_a_second_serve_in_one_folder_is_refused_naming_the_first(
+    config: Path, embedded_serves: list[EmbeddedServe]
+):
+    first = EmbeddedServe(config)
+    embedded_serves.append(first)
+    await first.start()
+    assert first.proc is not None
+    code, _, err = await subs("serve", "-c", str(config), "--port", "0")
+    assert code == 1 and "Traceback" not in err, err
+    assert f"another subs serve (pid {first.proc.pid}, api {first.api})" in err
+    assert "--redis" in err
+    assert await healthy(first.api)  # the first one never noticed
+
+    # A serve that crashed leaves its lock behind in the file, not held: no obstacle.
+    assert await first.stop(signal.SIGKILL) == -signal.SIGKILL
+    second = EmbeddedServe(config)
+    embedded_serves.append(second)
+    await second.start()
+    assert await second.stop() == 0
