@@ -516,6 +516,12 @@ class _InterruptBody(BaseModel):
     payload: dict[str, Any] | None = None
 
 
+class _CancelBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str | None = Field(default=None, max_length=1000)
+
+
 def _invalid(exc: ValidationError, prefix: str = "") -> ApiError:
     """422 naming the first bad field as a dotted path."""
     first = exc.errors()[0]
@@ -651,7 +657,7 @@ async def _cors(request: web.Request, handler: Handler) -> web.StreamResponse:
     return web.Response(
         status=204,
         headers={
-            "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+            "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
             "Access-Control-Allow-Headers": "Authorization, Content-Type, Last-Event-ID",
             "Access-Control-Max-Age": "600",
         },
@@ -887,6 +893,31 @@ async def post_interrupt(request: web.Request) -> web.Response:
     return web.json_response(reply, status=202, dumps=compact_json)
 
 
+async def post_cancel(request: web.Request) -> web.Response:
+    """End the running turn; the body (`{reason?}`) may be left out."""
+    api = request.app[API]
+    sid = request.match_info["sid"]
+    raw = await _json_body(request) if request.body_exists else {}
+    body: _CancelBody = _validate(_CancelBody, raw)
+    await _owned_state(request, sid)
+    try:
+        reply = await api.client.cancel(sid, body.reason, timeout=api.request_timeout)
+    except ClientError as err:
+        raise _refused(err) from None
+    return web.json_response(reply, status=202, dumps=compact_json)
+
+
+async def delete_session(request: web.Request) -> web.Response:
+    """Remove an idle session and all it stored; 409 `turn_running` while a turn runs."""
+    sid = request.match_info["sid"]
+    await _owned_state(request, sid)
+    try:
+        await request.app[API].client.delete(sid)
+    except ClientError as err:
+        raise _refused(err) from None
+    return web.Response(status=204)
+
+
 async def post_settle(request: web.Request) -> web.Response:
     api = request.app[API]
     sid = request.match_info["sid"]
@@ -1026,6 +1057,8 @@ def make_app(
     r.add_get("/api/client/sessions/{sid}", get_session)
     r.add_get("/api/client/sessions/{sid}/events/stream", stream_events)
     r.add_post("/api/client/sessions/{sid}/interrupt", post_interrupt)
+    r.add_post("/api/client/sessions/{sid}/cancel", post_cancel)
+    r.add_delete("/api/client/sessions/{sid}", delete_session)
     r.add_post("/api/machine/sessions/{sid}/calls/settle", post_settle)
     r.add_get("/api/admin/sessions", admin_sessions)
     r.add_get("/api/admin/sessions/{sid}/events", admin_events)

@@ -76,7 +76,12 @@ def _parser() -> argparse.ArgumentParser:
     events.add_argument("--from", dest="after", type=int, default=0, help="after this seq")
     events.add_argument("--follow", action="store_true", help="keep printing new events")
     events.add_argument("-o", "--output", choices=["pretty", "jsonl"], default=None)
-    for command in (listing, dead, events):
+    cancel = sessions_sub.add_parser("cancel", help="end a session's running turn")
+    cancel.add_argument("session")
+    cancel.add_argument("--reason", help="recorded in the turn's error")
+    delete = sessions_sub.add_parser("delete", help="remove an idle session and its history")
+    delete.add_argument("session")
+    for command in (listing, dead, events, cancel, delete):
         command.add_argument("-c", "--config", default="subs.toml")
         command.add_argument("--redis", help="Redis URL (default: the file's, else embedded)")
         command.add_argument("--url", help="read from a remote engine's HTTP API instead")
@@ -182,7 +187,15 @@ async def _session_client(args: argparse.Namespace) -> AsyncIterator[Any]:
     if args.agent not in project.agents:
         declared = ", ".join(sorted(project.agents)) or "none"
         raise _Usage(f"no agent {args.agent!r} in {project.path}; declared: {declared}")
-    async with _redis_for(project, args.redis) as redis:
+    async with _engine_client(project, args.redis) as client:
+        yield client
+
+
+@contextlib.asynccontextmanager
+async def _engine_client(project: Project, redis_url: str | None) -> AsyncIterator[Client]:
+    """A client with an engine in this process to apply what it submits (another engine
+    on the same Redis may answer instead: whichever owns the session's partition)."""
+    async with _redis_for(project, redis_url) as redis:
         engine = Engine(project, redis, lease_ms=_lease_ms())
         await engine.start()
         try:
@@ -431,8 +444,26 @@ async def _reader(args: argparse.Namespace) -> AsyncIterator[Any]:
         yield Client(await Store.open(redis))
 
 
+async def _cancel(args: argparse.Namespace) -> int:
+    """Cancelling is an input: an engine applies it (a remote one, or one started here)."""
+    if args.url:
+        async with _remote(args.url) as remote:
+            reply = await remote.cancel(args.session, args.reason)
+    else:
+        async with _engine_client(_load(args), args.redis) as client:
+            reply = await client.cancel(args.session, args.reason)
+    print(f"subs: cancelled turn {reply['turn_id']} of session {args.session}", file=sys.stderr)
+    return 0
+
+
 async def _sessions(args: argparse.Namespace) -> int:
+    if args.sessions_command == "cancel":
+        return await _cancel(args)
     async with _reader(args) as client:
+        if args.sessions_command == "delete":
+            await client.delete(args.session)
+            print(f"subs: deleted session {args.session}", file=sys.stderr)
+            return 0
         if args.sessions_command == "list":
             for row in await client.sessions(0, args.limit):
                 print(row if isinstance(row, str) else row["session_id"])

@@ -16,7 +16,8 @@ import orjson
 from .apply import new_id
 from .errors import SubsError
 from .jsonedge import JsonEdgeError, check
-from .machine import CallSettled, InterruptRequested, input_to_json
+from .machine import CallSettled, CancelRequested, InterruptRequested, input_to_json
+from .snapshots import load_state
 from .store import Store
 
 
@@ -101,6 +102,45 @@ class Client:
         """Pause the session's running turn (SPEC §8); returns `{interrupt_id}`."""
         inp = InterruptRequested(reason, payload)
         return await self._request(session_id, input_to_json(inp), timeout)
+
+    async def cancel(
+        self, session_id: str, reason: str | None = None, *, timeout: float = 30.0
+    ) -> dict[str, Any]:
+        """End the session's running turn (`turn.failed`, code `cancelled`); returns
+        `{session_id, turn_id}`. Refused with `no_turn_running` when none runs."""
+        return await self._request(session_id, input_to_json(CancelRequested(reason)), timeout)
+
+    async def delete(self, session_id: str) -> None:
+        """Remove an idle session and everything stored for it.
+
+        Raises:
+            ClientError: `unknown_session` (404), or `turn_running` (409): cancel it first.
+        """
+        for _ in range(10):  # each retry means a commit landed in between: rare
+            state = await load_state(self.store, session_id)
+            if state is None:
+                raise ClientError(
+                    f"session {session_id!r} does not exist",
+                    code="unknown_session",
+                    status=404,
+                    detail={},
+                )
+            if state.turn is not None:
+                raise ClientError(
+                    f"session {session_id} is running turn {state.turn.id}: cancel it first "
+                    f"(subs sessions cancel {session_id})",
+                    code="turn_running",
+                    status=409,
+                    detail={"turn_id": state.turn.id},
+                )
+            if await self.store.delete_session(session_id, state.seq):
+                return
+        raise ClientError(
+            f"session {session_id} keeps changing; try again",
+            code="turn_running",
+            status=409,
+            detail={},
+        )
 
     async def sessions(self, offset: int = 0, limit: int = 50) -> list[str]:
         """Session ids, newest first."""

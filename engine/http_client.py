@@ -73,7 +73,7 @@ class HttpClient:
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise self._unreachable(exc) from None
         if 200 <= response.status < 300:
-            return json.loads(content)
+            return json.loads(content) if content else None
         raise _refusal(response.status, content)
 
     def _unreachable(self, exc: BaseException) -> ClientError:
@@ -122,6 +122,13 @@ class HttpClient:
     async def interrupt(self, session_id: str, reason: str, payload: Any = None) -> dict[str, Any]:
         body = {"reason": reason, "payload": payload}
         return await self._call("POST", f"/api/client/sessions/{session_id}/interrupt", body)
+
+    async def cancel(self, session_id: str, reason: str | None = None) -> dict[str, Any]:
+        body = {"reason": reason} if reason else {}
+        return await self._call("POST", f"/api/client/sessions/{session_id}/cancel", body)
+
+    async def delete(self, session_id: str) -> None:
+        await self._call("DELETE", f"/api/client/sessions/{session_id}")
 
     async def events(self, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []

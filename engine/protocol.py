@@ -190,6 +190,7 @@ ErrorCode = Literal[
     "handler_error",
     "worker_unreachable",
     "unroutable",
+    "cancelled",
     "internal",
 ]
 Role = Literal["system", "user", "assistant", "tool"]

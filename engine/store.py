@@ -161,6 +161,19 @@ return 1
 """
 
 
+# KEYS: snap, log, deltas, sessions, inflight. ARGV: expected seq, session id.
+# Deletes only while the snapshot is still at the seq the caller checked: a commit in
+# between (a turn that started) moves it, and the caller reads the session again.
+_DELETE = """
+local cur = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
+if cur ~= tonumber(ARGV[1]) then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('ZREM', KEYS[4], ARGV[2])
+redis.call('SREM', KEYS[5], ARGV[2])
+return 1
+"""
+
+
 def _pack(args: list[Any]) -> bytes:
     """One command in RESP: an array of bulk strings."""
     out = [b"*%d\r\n" % len(args)]
@@ -239,6 +252,7 @@ class Store:
         self._acquire = redis.register_script(_ACQUIRE)
         self._renew = redis.register_script(_RENEW)
         self._release = redis.register_script(_RELEASE)
+        self._delete = redis.register_script(_DELETE)
 
     @classmethod
     async def open(
@@ -499,6 +513,26 @@ class Store:
                 newest.setdefault(member.decode(), score)
         ordered = sorted(newest, key=lambda sid: (-newest[sid], sid))
         return ordered[offset : offset + limit]
+
+    async def delete_session(self, session_id: str, expected_seq: int) -> bool:
+        """Remove the session's log, snapshot, token deltas and index entries, if its seq
+        is still `expected_seq`; False when a commit moved it (nothing was deleted).
+
+        An engine that cached the session is fenced off by the seq check of its next
+        commit, and reads the session afresh (gone) then.
+        """
+        p = self.partition_of(session_id)
+        keys = [
+            self.snap_key(session_id),
+            self.log_key(session_id),
+            self.delta_key(session_id),
+            self.sessions_key(p),
+            self.inflight_key(p),
+        ]
+        if not await self._delete(keys=keys, args=[expected_seq, session_id]):
+            return False
+        await self.redis.zrem(_LEGACY_SESSIONS, session_id)  # another slot: not in the script
+        return True
 
     async def dead_letters(self, count: int = 100) -> list[dict[str, Any]]:
         """Inputs no transition could take, newest first, across partitions."""

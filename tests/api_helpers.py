@@ -42,7 +42,7 @@ async def read_stream(
     http: httpx.AsyncClient,
     sid: str,
     *,
-    key: str = ROOT,
+    key: str | None = ROOT,
     params: dict[str, Any] | None = None,
     headers: dict[str, str] | None = None,
     stop: Callable[[ServerSentEvent], bool] | None = None,

@@ -467,6 +467,66 @@ async def test_interrupt(http, vendor):
     assert events_of(frames)[-1]["payload"]["interrupt_id"] == iid
 
 
+async def test_cancel_ends_the_running_turn_and_the_queued_one_runs(http, vendor):
+    vendor.push(ToolCalls([("confirm", {"question": "sure?"})]), Text("The next one."))
+    first = await submit(http, say("start"))
+    sid = first["session_id"]
+    frames = await read_stream(http, sid, stop=of_type("tool.call.dispatched"))
+    call_id = frames[-1].json()["payload"]["id"]
+    queued = await submit(http, say("later", queue=True), session_id=sid)
+    path = f"/api/client/sessions/{sid}/cancel"
+    typo = await http.post(path, json={"reson": "x"}, headers=auth(ROOT))
+    assert typo.status_code == 422 and typo.json()["error"] == "reson: unknown field"
+    theirs = await http.post(path, json={}, headers=auth(ALICE))
+    assert theirs.status_code == 403 and theirs.json()["code"] == "forbidden"
+
+    resp = await http.post(path, json={"reason": "wrong question"}, headers=auth(ROOT))
+    assert resp.status_code == 202, resp.text
+    assert resp.json() == {"session_id": sid, "turn_id": first["turn_id"]}
+    ended = events_of(await read_stream(http, sid, params={"turn_id": first["turn_id"]}))
+    errored, failed = ended[-2]["payload"], ended[-1]["payload"]
+    assert errored["type"] == "tool.call.errored" and errored["id"] == call_id
+    assert failed["type"] == "turn.failed" and failed["error"]["code"] == "cancelled"
+    assert failed["error"]["message"] == "cancelled by the client: wrong question"
+    late = await settle(http, sid, {"id": call_id, "result": "yes"})
+    assert late.status_code == 409 and late.json()["code"] == "call_not_open"
+    done = events_of(await read_stream(http, sid, params={"turn_id": queued["turn_id"]}))
+    assert done[-1]["payload"]["type"] == "turn.completed"
+
+    idle = await http.post(path, headers=auth(ROOT))  # no body: no reason
+    assert idle.status_code == 409 and idle.json()["code"] == "no_turn_running"
+    gone = await http.post("/api/client/sessions/nope/cancel", headers=auth(ROOT))
+    assert gone.status_code == 404 and gone.json()["code"] == "unknown_session"
+
+
+async def test_delete_removes_an_idle_session_and_all_its_keys(http, vendor, engine):
+    vendor.push(ToolCalls([("confirm", {"question": "sure?"})]))
+    reply = await submit(http, say("start"))
+    sid = reply["session_id"]
+    await read_stream(http, sid, stop=of_type("tool.call.dispatched"))
+    path = f"/api/client/sessions/{sid}"
+    running = await http.delete(path, headers=auth(ROOT))
+    assert running.status_code == 409 and running.json()["code"] == "turn_running"
+    assert f"subs sessions cancel {sid}" in running.json()["error"]
+    cancel = await http.post(f"{path}/cancel", headers=auth(ROOT))
+    assert cancel.status_code == 202
+    await read_stream(http, sid, params={"turn_id": reply["turn_id"]})
+    theirs = await http.delete(path, headers=auth(BOB))
+    assert theirs.status_code == 403
+
+    resp = await http.delete(path, headers=auth(ROOT))
+    assert resp.status_code == 204 and resp.content == b""
+    assert (await http.get(path, headers=auth(ROOT))).status_code == 404
+    listed = (await http.get("/api/admin/sessions", headers=auth(ROOT))).json()["sessions"]
+    assert sid not in [s["session_id"] for s in listed]
+    redis = engine.store.redis
+    assert [k async for k in redis.scan_iter(match=f"*{sid}*")] == []
+    for p in range(engine.store.partitions):
+        assert not await redis.zscore(engine.store.sessions_key(p), sid)
+    again = await http.delete(path, headers=auth(ROOT))
+    assert again.status_code == 404 and again.json()["code"] == "unknown_session"
+
+
 async def test_admin_lists_newest_first_and_pages_events(http, vendor):
     vendor.default = Text("ok")
     sids = []

@@ -7,8 +7,11 @@ import json
 import signal
 import socket
 
+import httpx
+
 from engine.embedded import EmbeddedRedis
 from engine.store import Store, connect
+from tests.api_helpers import INPUT, of_type, read_stream
 from tests.engine_helpers import session_of, start_subs, subs
 from tests.fakes.llm_vendor import HttpError, Text, ToolCalls
 
@@ -177,3 +180,30 @@ async def test_sessions_dead_names_an_input_the_engine_could_not_apply(config, v
     events = [json.loads(line) for line in out.splitlines()]
     rejected = [e for e in events if e["payload"]["type"] == "input.rejected"]
     assert rejected and rejected[0]["payload"]["input_kind"] == "from-the-future"
+
+
+async def test_sessions_cancel_and_delete_in_process_and_over_http(
+    config, vendor, redis_url, serve_processes
+):
+    serve = await serve_processes()
+    vendor.push(ToolCalls([("confirm", {"question": "sure?"})]))
+    message = {"role": "user", "content": "start"}
+    body = {"input": {"type": "client.message", "agent_id": "ops_openai", "message": message}}
+    async with httpx.AsyncClient(base_url=serve.api, timeout=10) as http:
+        reply = (await http.post(INPUT, json=body)).json()
+        sid = reply["session_id"]
+        await read_stream(http, sid, key=None, stop=of_type("tool.call.dispatched"))
+    local = ("-c", str(config), "--redis", redis_url)
+
+    code, _, err = await subs("sessions", "delete", sid, *local)
+    assert code == 1 and f"subs sessions cancel {sid}" in err, err
+    code, _, err = await subs("sessions", "cancel", sid, "--reason", "typo", *local)
+    assert code == 0 and f"cancelled turn {reply['turn_id']}" in err, err
+    code, _, err = await subs("sessions", "cancel", sid, "--url", serve.api)
+    assert code == 1 and "no running turn" in err and "Traceback" not in err, err
+    code, _, err = await subs("sessions", "delete", sid, "--url", serve.api)
+    assert code == 0 and f"deleted session {sid}" in err, err
+    code, out, _ = await subs("sessions", "list", *local)
+    assert code == 0 and sid not in out
+    code, _, err = await subs("sessions", "delete", sid, *local)
+    assert code == 1 and "does not exist" in err, err

@@ -10,6 +10,7 @@ import pytest
 from engine.machine import (
     CallDeadline,
     CallLost,
+    CancelRequested,
     CancelTimer,
     LlmCallSettled,
     MachineError,
@@ -277,6 +278,32 @@ def test_failing_a_turn_closes_its_open_calls():
     )
     assert s.state.calls == {} and s.types(t)[-1] == "turn.failed"
     s.check_fold()
+
+
+def test_a_cancel_fails_the_running_turn_and_the_queued_one_starts():
+    s = Session()
+    with pytest.raises(MachineError) as err:
+        s.apply(CancelRequested("stop"))
+    assert err.value.status == 404
+    run = only_llm(s.say("hi"))
+    s.say("next", queue=True)
+    t = s.apply(input_from_json(input_to_json(CancelRequested("wrong question"))))
+    assert s.types(t)[:3] == ["llm.call.errored", "turn.failed", "turn.started"]
+    failed = t.events[1]
+    assert t.reply == {"session_id": "s1", "turn_id": failed["turn_id"]}
+    assert failed["payload"]["error"] == {
+        "message": "cancelled by the client: wrong question",
+        "code": "cancelled",
+        "detail": {"reason": "wrong question"},
+    }
+    assert CancelTimer in {type(e) for e in t.effects}  # the call's deadline is disarmed
+    late = s.apply(LlmCallSettled(run.call_id, 1, response=text_reply("late")))
+    assert late.events == [] and late.ignored
+    s.check_fold()
+    s.apply(LlmCallSettled(only_llm(t).call_id, 1, response=text_reply("ok")))
+    with pytest.raises(MachineError) as err:
+        s.apply(CancelRequested())
+    assert err.value.code == "no_turn_running" and err.value.status == 409
 
 
 def test_unknown_session_and_agent_mismatch_are_refused():

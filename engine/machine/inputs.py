@@ -145,6 +145,13 @@ class InterruptRequested:
 
 
 @dataclass(frozen=True)
+class CancelRequested:
+    """A client asked to end the running turn now (the API's cancel endpoint)."""
+
+    reason: str | None = None
+
+
+@dataclass(frozen=True)
 class ChildSpawned:
     """A parent's `subagent.spawn` arrived at the child session.
 
@@ -226,6 +233,7 @@ Input = (
     | CallDeadline
     | CallSettled
     | InterruptRequested
+    | CancelRequested
     | InputRejected
     | MessageDelivered
     | ChildSpawned
@@ -250,6 +258,7 @@ _KINDS: dict[str, type] = {
         CallDeadline,
         CallSettled,
         InterruptRequested,
+        CancelRequested,
         InputRejected,
         MessageDelivered,
         ChildSpawned,

@@ -23,6 +23,7 @@ from .inputs import (
     CallDeadline,
     CallLost,
     CallSettled,
+    CancelRequested,
     ChildCancelled,
     ChildSpawned,
     ClientSubmitted,
@@ -79,6 +80,19 @@ class _Step(TurnRules, CallRules, DecisionRules):
             "interrupt_id": next(iter(new)) if new else inp.interrupt_id,
         }
 
+    def cancel_requested(self, inp: CancelRequested) -> None:
+        turn = self.s.turn
+        if turn is None:
+            raise MachineError(
+                "no_turn_running", f"session {self.session_id} has no running turn to cancel"
+            )
+        error: dict[str, Any] = {"message": "cancelled by the client", "code": "cancelled"}
+        if inp.reason:
+            error["message"] += f": {inp.reason}"
+            error["detail"] = {"reason": inp.reason}
+        self.fail_turn(error)
+        self.out.reply = {"session_id": self.session_id, "turn_id": turn.id}
+
     def input_rejected(self, inp: InputRejected) -> None:
         self.emit({"type": "input.rejected", "input_kind": inp.kind, "error": inp.error})
         if self.s.turn is not None:
@@ -99,6 +113,7 @@ _DISPATCH: dict[type, Callable[[_Step, Any], None]] = {
     CallDeadline: _Step.call_deadline,
     CallSettled: _Step.api_settles_call,
     InterruptRequested: _Step.interrupt_requested,
+    CancelRequested: _Step.cancel_requested,
     InputRejected: _Step.input_rejected,
     MessageDelivered: _Step.message_delivered,
     ChildSpawned: _Step.child_spawned,
@@ -120,7 +135,7 @@ def step(state: SessionState | None, session_id: str, inp: Input, now: int, ids:
     if state is None:
         if isinstance(inp, ClientSubmitted) and inp.input["type"] not in TURN_STARTS:
             raise MachineError("unknown_session", f"session {session_id!r} does not exist", 404)
-        if isinstance(inp, CallSettled | InterruptRequested):
+        if isinstance(inp, CallSettled | InterruptRequested | CancelRequested):
             raise MachineError("unknown_session", f"session {session_id!r} does not exist", 404)
         if not isinstance(inp, ClientSubmitted | ChildSpawned):
             return Transition(state=None, ignored=f"session {session_id!r} does not exist")
