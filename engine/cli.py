@@ -162,7 +162,8 @@ async def _remote(url: str) -> AsyncIterator[HttpClient]:
     except ClientError as err:
         if err.status != 401:
             raise
-        raise ClientError(_key_refused(url, err.message, key), code=err.code, status=401, detail={})
+        message = _key_refused(url, err.message, key)
+        raise ClientError(message, code=err.code, status=401, detail={}) from None
     finally:
         await client.aclose()
 
