@@ -25,6 +25,7 @@ from engine.http_client import HttpClient
 from engine.worker import sign
 from tests.engine_helpers import ROOT, EngineProcess
 from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
+from tests.workers import RESPONSE_SCHEMA, schema_errors
 
 EXAMPLES = ROOT / "docs" / "examples"
 SECRET = "example-worker-secret"
@@ -128,6 +129,16 @@ async def test_the_example_worker_serves_a_turn(
         assert RUNBOOK in json.dumps(vendor.requests[1].body["messages"][-1])
         decisions = [e for e in events if e["payload"]["type"] == "decision.completed"]
         assert decisions, "the worker decided nothing"
+
+
+def test_the_answers_shown_in_workers_md_are_valid_decision_responses() -> None:
+    text = (ROOT / "docs" / "workers.md").read_text()
+    answers = [b for b in re.findall(r"^```json\n(.*?)^```", text, re.M | re.S) if '"actions"' in b]
+    answers += re.findall(r"^event: decision\.result\ndata: (.*)$", text, re.M)
+    assert len(answers) >= 3
+    for answer in answers:
+        errors = schema_errors(RESPONSE_SCHEMA, json.loads(answer))
+        assert not errors, f"docs/workers.md shows an answer no worker may send: {answer}\n{errors}"
 
 
 # --- the TypeScript example --------------------------------------------------------------------
