@@ -668,7 +668,7 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     principal = api.keys.authenticate(request.headers.get("Authorization"))
     if principal is None:
-        raise ApiError(401, "unauthorized", "missing or unknown API key (Authorization: Bearer)")
+        raise ApiError(401, "unauthorized", _unauthorized(request.headers.get("Authorization")))
     request[PRINCIPAL] = principal
     return await handler(request)
 
@@ -694,13 +694,30 @@ async def _close_hub(app: web.Application) -> None:
     await app[API].hub.aclose()
 
 
+def _unauthorized(authorization: str | None) -> str:
+    """What was wrong with the credential, and where a good one comes from (the setting and
+    the header); never the key that was sent."""
+    fix = 'send "Authorization: Bearer <key>" with a key from SUBS_API_KEYS'
+    if not authorization:
+        return f"missing API key: {fix}"
+    scheme = authorization.partition(" ")[0]
+    if scheme.lower() != "bearer":
+        return f"the Authorization header is not a Bearer key: {fix}"
+    return f"unknown API key: {fix}"
+
+
 def _principal(request: web.Request) -> Principal:
     return request[PRINCIPAL]
 
 
 def _full_access(request: web.Request) -> None:
     if not _principal(request).full:
-        raise ApiError(403, "forbidden", "this key may only use its own sessions")
+        raise ApiError(
+            403,
+            "forbidden",
+            "this key may only use its own sessions (a KEY:own entry in SUBS_API_KEYS); "
+            "the admin endpoints need a full-access key",
+        )
 
 
 def _integer(raw: str, name: str, code: str, *, lo: int, hi: int) -> int:

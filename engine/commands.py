@@ -161,8 +161,22 @@ async def _remote(url: str) -> AsyncIterator[HttpClient]:
     client = HttpClient(_http_url(url), key)
     try:
         yield client
+    except ClientError as err:
+        if err.status != 401:
+            raise
+        message = _key_refused(url, err.message, key)
+        raise ClientError(message, code=err.code, status=401, detail={}) from None
     finally:
         await client.aclose()
+
+
+def _key_refused(url: str, reason: str, key: str | None) -> str:
+    """A remote engine's 401 as something to do: the CLI's key comes from SUBS_API_KEY."""
+    if not key:
+        fix = "SUBS_API_KEY is not set: set it to one of the keys in the server's SUBS_API_KEYS"
+    else:
+        fix = "the key in SUBS_API_KEY is not one of the server's SUBS_API_KEYS: set it to one"
+    return f"{url} refused the request ({reason}); {fix}"
 
 
 @contextlib.asynccontextmanager

@@ -1,0 +1,78 @@
+"""A minimal subs worker in Python (aiohttp): it checks each request's signature, runs the
+agent's one worker tool (`runbook`) and accepts the engine's plan for everything else.
+
+    ONCALL_WORKER_SECRET=... python docs/examples/worker.py    # PORT=8787 by default
+
+and in subs.toml:
+
+    [agent.oncall]
+    worker = "http://127.0.0.1:8787/"
+    signing_secret_env = "ONCALL_WORKER_SECRET"
+    tools = [{ name = "runbook", description = "The runbook of a service",
+               input = { type = "object", properties = { service = { type = "string" } },
+                         required = ["service"] } }]
+
+See docs/workers.md for what each trigger expects back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import os
+from typing import Any
+
+from aiohttp import web
+
+SECRET = os.environ["ONCALL_WORKER_SECRET"].encode()  # what signing_secret_env names
+RUNBOOKS = {
+    "checkout": "kubectl rollout restart deploy/checkout; page payments if it still fails.",
+}
+
+
+def signed(body: bytes, header: str | None) -> bool:
+    """`X-Substructure-Signature` is `sha256=` + the hex HMAC-SHA256 of the raw body."""
+    expected = "sha256=" + hmac.new(SECRET, body, hashlib.sha256).hexdigest()
+    return header is not None and hmac.compare_digest(expected, header)
+
+
+def run_tool(name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A tool's outcome as a decision: `tool.result`, or `tool.error`."""
+    if name == "runbook":
+        runbook = RUNBOOKS.get(args["service"], "No runbook for that service.")
+        return {"actions": [{"type": "tool.result", "result": {"runbook": runbook}}]}
+    return {"actions": [{"type": "tool.error", "error": f"this worker has no tool {name!r}"}]}
+
+
+async def decide(request: web.Request) -> web.Response:
+    body = await request.read()  # the raw bytes: the signature covers exactly these
+    if not signed(body, request.headers.get("X-Substructure-Signature")):
+        return web.json_response({"error": "bad or missing signature"}, status=401)
+    decision = json.loads(body)
+    trigger = decision["trigger"]
+    if trigger["type"] == "tool.execute" and trigger["input"]["status"] == "valid":
+        return web.json_response(run_tool(trigger["name"], trigger["input"]["value"]))
+    # Everything else, including a tool call whose arguments failed the tool's schema (the
+    # engine proposes the tool.error): accept what the engine proposes.
+    return web.json_response(decision["proposed"])
+
+
+async def main() -> None:
+    app = web.Application()
+    app.router.add_post("/", decide)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", int(os.environ.get("PORT", "8787")))
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    print(f"worker listening on http://{host}:{port}/", flush=True)
+    try:
+        await asyncio.Event().wait()  # until Ctrl-C or SIGTERM
+    finally:
+        await runner.cleanup()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

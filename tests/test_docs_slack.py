@@ -1,0 +1,35 @@
+"""docs/slack.md against the code it describes: the variables, `subs check`'s line and the
+manifest's scopes it shows are the ones the code uses."""
+
+from __future__ import annotations
+
+import re
+
+from bot.manifest import manifest
+from engine.config import load_project, parse_project
+from tests.engine_helpers import ROOT
+
+DOC = (ROOT / "docs" / "slack.md").read_text()
+
+
+def test_the_variables_and_the_check_line_are_the_ones_subs_uses() -> None:
+    project = load_project(ROOT / "subs.toml", env={})
+    missing = {m.var: m for m in project.missing_env({"OPENROUTER_API_KEY": "set"})}
+    assert set(missing) == {"SLACK_BOT_TOKEN_ONCALL", "SLACK_APP_TOKEN_ONCALL"}
+    for var in [*missing, "SLACK_SIGNING_SECRET_ONCALL"]:
+        assert f"| `{var}` |" in DOC, f"docs/slack.md has no row for {var}"
+    m = missing["SLACK_APP_TOKEN_ONCALL"]
+    assert f"missing {m.var}: needed by {m.needed_by} ({m.why})" in DOC
+
+
+def test_the_scopes_named_are_the_manifests() -> None:
+    [toml] = re.findall(r"^```toml\n(\[agent\.oncall\.slack\].*?)^```", DOC, re.M | re.S)
+    text = '[llm.x]\ntype = "openai"\n[agent.oncall]\nllm = "x"\nmodel = "m"\n' + toml
+    agent = parse_project(text, "subs.toml", env={}).agents["oncall"]
+    made = manifest(agent, socket_mode=True, request_url=None)
+    [paragraph] = [p for p in DOC.split("\n\n") if p.startswith("The manifest asks for")]
+    named = set(re.findall(r"`([a-z_.]+(?::[a-z_]+)?)`", paragraph))
+    assert named == {
+        *made["oauth_config"]["scopes"]["bot"],
+        *made["settings"]["event_subscriptions"]["bot_events"],
+    }
