@@ -163,8 +163,8 @@ subs sessions events ses_0123 --from 40 --follow -o jsonl""",
         sessions_sub,
         "cancel",
         "end a session's running turn",
-        "The turn fails with error code `cancelled`; its calls are abandoned and the "
-        "next queued message runs.",
+        "The turn fails (error code handler_error, detail.cancelled); its calls are "
+        "abandoned and the next queued message runs.",
         'subs sessions cancel ses_0123 --reason "asked the wrong thing"',
     )
     cancel.add_argument("session", help="the session id")

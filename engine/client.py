@@ -154,8 +154,8 @@ class Client:
     async def cancel(
         self, session_id: str, reason: str | None = None, *, timeout: float = 30.0
     ) -> dict[str, Any]:
-        """End the session's running turn (`turn.failed`, code `cancelled`); returns
-        `{session_id, turn_id}`. Refused with `no_turn_running` when none runs."""
+        """End the session's running turn (`turn.failed`: `handler_error`, `detail.cancelled`);
+        returns `{session_id, turn_id}`. Refused with `no_turn_running` when none runs."""
         return await self._request(session_id, input_to_json(CancelRequested(reason)), timeout)
 
     async def delete(self, session_id: str) -> None:

@@ -190,7 +190,6 @@ ErrorCode = Literal[
     "handler_error",
     "worker_unreachable",
     "unroutable",
-    "cancelled",
     "internal",
 ]
 Role = Literal["system", "user", "assistant", "tool"]

@@ -486,7 +486,7 @@ async def test_cancel_ends_the_running_turn_and_the_queued_one_runs(http, vendor
     ended = events_of(await read_stream(http, sid, params={"turn_id": first["turn_id"]}))
     errored, failed = ended[-2]["payload"], ended[-1]["payload"]
     assert errored["type"] == "tool.call.errored" and errored["id"] == call_id
-    assert failed["type"] == "turn.failed" and failed["error"]["code"] == "cancelled"
+    assert failed["type"] == "turn.failed" and failed["error"]["detail"]["cancelled"] is True
     assert failed["error"]["message"] == "cancelled by the client: wrong question"
     late = await settle(http, sid, {"id": call_id, "result": "yes"})
     assert late.status_code == 409 and late.json()["code"] == "call_not_open"

@@ -294,8 +294,8 @@ def test_a_cancel_fails_the_running_turn_and_the_queued_one_starts():
     assert t.reply == {"session_id": "s1", "turn_id": failed["turn_id"]}
     assert failed["payload"]["error"] == {
         "message": "cancelled by the client: wrong question",
-        "code": "cancelled",
-        "detail": {"reason": "wrong question"},
+        "code": "handler_error",
+        "detail": {"cancelled": True, "reason": "wrong question"},
     }
     assert CancelTimer in {type(e) for e in t.effects}  # the call's deadline is disarmed
     late = s.apply(LlmCallSettled(run.call_id, 1, response=text_reply("late")))

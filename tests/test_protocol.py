@@ -4,6 +4,7 @@ schema-valid worker or client sends parses and dumps back unchanged."""
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -1181,3 +1182,21 @@ def test_event_envelope_rejects(field: str, value: Any) -> None:
     with pytest.raises(ValidationError) as caught:
         Event.model_validate(data)
     assert caught.value.errors()[0]["loc"][0] == field
+
+
+@pytest.mark.parametrize(
+    ("name", "sha256"),
+    [
+        (
+            "protocol.schema.json",
+            "c770b66d1f18b947c99844e9c87b1f7d6efe8cb9be02a04cc02434a40d7c0a51",
+        ),
+        ("worker.openapi.json", "1f54af856a24eb307bc56ea39d8609f10baef6b9fb5f3bd05e6a818c4d0ce756"),
+    ],
+)
+def test_the_wire_contract_is_the_original_engines_unchanged(name: str, sha256: str) -> None:
+    """Workers written for the original engine validate against these files: a new enum
+    value or field here (an error code, say) is a request such a worker refuses. Extend
+    the protocol only where the schema leaves room (`detail`, `metadata`)."""
+    digest = hashlib.sha256((SCHEMA_PATH.parent / name).read_bytes()).hexdigest()
+    assert digest == sha256, f"spec/{name} differs from the original engine's"

@@ -86,10 +86,17 @@ class _Step(TurnRules, CallRules, DecisionRules):
             raise MachineError(
                 "no_turn_running", f"session {self.session_id} has no running turn to cancel"
             )
-        error: dict[str, Any] = {"message": "cancelled by the client", "code": "cancelled"}
+        # The protocol's error codes are a closed set a worker may validate against (a
+        # cancelled child's error reaches its parent's worker): the client's own doing
+        # is `handler_error`, and `detail.cancelled` says which.
+        error: dict[str, Any] = {
+            "message": "cancelled by the client",
+            "code": "handler_error",
+            "detail": {"cancelled": True},
+        }
         if inp.reason:
             error["message"] += f": {inp.reason}"
-            error["detail"] = {"reason": inp.reason}
+            error["detail"]["reason"] = inp.reason
         self.fail_turn(error)
         self.out.reply = {"session_id": self.session_id, "turn_id": turn.id}
 
