@@ -534,3 +534,35 @@ def test_a_spawn_naming_a_busy_or_unknown_child_is_a_tool_error(w):
     assert "not an earlier child" in errors["c4"]
     assert list(w.state.children) == [child]
     w.check_fold()
+
+
+def test_a_turns_events_stay_the_same_size_as_the_session_grows(w):
+    """The `client.messages` trigger keeps where the recorded path ends, not the path: the
+    worker still gets the whole view (path, then the new message), and each turn writes
+    about the same bytes at turn 2 as at turn 30."""
+    written = []
+    for turn in range(30):
+        text = f"question {turn}"
+        if turn == 0:
+            w.start(text)
+        else:
+            body = {"type": "client.message", "agent_id": "a"}
+            body["message"] = {"role": "user", "content": text}
+            w.last = w.apply(ClientSubmitted(body, "a", {}, w.agent, "worker"))
+        size = sum(len(json.dumps(e)) for e in w.last.events)
+        while w.state.decision is not None:
+            req = w.request()
+            if req["trigger"]["type"] == "client.messages":
+                path = [n["message"] for n in req["message_tree"]["nodes"]]
+                assert req["trigger"]["messages"] == path + [{"role": "user", "content": text}]
+                assert req["trigger"]["new_from"] == len(path) == 2 * turn
+                reply = {"role": "assistant", "content": f"answer {turn}"}
+                response = {"messages": [*req["proposed"]["messages"], reply]}
+            else:
+                response = {}
+            t = w.apply(DecisionAnswered(req["decision_id"], req["attempts"], response))
+            size += sum(len(json.dumps(e)) for e in t.events)
+        assert w.state.turn is None
+        written.append(size)
+    w.check_fold()
+    assert max(written[1:]) < 1.2 * min(written[1:]), written

@@ -169,7 +169,7 @@ def decision_request(
         "decision_id": decision_id,
         "agent_id": state.agent_id,
         "identity": _identity(state.identity),
-        "trigger": trigger,
+        "trigger": wire_trigger(state, trigger),
         "proposed": wire_proposed(proposed),
         "state": state.worker_state,
         "agent": wire_agent(state.agent),
@@ -189,6 +189,17 @@ def decision_request(
         "deadline": None if deadline is None else iso(deadline),
         "turn_id": state.turn.id if state.turn else None,
     }
+
+
+def wire_trigger(state: SessionState, trigger: dict[str, Any]) -> dict[str, Any]:
+    """A trigger as the worker gets it. A `client.messages` trigger recorded with `path_to`
+    (a node id) holds only the new messages: the view is the path to that node, then them
+    (recorded nodes never change, so the path is what it was when the trigger was)."""
+    if "path_to" not in trigger:
+        return trigger
+    wire = {k: v for k, v in trigger.items() if k != "path_to"}
+    wire["messages"] = path_to(state.nodes, trigger["path_to"]) + trigger["messages"]
+    return wire
 
 
 def control_request(state: SessionState) -> dict[str, Any]:

@@ -200,9 +200,19 @@ class TurnRules(StepBase):
                 self.emit({"type": "head.moved", "head_id": match.known})
             new, new_from = view[match.new_from :], match.new_from
         else:
-            path = path_to(self.s.nodes, self.s.head_id)  # recorded messages: never changed
+            # The view is the recorded path and the new messages: the log keeps where the
+            # path ends, not the path (a turn's events stay the same size as the session
+            # grows); the request spells it out (`wire_trigger`).
             new = [body["message"]] if kind == "client.message" else self._fresh(body["messages"])
-            view, new_from = path + new, len(path)
+            path = path_to(self.s.nodes, self.s.head_id)
+            trigger = {
+                "type": "client.messages",
+                "path_to": self.s.head_id,
+                "messages": new,
+                "new_from": len(path),
+                "client": body.get("client") or {},
+            }
+            return trigger, {"messages": new, "actions": [LLM_CALL]}
         trigger = {
             "type": "client.messages",
             "messages": view,
