@@ -554,7 +554,7 @@ def test_a_turns_events_stay_the_same_size_as_the_session_grows(w):
             req = w.request()
             if req["trigger"]["type"] == "client.messages":
                 path = [n["message"] for n in req["message_tree"]["nodes"]]
-                assert req["trigger"]["messages"] == path + [{"role": "user", "content": text}]
+                assert req["trigger"]["messages"] == [*path, {"role": "user", "content": text}]
                 assert req["trigger"]["new_from"] == len(path) == 2 * turn
                 reply = {"role": "assistant", "content": f"answer {turn}"}
                 response = {"messages": [*req["proposed"]["messages"], reply]}
