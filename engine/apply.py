@@ -254,8 +254,8 @@ class Applier:
             reply = {"ok": False, "error": err.message, "code": err.code, "status": err.status}
             commit = Commit(sid, seq, seq, (), None, reply={**reply, **err.detail})
             return _Planned(self._finish(commit, item), None, started)
-        commit, mark = _commit_of(sid, seq, t, self.marks.get(sid), self.snapshot_min_bytes)
-        return _Planned(self._finish(commit, item), t, started, mark)
+        commit, mark = _commit_of(sid, seq, t, self.marks.get(sid), self.snapshot_min_bytes, item)
+        return _Planned(commit, t, started, mark)
 
     @staticmethod
     def _finish(commit: Commit, item: WorkItem) -> Commit:
@@ -293,9 +293,11 @@ class Applier:
             t = None
         mark = None
         if t:
-            commit, mark = _commit_of(sid, seq, t, self.marks.get(sid), self.snapshot_min_bytes)
+            commit, mark = _commit_of(
+                sid, seq, t, self.marks.get(sid), self.snapshot_min_bytes, item
+            )
         else:
-            commit = Commit(sid, seq, seq, (), None)
+            commit = self._finish(Commit(sid, seq, seq, (), None), item)
         letter = {
             "session_id": sid,
             "entry_id": item.entry_id,
@@ -309,7 +311,7 @@ class Applier:
             reply={"ok": False, "error": error["message"], "code": "internal", "status": 500},
             dead_letter=encode(letter),
         )
-        return _Planned(self._finish(commit, item), t, started, mark)
+        return _Planned(commit, t, started, mark)
 
     def _count(self, events: list[dict[str, Any]]) -> None:
         if not events:
@@ -340,15 +342,23 @@ def lost_work(state: SessionState | None) -> list[CallLost]:
 
 
 def has_inflight(state: SessionState | None) -> bool:
-    """Whether a crash would leave one of this session's requests unanswered."""
-    return bool(lost_work(state))
+    """Whether a crash would leave one of this session's requests unanswered (every step
+    asks: `lost_work`'s answer, without building it)."""
+    if state is None:
+        return False
+    if state.decision is not None and state.decision.status == "running":
+        return True
+    return any(
+        c.status == "running" and c.handler in ("server", "worker") for c in state.calls.values()
+    )
 
 
 def _commit_of(
-    sid: str, seq: int, t: Transition, mark: Mark | None, min_bytes: int
+    sid: str, seq: int, t: Transition, mark: Mark | None, min_bytes: int, item: WorkItem
 ) -> tuple[Commit, Mark | None]:
     """What a transition writes: its events, the snapshot when it is due, its timers and
-    deliveries; and the snapshot's mark once it is written."""
+    deliveries, and what comes from the work item (see `_finish`); and the snapshot's
+    mark once it is written."""
     new_state = t.state
     created = t.events[0] if t.events else None
     events = tuple(map(encode, t.events))
@@ -372,7 +382,10 @@ def _commit_of(
         ),
         timers_done=tuple(
             _timer_member(sid, e.due, e.input) for e in t.effects if isinstance(e, CancelTimer)
-        ),
+        )
+        + ((item.timer_member,) if item.timer_member else ()),
+        ack_id=item.entry_id,
+        reply_to=item.reply_to,
         outbox=tuple(
             json.dumps({"to": e.to, "input": input_to_json(e.input)})
             for e in t.effects
