@@ -219,10 +219,12 @@ class CheckedMessages:
     decision (at turn 5 they were 90% of a request's check, and they grow with it).
 
     A recorded message is a fact: the state holds the same dict from step to step
-    and never changes it. Each is held here, so its `id()` stays its own.
+    and never changes it. Each is held here, so its `id()` stays its own; `limit`
+    bounds what is held past its session's state (a reload makes new dicts), the
+    oldest going first (a miss costs only a check).
     """
 
-    def __init__(self, limit: int = 200_000) -> None:
+    def __init__(self, limit: int = 20_000) -> None:
         self.limit = limit
         self._held: dict[int, Any] = {}
 
