@@ -580,3 +580,11 @@ def test_outgoing_requests_are_checked_and_each_recorded_message_once() -> None:
     request["pending_calls"] = -1
     with pytest.raises(Unsendable, match=r"invalid at pending_calls"):
         _check_outgoing(request, checked)
+
+
+def test_checked_messages_hold_at_most_their_limit_oldest_out_first() -> None:
+    checked = CheckedMessages(limit=2)
+    messages = [{"id": f"m{i}", "role": "user", "content": "hi"} for i in range(3)]
+    for i, message in enumerate(messages):
+        checked.check(f"messages.{i}.", message)
+    assert list(checked._held.values()) == messages[1:]
