@@ -145,7 +145,7 @@ class Checkpoints:
     async def start(self, dedupe: list[str], ttl_s: int, cp: Checkpoint) -> bool:
         """Record `cp`, leased to us; False when a dedupe key was seen or the turn is known."""
         keys = [TURNS, LEASE + cp.key, *dedupe]
-        args = [cp.key, cp.dumps(), self.owner, self.lease_ms, ttl_s]
+        args: list[str | int] = [cp.key, cp.dumps(), self.owner, self.lease_ms, ttl_s]
         return bool(await self._start(keys=keys, args=args))
 
     async def save(self, cp: Checkpoint) -> None:

@@ -217,13 +217,11 @@ class Client:
 
     async def last_seq(self, session_id: str) -> int:
         """The seq of the session's newest event; 0 for a session not yet created."""
-        last = await self.redis.xrevrange(self.store.log_key(session_id), count=1)
-        return int(last[0][0].decode().split("-")[0]) if last else 0
+        return await self.store.last_seq(session_id)
 
     async def delta_cursor(self, session_id: str) -> str:
         """Where the delta stream ends now: follow from here to miss nothing new."""
-        last = await self.redis.xrevrange(self.store.delta_key(session_id), count=1)
-        return last[0][0].decode() if last else "0-0"
+        return await self.store.delta_cursor(session_id)
 
     def follow(
         self,
