@@ -45,7 +45,7 @@ from engine.config import Project, slack_env_suffix
 from engine.errors import describe
 from engine.snapshots import load_state
 
-from .checkpoint import Checkpoint, Checkpoints, LeaseLost
+from .checkpoint import Checkpoint, LeaseLost
 from .governor import Paced, RateGovernor
 from .indicator import SET_STATUS, Indicator
 from .intake import events_handler
@@ -58,6 +58,7 @@ from .render import (
     resolved_prompt,
 )
 from .reply import Reply, stamped_parts
+from .store import Checkpoints
 from .threads import (
     missed_messages,
     session_id_for,
@@ -113,7 +114,7 @@ class Bots:
         self.retry_s = retry_s
         self.paced = Paced(governor or RateGovernor(), _send)
         self.checkpoints = Checkpoints(
-            client.redis, owner or f"bot-{secrets.token_hex(6)}", lease_ms
+            client.store.redis, owner or f"bot-{secrets.token_hex(6)}", lease_ms
         )
         self.bots: dict[str, Bot] = {}
         self._tasks: set[asyncio.Task[None]] = set()

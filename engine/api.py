@@ -25,8 +25,6 @@ from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .client import Client, ClientError, validate_client_input
 from .fanout import Hub, Watch, stream_pos
@@ -36,7 +34,7 @@ from .machine.tree import path_to
 from .metrics import Metrics
 from .protocol import InterruptPayload, WorkerIdentity
 from .snapshots import load_state, state_of
-from .store import Store
+from .store import STORE_FAULTS, Store
 
 log = logging.getLogger("subs.api")
 
@@ -92,7 +90,6 @@ def _error_response(
 
 
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
-_STORE_DOWN = (RedisConnectionError, RedisTimeoutError)  # BusyLoadingError is a ConnectionError
 
 
 def _excerpt(raw: str, limit: int = 40) -> str:
@@ -611,7 +608,7 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         response = await handler(request)
     except ApiError as err:
         response = _error_response(err.status, err.code, err.message, err.headers, **err.detail)
-    except _STORE_DOWN as err:
+    except STORE_FAULTS as err:
         log.warning("%s %s: Redis is not reachable (%s)", request.method, request.path, err)
         response = _error_response(
             503, "store_unavailable", "the store (Redis) is not reachable; retry shortly"
@@ -974,7 +971,7 @@ async def get_healthz(request: web.Request) -> web.Response:
     anyone, so the reason is a word (the error's type), never an address."""
     try:
         async with asyncio.timeout(HEALTH_TIMEOUT):
-            await request.app[API].store.redis.ping()
+            await request.app[API].store.ping()
     except TimeoutError:
         reason = f"no answer within {HEALTH_TIMEOUT:g} s"
     except Exception as err:  # whatever stops the PING: the check's only question

@@ -82,7 +82,6 @@ def _words(content: Any, limit: int) -> str:
 class Client:
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.redis = store.redis
 
     async def submit(
         self,
@@ -113,7 +112,7 @@ class Client:
             raise ClientError(exc.message, code="invalid_json", status=400, detail={}) from None
         reply_to = self.store.reply_key(sid, secrets.token_hex(8))
         await self.store.enqueue(sid, body, reply_to)
-        answer = await self.redis.blpop([reply_to], timeout=timeout)
+        answer = await self.store.wait_reply(reply_to, timeout)
         if answer is None:
             raise ClientError(
                 f"no engine answered within {timeout:g} s (is one running on this Redis?)",
@@ -121,7 +120,7 @@ class Client:
                 status=503,
                 detail={},
             )
-        reply = orjson.loads(answer[1])
+        reply = orjson.loads(answer)
         if not reply.pop("ok"):
             raise ClientError(
                 reply.pop("error"), code=reply.pop("code"), status=reply.pop("status"), detail=reply

@@ -23,9 +23,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import redis.asyncio as aioredis
 from aiohttp import web
-from redis.exceptions import RedisError
 
 from bot.manifest import events_path, manifest, to_yaml
 
@@ -40,7 +38,7 @@ from .machine import iso
 from .metrics import Metrics
 from .redact import Redactor, env_secrets, project_secrets, redact_url
 from .runner import Engine, new_event_loop
-from .store import Store, connect
+from .store import RedisClient, RedisError, Store, connect, unreachable
 
 # Masks secrets in every log record (installed by `run_command`) and in the errors it prints.
 REDACTOR = Redactor()
@@ -96,21 +94,18 @@ async def _redis_url(project: Project, url: str | None) -> AsyncIterator[str]:
         await asyncio.to_thread(embedded.stop)
 
 
-async def _reachable(redis: aioredis.Redis, url: str, project: Project) -> None:
+async def _reachable(redis: RedisClient, url: str, project: Project) -> None:
     """Fail now, naming the server, when Redis does not answer: not later, in a retry loop."""
-    try:
-        async with asyncio.timeout(REDIS_CHECK_SECONDS):
-            await redis.ping()
-    except (RedisError, OSError, TimeoutError) as err:
-        why = str(err) or f"no answer within {REDIS_CHECK_SECONDS:g} s"
+    why = await unreachable(redis, REDIS_CHECK_SECONDS)
+    if why is not None:
         raise SubsError(
             f"cannot reach Redis at {redact_url(url)} ({why}): start it, or fix --redis, "
             f"SUBS_REDIS or `redis` in {project.path} (leave all unset for an embedded one)"
-        ) from None
+        )
 
 
 @contextlib.asynccontextmanager
-async def _redis_for(project: Project, url: str | None) -> AsyncIterator[aioredis.Redis]:
+async def _redis_for(project: Project, url: str | None) -> AsyncIterator[RedisClient]:
     """One client (one pool) on the configured or embedded Redis."""
     async with _redis_url(project, url) as address, connect(address) as client:
         await _reachable(client, address, project)

@@ -24,6 +24,7 @@ from redis.exceptions import (
     ClusterDownError,
     NoScriptError,
     ReadOnlyError,
+    RedisError,
     ResponseError,
     TryAgainError,
 )
@@ -36,6 +37,11 @@ from .errors import SubsError
 from .jsonedge import encode
 
 SessionId = NewType("SessionId", str)
+
+# This module is the engine's only way to Redis (tests/test_import_rules.py): the rest of
+# the engine holds a client as an opaque handle, and names Redis's failures by
+# `RedisError` (imported above) and `STORE_FAULTS`.
+RedisClient = aioredis.Redis
 
 # The shapes of the replies this module reads. The client is made with
 # decode_responses off, so Redis strings arrive as bytes; redis-py's stubs type each
@@ -87,6 +93,16 @@ STORE_FAULTS: tuple[type[Exception], ...] = (
     ClusterDownError,
     OSError,
 )
+
+
+async def unreachable(client: RedisClient, timeout: float) -> str | None:
+    """Why `client`'s server does not answer a PING within `timeout` s; None when it does."""
+    try:
+        async with asyncio.timeout(timeout):
+            await client.ping()
+    except (RedisError, OSError, TimeoutError) as err:
+        return str(err) or f"no answer within {timeout:g} s"
+    return None
 
 
 class StoreConflict(SubsError):
@@ -469,6 +485,17 @@ class Store:
             ),
         )
         return [orjson.loads(fields[b"e"]) for _, fields in entries]
+
+    async def ping(self) -> None:
+        """Ask the server for a PONG (a health check); raises what the client raises."""
+        await self.redis.ping()
+
+    async def wait_reply(self, reply_to: str, timeout: float) -> bytes | None:
+        """The engine's answer pushed on `reply_to` (see `enqueue`); None after `timeout` s."""
+        answer = cast(
+            tuple[bytes, bytes] | None, await self.redis.blpop([reply_to], timeout=timeout)
+        )
+        return None if answer is None else answer[1]
 
     async def last_seq(self, session_id: str) -> int:
         """The seq of the session's newest event; 0 for a session not yet created."""
