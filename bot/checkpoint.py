@@ -20,13 +20,19 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from engine.errors import SubsError
+
 from .threads import session_id_for
 
 __all__ = ["Checkpoint", "LeaseLost"]
 
 
-class LeaseLost(Exception):
+class LeaseLost(SubsError):
     """Another follower holds the turn now: this one must stop writing to Slack."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"the lease on following {key} moved to another follower")
+        self.key = key
 
 
 @dataclass

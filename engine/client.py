@@ -33,10 +33,7 @@ class ClientError(SubsError):
     """The engine refused an input. `status` is the HTTP status it maps to."""
 
     def __init__(self, message: str, *, code: str, status: int, detail: dict[str, Any]) -> None:
-        super().__init__(message, code="internal")
-        self.code = code
-        self.status = status
-        self.detail = detail
+        super().__init__(message, code=code, status=status, detail=detail)
 
 
 def validate_client_input(data: Any) -> None:

@@ -29,7 +29,7 @@ from bot.manifest import events_path, manifest, to_yaml
 
 from .api import ApiKeys, ApiKeysError, bind_warning, check_bind, make_app
 from .client import Client, ClientError, validate_client_input
-from .config import ConfigError, Project, load_project, slack_env_suffix
+from .config import Project, load_project, slack_env_suffix
 from .console import Printer, require_session, short, watch_turn
 from .embedded import EmbeddedRedis, EmbeddedRedisError, supervise
 from .errors import SubsError
@@ -47,8 +47,11 @@ REDIS_CHECK_SECONDS = 5.0  # a Redis that does not answer PING by then is report
 SERVE_LOCK = "serve.lock"
 
 
-class Usage(Exception):
+class Usage(SubsError):
     """A command-line mistake: exit 2 with this message."""
+
+    code = "usage"
+    exit_status = 2
 
 
 def _data_dir(project: Project) -> Path:
@@ -655,12 +658,9 @@ def run_command(args: argparse.Namespace) -> int:
         loop = new_event_loop if args.command == "serve" else None
         with asyncio.Runner(loop_factory=loop) as runner:
             return runner.run(runs[args.command](args))
-    except (ConfigError, Usage) as err:
+    except SubsError as err:  # ConfigError and Usage exit 2, the rest 1
         print(f"subs: {REDACTOR.scrub(str(err))}", file=sys.stderr)
-        return 2
-    except (SubsError, EmbeddedRedisError) as err:
-        print(f"subs: {REDACTOR.scrub(str(err))}", file=sys.stderr)
-        return 1
+        return err.exit_status
     except RedisError as err:
         print(
             f"subs: Redis failed: {REDACTOR.scrub(str(err)) or type(err).__name__}; "
