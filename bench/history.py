@@ -141,7 +141,7 @@ async def one_turn(
 async def run(
     engine: Engine, client: Client, vendor: ChildServer, sid: str, turns: int, tool_every: int
 ) -> list[Turn]:
-    redis = client.redis
+    redis = client.store.redis
     snap_key = client.store.snap_key(sid)
     out: list[Turn] = []
     messages = 0

@@ -304,7 +304,7 @@ async def run_once(
     steps_before = stats.steps
     stats.step_seconds.clear()
     walls: list[tuple[str, float]] = []
-    ran_before = await commands_run(client.redis)
+    ran_before = await commands_run(client.store.redis)
     with counting_round_trips() as trips:
         started, cpu_started = time.perf_counter(), time.process_time()
         engine_cpu_started, engine_kernel_started = await engine.cpu()
@@ -315,7 +315,7 @@ async def run_once(
         engine_cpu -= engine_cpu_started
         engine_kernel -= engine_kernel_started
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
-    ran = await commands_run(client.redis)
+    ran = await commands_run(client.store.redis)
     ran.subtract(ran_before)
     del ran["info"]  # ours, around the run
     steps = stats.steps - steps_before

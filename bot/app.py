@@ -45,7 +45,7 @@ from engine.config import Project, slack_env_suffix
 from engine.errors import describe
 from engine.snapshots import load_state
 
-from .checkpoint import Checkpoint, Checkpoints, LeaseLost
+from .checkpoint import Checkpoint, LeaseLost
 from .governor import Paced, RateGovernor
 from .indicator import SET_STATUS, Indicator
 from .intake import events_handler
@@ -58,6 +58,7 @@ from .render import (
     resolved_prompt,
 )
 from .reply import Reply, stamped_parts
+from .store import Checkpoints
 from .threads import (
     missed_messages,
     session_id_for,
@@ -113,7 +114,7 @@ class Bots:
         self.retry_s = retry_s
         self.paced = Paced(governor or RateGovernor(), _send)
         self.checkpoints = Checkpoints(
-            client.redis, owner or f"bot-{secrets.token_hex(6)}", lease_ms
+            client.store.redis, owner or f"bot-{secrets.token_hex(6)}", lease_ms
         )
         self.bots: dict[str, Bot] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -138,7 +139,7 @@ class Bots:
         # No SDK retries: a post resent after a dropped connection could show twice; a failed
         # call fails the follower, and its successor looks for what landed (the stamps).
         web_client = AsyncWebClient(
-            token=token, retry_handlers=[], **({"base_url": api_url} if api_url else {})
+            token=token, base_url=api_url or AsyncWebClient.BASE_URL, retry_handlers=[]
         )
         app = AsyncApp(
             client=web_client,
@@ -149,7 +150,7 @@ class Bots:
             process_before_response=True,
         )
         http = app_token is None and signing_secret
-        verifier = SignatureVerifier(signing_secret) if http else None
+        verifier = SignatureVerifier(signing_secret) if http and signing_secret else None
         bot = Bot(
             agent, answers, app, web_client, app_token, native=stream == "native", verifier=verifier
         )
@@ -202,7 +203,8 @@ class Bots:
                 continue
             handler = AsyncSocketModeHandler(bot.app, bot.app_token, web_client=bot.web)
             self._sockets.append(handler)
-            task = asyncio.create_task(self._connect(bot, handler), name=f"slack-{bot.agent}")
+            connect = self._connect(bot, bot.app_token, handler)
+            task = asyncio.create_task(connect, name=f"slack-{bot.agent}")
             self._connecting.append(task)
         if self.bots and self._keeper is None:
             await self._resume_orphans()
@@ -212,7 +214,7 @@ class Bots:
         """Wait until every Socket Mode bot has connected."""
         await asyncio.gather(*self._connecting)
 
-    async def _connect(self, bot: Bot, handler: AsyncSocketModeHandler) -> None:
+    async def _connect(self, bot: Bot, app_token: str, handler: AsyncSocketModeHandler) -> None:
         """Open the bot's Socket Mode URL until Slack gives one, one log line a try.
 
         Asked here rather than by the SDK, which retries forever, logging a traceback
@@ -221,7 +223,7 @@ class Bots:
         delay = CONNECT_RETRY_FIRST
         while True:
             try:
-                opened = await bot.web.apps_connections_open(app_token=bot.app_token)
+                opened = await bot.web.apps_connections_open(app_token=app_token)
                 handler.client.wss_uri = opened["url"]
                 await handler.connect_async()
             except (SlackClientError, aiohttp.ClientError, OSError, TimeoutError) as err:
@@ -587,7 +589,12 @@ class Bots:
         message_ts = container.get("message_ts")
         user = (body.get("user") or {}).get("id")
         team = str((body.get("team") or {}).get("id") or "")
-        if parsed is None or not all(isinstance(v, str) for v in (channel, message_ts, user)):
+        if (
+            parsed is None
+            or not isinstance(channel, str)
+            or not isinstance(message_ts, str)
+            or not isinstance(user, str)
+        ):
             return
         interrupt_id, index = parsed
         thread_ts = container.get("thread_ts") or message_ts

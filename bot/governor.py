@@ -21,6 +21,8 @@ from collections.abc import Awaitable, Callable, Hashable, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from engine.errors import SubsError
+
 __all__ = ["PER_CHANNEL", "TIERS", "Coalescer", "Paced", "RateGovernor", "RateLimited", "scope"]
 
 log = logging.getLogger(__name__)
@@ -147,11 +149,13 @@ class Coalescer(Generic[K, P]):
             self._pending.move_to_end(key, last=False)
 
 
-class RateLimited(Exception):
+class RateLimited(SubsError):
     """Raised by a send function when Slack answered 429; `retry_after` in seconds."""
 
+    code = "rate_limited"
+
     def __init__(self, retry_after: float) -> None:
-        super().__init__(f"rate limited; retry after {retry_after} s")
+        super().__init__(f"rate limited; retry after {retry_after} s", retryable=True)
         self.retry_after = retry_after
 
 

@@ -20,6 +20,8 @@ from slack_bolt.async_app import AsyncApp
 from slack_bolt.request.async_request import AsyncBoltRequest
 from slack_sdk.signature import SignatureVerifier
 
+from engine.errors import SubsError
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 # Members Slack sends as objects (or null) wherever they appear at the top of a body.
@@ -59,7 +61,9 @@ def _signed(verifier: SignatureVerifier, raw: bytes, timestamp: str, signature: 
 
 
 def _refusal(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": message, "code": code}, status=status)
+    """The API's error shape (`SubsError.body`): this route may be served on its own."""
+    err = SubsError(message, code=code, status=status)
+    return web.json_response(err.body(), status=err.status)
 
 
 def readable(body: Any) -> bool:

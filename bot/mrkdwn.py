@@ -233,7 +233,7 @@ def _inline(text: str, style: Style, *, escaped: bool = True) -> str:
 
     body = "".join(out)
     for pattern, mark in _EMPHASIS:
-        body = pattern.sub(lambda m, mark=mark: f"{mark}{m.group(1)}{mark[::-1]}", body)
+        body = pattern.sub(f"{mark}\\g<1>{mark[::-1]}", body)  # marks are control characters
     body = esc(body)
     for sentinel, mark in _MARKS[style].items():
         body = body.replace(sentinel, mark)

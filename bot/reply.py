@@ -187,7 +187,7 @@ class Reply:
         """Land the final version, then the continuations; returns once all are in Slack."""
         if self.cp.quiet and self.ts is None and self._silent(rendered):
             return
-        content = {"text": rendered.text, "blocks": rendered.blocks}
+        content: dict[str, Any] = {"text": rendered.text, "blocks": rendered.blocks}
         if self.native and self.cp.streaming and await self._stop(rendered):
             content = {}  # the stream's final message is the whole reply
         if content:

@@ -25,10 +25,9 @@ from typing import Any
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .client import Client, ClientError, validate_client_input
+from .client import Client, validate_client_input
+from .errors import SubsError
 from .fanout import Hub, Watch, stream_pos
 from .jsonedge import JsonEdgeError, compact_json, loads_checked
 from .machine import SessionState
@@ -36,7 +35,7 @@ from .machine.tree import path_to
 from .metrics import Metrics
 from .protocol import InterruptPayload, WorkerIdentity
 from .snapshots import load_state, state_of
-from .store import Store
+from .store import STORE_FAULTS, Store
 
 log = logging.getLogger("subs.api")
 
@@ -58,8 +57,8 @@ _DIGITS = re.compile(r"[0-9]{1,19}")  # int() also takes ' 7', '+7', '7_0', non-
 # --- errors -------------------------------------------------------------------------------
 
 
-class ApiError(Exception):
-    """A refusal with its status; the error middleware renders it as JSON."""
+class ApiError(SubsError):
+    """A request the API refuses, with its HTTP status; the error middleware renders it."""
 
     def __init__(
         self,
@@ -68,31 +67,37 @@ class ApiError(Exception):
         message: str,
         *,
         headers: Mapping[str, str] | None = None,
+        param: str | None = None,
         **detail: Any,
     ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = headers
-        self.detail = detail
+        super().__init__(
+            message, code=code, status=status, headers=headers, param=param, detail=detail
+        )
 
 
-def _error_response(
-    status: int,
-    code: str,
-    message: str,
-    headers: Mapping[str, str] | None = None,
-    **detail: Any,
-) -> web.Response:
-    if status == 401:
-        headers = {**(headers or {}), "WWW-Authenticate": "Bearer"}
-    body = {"error": message, "code": code, **detail}
-    return web.json_response(body, status=status, headers=headers, dumps=compact_json)
+def _error_response(err: SubsError) -> web.Response:
+    """Every error answer of the API (and of the Slack route on the same app): `err.body()`."""
+    headers = err.headers
+    if err.status == 401:
+        headers = {**headers, "WWW-Authenticate": "Bearer"}
+    return web.json_response(err.body(), status=err.status, headers=headers, dumps=compact_json)
 
 
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
-_STORE_DOWN = (RedisConnectionError, RedisTimeoutError)  # BusyLoadingError is a ConnectionError
+_INTERNAL = ApiError(500, "internal", "internal error (logged by the API)")
+_STORE_DOWN = ApiError(
+    503,
+    "store_unavailable",
+    "the store (Redis) is not reachable; retry shortly",
+    headers={"Retry-After": "1"},
+)
+
+
+def _http_error(err: web.HTTPException) -> ApiError:
+    """aiohttp's own refusal in the API's shape, keeping the headers it must carry."""
+    code = _HTTP_CODES.get(err.status, "http_error")
+    kept = {k: v for k, v in err.headers.items() if k in ("Allow", "Retry-After")}
+    return ApiError(err.status, code, err.reason, headers=kept)
 
 
 def _excerpt(raw: str, limit: int = 40) -> str:
@@ -131,9 +136,12 @@ class ApiKey:
     scoped: bool
 
 
-class ApiKeysError(ValueError):
+class ApiKeysError(SubsError):
     """A bad `SUBS_API_KEYS` entry. The message names its position and the mistake, never
-    the key: it is printed, and the key is a secret."""
+    the key: it is printed, and the key is a secret. Exits 2, as a bad flag does."""
+
+    code = "invalid_config"
+    exit_status = 2
 
 
 @dataclass(frozen=True)
@@ -472,7 +480,11 @@ class _SseStream:
         a client that reads this frame has read that event too.
         """
         self.metrics.inc("subs_sse_overflows_total")
-        body = {"reason": self.overflow, "resume_after_seq": self.last_sent}
+        body = SubsError(
+            f"{self.overflow}: the stream ends; resume after seq {self.last_sent}",
+            code="stream_overflow",
+            detail={"reason": self.overflow, "resume_after_seq": self.last_sent},
+        ).body()
         try:
             async with asyncio.timeout(self.limits.close_grace):
                 await resp.write(sse_frame("stream.overflow", body))
@@ -540,14 +552,6 @@ def _validate(model: type[BaseModel], data: Any, prefix: str = "") -> Any:
         raise _invalid(exc, prefix) from None
 
 
-def _client_input(data: Any) -> None:
-    """Validate a ClientInput; the error names the field under `input.`."""
-    try:
-        validate_client_input(data)
-    except ClientError as err:
-        raise _refused(err) from None
-
-
 # --- the app -----------------------------------------------------------------------------------
 
 
@@ -609,22 +613,21 @@ async def _errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     started = time.perf_counter()
     try:
         response = await handler(request)
-    except ApiError as err:
-        response = _error_response(err.status, err.code, err.message, err.headers, **err.detail)
-    except _STORE_DOWN as err:
+    except SubsError as err:
+        if err.status == 500:  # not a refusal: a bug, whose message is for the log
+            log.exception("%s %s failed", request.method, request.path)
+            err = _INTERNAL
+        response = _error_response(err)
+    except STORE_FAULTS as err:
         log.warning("%s %s: Redis is not reachable (%s)", request.method, request.path, err)
-        response = _error_response(
-            503, "store_unavailable", "the store (Redis) is not reachable; retry shortly"
-        )
-        response.headers["Retry-After"] = "1"
-    except web.HTTPException as err:
+        response = _error_response(_STORE_DOWN)
+    except web.HTTPException as err:  # the router's 404 and 405, aiohttp's 413
         if err.status < 400:
             raise
-        code = _HTTP_CODES.get(err.status, "http_error")
-        response = _error_response(err.status, code, err.reason)
+        response = _error_response(_http_error(err))
     except Exception:
         log.exception("%s %s failed", request.method, request.path)
-        response = _error_response(500, "internal", "internal error (logged by the API)")
+        response = _error_response(_INTERNAL)
     route = request.match_info.route.resource
     path = route.canonical if route is not None else "unmatched"
     status = str(response.status)
@@ -769,17 +772,13 @@ async def _owned_state(request: web.Request, sid: str) -> SessionState:
     return state
 
 
-def _refused(err: ClientError) -> ApiError:
-    return ApiError(err.status, err.code, err.message, **err.detail)
-
-
 # --- handlers -----------------------------------------------------------------------------------
 
 
 async def post_input(request: web.Request) -> web.Response:
     api = request.app[API]
     body: _InputBody = _validate(_InputBody, await _json_body(request))
-    _client_input(body.input)
+    validate_client_input(body.input)  # names the bad field under `input.`
     principal = _principal(request)
     identity = principal.identity()
     if body.identity is not None:
@@ -795,16 +794,13 @@ async def post_input(request: web.Request) -> web.Response:
         head = await api.store.head(body.session_id)
         if head is not None and not principal.owns(head[1]):
             raise ApiError(403, "forbidden", f"session {body.session_id!r} belongs to another key")
-    try:
-        reply = await api.client.submit(
-            body.input,
-            session_id=body.session_id,
-            identity=identity,
-            owner=None if principal.full else identity.get("subject"),
-            timeout=api.request_timeout,
-        )
-    except ClientError as err:
-        raise _refused(err) from None
+    reply = await api.client.submit(
+        body.input,
+        session_id=body.session_id,
+        identity=identity,
+        owner=None if principal.full else identity.get("subject"),
+        timeout=api.request_timeout,
+    )
     return web.json_response(reply, status=202, dumps=compact_json)
 
 
@@ -880,12 +876,7 @@ async def post_interrupt(request: web.Request) -> web.Response:
     if body.payload is not None:
         _validate(InterruptPayload, body.payload, "payload")
     await _owned_state(request, sid)
-    try:
-        reply = await api.client.interrupt(
-            sid, body.reason, body.payload, timeout=api.request_timeout
-        )
-    except ClientError as err:
-        raise _refused(err) from None
+    reply = await api.client.interrupt(sid, body.reason, body.payload, timeout=api.request_timeout)
     return web.json_response(reply, status=202, dumps=compact_json)
 
 
@@ -896,10 +887,7 @@ async def post_cancel(request: web.Request) -> web.Response:
     raw = await _json_body(request) if request.body_exists else {}
     body: _CancelBody = _validate(_CancelBody, raw)
     await _owned_state(request, sid)
-    try:
-        reply = await api.client.cancel(sid, body.reason, timeout=api.request_timeout)
-    except ClientError as err:
-        raise _refused(err) from None
+    reply = await api.client.cancel(sid, body.reason, timeout=api.request_timeout)
     return web.json_response(reply, status=202, dumps=compact_json)
 
 
@@ -907,10 +895,7 @@ async def delete_session(request: web.Request) -> web.Response:
     """Remove an idle session and all it stored; 409 `turn_running` while a turn runs."""
     sid = request.match_info["sid"]
     await _owned_state(request, sid)
-    try:
-        await request.app[API].client.delete(sid)
-    except ClientError as err:
-        raise _refused(err) from None
+    await request.app[API].client.delete(sid)
     return web.Response(status=204)
 
 
@@ -922,18 +907,15 @@ async def post_settle(request: web.Request) -> web.Response:
         raise ApiError(422, "invalid_input", "result: give either result or error, not both")
     if not _principal(request).full:
         await _owned_state(request, sid)
-    try:
-        reply = await api.client.settle(
-            sid,
-            body.id,
-            attempt=body.attempt,
-            result=body.result,
-            error=body.error,
-            retryable=body.retryable,
-            timeout=api.request_timeout,
-        )
-    except ClientError as err:
-        raise _refused(err) from None
+    reply = await api.client.settle(
+        sid,
+        body.id,
+        attempt=body.attempt,
+        result=body.result,
+        error=body.error,
+        retryable=body.retryable,
+        timeout=api.request_timeout,
+    )
     return web.json_response(reply, status=202, dumps=compact_json)
 
 
@@ -974,15 +956,21 @@ async def get_healthz(request: web.Request) -> web.Response:
     anyone, so the reason is a word (the error's type), never an address."""
     try:
         async with asyncio.timeout(HEALTH_TIMEOUT):
-            await request.app[API].store.redis.ping()
+            await request.app[API].store.ping()
     except TimeoutError:
         reason = f"no answer within {HEALTH_TIMEOUT:g} s"
     except Exception as err:  # whatever stops the PING: the check's only question
         reason = type(err).__name__
     else:
         return web.json_response({"status": "ok"}, dumps=compact_json)
-    body = {"status": "degraded", "redis": reason}
-    return web.json_response(body, status=503, dumps=compact_json)
+    return _error_response(
+        SubsError(
+            f"the store (Redis) does not answer: {reason}",
+            code="store_unavailable",
+            status=503,
+            detail={"status": "degraded", "redis": reason},
+        )
+    )
 
 
 async def get_metrics(request: web.Request) -> web.Response:

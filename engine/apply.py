@@ -251,8 +251,8 @@ class Applier:
         try:
             t = step(state, sid, self._machine_input(state, item.input), self.now_ms(), new_id)
         except MachineError as err:
-            reply = {"ok": False, "error": err.message, "code": err.code, "status": err.status}
-            commit = Commit(sid, seq, seq, (), None, reply={**reply, **err.detail})
+            reply = {"ok": False, "status": err.status, **err.body()}
+            commit = Commit(sid, seq, seq, (), None, reply=reply)
             return _Planned(self._finish(commit, item), None, started)
         commit, mark = _commit_of(sid, seq, t, self.marks.get(sid), self.snapshot_min_bytes, item)
         return _Planned(commit, t, started, mark)

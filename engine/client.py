@@ -33,10 +33,7 @@ class ClientError(SubsError):
     """The engine refused an input. `status` is the HTTP status it maps to."""
 
     def __init__(self, message: str, *, code: str, status: int, detail: dict[str, Any]) -> None:
-        super().__init__(message, code="internal")
-        self.code = code
-        self.status = status
-        self.detail = detail
+        super().__init__(message, code=code, status=status, detail=detail)
 
 
 def validate_client_input(data: Any) -> None:
@@ -82,7 +79,6 @@ def _words(content: Any, limit: int) -> str:
 class Client:
     def __init__(self, store: Store) -> None:
         self.store = store
-        self.redis = store.redis
 
     async def submit(
         self,
@@ -113,7 +109,7 @@ class Client:
             raise ClientError(exc.message, code="invalid_json", status=400, detail={}) from None
         reply_to = self.store.reply_key(sid, secrets.token_hex(8))
         await self.store.enqueue(sid, body, reply_to)
-        answer = await self.redis.blpop([reply_to], timeout=timeout)
+        answer = await self.store.wait_reply(reply_to, timeout)
         if answer is None:
             raise ClientError(
                 f"no engine answered within {timeout:g} s (is one running on this Redis?)",
@@ -121,7 +117,7 @@ class Client:
                 status=503,
                 detail={},
             )
-        reply = orjson.loads(answer[1])
+        reply = orjson.loads(answer)
         if not reply.pop("ok"):
             raise ClientError(
                 reply.pop("error"), code=reply.pop("code"), status=reply.pop("status"), detail=reply
@@ -217,13 +213,11 @@ class Client:
 
     async def last_seq(self, session_id: str) -> int:
         """The seq of the session's newest event; 0 for a session not yet created."""
-        last = await self.redis.xrevrange(self.store.log_key(session_id), count=1)
-        return int(last[0][0].decode().split("-")[0]) if last else 0
+        return await self.store.last_seq(session_id)
 
     async def delta_cursor(self, session_id: str) -> str:
         """Where the delta stream ends now: follow from here to miss nothing new."""
-        last = await self.redis.xrevrange(self.store.delta_key(session_id), count=1)
-        return last[0][0].decode() if last else "0-0"
+        return await self.store.delta_cursor(session_id)
 
     def follow(
         self,

@@ -23,15 +23,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import redis.asyncio as aioredis
 from aiohttp import web
-from redis.exceptions import RedisError
 
 from bot.manifest import events_path, manifest, to_yaml
 
 from .api import ApiKeys, ApiKeysError, bind_warning, check_bind, make_app
 from .client import Client, ClientError, validate_client_input
-from .config import ConfigError, Project, load_project, slack_env_suffix
+from .config import Project, load_project, slack_env_suffix
 from .console import Printer, require_session, short, watch_turn
 from .embedded import EmbeddedRedis, EmbeddedRedisError, supervise
 from .errors import SubsError
@@ -40,7 +38,7 @@ from .machine import iso
 from .metrics import Metrics
 from .redact import Redactor, env_secrets, project_secrets, redact_url
 from .runner import Engine, new_event_loop
-from .store import Store, connect
+from .store import RedisClient, RedisError, Store, connect, unreachable
 
 # Masks secrets in every log record (installed by `run_command`) and in the errors it prints.
 REDACTOR = Redactor()
@@ -49,8 +47,11 @@ REDIS_CHECK_SECONDS = 5.0  # a Redis that does not answer PING by then is report
 SERVE_LOCK = "serve.lock"
 
 
-class Usage(Exception):
+class Usage(SubsError):
     """A command-line mistake: exit 2 with this message."""
+
+    code = "usage"
+    exit_status = 2
 
 
 def _data_dir(project: Project) -> Path:
@@ -96,21 +97,18 @@ async def _redis_url(project: Project, url: str | None) -> AsyncIterator[str]:
         await asyncio.to_thread(embedded.stop)
 
 
-async def _reachable(redis: aioredis.Redis, url: str, project: Project) -> None:
+async def _reachable(redis: RedisClient, url: str, project: Project) -> None:
     """Fail now, naming the server, when Redis does not answer: not later, in a retry loop."""
-    try:
-        async with asyncio.timeout(REDIS_CHECK_SECONDS):
-            await redis.ping()
-    except (RedisError, OSError, TimeoutError) as err:
-        why = str(err) or f"no answer within {REDIS_CHECK_SECONDS:g} s"
+    why = await unreachable(redis, REDIS_CHECK_SECONDS)
+    if why is not None:
         raise SubsError(
             f"cannot reach Redis at {redact_url(url)} ({why}): start it, or fix --redis, "
             f"SUBS_REDIS or `redis` in {project.path} (leave all unset for an embedded one)"
-        ) from None
+        )
 
 
 @contextlib.asynccontextmanager
-async def _redis_for(project: Project, url: str | None) -> AsyncIterator[aioredis.Redis]:
+async def _redis_for(project: Project, url: str | None) -> AsyncIterator[RedisClient]:
     """One client (one pool) on the configured or embedded Redis."""
     async with _redis_url(project, url) as address, connect(address) as client:
         await _reachable(client, address, project)
@@ -660,12 +658,9 @@ def run_command(args: argparse.Namespace) -> int:
         loop = new_event_loop if args.command == "serve" else None
         with asyncio.Runner(loop_factory=loop) as runner:
             return runner.run(runs[args.command](args))
-    except (ConfigError, Usage) as err:
+    except SubsError as err:  # ConfigError and Usage exit 2, the rest 1
         print(f"subs: {REDACTOR.scrub(str(err))}", file=sys.stderr)
-        return 2
-    except (SubsError, EmbeddedRedisError) as err:
-        print(f"subs: {REDACTOR.scrub(str(err))}", file=sys.stderr)
-        return 1
+        return err.exit_status
     except RedisError as err:
         print(
             f"subs: Redis failed: {REDACTOR.scrub(str(err)) or type(err).__name__}; "

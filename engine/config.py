@@ -25,6 +25,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from .errors import SubsError
 from .redact import redact_url
 
 LLM_DEFAULTS: dict[str, tuple[str, str]] = {
@@ -51,19 +52,23 @@ _LITERAL_IN_ENV = (
 _UINT32_MAX = 2**32 - 1
 
 
-class ConfigError(Exception):
-    """A mistake in subs.toml. str() is '<file>: <key.path>: <message>'.
+class ConfigError(SubsError):
+    """A mistake in subs.toml. str() is '<file>: <key.path>: <message>'; `message` is
+    the last part alone.
 
     `key` is "" for file-level errors. For a bad environment override
     (SUBS_PORT, SUBS_REDIS) `file` is "environment" and `key` the variable.
     """
 
+    code = "invalid_config"
+    exit_status = 2
+
     def __init__(self, file: str, key: str, message: str) -> None:
+        where = f"{file}: {key}" if key else file
+        super().__init__(f"{where}: {message}", param=key or None)
         self.file = file
         self.key = key
         self.message = message
-        where = f"{file}: {key}" if key else file
-        super().__init__(f"{where}: {message}")
 
 
 # ---------------------------------------------------------------- public types

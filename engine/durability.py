@@ -30,7 +30,9 @@ _LOSES = {
 SHORT_WAIT_LOG_EVERY = 10.0  # seconds between two "fewer replicas" lines
 
 
-def _text(value: bytes | str) -> str:
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
     return value.decode() if isinstance(value, bytes) else value
 
 

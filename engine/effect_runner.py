@@ -129,9 +129,9 @@ class EffectRunner:
         try:
             run = prepare()
         except Exception as err:
-            if not isinstance(err, SubsError):
+            code = err.info()["code"] if isinstance(err, SubsError) else "internal"
+            if code == "internal":  # not a failure the protocol names: a bug
                 log.exception("preparing the %s of %s failed", what, sid)
-            code = err.code if isinstance(err, SubsError) else "internal"
             error = {"message": f"the {what} could not be prepared: {describe(err)}", "code": code}
             done(failed(error, False), ())
             return
@@ -279,9 +279,7 @@ class EffectRunner:
                 )
             settled = LlmCallSettled(effect.call_id, effect.attempt, response=response)
         except ProviderError as err:
-            info = {"message": err.message, "code": err.code}
-            if err.param:
-                info["param"] = err.param
+            info = err.info()
             settled = LlmCallSettled(
                 effect.call_id,
                 effect.attempt,

@@ -38,6 +38,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
 from .config import DEFAULT_FSYNC, Fsync
+from .errors import SubsError
 
 SOCKET_NAME = "redis.sock"
 PIDFILE_NAME = "redis.pid"
@@ -53,8 +54,10 @@ STABLE_AFTER = 30.0  # a server up this long starts the backoff over
 log = logging.getLogger("subs.embedded")
 
 
-class EmbeddedRedisError(Exception):
+class EmbeddedRedisError(SubsError):
     """The embedded redis-server could not be found, started or reached."""
+
+    code = "store_unavailable"
 
 
 def find_redis_server() -> str:

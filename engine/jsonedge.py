@@ -28,6 +28,7 @@ class JsonEdgeError(SubsError, ValueError):
     None for the document as a whole. A ValueError too, like what `json.loads` raises."""
 
     code = "invalid_json"
+    status = 400
 
     def __init__(self, message: str, param: str | None = None, *, syntax: bool = False) -> None:
         super().__init__(message, param=param)

@@ -30,7 +30,7 @@ from pydantic import (
 )
 from pydantic.fields import FieldInfo
 
-from engine.errors import ProtocolError, SubsError
+from engine.errors import ErrorCode, ProtocolError, SubsError
 
 __all__ = [
     "AgentConfig",
@@ -180,18 +180,6 @@ Timestamp = Annotated[str, AfterValidator(_rfc3339)]
 
 # --- enums -------------------------------------------------------------------
 
-ErrorCode = Literal[
-    "provider_error",
-    "rate_limited",
-    "refused",
-    "budget_exceeded",
-    "deadline_exceeded",
-    "invalid_response",
-    "handler_error",
-    "worker_unreachable",
-    "unroutable",
-    "internal",
-]
 Role = Literal["system", "user", "assistant", "tool"]
 ReasoningEffort = Literal["xhigh", "high", "medium", "low", "minimal", "none"]
 ReasoningProvider = Literal["anthropic", "openai", "openrouter"]

@@ -22,8 +22,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from .apply import Applier, EngineStats, lost_work, new_id
 from .config import Project
 from .durability import check_server
@@ -31,7 +29,7 @@ from .effect_runner import EffectRunner, worker_targets
 from .machine import Deliver, Input, RunDecision, RunExecute, RunLlmCall, Transition, input_to_json
 from .metrics import Metrics
 from .retrying import Backoff, Trouble
-from .store import STORE_FAULTS, Store, StoreConflict, WorkItem
+from .store import STORE_FAULTS, RedisClient, Store, StoreConflict, WorkItem
 
 log = logging.getLogger("subs.engine")
 
@@ -98,7 +96,7 @@ class Engine:
     def __init__(
         self,
         project: Project,
-        redis: aioredis.Redis,
+        redis: RedisClient,
         *,
         env: Mapping[str, str] | None = None,
         owner: str | None = None,

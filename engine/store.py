@@ -13,7 +13,7 @@ import dataclasses
 import zlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NewType
+from typing import Any, NewType, cast
 
 import orjson
 import redis.asyncio as aioredis
@@ -24,17 +24,30 @@ from redis.exceptions import (
     ClusterDownError,
     NoScriptError,
     ReadOnlyError,
+    RedisError,
     ResponseError,
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.typing import KeyT, StreamIdT
 
 from .durability import ReplicaWait
 from .errors import SubsError
 from .jsonedge import encode
 
 SessionId = NewType("SessionId", str)
+
+# This module is the engine's only way to Redis (tests/test_import_rules.py): the rest of
+# the engine holds a client as an opaque handle, and names Redis's failures by
+# `RedisError` (imported above) and `STORE_FAULTS`.
+RedisClient = aioredis.Redis
+
+# The shapes of the replies this module reads. The client is made with
+# decode_responses off, so Redis strings arrive as bytes; redis-py's stubs type each
+# reply for either setting (`bytes | str`), so each read names the shape it gets.
+Entries = list[tuple[bytes, dict[bytes, bytes]]]  # XRANGE / XREVRANGE
+StreamsReply = list[tuple[bytes, Entries]]  # XREAD
 
 GROUP = "engine"
 DEFAULT_PARTITIONS = 16
@@ -80,6 +93,16 @@ STORE_FAULTS: tuple[type[Exception], ...] = (
     ClusterDownError,
     OSError,
 )
+
+
+async def unreachable(client: RedisClient, timeout: float) -> str | None:
+    """Why `client`'s server does not answer a PING within `timeout` s; None when it does."""
+    try:
+        async with asyncio.timeout(timeout):
+            await client.ping()
+    except (RedisError, OSError, TimeoutError) as err:
+        return str(err) or f"no answer within {timeout:g} s"
+    return None
 
 
 class StoreConflict(SubsError):
@@ -259,7 +282,7 @@ class Store:
         """Agree on the partition count with whoever set up this Redis first."""
         wanted = partitions or DEFAULT_PARTITIONS
         await redis.hsetnx("subs:meta", "partitions", wanted)
-        stored = int(await redis.hget("subs:meta", "partitions"))
+        stored = int(cast(bytes, await redis.hget("subs:meta", "partitions")))
         return cls(redis, stored, wait_replicas=wait_replicas, wait_timeout_ms=wait_timeout_ms)
 
     # -- keys --------------------------------------------------------------------
@@ -312,15 +335,20 @@ class Store:
     async def head(self, session_id: str) -> tuple[int, dict[str, Any]] | None:
         """The session's seq and owner (its identity, fixed when it was created): what an
         access check needs, without the log's tail. None when the session does not exist."""
-        seq, state = await self.redis.hmget(self.snap_key(session_id), "seq", "state")
-        if state is None:
+        seq, state = cast(
+            list[bytes | None], await self.redis.hmget(self.snap_key(session_id), "seq", "state")
+        )
+        if seq is None or state is None:
             return None
         return int(seq), orjson.loads(state)["identity"]
 
     async def load_snapshot(self, session_id: str) -> Snapshot | None:
         """The last full snapshot and the log after it; None when the session does not exist."""
-        seq, state, at = await self.redis.hmget(self.snap_key(session_id), "seq", "state", "at")
-        if state is None:
+        seq, state, at = cast(
+            list[bytes | None],
+            await self.redis.hmget(self.snap_key(session_id), "seq", "state", "at"),
+        )
+        if seq is None or state is None:
             return None
         return await self._snapshot(session_id, seq, state, at)
 
@@ -334,8 +362,11 @@ class Store:
         tail: list[dict[str, Any]] = []
         tail_bytes = 0
         if since < head:
-            entries = await self.redis.xrange(
-                self.log_key(session_id), min=f"({since}-0", max=f"{head}-0"
+            entries = cast(
+                Entries,
+                await self.redis.xrange(
+                    self.log_key(session_id), min=f"({since}-0", max=f"{head}-0"
+                ),
             )
             for _, fields in entries:
                 raw = fields[b"e"]
@@ -447,10 +478,34 @@ class Store:
     async def read_log(
         self, session_id: str, after_seq: int = 0, count: int | None = None
     ) -> list[dict[str, Any]]:
-        entries = await self.redis.xrange(
-            self.log_key(session_id), min=f"({after_seq}-0" if after_seq else "-", count=count
+        entries = cast(
+            Entries,
+            await self.redis.xrange(
+                self.log_key(session_id), min=f"({after_seq}-0" if after_seq else "-", count=count
+            ),
         )
         return [orjson.loads(fields[b"e"]) for _, fields in entries]
+
+    async def ping(self) -> None:
+        """Ask the server for a PONG (a health check); raises what the client raises."""
+        await self.redis.ping()
+
+    async def wait_reply(self, reply_to: str, timeout: float) -> bytes | None:
+        """The engine's answer pushed on `reply_to` (see `enqueue`); None after `timeout` s."""
+        answer = cast(
+            tuple[bytes, bytes] | None, await self.redis.blpop([reply_to], timeout=timeout)
+        )
+        return None if answer is None else answer[1]
+
+    async def last_seq(self, session_id: str) -> int:
+        """The seq of the session's newest event; 0 for a session not yet created."""
+        last = cast(Entries, await self.redis.xrevrange(self.log_key(session_id), count=1))
+        return int(last[0][0].split(b"-")[0]) if last else 0
+
+    async def delta_cursor(self, session_id: str) -> str:
+        """The delta stream's newest id ("0-0" when empty): follow from here to miss nothing."""
+        last = cast(Entries, await self.redis.xrevrange(self.delta_key(session_id), count=1))
+        return last[0][0].decode() if last else "0-0"
 
     async def read_cut(self, session_id: str) -> tuple[Snapshot, list[dict[str, Any]], str] | None:
         """The snapshot, and the token deltas with the delta stream's last id ("0-0" when
@@ -486,7 +541,7 @@ class Store:
         Within a session its deltas come first: a call's deltas are written before the
         event that ends it. On Redis Cluster, all the sessions must share a partition.
         """
-        streams: dict[str, str] = {}
+        streams: dict[KeyT, StreamIdT] = {}
         owners: dict[bytes, tuple[str, str]] = {}
         for sid, (log_at, delta_at) in cursors.items():
             delta_key, log_key = self.delta_key(sid), self.log_key(sid)
@@ -494,7 +549,7 @@ class Store:
             streams[log_key] = log_at
             owners[delta_key.encode()] = (sid, "delta")
             owners[log_key.encode()] = (sid, "event")
-        reply = await self.redis.xread(streams, block=block_ms)
+        reply = cast(StreamsReply | None, await self.redis.xread(streams, block=block_ms))
         out = []
         for key, entries in reply or ():
             sid, kind = owners[key]
@@ -610,7 +665,7 @@ class Store:
     async def enqueue(self, session_id: str, inp: dict[str, Any], reply_to: str | None) -> str:
         body = {"sid": session_id, "input": inp, "reply_to": reply_to}
         p = self.partition_of(session_id)
-        entry = await self.redis.xadd(self.work_key(p), {"w": encode(body)})
+        entry = cast(bytes, await self.redis.xadd(self.work_key(p), {"w": encode(body)}))
         return entry.decode()
 
     @staticmethod
@@ -686,11 +741,12 @@ class Store:
                 return items
 
     async def inflight_sessions(self, p: int) -> list[str]:
-        return [s.decode() for s in await self.redis.smembers(self.inflight_key(p))]
+        members = cast(set[bytes], await self.redis.smembers(self.inflight_key(p)))
+        return [s.decode() for s in members]
 
     async def outbox(self, p: int) -> list[tuple[str, str, str]]:
         """Messages committed for other sessions and not yet handed over: (id, to, item)."""
-        entries = await self.redis.xrange(self.outbox_key(p))
+        entries = cast(Entries, await self.redis.xrange(self.outbox_key(p)))
         out = []
         for entry_id, fields in entries:
             item = fields[b"m"].decode()

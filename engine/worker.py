@@ -52,8 +52,7 @@ class DecisionFailure(SubsError):
         param: str | None = None,
         detail: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(message, code=code, retryable=retryable, param=param)
-        self.detail = detail or {}
+        super().__init__(message, code=code, retryable=retryable, param=param, detail=detail)
 
 
 @dataclass(frozen=True)

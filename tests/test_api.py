@@ -11,7 +11,15 @@ import httpx
 import pytest
 from httpx_sse import EventSource, aconnect_sse
 
-from engine.api import ApiKeys, SseLimits, bind_warning, check_bind, make_app, sse_frame
+from engine.api import (
+    ApiKeys,
+    ApiKeysError,
+    SseLimits,
+    bind_warning,
+    check_bind,
+    make_app,
+    sse_frame,
+)
 from engine.client import Client
 from engine.metrics import Metrics
 from engine.runner import Engine
@@ -143,7 +151,7 @@ def test_keys_and_binding():
     for header in (None, "", "Bearer", "Bearer nope", "Basic full", "Bearer mine:own"):
         assert keys.authenticate(header) is None, header
     assert mine.owns(mine.identity()) and not mine.owns(full.identity()) and full.owns({})
-    with pytest.raises(ValueError, match="KEY:own"):
+    with pytest.raises(ApiKeysError, match="KEY:own"):
         ApiKeys.parse("k:admin")
     open_keys = ApiKeys.from_env({})
     assert open_keys.open and open_keys.authenticate(None) is not None
@@ -393,6 +401,16 @@ async def test_statuses(http, vendor):
     await read_stream(http, sid, params={"turn_id": queued_turn[-1]})
     resp = await settle(http, sid, {"id": call_id, "result": "again"})
     assert resp.status_code == 409 and resp.json()["code"] == "call_not_open"
+
+
+async def test_the_routers_refusals_have_the_error_shape_and_keep_their_headers(http):
+    """aiohttp's own 404 and 405 come through the error middleware like every refusal."""
+    wrong = await http.put(INPUT, headers=auth(ROOT), json={})
+    assert wrong.status_code == 405 and "POST" in wrong.headers["Allow"].split(",")
+    assert wrong.json() == {"error": "Method Not Allowed", "code": "method_not_allowed"}
+    missing = await http.get("/nothing/here", headers=auth(ROOT))
+    assert missing.status_code == 404
+    assert missing.json() == {"error": "Not Found", "code": "not_found"}
 
 
 async def turn_ids(http: httpx.AsyncClient, sid: str) -> list[str]:
@@ -724,6 +742,7 @@ async def test_a_slow_client_is_cut_off_and_others_keep_streaming(engine, vendor
         got = events_of(frames[:-1])
         assert [e["seq"] for e in got] == list(range(1, info["resume_after_seq"] + 1))
         assert info["resume_after_seq"] < seen[-1]["seq"] and info["reason"]
+        assert info["code"] == "stream_overflow" and info["reason"] in info["error"]  # the shape
         rest = await read_stream(
             http,
             sid,

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from bot.app import BUSY, GAVE_UP, MAX_FAILURES
-from bot.checkpoint import TURNS, Checkpoint, Checkpoints, LeaseLost
+from bot.checkpoint import Checkpoint, LeaseLost
 from bot.reply import STAMP, stamp
+from bot.store import TURNS, Checkpoints
 from bot.threads import session_id_for
 from engine.config import parse_project
 from tests.bot_helpers import AGENT, World, serve_bots
@@ -93,7 +94,7 @@ async def test_native_streaming_writes_one_message_through_the_stream_methods(
     assert not fake.calls("chat.update") and not fake.calls("chat.postMessage")
     visible = [v.text for v in fake.edits(reply.channel, reply.ts)]
     assert len(set(visible)) > 1 and all(ANSWER.startswith(t) for t in visible)
-    assert await native.client.redis.hlen(TURNS) == 0
+    assert await native.client.store.redis.hlen(TURNS) == 0
 
 
 async def test_an_expired_stream_falls_back_to_editing_the_same_message(native: World) -> None:
@@ -154,7 +155,7 @@ async def test_a_bot_closed_mid_stream_hands_its_turn_to_the_next(world: World) 
     mention = await _mention(world, "are the replicas ok?")
     await fake.until(lambda: _replies(fake, mention) or None, timeout=10)
     await world.bots.aclose()  # mid-stream: the checkpoint stays, the lease is released
-    assert await world.client.redis.hlen(TURNS) == 1
+    assert await world.client.store.redis.hlen(TURNS) == 1
 
     async with world.successor() as successor:
         await _turn_ended(world, mention)
@@ -162,7 +163,7 @@ async def test_a_bot_closed_mid_stream_hands_its_turn_to_the_next(world: World) 
     [reply] = _replies(fake, mention)
     assert [b["text"] for b in reply.blocks if b["type"] == "markdown"] == [ANSWER]
     assert len([c for c in fake.calls("chat.postMessage") if c.args.get("thread_ts")]) == 1
-    assert await world.client.redis.hlen(TURNS) == 0
+    assert await world.client.store.redis.hlen(TURNS) == 0
 
 
 async def test_a_resumed_turn_finds_the_reply_a_dead_bot_posted_by_its_stamp(
@@ -194,13 +195,13 @@ async def test_a_resumed_turn_finds_the_reply_a_dead_bot_posted_by_its_stamp(
             "bot_id": None,
         },
     )
-    await world.client.redis.hset(TURNS, lost.key, lost.dumps())
+    await world.client.store.redis.hset(TURNS, lost.key, lost.dumps())
     async with world.successor() as successor:
         await successor.idle()
     assert [m.ts for m in _replies(fake, mention)] == [reply.ts]
     assert len(fake.calls("chat.postMessage")) == posts
     assert fake.calls("conversations.replies")[-1].args.get("include_all_metadata")
-    assert await world.client.redis.hlen(TURNS) == 0
+    assert await world.client.store.redis.hlen(TURNS) == 0
     assert len(await world.turns(mention.channel, mention.ts)) == 1
 
 
@@ -339,11 +340,11 @@ async def test_a_turn_whose_followers_keep_failing_is_given_up_and_says_so(
         trigger=asked.ts,
         since=asked.ts,
     )
-    await world.client.redis.hset(TURNS, doomed.key, doomed.dumps())
+    await world.client.store.redis.hset(TURNS, doomed.key, doomed.dumps())
     async with world.successor(lease_ms=300, retry_s=RETRY) as successor:
 
         async def dropped() -> bool:
-            return await world.client.redis.hlen(TURNS) == 0
+            return await world.client.store.redis.hlen(TURNS) == 0
 
         await poll_until(dropped, timeout=15, what="the checkpoint to be given up")
         await successor.idle()
@@ -379,7 +380,7 @@ async def test_a_button_clicked_while_the_thread_is_busy_says_so_and_starts_noth
     await world.bots.idle()
     names = [r["trigger"].get("name") for r in worker.requests]
     assert "page_again" not in names
-    assert await world.client.redis.hlen(TURNS) == 0
+    assert await world.client.store.redis.hlen(TURNS) == 0
 
 
 # -- one turn per message -------------------------------------------------------------
@@ -402,7 +403,7 @@ async def test_the_same_message_under_a_new_event_id_starts_no_second_turn(world
     await world.bots.idle()
     assert len(_replies(fake, mention)) == 1
     assert len(await world.turns(mention.channel, mention.ts)) == 1
-    assert await world.client.redis.hlen(TURNS) == 0
+    assert await world.client.store.redis.hlen(TURNS) == 0
 
 
 def _bare_checkpoint() -> Checkpoint:
@@ -455,7 +456,7 @@ async def test_a_resumed_command_finds_the_root_message_a_dead_bot_posted(world:
         payload={"type": "client.action", "name": "oncall", "args": args},
         since=since,
     )
-    await world.client.redis.hset(TURNS, lost.key, lost.dumps())
+    await world.client.store.redis.hset(TURNS, lost.key, lost.dumps())
     async with world.successor() as successor:
         await successor.idle()
     roots = [m for m in fake.history(fake.general.id) if m.bot_id]
@@ -465,7 +466,7 @@ async def test_a_resumed_command_finds_the_root_message_a_dead_bot_posted(world:
     sid = session_id_for(AGENT, fake.general.id, root["ts"])
     kinds = [e["payload"]["type"] for e in await world.client.events(sid)]
     assert kinds.count("turn.started") == 1 and "turn.completed" in kinds
-    assert await world.client.redis.hlen(TURNS) == 0
+    assert await world.client.store.redis.hlen(TURNS) == 0
 
 
 async def test_an_unreadable_checkpoint_is_skipped_and_an_older_one_still_read(redis) -> None:

@@ -292,7 +292,7 @@ async def test_cost_from_price_table(vendor, http, kind, model, expected, stream
 async def test_rate_limited_honours_retry_after(vendor, http, kind, stream):
     vendor.push(HttpError(429, retry_after=2.5))
     error, _ = await failure(http, vendor, kind, stream=stream)
-    assert (error.code, error.retryable, error.status) == ("rate_limited", True, 429)
+    assert (error.code, error.retryable, error.vendor_status) == ("rate_limited", True, 429)
     assert error.retry_after == 2.5
     assert error.message.startswith(f"{VENDOR_NAMES[kind]} returned HTTP 429")
     assert_one_sentence(error)
@@ -304,7 +304,7 @@ async def test_rate_limited_honours_retry_after(vendor, http, kind, stream):
 async def test_retryable_statuses(vendor, http, kind, stream, status):
     vendor.push(HttpError(status))
     error, _ = await failure(http, vendor, kind, stream=stream)
-    assert (error.code, error.retryable, error.status) == ("provider_error", True, status)
+    assert (error.code, error.retryable, error.vendor_status) == ("provider_error", True, status)
     assert error.retry_after is None
 
 
@@ -312,7 +312,7 @@ async def test_retryable_statuses(vendor, http, kind, stream, status):
 async def test_anthropic_overloaded(vendor, http, stream):
     vendor.push(HttpError(529, retry_after=1))
     error, _ = await failure(http, vendor, "anthropic", stream=stream)
-    assert (error.code, error.retryable, error.status) == ("provider_error", True, 529)
+    assert (error.code, error.retryable, error.vendor_status) == ("provider_error", True, 529)
     assert error.retry_after == 1
     assert error.message == "Anthropic returned HTTP 529: Overloaded"
 
@@ -323,7 +323,7 @@ async def test_final_statuses(vendor, http, kind, status):
     vendor.push(HttpError(status))
     error, _ = await failure(http, vendor, kind, stream=False)
     assert error.retryable is False
-    assert error.status == status
+    assert error.vendor_status == status
     assert error.code == ("refused" if (kind, status) == ("openrouter", 403) else "provider_error")
 
 
@@ -361,7 +361,7 @@ async def test_final_statuses(vendor, http, kind, status):
 async def test_budget_exceeded_is_final(vendor, http, kind, status, body):
     vendor.push(HttpError(status, body=body))
     error, _ = await failure(http, vendor, kind, stream=True)
-    assert (error.code, error.retryable, error.status) == ("budget_exceeded", False, status)
+    assert (error.code, error.retryable, error.vendor_status) == ("budget_exceeded", False, status)
 
 
 @each_vendor
@@ -444,7 +444,7 @@ async def test_malformed_answers_are_invalid_responses(vendor, http, kind, strea
 
 async def test_an_empty_script_answers_500_and_default_replies(vendor, http):
     error, _ = await failure(http, vendor, "openai", stream=False)
-    assert (error.status, error.retryable) == (500, True)
+    assert (error.vendor_status, error.retryable) == (500, True)
     assert "script ran out" in error.message
 
     vendor.default = Text("again")

@@ -618,6 +618,7 @@ async def test_healthz_is_degraded_while_redis_is_away_and_handlers_answer_503(
             degraded = await poll_until(healthz_is(http, 503), 5, "/healthz to answer 503")
             assert time.monotonic() - started < 2
             assert degraded.json()["status"] == "degraded"
+            assert degraded.json()["code"] == "store_unavailable"  # the error shape, too
             reason = degraded.json()["redis"]
             assert reason and len(reason) < 40 and "/" not in reason  # a word, no address
             for method, path, body in [

@@ -413,7 +413,7 @@ def _finish_reason(reason: Any) -> str | None:
 def parse_error(status: int, headers: Mapping[str, str], body: bytes) -> ProviderError:
     """Returns the ProviderError for an HTTP error answer (headers: case-insensitive)."""
     error = error_body(body)
-    code, retryable = _BY_TYPE.get(error.get("type"), status_class(status))
+    code, retryable = _BY_TYPE.get(str(error.get("type")), status_class(status))
     details = error.get("details")
     if isinstance(details, dict) and details.get("error_code") == _SPEND_LIMIT:
         code, retryable = "budget_exceeded", False

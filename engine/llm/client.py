@@ -196,7 +196,7 @@ async def _whole(
             f"{adapter.name} sent a response {problem}.",
             "invalid_response",
             retryable=True,
-            status=response.status,
+            vendor_status=response.status,
         ) from None
     return _read(adapter, adapter.parse, document, "response")
 

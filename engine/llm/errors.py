@@ -27,7 +27,8 @@ class ProviderError(SubsError):
         code: an ErrorInfo code (SPEC.md §5), e.g. "provider_error", "rate_limited".
         retryable: whether another attempt may succeed.
         retry_after: seconds the vendor asked us to wait, if it said.
-        status: the HTTP status, when the failure was an HTTP answer.
+        vendor_status: the vendor's HTTP status, when the failure was an HTTP answer
+            (`status` is the root's: the API's, where an error reaches it).
         param: the parameter at fault, e.g. the name of a missing env variable.
     """
 
@@ -40,17 +41,17 @@ class ProviderError(SubsError):
         *,
         retryable: bool = False,
         retry_after: float | None = None,
-        status: int | None = None,
+        vendor_status: int | None = None,
         param: str | None = None,
     ) -> None:
         super().__init__(message, code=code, retryable=retryable, param=param)
         self.retry_after = retry_after
-        self.status = status
+        self.vendor_status = vendor_status
 
     def __repr__(self) -> str:
         return (
             f"ProviderError({self.message!r}, code={self.code!r}, retryable={self.retryable}, "
-            f"status={self.status}, retry_after={self.retry_after})"
+            f"vendor_status={self.vendor_status}, retry_after={self.retry_after})"
         )
 
 
@@ -138,5 +139,5 @@ def http_error(
         code,
         retryable=retryable,
         retry_after=retry_after(headers),
-        status=status,
+        vendor_status=status,
     )

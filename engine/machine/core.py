@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, Protocol
 
+from ..errors import SubsError
 from .effects import Effect
 from .evolve import Event, evolve
 from .state import SessionState
@@ -16,7 +17,7 @@ class Ids(Protocol):
     def __call__(self, prefix: str) -> str: ...
 
 
-class MachineError(Exception):
+class MachineError(SubsError):
     """An input the session refuses. `status` is the HTTP status hint."""
 
     def __init__(self, code: str, message: str, status: int = 409, **detail: Any) -> None:
