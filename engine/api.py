@@ -32,6 +32,7 @@ from .client import Client, ClientError, validate_client_input
 from .fanout import Hub, Watch, stream_pos
 from .jsonedge import JsonEdgeError, compact_json, loads_checked
 from .machine import SessionState
+from .machine.events import CALL_ENDS, TURN_ENDS
 from .machine.tree import path_to
 from .metrics import Metrics
 from .protocol import InterruptPayload, WorkerIdentity
@@ -40,10 +41,6 @@ from .store import Store
 
 log = logging.getLogger("subs.api")
 
-TURN_ENDS = frozenset({"turn.completed", "turn.failed"})
-CALL_ENDS = frozenset(
-    {"llm.call.completed", "llm.call.errored", "tool.call.completed", "tool.call.errored"}
-)
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
     "Cache-Control": "no-cache",

@@ -38,6 +38,7 @@ from .machine import (
     state_to_json,
     step,
 )
+from .machine import events as ev
 from .machine.evolve import at_ms
 from .metrics import Metrics
 from .retrying import Backoff, Trouble
@@ -319,11 +320,11 @@ class Applier:
         self.metrics.steps_committed(1)
         for event in events:
             kind = event["payload"]["type"]
-            if kind == "turn.started":
+            if kind == ev.TURN_STARTED:
                 self.metrics.turn_started()
-            elif kind == "turn.completed":
+            elif kind == ev.TURN_COMPLETED:
                 self.metrics.turn_completed()
-            elif kind == "turn.failed":
+            elif kind == ev.TURN_FAILED:
                 self.metrics.turn_failed()
 
 
@@ -393,7 +394,7 @@ def _commit_of(
         ),
         reply={"ok": True, **t.reply} if t.reply else {"ok": True, "ignored": t.ignored},
         created_ms=at_ms(created)
-        if created and created["payload"]["type"] == "session.created"
+        if created and created["payload"]["type"] == ev.SESSION_CREATED
         else None,
     )
     return commit, mark
