@@ -71,7 +71,7 @@ _STRICT = ConfigDict(extra="forbid", strict=True)
 # -- the records -----------------------------------------------------------------------
 
 JSON = dict[str, Any]
-Usage = dict[str, int]
+Usage = dict[str, Any]  # the neutral counts (SPEC §7), a call's with its vendor's raw `provider`
 
 
 @with_config(_STRICT)
