@@ -36,7 +36,7 @@ from .machine.events import CALL_ENDS, TURN_ENDS
 from .machine.tree import path_to
 from .metrics import Metrics
 from .protocol import InterruptPayload, WorkerIdentity
-from .snapshots import load_state, state_of
+from .snapshots import load, load_state
 from .store import Store
 
 log = logging.getLogger("subs.api")
@@ -271,7 +271,7 @@ async def _read_cut(store: Store, sid: str) -> _Cut | None:
     if read is None:
         return None
     snap, deltas, cursor = read
-    return _Cut(snap.seq, state_of(snap), deltas, cursor)
+    return _Cut(snap.seq, await load(store, sid, snap), deltas, cursor)
 
 
 def _delta_key(delta: Mapping[str, Any]) -> tuple[Any, Any]:

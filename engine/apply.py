@@ -42,7 +42,7 @@ from .machine import events as ev
 from .machine.evolve import at_ms
 from .metrics import Metrics
 from .retrying import Backoff, Trouble
-from .snapshots import SNAPSHOT_MIN_BYTES, Mark, mark_of, state_of
+from .snapshots import SNAPSHOT_MIN_BYTES, Mark, current, load, mark_of
 from .store import STORE_FAULTS, Commit, Store, StoreConflict, WorkItem
 
 log = logging.getLogger("subs.engine")
@@ -196,9 +196,10 @@ class Applier:
         if state is None:
             snap = await self.store.load_snapshot(sid)
             if snap is not None:
-                state = state_of(snap)
+                state = await load(self.store, sid, snap)
                 self.cache[sid] = state
-                self.marks[sid] = mark_of(snap)
+                if current(snap):  # else no mark: the next commit rewrites the snapshot
+                    self.marks[sid] = mark_of(snap)
         return state
 
     def _decider(self, agent_id: str) -> str:
