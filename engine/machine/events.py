@@ -341,6 +341,39 @@ class SubagentEnded(TypedDict):
     error: NotRequired[JSON | None]
 
 
+Payload = (
+    SessionCreated
+    | AgentUpdated
+    | WorkerStateUpdated
+    | ChannelsUpdated
+    | MessageNew
+    | MessageSent
+    | HeadMoved
+    | InputRejected
+    | TurnQueued
+    | TurnStarted
+    | TurnCompleted
+    | TurnFailed
+    | LlmCallRequested
+    | ToolCallRequested
+    | CallDispatched
+    | LlmCallCompleted
+    | ToolCallWaiting
+    | ToolCallCompleted
+    | CallErrored
+    | RetryScheduled
+    | DecisionQueued
+    | DecisionDispatched
+    | DecisionCompleted
+    | DecisionErrored
+    | SessionInterrupted
+    | SessionInterruptResumed
+    | SubagentRequested
+    | SubagentStarted
+    | SubagentEnded
+)
+"""Any event's payload: what `Step.emit` takes, so mypy checks each rule's fields."""
+
 EVENTS: Final[Mapping[str, type]] = {
     SESSION_CREATED: SessionCreated,
     AGENT_UPDATED: AgentUpdated,

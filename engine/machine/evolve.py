@@ -7,7 +7,7 @@ the log cannot drift apart. An unknown event type is a bug, never skipped.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
@@ -109,6 +109,8 @@ def _call_requested(
     kind: str,
 ) -> Callable[[SessionState, Event, ev.LlmCallRequested | ev.ToolCallRequested], None]:
     def requested(s: SessionState, e: Event, p: ev.LlmCallRequested | ev.ToolCallRequested) -> None:
+        # What one kind of call has and the other lacks is read as absent.
+        fields: Mapping[str, Any] = p
         s.calls[p["id"]] = Call(
             id=p["id"],
             kind=kind,
@@ -118,10 +120,10 @@ def _call_requested(
             status="requested",
             started_at=at_ms(e),
             retry=p["retry"],
-            name=p.get("name"),
-            arguments=p.get("arguments"),
-            anchor=p.get("anchor"),
-            params=p.get("params") or {},
+            name=fields.get("name"),
+            arguments=fields.get("arguments"),
+            anchor=fields.get("anchor"),
+            params=fields.get("params") or {},
         )
 
     return requested
