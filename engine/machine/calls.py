@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import decisions, turns
+from . import decisions, retry, turns
 from . import events as ev
 from .core import MachineError, Step, iso
 from .effects import Deliver, RunExecute, RunLlmCall, StartTimer
@@ -19,7 +19,7 @@ from .inputs import (
     SubagentStarted,
     TimerFired,
 )
-from .retry import backoff_ms, past_total, resolve_policy, run_deadline
+from .retry import Fault, resolve_policy, run_deadline
 from .state import Call
 from .tools import check_output, find_tool, result_text, tool_result_of
 
@@ -326,15 +326,19 @@ def call_failed(
     An attempt lost with its engine is not `counted` against max_attempts: the
     call did not fail, the engine did. The total timeout still bounds it.
     """
-    policy = policy or call.retry
-    next_attempt = call.attempt + 1
-    wait = 0 if at_once else backoff_ms(policy, next_attempt)
-    if retry_after is not None:
-        wait = max(wait, int(retry_after * 1000))
-    due = st.now + wait
-    final = not retryable or (counted and next_attempt > policy["max_attempts"])
-    if not final and past_total(call.retry, call.started_at, due):
-        final = True
+    nxt = retry.after_failure(
+        policy or call.retry,
+        call.attempt,
+        call.started_at,
+        st.now,
+        retryable=retryable,
+        retry_after=retry_after,
+        at_once=at_once,
+        counted=counted,
+        total=call.retry,
+    )
+    final = nxt.final
+    if nxt.timed_out:
         error = {
             "message": f"gave up after {call.attempt} attempts: the call's total timeout "
             f"({call.retry['total_timeout_secs']} s) would pass before the next one",
@@ -364,7 +368,8 @@ def call_failed(
         else:
             tool_finished(st, call, None, error)
         return
-    if wait <= 0:
+    next_attempt = call.attempt + 1
+    if nxt.due <= st.now:
         dispatch(st, call, next_attempt)
         return
     st.emit(
@@ -372,10 +377,10 @@ def call_failed(
             "type": ev.CALL_RETRY_SCHEDULED,
             "id": call.id,
             "attempt": next_attempt,
-            "due_at": iso(due),
+            "due_at": iso(nxt.due),
         }
     )
-    st.out.effects.append(StartTimer(due, TimerFired(call.id, next_attempt)))
+    st.out.effects.append(StartTimer(nxt.due, TimerFired(call.id, next_attempt)))
 
 
 def timer_fired(st: Step, inp: TimerFired) -> None:
@@ -394,8 +399,9 @@ def call_lost(st: Step, inp: CallLost) -> None:
     call = live_call(st, inp.call_id, inp.attempt, None)
     if call is None or call.status == "waiting":
         return
-    error = {"message": "the engine running this call stopped", "code": "internal"}
-    call_failed(st, call, error, True, None, at_once=True, counted=False)
+    lost = Fault.LOST
+    error = lost.error("the engine running this call stopped")
+    call_failed(st, call, error, lost.retryable, None, at_once=True, counted=False)
     turns.settle_turn(st)
 
 
@@ -412,19 +418,14 @@ def call_deadline(st: Step, inp: CallDeadline) -> None:
         return
     if call.handler == "subagent":
         # A child has no attempts to retry: its whole run is over its total timeout.
+        fault = Fault.CHILD_DEADLINE
         total = call.retry.get("total_timeout_secs")
-        error = {
-            "message": f"subagent {call.name!r} did not finish within {total} s",
-            "code": "deadline_exceeded",
-        }
+        error = fault.error(f"subagent {call.name!r} did not finish within {total} s")
         turns.stop_child(st, call)
-        call_failed(st, call, error, retryable=False, retry_after=None)
     else:
-        error = {
-            "message": f"{call.name or call.id} ran past its deadline",
-            "code": "deadline_exceeded",
-        }
-        call_failed(st, call, error, retryable=True, retry_after=None)
+        fault = Fault.DEADLINE
+        error = fault.error(f"{call.name or call.id} ran past its deadline")
+    call_failed(st, call, error, fault.retryable, None)
     turns.settle_turn(st)
 
 
@@ -438,11 +439,13 @@ def settle_tool(
     if error is None:
         assert result is not None
         mismatch = check_output(find_tool(st.s.agent, call.name or ""), result)
-        if mismatch is None:
-            st.emit({"type": ev.TOOL_CALL_COMPLETED, "id": call.id, "result": result})
-            tool_finished(st, call, result, None)
+        if mismatch is not None:
+            bad = Fault.BAD_OUTPUT
+            call_failed(st, call, bad.error(mismatch), bad.retryable, None)
             return
-        error, retryable = mismatch, False
+        st.emit({"type": ev.TOOL_CALL_COMPLETED, "id": call.id, "result": result})
+        tool_finished(st, call, result, None)
+        return
     call_failed(st, call, {"message": error, "code": "handler_error"}, retryable, None)
 
 

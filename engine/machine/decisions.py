@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import calls, turns
+from . import calls, retry, turns
 from . import events as ev
 from .core import Step, iso
 from .effects import RunDecision, StartTimer
@@ -24,7 +24,7 @@ from .inputs import (
     ExecuteAnswered,
     ExecuteFailed,
 )
-from .retry import backoff_ms, past_total, resolve_policy, run_deadline
+from .retry import Fault, resolve_policy, run_deadline
 from .state import Call, Decision
 from .tools import tool_result_of
 from .tree import id_clash
@@ -109,7 +109,8 @@ def decision_answered(st: Step, inp: DecisionAnswered) -> None:
         return
     problem = check_response(st, inp.response, d.trigger)
     if problem is not None:
-        decision_failed(st, d, {"message": problem, "code": "invalid_response"}, True)
+        invalid = Fault.INVALID_RESPONSE
+        decision_failed(st, d, invalid.error(problem), invalid.retryable)
         return
     st.emit({"type": ev.DECISION_COMPLETED, "decision_id": d.id, "attempt": d.attempt})
     apply_decision(st, inp.response, d.trigger)
@@ -133,21 +134,17 @@ def decision_failed_input(st: Step, inp: DecisionFailed) -> None:
 def decision_lost(st: Step, inp: CallLost) -> None:
     d = live_decision(st, inp.call_id, inp.attempt)
     if d is not None:
-        error = {"message": "the engine waiting for this decision stopped", "code": "internal"}
-        decision_failed(st, d, error, True, at_once=True)
+        lost = Fault.LOST
+        error = lost.error("the engine waiting for this decision stopped")
+        decision_failed(st, d, error, lost.retryable, at_once=True)
 
 
 def decision_failed(
     st: Step, d: Decision, error: dict[str, Any], retryable: bool, *, at_once: bool = False
 ) -> None:
     """Retry the delivery under the decision policy, or fail the turn cleanly."""
-    next_attempt = d.attempt + 1
-    wait = 0 if at_once else backoff_ms(d.retry, next_attempt)
-    due = st.now + wait
-    final = (
-        not retryable
-        or next_attempt > d.retry["max_attempts"]
-        or past_total(d.retry, d.started_at, due)
+    nxt = retry.after_failure(
+        d.retry, d.attempt, d.started_at, st.now, retryable=retryable, at_once=at_once
     )
     st.emit(
         {
@@ -156,14 +153,15 @@ def decision_failed(
             "attempt": d.attempt,
             "error": error,
             "retryable": retryable,
-            "final": final,
+            "final": nxt.final,
         }
     )
-    if final:
+    if nxt.final:
         if st.s.turn is not None:
             turns.fail_turn(st, error)
         return
-    if wait <= 0:
+    next_attempt = d.attempt + 1
+    if nxt.due <= st.now:
         redispatch(st, d, next_attempt)
         return
     st.emit(
@@ -172,21 +170,20 @@ def decision_failed(
             "kind": "decision",
             "id": d.id,
             "attempt": next_attempt,
-            "due_at": iso(due),
+            "due_at": iso(nxt.due),
         }
     )
-    st.out.effects.append(StartTimer(due, DecisionTimerFired(d.id, next_attempt)))
+    st.out.effects.append(StartTimer(nxt.due, DecisionTimerFired(d.id, next_attempt)))
 
 
 def decision_deadline(st: Step, inp: DecisionDeadline) -> None:
     d = live_decision(st, inp.decision_id, inp.attempt)
     if d is not None:
-        error = {
-            "message": f"the worker did not answer decision {d.id!r} (attempt {d.attempt}) "
-            "before its deadline",
-            "code": "deadline_exceeded",
-        }
-        decision_failed(st, d, error, True)
+        late = Fault.DEADLINE
+        error = late.error(
+            f"the worker did not answer decision {d.id!r} (attempt {d.attempt}) before its deadline"
+        )
+        decision_failed(st, d, error, late.retryable)
 
 
 def decision_timer_fired(st: Step, inp: DecisionTimerFired) -> None:
@@ -215,7 +212,8 @@ def execute_answered(st: Step, inp: ExecuteAnswered) -> None:
     if problem is None and call.kind == "llm" and not _ends(inp.response, call.id):
         problem = "llm.execute must be answered with llm.result or llm.error"
     if problem is not None:
-        calls.delivery_failed(st, call, {"message": problem, "code": "invalid_response"}, True)
+        invalid = Fault.INVALID_RESPONSE
+        calls.delivery_failed(st, call, invalid.error(problem), invalid.retryable)
         after_decision(st)
         return
     apply_decision(st, inp.response, trigger)
@@ -293,7 +291,8 @@ def apply_decision(st: Step, resp: dict[str, Any], trigger: dict[str, Any]) -> N
     # Fail the calls nothing can run only once all of the decision's calls are
     # open, so the re-prompt waits for every one of them.
     for call, reason in unrunnable:
-        calls.call_failed(st, call, {"message": reason, "code": "unroutable"}, False, None)
+        unroutable = Fault.UNROUTABLE
+        calls.call_failed(st, call, unroutable.error(reason), unroutable.retryable, None)
 
 
 def apply_action(
