@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from engine.machine import events as ev
+
 from .mrkdwn import escape, fence_marker, is_fence_close, to_mrkdwn
 
 __all__ = [
@@ -54,20 +56,20 @@ Event = dict[str, Any]
 # not in `_APPLY` is a type this module has not been taught: an error, never skipped.
 _IGNORED = frozenset(
     {
-        "session.created",
-        "head.moved",
-        "turn.queued",
-        "turn.started",
-        "worker.state.updated",
-        "agent.updated",
-        "decision.queued",
-        "decision.dispatched",
-        "decision.completed",
-        "decision.errored",
-        "message.sent",
-        "input.rejected",  # the turn.failed that follows says why
-        "llm.call.dispatched",
-        "tool.call.waiting",
+        ev.SESSION_CREATED,
+        ev.HEAD_MOVED,
+        ev.TURN_QUEUED,
+        ev.TURN_STARTED,
+        ev.WORKER_STATE_UPDATED,
+        ev.AGENT_UPDATED,
+        ev.DECISION_QUEUED,
+        ev.DECISION_DISPATCHED,
+        ev.DECISION_COMPLETED,
+        ev.DECISION_ERRORED,
+        ev.MESSAGE_SENT,
+        ev.INPUT_REJECTED,  # the turn.failed that follows says why
+        ev.LLM_CALL_DISPATCHED,
+        ev.TOOL_CALL_WAITING,
     }
 )
 
@@ -380,24 +382,24 @@ class TurnView:
 
 
 _APPLY = {
-    "message.new": TurnView._message_new,
-    "llm.call.requested": TurnView._llm_requested,
-    "llm.call.completed": TurnView._llm_completed,
-    "llm.call.errored": TurnView._llm_errored,
-    "tool.call.requested": TurnView._tool_requested,
-    "tool.call.dispatched": TurnView._tool_dispatched,
-    "tool.call.completed": TurnView._tool_completed,
-    "tool.call.errored": TurnView._tool_errored,
-    "call.retry_scheduled": TurnView._retry_scheduled,
-    "subagent.requested": TurnView._subagent_started,
-    "subagent.started": TurnView._subagent_started,
-    "subagent.completed": TurnView._subagent_completed,
-    "subagent.errored": TurnView._subagent_errored,
-    "session.interrupted": TurnView._interrupted,
-    "session.interrupt_resumed": TurnView._interrupt_resumed,
-    "channels.updated": TurnView._channels,
-    "turn.completed": TurnView._completed,
-    "turn.failed": TurnView._failed_turn,
+    ev.MESSAGE_NEW: TurnView._message_new,
+    ev.LLM_CALL_REQUESTED: TurnView._llm_requested,
+    ev.LLM_CALL_COMPLETED: TurnView._llm_completed,
+    ev.LLM_CALL_ERRORED: TurnView._llm_errored,
+    ev.TOOL_CALL_REQUESTED: TurnView._tool_requested,
+    ev.TOOL_CALL_DISPATCHED: TurnView._tool_dispatched,
+    ev.TOOL_CALL_COMPLETED: TurnView._tool_completed,
+    ev.TOOL_CALL_ERRORED: TurnView._tool_errored,
+    ev.CALL_RETRY_SCHEDULED: TurnView._retry_scheduled,
+    ev.SUBAGENT_REQUESTED: TurnView._subagent_started,
+    ev.SUBAGENT_STARTED: TurnView._subagent_started,
+    ev.SUBAGENT_COMPLETED: TurnView._subagent_completed,
+    ev.SUBAGENT_ERRORED: TurnView._subagent_errored,
+    ev.SESSION_INTERRUPTED: TurnView._interrupted,
+    ev.SESSION_INTERRUPT_RESUMED: TurnView._interrupt_resumed,
+    ev.CHANNELS_UPDATED: TurnView._channels,
+    ev.TURN_COMPLETED: TurnView._completed,
+    ev.TURN_FAILED: TurnView._failed_turn,
 }
 
 

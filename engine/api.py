@@ -31,18 +31,15 @@ from .errors import SubsError
 from .fanout import Hub, Watch, stream_pos
 from .jsonedge import JsonEdgeError, compact_json, loads_checked
 from .machine import SessionState
+from .machine.events import CALL_ENDS, TURN_ENDS
 from .machine.tree import path_to
 from .metrics import Metrics
 from .protocol import InterruptPayload, WorkerIdentity
-from .snapshots import load_state, state_of
+from .snapshots import load, load_state
 from .store import STORE_FAULTS, Store
 
 log = logging.getLogger("subs.api")
 
-TURN_ENDS = frozenset({"turn.completed", "turn.failed"})
-CALL_ENDS = frozenset(
-    {"llm.call.completed", "llm.call.errored", "tool.call.completed", "tool.call.errored"}
-)
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
     "Cache-Control": "no-cache",
@@ -282,7 +279,7 @@ async def _read_cut(store: Store, sid: str) -> _Cut | None:
     if read is None:
         return None
     snap, deltas, cursor = read
-    return _Cut(snap.seq, state_of(snap), deltas, cursor)
+    return _Cut(snap.seq, await load(store, sid, snap), deltas, cursor)
 
 
 def _delta_key(delta: Mapping[str, Any]) -> tuple[Any, Any]:

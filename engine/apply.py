@@ -38,10 +38,11 @@ from .machine import (
     state_to_json,
     step,
 )
+from .machine import events as ev
 from .machine.evolve import at_ms
 from .metrics import Metrics
 from .retrying import Backoff, Trouble
-from .snapshots import SNAPSHOT_MIN_BYTES, Mark, mark_of, state_of
+from .snapshots import SNAPSHOT_MIN_BYTES, Mark, current, load, mark_of
 from .store import STORE_FAULTS, Commit, Store, StoreConflict, WorkItem
 
 log = logging.getLogger("subs.engine")
@@ -195,9 +196,10 @@ class Applier:
         if state is None:
             snap = await self.store.load_snapshot(sid)
             if snap is not None:
-                state = state_of(snap)
+                state = await load(self.store, sid, snap)
                 self.cache[sid] = state
-                self.marks[sid] = mark_of(snap)
+                if current(snap):  # else no mark: the next commit rewrites the snapshot
+                    self.marks[sid] = mark_of(snap)
         return state
 
     def _decider(self, agent_id: str) -> str:
@@ -319,11 +321,11 @@ class Applier:
         self.metrics.steps_committed(1)
         for event in events:
             kind = event["payload"]["type"]
-            if kind == "turn.started":
+            if kind == ev.TURN_STARTED:
                 self.metrics.turn_started()
-            elif kind == "turn.completed":
+            elif kind == ev.TURN_COMPLETED:
                 self.metrics.turn_completed()
-            elif kind == "turn.failed":
+            elif kind == ev.TURN_FAILED:
                 self.metrics.turn_failed()
 
 
@@ -393,7 +395,7 @@ def _commit_of(
         ),
         reply={"ok": True, **t.reply} if t.reply else {"ok": True, "ignored": t.ignored},
         created_ms=at_ms(created)
-        if created and created["payload"]["type"] == "session.created"
+        if created and created["payload"]["type"] == ev.SESSION_CREATED
         else None,
     )
     return commit, mark

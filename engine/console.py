@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TextIO
 
 from .client import ClientError
+from .machine import events as ev
 
 _SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 _STEPS = {
-    "llm.call.dispatched": "model call",
-    "tool.call.dispatched": "tool {name}",
-    "decision.dispatched": "worker decision",
-    "session.interrupted": "paused",
+    ev.LLM_CALL_DISPATCHED: "model call",
+    ev.TOOL_CALL_DISPATCHED: "tool {name}",
+    ev.DECISION_DISPATCHED: "worker decision",
+    ev.SESSION_INTERRUPTED: "paused",
 }
 
 
@@ -109,7 +110,7 @@ class Printer:
     def event(self, event: dict[str, Any]) -> None:
         p = event["payload"]
         kind = p["type"]
-        if kind == "tool.call.requested":
+        if kind == ev.TOOL_CALL_REQUESTED:
             self.tool_names[p["id"]] = p["name"]
         label = _STEPS.get(kind)
         if label is not None:
@@ -117,11 +118,11 @@ class Printer:
             self.step, self.step_since = label.format(name=name).strip(), time.monotonic()
         if self.jsonl:
             self.write(json.dumps(event) + "\n")
-        elif kind == "tool.call.requested":
+        elif kind == ev.TOOL_CALL_REQUESTED:
             self.line(f"→ {p['name']}({short(p.get('arguments') or '')})", "2")
-        elif kind == "tool.call.errored" and p.get("final"):
+        elif kind == ev.TOOL_CALL_ERRORED and p.get("final"):
             self.line(f"✗ {p['error']['message']}", "31")
-        elif kind in ("llm.call.errored", "decision.errored") and not p.get("final"):
+        elif kind in (ev.LLM_CALL_ERRORED, ev.DECISION_ERRORED) and not p.get("final"):
             self.line(f"… retrying: {p['error']['message']}", "33")
 
 
@@ -255,23 +256,23 @@ async def _follow_turn(
                 printer.event(item)
             continue
         printer.event(item)
-        if p["type"] == "llm.call.requested":
+        if p["type"] == ev.LLM_CALL_REQUESTED:
             ours.add(p["id"])
             for delta in early.pop(p["id"], ()):
                 printer.delta(delta)
-        elif p["type"] == "tool.call.requested" and p["handler"] == "client":
+        elif p["type"] == ev.TOOL_CALL_REQUESTED and p["handler"] == "client":
             client_calls[p["id"]] = p
-        elif p["type"] == "tool.call.dispatched" and p["id"] in client_calls:
+        elif p["type"] == ev.TOOL_CALL_DISPATCHED and p["id"] in client_calls:
             printer.pause()
             await answer_client_tool(client, sid, client_calls.pop(p["id"]))
-        elif p["type"] == "session.interrupted" and not printer.jsonl:
+        elif p["type"] == ev.SESSION_INTERRUPTED and not printer.jsonl:
             printer.pause()
             printer.line("")
             await answer_interrupt(client, sid, p)
-        elif p["type"] in ("turn.completed", "turn.failed"):
+        elif p["type"] in (ev.TURN_COMPLETED, ev.TURN_FAILED):
             if not printer.jsonl:
                 printer.line("")
-            if p["type"] == "turn.failed":
+            if p["type"] == ev.TURN_FAILED:
                 return TurnOutcome(sid, turn_id, "failed", p["error"]["message"])
             return TurnOutcome(sid, turn_id, "completed")
     return TurnOutcome(sid, turn_id, "detached")

@@ -35,6 +35,7 @@ from .machine import (
     SessionState,
     build_llm_request,
 )
+from .machine.retry import Fault
 from .metrics import Metrics
 from .retrying import Trouble
 from .store import Store
@@ -231,15 +232,15 @@ class EffectRunner:
                 f"the agent names no [llm.{block_id}] block; declared: {declared}"
                 if block_id
                 else f"the agent names no llm block; declared: {declared}",
-                code="unroutable",
-                retryable=False,
+                code=Fault.UNROUTABLE.code,
+                retryable=Fault.UNROUTABLE.retryable,
                 param="agent.llm",
             )
         if block.type == "worker":
             raise ProviderError(
                 f"[llm.{block.id}] runs on a worker, which this engine does not support yet",
-                code="unroutable",
-                retryable=False,
+                code=Fault.UNROUTABLE.code,
+                retryable=Fault.UNROUTABLE.retryable,
             )
         assert block.base_url is not None and block.api_key_env is not None
         return LlmTarget(
@@ -288,11 +289,11 @@ class EffectRunner:
                 retry_after=err.retry_after,
             )
         except TimeoutError:
-            info = {
-                "message": "the model call ran past its run timeout",
-                "code": "deadline_exceeded",
-            }
-            settled = LlmCallSettled(effect.call_id, effect.attempt, error=info, retryable=True)
+            late = Fault.DEADLINE
+            info = late.error("the model call ran past its run timeout")
+            settled = LlmCallSettled(
+                effect.call_id, effect.attempt, error=info, retryable=late.retryable
+            )
         finally:
             self.metrics.observe_model_call(time.perf_counter() - started)
         return settled

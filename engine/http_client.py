@@ -18,9 +18,9 @@ import aiohttp
 from .client import ClientError
 from .http_pool import failure_name, failure_text, new_session
 from .jsonedge import compact_json
+from .machine.events import TURN_ENDS
 from .sse import SseDecoder
 
-_TURN_ENDS = ("turn.completed", "turn.failed")
 # Dropped: resume from the last event yielded. Timeouts are ClientConnectionErrors too.
 _DROPS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 
@@ -205,7 +205,7 @@ class HttpClient:
                                 continue
                             last = data["seq"]
                             yield "event", data
-                            ends = data["payload"]["type"] in _TURN_ENDS
+                            ends = data["payload"]["type"] in TURN_ENDS
                             if turn_id and data.get("turn_id") == turn_id and ends:
                                 return
             except _DROPS:

@@ -4,17 +4,35 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis as AsyncRedis
 
 from engine.embedded import EmbeddedRedis
+from engine.machine import core
+from engine.machine.events import parse_event
 from engine.store import connect
 from tests.engine_helpers import EngineProcess, project_toml
 from tests.fakes.llm_vendor import FakeVendor
 
 pytest_plugins = ["tests.workers"]  # the test_worker fixture
+
+
+@pytest.fixture(scope="session", autouse=True)
+def emitted_events_follow_the_catalogue() -> Iterator[None]:
+    """Every event a rule emits in any test parses as its catalogue record (events.py):
+    a field renamed in a rule but not in the catalogue fails the test that emits it."""
+    fold_one = core.evolve
+
+    def checked(state: Any, event: Any) -> Any:
+        parse_event(event)
+        return fold_one(state, event)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(core, "evolve", checked)
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,14 @@
 """Retry policies layer as SPEC §11 says: engine default, agent default, agent kind, action."""
 
-from engine.machine.retry import DEFAULTS, backoff_ms, past_total, resolve_policy
+from engine.machine.retry import (
+    DEFAULTS,
+    Fault,
+    Next,
+    after_failure,
+    backoff_ms,
+    past_total,
+    resolve_policy,
+)
 
 
 def test_defaults_match_the_spec_table():
@@ -39,3 +47,35 @@ def test_backoff_and_total_timeout():
     policy = {"backoff_base_secs": 2, "backoff_max_secs": 10, "total_timeout_secs": 60}
     assert [backoff_ms(policy, n) for n in (2, 3, 4)] == [4000, 8000, 10000]
     assert not past_total(policy, 0, 60_000) and past_total(policy, 0, 60_001)
+
+
+POLICY = {
+    "max_attempts": 3,
+    "backoff_base_secs": 2,
+    "backoff_max_secs": 10,
+    "total_timeout_secs": 60,
+}
+
+
+def test_after_a_failure_the_next_attempt_waits_its_backoff_or_what_was_asked():
+    assert after_failure(POLICY, 1, 0, 1000, retryable=True) == Next(False, 5000, False)
+    assert after_failure(POLICY, 1, 0, 1000, retryable=True, retry_after=7.5).due == 8500
+    assert after_failure(POLICY, 1, 0, 1000, retryable=True, at_once=True).due == 1000
+
+
+def test_a_failure_is_final_when_refused_counted_out_or_out_of_time():
+    assert after_failure(POLICY, 1, 0, 0, retryable=False).final
+    assert after_failure(POLICY, 3, 0, 0, retryable=True) == Next(True, 10_000, False)
+    lost = after_failure(POLICY, 3, 0, 0, retryable=True, at_once=True, counted=False)
+    assert not lost.final  # a lost attempt does not count...
+    late = after_failure(POLICY, 1, 0, 57_000, retryable=True)
+    assert late == Next(True, 61_000, True)  # ...but the total timeout still bounds it
+    # The effect's own total timeout bounds it when another policy counts the attempts.
+    assert not after_failure(POLICY, 1, 0, 57_000, retryable=True, total={}).final
+
+
+def test_the_engines_own_faults_say_their_code_and_whether_to_retry():
+    assert Fault.LOST.error("gone") == {"message": "gone", "code": "internal"}
+    assert Fault.LOST.retryable and Fault.DEADLINE.retryable and Fault.INVALID_RESPONSE.retryable
+    assert not (Fault.UNROUTABLE.retryable or Fault.BAD_OUTPUT.retryable)
+    assert Fault.CHILD_DEADLINE.code == Fault.DEADLINE.code and not Fault.CHILD_DEADLINE.retryable

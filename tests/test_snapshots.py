@@ -7,7 +7,7 @@ import json
 import pytest
 
 from engine.client import Client
-from engine.machine import fold, state_to_json
+from engine.machine import FOLD_VERSION, fold, state_to_json
 from engine.runner import Engine
 from engine.snapshots import Mark, load_state
 from tests.engine_helpers import ENV, assert_consistent, make_project, turn_ended, wait_for_event
@@ -82,4 +82,34 @@ async def test_a_snapshot_written_before_tails_existed_still_loads(engine, vendo
     assert state is not None and state_to_json(state) == state_to_json(folded)
     await run_turns(client, vendor, sid, 1)
     assert int(await redis.hget(key, "at")) == len(events)
+    await assert_consistent(engine.store, sid)
+
+
+@pytest.mark.parametrize("version", [None, FOLD_VERSION - 1, FOLD_VERSION + 1])
+async def test_a_snapshot_another_fold_version_wrote_is_refolded_from_the_log(
+    engine, vendor, redis, version
+) -> None:
+    """Its state is not trusted (here it is wrong on purpose): readers and the engine fold
+    the log, and the next commit rewrites the snapshot under this version."""
+    client = Client(engine.store)
+    sid = await run_turns(client, vendor, None, 2)
+    key = engine.store.snap_key(sid)
+    events = await engine.store.read_log(sid)
+    folded = fold(json.loads(json.dumps(events)))
+    assert folded is not None
+    stale = state_to_json(folded)
+    stale["cost"], stale["turns"] = "999", {}
+    if version is None:
+        del stale["fold_version"]
+    else:
+        stale["fold_version"] = version
+    await redis.hset(
+        key, mapping={"seq": len(events), "state": json.dumps(stale), "at": len(events)}
+    )
+    engine.applier.forget(engine.store.partition_of(sid))
+    state = await load_state(engine.store, sid)
+    assert state is not None and state_to_json(state) == state_to_json(folded)
+    await run_turns(client, vendor, sid, 1)
+    snapshot = json.loads(await redis.hget(key, "state"))
+    assert snapshot["fold_version"] == FOLD_VERSION and snapshot["cost"] != "999"
     await assert_consistent(engine.store, sid)

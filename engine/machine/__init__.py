@@ -37,11 +37,12 @@ from .inputs import (
     input_to_json,
 )
 from .request import LlmCallPlan, build_llm_request
-from .state import Call, SessionState, state_from_json, state_to_json
+from .state import FOLD_VERSION, Call, SessionState, state_from_json, state_to_json
 from .step import step
 
 __all__ = [
     "EVENT_TYPES",
+    "FOLD_VERSION",
     "Call",
     "CallDeadline",
     "CallLost",

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .core import MachineError, StepBase, iso
+from . import decisions, retry, turns
+from . import events as ev
+from .core import MachineError, Step, iso
 from .effects import Deliver, RunExecute, RunLlmCall, StartTimer
 from .inputs import (
     CallDeadline,
@@ -17,7 +19,7 @@ from .inputs import (
     SubagentStarted,
     TimerFired,
 )
-from .retry import backoff_ms, past_total, resolve_policy, run_deadline
+from .retry import Fault, resolve_policy, run_deadline
 from .state import Call
 from .tools import check_output, find_tool, result_text, tool_result_of
 
@@ -33,491 +35,515 @@ _LLM_PARAMS = (
 )
 
 
-class CallRules(StepBase):
-    # -- starting --------------------------------------------------------------------
+# -- starting --------------------------------------------------------------------
 
-    def llm_handler(self, block: str | None) -> tuple[str, str | None]:
-        """Where a model call runs, and in which wire format (SPEC §7, seed 002)."""
-        agent = self.s.agent or {}
-        if agent.get("handler") == "worker":
-            return "worker", agent.get("format")
-        route = self.s.llm_routes.get(block or "")
-        if route and route.get("type") == "worker":
-            return "worker", route.get("format")
-        return "server", None
 
-    def start_llm_call(self, action: dict[str, Any]) -> None:
-        call_id = action.get("id") or self.ids("llm")
-        params = {k: action[k] for k in _LLM_PARAMS if action.get(k) is not None}
-        handler, fmt = self.llm_handler(params.get("llm") or (self.s.agent or {}).get("llm"))
-        if fmt:
-            params["format"] = fmt
-        self.emit(
-            {
-                "type": "llm.call.requested",
-                "id": call_id,
-                "handler": handler,
-                "anchor": self.s.head_id,
-                "params": params,
-                "retry": resolve_policy("llm", self.s.agent, action.get("retry")),
-            }
-        )
-        self.dispatch(self.s.calls[call_id], 1)
+def llm_handler(st: Step, block: str | None) -> tuple[str, str | None]:
+    """Where a model call runs, and in which wire format (SPEC §7, seed 002)."""
+    agent = st.s.agent or {}
+    if agent.get("handler") == "worker":
+        return "worker", agent.get("format")
+    route = st.s.llm_routes.get(block or "")
+    if route and route.get("type") == "worker":
+        return "worker", route.get("format")
+    return "server", None
 
-    def start_tool_call(self, action: dict[str, Any], unrunnable: list[tuple[Call, str]]) -> None:
-        call_id = action.get("id") or self.ids("tool")
-        name = action["name"]
-        arguments = action.get("arguments")
-        if not isinstance(arguments, str):
-            arguments = json.dumps(
-                arguments if arguments is not None else {}, separators=(",", ":")
-            )
-        tool = find_tool(self.s.agent, name)
-        handler = (tool or {}).get("handler") or "worker"
-        self.emit(
-            {
-                "type": "tool.call.requested",
-                "id": call_id,
-                "name": name,
-                "arguments": arguments,
-                "handler": handler,
-                "retry": resolve_policy(
-                    "client_tool" if handler == "client" else "tool",
-                    self.s.agent,
-                    action.get("retry"),
-                ),
-            }
-        )
-        call = self.s.calls[call_id]
-        if handler == "client" or self.by_worker:
-            self.dispatch(call, 1)
-            return
-        # An engine-decided agent has no worker to run it: the model learns that.
-        reason = f"tool {name!r} is not declared" if tool is None else f"no worker runs {name!r}"
-        unrunnable.append((call, reason))
 
-    def dispatch(self, call: Call, attempt: int) -> None:
-        deadline = run_deadline(call.retry, self.now)
-        self.emit(
-            {
-                "type": f"{call.kind}.call.dispatched",
-                "id": call.id,
-                "attempt": attempt,
-                "deadline_ms": deadline,
-            }
-        )
-        if call.handler == "server":
-            self.out.effects.append(RunLlmCall(call.id, attempt, deadline))
-        elif call.handler == "worker":
-            self.out.effects.append(RunExecute(call.id, attempt, deadline))
+def start_llm_call(st: Step, action: dict[str, Any]) -> None:
+    call_id = action.get("id") or st.ids("llm")
+    params = {k: action[k] for k in _LLM_PARAMS if action.get(k) is not None}
+    handler, fmt = llm_handler(st, params.get("llm") or (st.s.agent or {}).get("llm"))
+    if fmt:
+        params["format"] = fmt
+    st.emit(
+        {
+            "type": ev.LLM_CALL_REQUESTED,
+            "id": call_id,
+            "handler": handler,
+            "anchor": st.s.head_id,
+            "params": params,
+            "retry": resolve_policy("llm", st.s.agent, action.get("retry")),
+        }
+    )
+    dispatch(st, st.s.calls[call_id], 1)
 
-    # -- finding the attempt an answer belongs to ------------------------------------
 
-    def live_call(self, call_id: str, attempt: int, kind: str | None) -> Call | None:
-        call = self.s.calls.get(call_id)
-        if call is None or (kind is not None and call.kind != kind):
-            self.ignore(f"call {call_id!r} is not open")
-            return None
-        if call.status not in ("running", "waiting") or call.attempt != attempt:
-            self.ignore(f"call {call_id!r} attempt {attempt} was replaced (now {call.attempt})")
-            return None
-        return call
+def start_tool_call(st: Step, action: dict[str, Any], unrunnable: list[tuple[Call, str]]) -> None:
+    call_id = action.get("id") or st.ids("tool")
+    name = action["name"]
+    arguments = action.get("arguments")
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments if arguments is not None else {}, separators=(",", ":"))
+    tool = find_tool(st.s.agent, name)
+    handler = (tool or {}).get("handler") or "worker"
+    st.emit(
+        {
+            "type": ev.TOOL_CALL_REQUESTED,
+            "id": call_id,
+            "name": name,
+            "arguments": arguments,
+            "handler": handler,
+            "retry": resolve_policy(
+                "client_tool" if handler == "client" else "tool",
+                st.s.agent,
+                action.get("retry"),
+            ),
+        }
+    )
+    call = st.s.calls[call_id]
+    if handler == "client" or st.by_worker:
+        dispatch(st, call, 1)
+        return
+    # An engine-decided agent has no worker to run it: the model learns that.
+    reason = f"tool {name!r} is not declared" if tool is None else f"no worker runs {name!r}"
+    unrunnable.append((call, reason))
 
-    # -- model calls -----------------------------------------------------------------
 
-    def llm_settled(self, inp: LlmCallSettled) -> None:
-        call = self.live_call(inp.call_id, inp.attempt, "llm")
-        if call is None:
-            return
-        if inp.response is not None:
-            self.llm_completed(call, inp.response)
-        else:
-            error = inp.error or {"message": "the model call failed", "code": "provider_error"}
-            self.call_failed(call, error, inp.retryable, inp.retry_after)
-        self.settle_turn()
-
-    def llm_completed(self, call: Call, resp: dict[str, Any]) -> None:
-        """`llm.finished`: record the reply, then start its tool calls or end the turn."""
-        usage, cost = resp.get("usage"), resp.get("cost") or "0"
-        self.emit(
-            {
-                "type": "llm.call.completed",
-                "id": call.id,
-                "attempt": call.attempt,
-                "usage": usage,
-                "cost": cost,
-                "finish_reason": resp.get("finish_reason"),
-                "model": resp.get("model"),
-            }
-        )
-        message: dict[str, Any] = {
+def dispatch(st: Step, call: Call, attempt: int) -> None:
+    deadline = run_deadline(call.retry, st.now)
+    st.emit(
+        {
+            "type": ev.call_event(call.kind, "dispatched"),
             "id": call.id,
-            "role": "assistant",
-            "content": resp.get("content"),
+            "attempt": attempt,
+            "deadline_ms": deadline,
         }
-        tool_calls = resp.get("tool_calls") or []
-        if tool_calls:
-            message["tool_calls"] = tool_calls
-        if resp.get("reasoning"):
-            message["reasoning"] = resp["reasoning"]
-        finish = resp.get("finish_reason")
-        truncated = finish == "length"
-        refused = finish == "content_filter"
-        actions: list[dict[str, Any]]
-        if truncated:
-            actions = [_fail("the model's reply was cut off at its length limit", "provider_error")]
-        elif refused:
-            actions = [_fail("the model declined to answer", "refused")]
-        elif tool_calls:
-            actions = [self.tool_call_action(tc) for tc in tool_calls]
-        else:
-            actions = [{"type": "done"}]
-        trigger: dict[str, Any] = {
-            "type": "llm.finished",
+    )
+    if call.handler == "server":
+        st.out.effects.append(RunLlmCall(call.id, attempt, deadline))
+    elif call.handler == "worker":
+        st.out.effects.append(RunExecute(call.id, attempt, deadline))
+
+
+# -- finding the attempt an answer belongs to ------------------------------------
+
+
+def live_call(st: Step, call_id: str, attempt: int, kind: str | None) -> Call | None:
+    call = st.s.calls.get(call_id)
+    if call is None or (kind is not None and call.kind != kind):
+        st.ignore(f"call {call_id!r} is not open")
+        return None
+    if call.status not in ("running", "waiting") or call.attempt != attempt:
+        st.ignore(f"call {call_id!r} attempt {attempt} was replaced (now {call.attempt})")
+        return None
+    return call
+
+
+# -- model calls -----------------------------------------------------------------
+
+
+def llm_settled(st: Step, inp: LlmCallSettled) -> None:
+    call = live_call(st, inp.call_id, inp.attempt, "llm")
+    if call is None:
+        return
+    if inp.response is not None:
+        llm_completed(st, call, inp.response)
+    else:
+        error = inp.error or {"message": "the model call failed", "code": "provider_error"}
+        call_failed(st, call, error, inp.retryable, inp.retry_after)
+    turns.settle_turn(st)
+
+
+def llm_completed(st: Step, call: Call, resp: dict[str, Any]) -> None:
+    """`llm.finished`: record the reply, then start its tool calls or end the turn."""
+    usage, cost = resp.get("usage"), resp.get("cost") or "0"
+    st.emit(
+        {
+            "type": ev.LLM_CALL_COMPLETED,
             "id": call.id,
-            "ok": True,
-            "message": {k: v for k, v in message.items() if v is not None},
-            "truncated": truncated,
-            "refused": refused,
-            "cost": cost,
-        }
-        if usage:
-            trigger["usage"] = usage
-        self.trigger(trigger, {"messages": [message], "actions": actions})
-
-    def tool_call_action(self, tc: dict[str, Any]) -> dict[str, Any]:
-        """A model's tool call: a plain `tool.call`, or a `subagent.spawn` for a child's tool."""
-        name, arguments = tc["function"]["name"], tc["function"]["arguments"]
-        child = subagent_named(self.s.agent, name)
-        if child is None:
-            return {"type": "tool.call", "id": tc["id"], "name": name, "arguments": arguments}
-        try:
-            args = json.loads(arguments or "{}")
-        except ValueError:
-            args = {}
-        args = args if isinstance(args, dict) else {}
-        spawn: dict[str, Any] = {
-            "type": "subagent.spawn",
-            "agent_id": child,
-            "tool_call_id": tc["id"],
-        }
-        if isinstance(args.get("message"), str):
-            spawn["message"] = {"role": "user", "content": args["message"]}
-        if isinstance(args.get("session"), str):
-            spawn["session_id"] = args["session"]
-        return spawn
-
-    def start_subagent(self, action: dict[str, Any], unrunnable: list[tuple[Call, str]]) -> None:
-        """`subagent.spawn`: the child is an ordinary session whose id derives from this call."""
-        s = self.s
-        call_id, agent_id = action["tool_call_id"], action["agent_id"]
-        message = action.get("message")
-        arguments = {"message": (message or {}).get("content")}
-        if action.get("session_id"):
-            arguments["session"] = action["session_id"]
-        self.emit(
-            {
-                "type": "tool.call.requested",
-                "id": call_id,
-                "name": agent_id,
-                "arguments": json.dumps(arguments, separators=(",", ":")),
-                "handler": "subagent",
-                "retry": resolve_policy("subagent", s.agent, action.get("retry")),
-            }
-        )
-        call = s.calls[call_id]
-        child = action.get("session_id") or f"{self.session_id}~{call_id}"
-        limit = (s.agent or {}).get("max_subagent_depth")
-        limit = 5 if limit is None else limit
-        known = s.children.get(child)
-        problem = None
-        if len(s.ancestry) >= limit:
-            problem = f"subagent depth limit reached (max_subagent_depth = {limit})"
-        elif subagent_named(s.agent, agent_id) is None and agent_id not in _children(s.agent):
-            problem = f"agent {agent_id!r} is not a subagent of {s.agent_id!r}"
-        elif not message:
-            problem = "a subagent call needs a `message`"
-        elif action.get("session_id") and (known is None or known["agent_id"] != agent_id):
-            problem = (
-                f"session {child!r} is not an earlier child of this session running {agent_id!r}"
-            )
-        elif known is not None and known.get("call_id"):
-            problem = f"session {child!r} is busy with call {known['call_id']!r}"
-        if problem is not None:
-            unrunnable.append((call, problem))
-            return
-        self.dispatch(call, 1)
-        self.emit(
-            {
-                "type": "subagent.requested",
-                "id": child,
-                "tool_call_id": call_id,
-                "agent_id": agent_id,
-            }
-        )
-        spawned = ChildSpawned(
-            self.session_id, call_id, agent_id, message, [*s.ancestry, self.session_id]
-        )
-        self.out.effects.append(Deliver(child, spawned))
-
-    def subagent_started(self, inp: SubagentStarted) -> None:
-        call = self.s.calls.get(inp.call_id)
-        if call is None or call.handler != "subagent" or call.status != "running":
-            self.ignore(f"call {inp.call_id!r} is not waiting for a subagent")
-            return
-        self.emit({"type": "subagent.started", "id": inp.child_session, "tool_call_id": call.id})
-
-    def subagent_finished(self, inp: SubagentFinished) -> None:
-        """The child's turn ended: roll its cost in, record the tool result, re-prompt."""
-        call = self.s.calls.get(inp.call_id)
-        if call is None or call.handler != "subagent" or call.status != "running":
-            self.ignore(f"call {inp.call_id!r} is not waiting for a subagent")
-            return
-        ended: dict[str, Any] = {
-            "type": "subagent.completed" if inp.ok else "subagent.errored",
-            "id": inp.child_session,
-            "tool_call_id": call.id,
-            "usage": inp.usage,
-            "cost": inp.cost,
-        }
-        if not inp.ok:
-            ended["error"] = inp.error
-        self.emit(ended)
-        text = inp.result if inp.ok else f"Error: {(inp.error or {}).get('message', 'failed')}"
-        result = tool_result_of({"session": inp.child_session, "result": text})
-        self.emit({"type": "tool.call.completed", "id": call.id, "result": result})
-        trigger: dict[str, Any] = {
-            "type": "subagent.finished",
-            "id": call.id,
-            "ok": inp.ok,
-            "session_id": inp.child_session,
-            "agent_id": inp.agent_id,
-        }
-        if inp.ok:
-            trigger["result"] = inp.result
-        else:
-            trigger["error"] = inp.error
-        self.tool_finished(call, result, None, trigger=trigger)
-        self.settle_turn()
-
-    def call_failed(
-        self,
-        call: Call,
-        error: dict[str, Any],
-        retryable: bool,
-        retry_after: float | None,
-        *,
-        at_once: bool = False,
-        policy: dict[str, Any] | None = None,
-        counted: bool = True,
-    ) -> None:
-        """Retry under the call's policy (or `policy`), or end it for good.
-
-        An attempt lost with its engine is not `counted` against max_attempts: the
-        call did not fail, the engine did. The total timeout still bounds it.
-        """
-        policy = policy or call.retry
-        next_attempt = call.attempt + 1
-        wait = 0 if at_once else backoff_ms(policy, next_attempt)
-        if retry_after is not None:
-            wait = max(wait, int(retry_after * 1000))
-        due = self.now + wait
-        final = not retryable or (counted and next_attempt > policy["max_attempts"])
-        if not final and past_total(call.retry, call.started_at, due):
-            final = True
-            error = {
-                "message": f"gave up after {call.attempt} attempts: the call's total timeout "
-                f"({call.retry['total_timeout_secs']} s) would pass before the next one",
-                "code": "deadline_exceeded",
-                "detail": {"last_error": error},
-            }
-        self.emit(
-            {
-                "type": f"{call.kind}.call.errored",
-                "id": call.id,
-                "attempt": call.attempt,
-                "error": error,
-                "retryable": retryable,
-                "final": final,
-            }
-        )
-        if final:
-            if call.kind == "llm":
-                trigger = {
-                    "type": "llm.finished",
-                    "id": call.id,
-                    "ok": False,
-                    "truncated": False,
-                    "error": error,
-                }
-                self.trigger(trigger, {"actions": [{"type": "fail", "error": error}]})
-            else:
-                self.tool_finished(call, None, error)
-            return
-        if wait <= 0:
-            self.dispatch(call, next_attempt)
-            return
-        self.emit(
-            {
-                "type": "call.retry_scheduled",
-                "id": call.id,
-                "attempt": next_attempt,
-                "due_at": iso(due),
-            }
-        )
-        self.out.effects.append(StartTimer(due, TimerFired(call.id, next_attempt)))
-
-    def timer_fired(self, inp: TimerFired) -> None:
-        call = self.s.calls.get(inp.call_id)
-        if call is None or call.status != "retry_scheduled" or inp.attempt != call.attempt + 1:
-            self.ignore(f"timer for {inp.call_id!r} attempt {inp.attempt} is stale")
-            return
-        self.dispatch(call, inp.attempt)
-
-    def call_lost(self, inp: CallLost) -> None:
-        decision = self.s.decision
-        if decision is not None and decision.id == inp.call_id:
-            self.decision_lost(inp)
-            return
-        call = self.live_call(inp.call_id, inp.attempt, None)
-        if call is None or call.status == "waiting":
-            return
-        error = {"message": "the engine running this call stopped", "code": "internal"}
-        self.call_failed(call, error, True, None, at_once=True, counted=False)
-        self.settle_turn()
-
-    def delivery_failed(self, call: Call, error: dict[str, Any], retryable: bool) -> None:
-        """The worker was not reached or answered nonsense: retried like a decision
-        (SPEC §11, worker decision row), not under the tool's own attempts."""
-        policy = resolve_policy("decision", self.s.agent)
-        self.call_failed(call, error, retryable, None, policy=policy)
-
-    def call_deadline(self, inp: CallDeadline) -> None:
-        call = self.live_call(inp.call_id, inp.attempt, None)
-        if call is None:
-            return
-        if call.handler == "subagent":
-            # A child has no attempts to retry: its whole run is over its total timeout.
-            total = call.retry.get("total_timeout_secs")
-            error = {
-                "message": f"subagent {call.name!r} did not finish within {total} s",
-                "code": "deadline_exceeded",
-            }
-            self.stop_child(call)
-            self.call_failed(call, error, retryable=False, retry_after=None)
-        else:
-            error = {
-                "message": f"{call.name or call.id} ran past its deadline",
-                "code": "deadline_exceeded",
-            }
-            self.call_failed(call, error, retryable=True, retry_after=None)
-        self.settle_turn()
-
-    # -- tool results ----------------------------------------------------------------
-
-    def settle_tool(
-        self, call: Call, result: dict[str, Any] | None, error: str | None, retryable: bool
-    ) -> None:
-        """A tool attempt ended: check the output, retry a retryable error, or finish."""
-        if error is None:
-            assert result is not None
-            mismatch = check_output(find_tool(self.s.agent, call.name or ""), result)
-            if mismatch is None:
-                self.emit({"type": "tool.call.completed", "id": call.id, "result": result})
-                self.tool_finished(call, result, None)
-                return
-            error, retryable = mismatch, False
-        self.call_failed(call, {"message": error, "code": "handler_error"}, retryable, None)
-
-    def tool_finished(
-        self,
-        call: Call,
-        result: dict[str, Any] | None,
-        error: dict[str, Any] | None,
-        *,
-        trigger: dict[str, Any] | None = None,
-    ) -> None:
-        """`tool.finished` (or `subagent.finished`): record the tool message; re-prompt
-        once no other call is open."""
-        content = result_text(result) if result is not None else f"Error: {error['message']}"  # type: ignore[index]
-        message = {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
-        if trigger is None:
-            trigger = {
-                "type": "tool.finished",
-                "id": call.id,
-                "ok": error is None,
-                "name": call.name,
-            }
-            if result is not None:
-                trigger["result"] = result
-            if error is not None:
-                trigger["error"] = error
-        proposed = self.reprompt_or_nothing()
-        proposed["messages"] = [message]
-        self.trigger(trigger, proposed)
-
-    def reprompt_or_nothing(self) -> dict[str, Any]:
-        """Re-prompt only once nothing else is open and the branch is not paused."""
-        s = self.s
-        if s.interrupts or any(
-            c.turn_id == (s.turn.id if s.turn else None) for c in s.calls.values()
-        ):
-            return {}
-        return {"actions": [{"type": "llm.call"}]}
-
-    def client_settles_tool(self, body: dict[str, Any]) -> None:
-        """A client's `tool.result` / `tool.error` for one of its own tool calls."""
-        call = self.settleable(body["id"], body.get("attempt"), client_input=True)
-        if body["type"] == "tool.result":
-            result = tool_result_of(
-                body.get("result"),
-                body.get("content"),
-                body.get("structured_content"),
-                bool(body.get("is_error")),
-            )
-            self.settle_tool(call, result, None, False)
-        else:
-            self.settle_tool(call, None, body["error"], bool(body.get("retryable")))
-        self.out.reply = {"session_id": self.session_id, "turn_id": call.turn_id, "queued": False}
-        self.settle_turn()
-
-    def api_settles_call(self, inp: CallSettled) -> None:
-        """The settle API: ends an async (waiting) worker call or a client call."""
-        call = self.settleable(inp.call_id, inp.attempt, client_input=False)
-        if inp.error is None:
-            result = tool_result_of(inp.result, inp.content)
-            self.settle_tool(call, result, None, False)
-        else:
-            self.settle_tool(call, None, inp.error, inp.retryable)
-        self.out.reply = {
-            "session_id": self.session_id,
-            "call_id": call.id,
             "attempt": call.attempt,
+            "usage": usage,
+            "cost": cost,
+            "finish_reason": resp.get("finish_reason"),
+            "model": resp.get("model"),
         }
-        self.settle_turn()
+    )
+    message: dict[str, Any] = {
+        "id": call.id,
+        "role": "assistant",
+        "content": resp.get("content"),
+    }
+    tool_calls = resp.get("tool_calls") or []
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    if resp.get("reasoning"):
+        message["reasoning"] = resp["reasoning"]
+    finish = resp.get("finish_reason")
+    truncated = finish == "length"
+    refused = finish == "content_filter"
+    actions: list[dict[str, Any]]
+    if truncated:
+        actions = [_fail("the model's reply was cut off at its length limit", "provider_error")]
+    elif refused:
+        actions = [_fail("the model declined to answer", "refused")]
+    elif tool_calls:
+        actions = [tool_call_action(st, tc) for tc in tool_calls]
+    else:
+        actions = [{"type": "done"}]
+    trigger: dict[str, Any] = {
+        "type": "llm.finished",
+        "id": call.id,
+        "ok": True,
+        "message": {k: v for k, v in message.items() if v is not None},
+        "truncated": truncated,
+        "refused": refused,
+        "cost": cost,
+    }
+    if usage:
+        trigger["usage"] = usage
+    decisions.decide(st, trigger, {"messages": [message], "actions": actions})
 
-    def settleable(self, call_id: str, attempt: int | None, *, client_input: bool) -> Call:
-        """The open call a settle names, or a MachineError that says why not."""
-        call = self.state.calls.get(call_id) if self.state is not None else None
-        if call is None or call.kind != "tool" or call.status not in ("running", "waiting"):
-            raise MachineError("call_not_open", f"tool call {call_id!r} is not open", status=409)
-        if client_input and call.handler != "client":
-            raise MachineError(
-                "call_not_open",
-                f"tool call {call.id!r} runs on the {call.handler}, not the client",
-            )
-        if not client_input and call.handler == "worker" and call.status != "waiting":
-            raise MachineError(
-                "call_not_open",
-                f"tool call {call.id!r} is being run by the worker; only an async call "
-                "(answered with an empty decision) can be settled",
-            )
-        if attempt is not None and attempt != call.attempt:
-            raise MachineError(
-                "stale_attempt",
-                f"tool call {call.id!r} is at attempt {call.attempt}, not {attempt}",
-            )
-        return call
+
+def tool_call_action(st: Step, tc: dict[str, Any]) -> dict[str, Any]:
+    """A model's tool call: a plain `tool.call`, or a `subagent.spawn` for a child's tool."""
+    name, arguments = tc["function"]["name"], tc["function"]["arguments"]
+    child = subagent_named(st.s.agent, name)
+    if child is None:
+        return {"type": "tool.call", "id": tc["id"], "name": name, "arguments": arguments}
+    try:
+        args = json.loads(arguments or "{}")
+    except ValueError:
+        args = {}
+    args = args if isinstance(args, dict) else {}
+    spawn: dict[str, Any] = {
+        "type": "subagent.spawn",
+        "agent_id": child,
+        "tool_call_id": tc["id"],
+    }
+    if isinstance(args.get("message"), str):
+        spawn["message"] = {"role": "user", "content": args["message"]}
+    if isinstance(args.get("session"), str):
+        spawn["session_id"] = args["session"]
+    return spawn
+
+
+def start_subagent(st: Step, action: dict[str, Any], unrunnable: list[tuple[Call, str]]) -> None:
+    """`subagent.spawn`: the child is an ordinary session whose id derives from this call."""
+    s = st.s
+    call_id, agent_id = action["tool_call_id"], action["agent_id"]
+    message = action.get("message")
+    arguments = {"message": (message or {}).get("content")}
+    if action.get("session_id"):
+        arguments["session"] = action["session_id"]
+    st.emit(
+        {
+            "type": ev.TOOL_CALL_REQUESTED,
+            "id": call_id,
+            "name": agent_id,
+            "arguments": json.dumps(arguments, separators=(",", ":")),
+            "handler": "subagent",
+            "retry": resolve_policy("subagent", s.agent, action.get("retry")),
+        }
+    )
+    call = s.calls[call_id]
+    child = action.get("session_id") or f"{st.session_id}~{call_id}"
+    limit = (s.agent or {}).get("max_subagent_depth")
+    limit = 5 if limit is None else limit
+    known = s.children.get(child)
+    problem = None
+    if len(s.ancestry) >= limit:
+        problem = f"subagent depth limit reached (max_subagent_depth = {limit})"
+    elif subagent_named(s.agent, agent_id) is None and agent_id not in _children(s.agent):
+        problem = f"agent {agent_id!r} is not a subagent of {s.agent_id!r}"
+    elif not message:
+        problem = "a subagent call needs a `message`"
+    elif action.get("session_id") and (known is None or known["agent_id"] != agent_id):
+        problem = f"session {child!r} is not an earlier child of this session running {agent_id!r}"
+    elif known is not None and known.get("call_id"):
+        problem = f"session {child!r} is busy with call {known['call_id']!r}"
+    if problem is not None:
+        unrunnable.append((call, problem))
+        return
+    dispatch(st, call, 1)
+    st.emit(
+        {
+            "type": ev.SUBAGENT_REQUESTED,
+            "id": child,
+            "tool_call_id": call_id,
+            "agent_id": agent_id,
+        }
+    )
+    assert message  # a spawn without one is refused above
+    spawned = ChildSpawned(st.session_id, call_id, agent_id, message, [*s.ancestry, st.session_id])
+    st.out.effects.append(Deliver(child, spawned))
+
+
+def subagent_started(st: Step, inp: SubagentStarted) -> None:
+    call = st.s.calls.get(inp.call_id)
+    if call is None or call.handler != "subagent" or call.status != "running":
+        st.ignore(f"call {inp.call_id!r} is not waiting for a subagent")
+        return
+    st.emit({"type": ev.SUBAGENT_STARTED, "id": inp.child_session, "tool_call_id": call.id})
+
+
+def subagent_finished(st: Step, inp: SubagentFinished) -> None:
+    """The child's turn ended: roll its cost in, record the tool result, re-prompt."""
+    call = st.s.calls.get(inp.call_id)
+    if call is None or call.handler != "subagent" or call.status != "running":
+        st.ignore(f"call {inp.call_id!r} is not waiting for a subagent")
+        return
+    ended: ev.SubagentEnded = {
+        "type": ev.SUBAGENT_COMPLETED if inp.ok else ev.SUBAGENT_ERRORED,
+        "id": inp.child_session,
+        "tool_call_id": call.id,
+        "usage": inp.usage,
+        "cost": inp.cost,
+    }
+    if not inp.ok:
+        ended["error"] = inp.error
+    st.emit(ended)
+    text = inp.result if inp.ok else f"Error: {(inp.error or {}).get('message', 'failed')}"
+    result = tool_result_of({"session": inp.child_session, "result": text})
+    st.emit({"type": ev.TOOL_CALL_COMPLETED, "id": call.id, "result": result})
+    trigger: dict[str, Any] = {
+        "type": "subagent.finished",
+        "id": call.id,
+        "ok": inp.ok,
+        "session_id": inp.child_session,
+        "agent_id": inp.agent_id,
+    }
+    if inp.ok:
+        trigger["result"] = inp.result
+    else:
+        trigger["error"] = inp.error
+    tool_finished(st, call, result, None, trigger=trigger)
+    turns.settle_turn(st)
+
+
+def call_failed(
+    st: Step,
+    call: Call,
+    error: dict[str, Any],
+    retryable: bool,
+    retry_after: float | None,
+    *,
+    at_once: bool = False,
+    policy: dict[str, Any] | None = None,
+    counted: bool = True,
+) -> None:
+    """Retry under the call's policy (or `policy`), or end it for good.
+
+    An attempt lost with its engine is not `counted` against max_attempts: the
+    call did not fail, the engine did. The total timeout still bounds it.
+    """
+    nxt = retry.after_failure(
+        policy or call.retry,
+        call.attempt,
+        call.started_at,
+        st.now,
+        retryable=retryable,
+        retry_after=retry_after,
+        at_once=at_once,
+        counted=counted,
+        total=call.retry,
+    )
+    final = nxt.final
+    if nxt.timed_out:
+        error = {
+            "message": f"gave up after {call.attempt} attempts: the call's total timeout "
+            f"({call.retry['total_timeout_secs']} s) would pass before the next one",
+            "code": "deadline_exceeded",
+            "detail": {"last_error": error},
+        }
+    st.emit(
+        {
+            "type": ev.call_event(call.kind, "errored"),
+            "id": call.id,
+            "attempt": call.attempt,
+            "error": error,
+            "retryable": retryable,
+            "final": final,
+        }
+    )
+    if final:
+        if call.kind == "llm":
+            trigger = {
+                "type": "llm.finished",
+                "id": call.id,
+                "ok": False,
+                "truncated": False,
+                "error": error,
+            }
+            decisions.decide(st, trigger, {"actions": [{"type": "fail", "error": error}]})
+        else:
+            tool_finished(st, call, None, error)
+        return
+    next_attempt = call.attempt + 1
+    if nxt.due <= st.now:
+        dispatch(st, call, next_attempt)
+        return
+    st.emit(
+        {
+            "type": ev.CALL_RETRY_SCHEDULED,
+            "id": call.id,
+            "attempt": next_attempt,
+            "due_at": iso(nxt.due),
+        }
+    )
+    st.out.effects.append(StartTimer(nxt.due, TimerFired(call.id, next_attempt)))
+
+
+def timer_fired(st: Step, inp: TimerFired) -> None:
+    call = st.s.calls.get(inp.call_id)
+    if call is None or call.status != "retry_scheduled" or inp.attempt != call.attempt + 1:
+        st.ignore(f"timer for {inp.call_id!r} attempt {inp.attempt} is stale")
+        return
+    dispatch(st, call, inp.attempt)
+
+
+def call_lost(st: Step, inp: CallLost) -> None:
+    decision = st.s.decision
+    if decision is not None and decision.id == inp.call_id:
+        decisions.decision_lost(st, inp)
+        return
+    call = live_call(st, inp.call_id, inp.attempt, None)
+    if call is None or call.status == "waiting":
+        return
+    lost = Fault.LOST
+    error = lost.error("the engine running this call stopped")
+    call_failed(st, call, error, lost.retryable, None, at_once=True, counted=False)
+    turns.settle_turn(st)
+
+
+def delivery_failed(st: Step, call: Call, error: dict[str, Any], retryable: bool) -> None:
+    """The worker was not reached or answered nonsense: retried like a decision
+    (SPEC §11, worker decision row), not under the tool's own attempts."""
+    policy = resolve_policy("decision", st.s.agent)
+    call_failed(st, call, error, retryable, None, policy=policy)
+
+
+def call_deadline(st: Step, inp: CallDeadline) -> None:
+    call = live_call(st, inp.call_id, inp.attempt, None)
+    if call is None:
+        return
+    if call.handler == "subagent":
+        # A child has no attempts to retry: its whole run is over its total timeout.
+        fault = Fault.CHILD_DEADLINE
+        total = call.retry.get("total_timeout_secs")
+        error = fault.error(f"subagent {call.name!r} did not finish within {total} s")
+        turns.stop_child(st, call)
+    else:
+        fault = Fault.DEADLINE
+        error = fault.error(f"{call.name or call.id} ran past its deadline")
+    call_failed(st, call, error, fault.retryable, None)
+    turns.settle_turn(st)
+
+
+# -- tool results ----------------------------------------------------------------
+
+
+def settle_tool(
+    st: Step, call: Call, result: dict[str, Any] | None, error: str | None, retryable: bool
+) -> None:
+    """A tool attempt ended: check the output, retry a retryable error, or finish."""
+    if error is None:
+        assert result is not None
+        mismatch = check_output(find_tool(st.s.agent, call.name or ""), result)
+        if mismatch is not None:
+            bad = Fault.BAD_OUTPUT
+            call_failed(st, call, bad.error(mismatch), bad.retryable, None)
+            return
+        st.emit({"type": ev.TOOL_CALL_COMPLETED, "id": call.id, "result": result})
+        tool_finished(st, call, result, None)
+        return
+    call_failed(st, call, {"message": error, "code": "handler_error"}, retryable, None)
+
+
+def tool_finished(
+    st: Step,
+    call: Call,
+    result: dict[str, Any] | None,
+    error: dict[str, Any] | None,
+    *,
+    trigger: dict[str, Any] | None = None,
+) -> None:
+    """`tool.finished` (or `subagent.finished`): record the tool message; re-prompt
+    once no other call is open."""
+    if result is not None:
+        content = result_text(result)
+    else:
+        assert error is not None  # a tool ends with a result or an error
+        content = f"Error: {error['message']}"
+    message = {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
+    if trigger is None:
+        trigger = {
+            "type": "tool.finished",
+            "id": call.id,
+            "ok": error is None,
+            "name": call.name,
+        }
+        if result is not None:
+            trigger["result"] = result
+        if error is not None:
+            trigger["error"] = error
+    proposed = reprompt_or_nothing(st)
+    proposed["messages"] = [message]
+    decisions.decide(st, trigger, proposed)
+
+
+def reprompt_or_nothing(st: Step) -> dict[str, Any]:
+    """Re-prompt only once nothing else is open and the branch is not paused."""
+    s = st.s
+    if s.interrupts or any(c.turn_id == (s.turn.id if s.turn else None) for c in s.calls.values()):
+        return {}
+    return {"actions": [{"type": "llm.call"}]}
+
+
+def client_settles_tool(st: Step, body: dict[str, Any]) -> None:
+    """A client's `tool.result` / `tool.error` for one of its own tool calls."""
+    call = settleable(st, body["id"], body.get("attempt"), client_input=True)
+    if body["type"] == "tool.result":
+        result = tool_result_of(
+            body.get("result"),
+            body.get("content"),
+            body.get("structured_content"),
+            bool(body.get("is_error")),
+        )
+        settle_tool(st, call, result, None, False)
+    else:
+        settle_tool(st, call, None, body["error"], bool(body.get("retryable")))
+    st.out.reply = {"session_id": st.session_id, "turn_id": call.turn_id, "queued": False}
+    turns.settle_turn(st)
+
+
+def api_settles_call(st: Step, inp: CallSettled) -> None:
+    """The settle API: ends an async (waiting) worker call or a client call."""
+    call = settleable(st, inp.call_id, inp.attempt, client_input=False)
+    if inp.error is None:
+        result = tool_result_of(inp.result, inp.content)
+        settle_tool(st, call, result, None, False)
+    else:
+        settle_tool(st, call, None, inp.error, inp.retryable)
+    st.out.reply = {
+        "session_id": st.session_id,
+        "call_id": call.id,
+        "attempt": call.attempt,
+    }
+    turns.settle_turn(st)
+
+
+def settleable(st: Step, call_id: str, attempt: int | None, *, client_input: bool) -> Call:
+    """The open call a settle names, or a MachineError that says why not."""
+    call = st.state.calls.get(call_id) if st.state is not None else None
+    if call is None or call.kind != "tool" or call.status not in ("running", "waiting"):
+        raise MachineError("call_not_open", f"tool call {call_id!r} is not open", status=409)
+    if client_input and call.handler != "client":
+        raise MachineError(
+            "call_not_open",
+            f"tool call {call.id!r} runs on the {call.handler}, not the client",
+        )
+    if not client_input and call.handler == "worker" and call.status != "waiting":
+        raise MachineError(
+            "call_not_open",
+            f"tool call {call.id!r} is being run by the worker; only an async call "
+            "(answered with an empty decision) can be settled",
+        )
+    if attempt is not None and attempt != call.attempt:
+        raise MachineError(
+            "stale_attempt",
+            f"tool call {call.id!r} is at attempt {call.attempt}, not {attempt}",
+        )
+    return call
 
 
 def _children(agent: dict[str, Any] | None) -> list[str]:
@@ -529,7 +555,8 @@ def subagent_named(agent: dict[str, Any] | None, tool_name: str) -> str | None:
     for sub in (agent or {}).get("subagents") or ():
         offered = f"agent__{sub['id']}" if sub.get("prefix") else sub["id"]
         if offered == tool_name:
-            return sub["id"]
+            child: str = sub["id"]
+            return child
     return None
 
 

@@ -1,4 +1,4 @@
-"""The transition builder every rule module extends: emit events, collect effects."""
+"""The context every rule works in: the state, the events it emits, the effects it asks for."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from functools import lru_cache
 from typing import Any, Protocol
 
 from ..errors import SubsError
+from . import events as ev
 from .effects import Effect
 from .evolve import Event, evolve
 from .state import SessionState
@@ -49,8 +50,12 @@ def _iso_second(seconds: int) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S")
 
 
-class StepBase:
-    """One transition in the making. Every state change goes through `emit`."""
+class Step:
+    """One transition in the making: the context every rule function takes.
+
+    Rules (turns.py, calls.py, decisions.py) are plain functions of a `Step`; it holds
+    what they share and nothing else. Every state change goes through `emit`.
+    """
 
     def __init__(self, state: SessionState | None, session_id: str, now: int, ids: Ids) -> None:
         self.state = state
@@ -59,9 +64,12 @@ class StepBase:
         self.occurred_at = iso(now)
         self.ids = ids
         self.out = Transition(state=state)
+        # The agent's Slack slash commands, from the client input being applied.
+        self.slash_commands: tuple[str, ...] = ()
 
     @property
     def s(self) -> SessionState:
+        """The state, for a rule that runs only once the session exists."""
         assert self.state is not None
         return self.state
 
@@ -69,7 +77,8 @@ class StepBase:
     def by_worker(self) -> bool:
         return self.s.decider == "worker"
 
-    def emit(self, payload: dict[str, Any], turn_id: str | None = None) -> None:
+    def emit(self, payload: ev.Payload, turn_id: str | None = None) -> None:
+        """Record one event (a record of events.py) and fold it into the state."""
         seq = (self.state.seq if self.state else 0) + 1
         if turn_id is None and self.state is not None and self.state.turn is not None:
             turn_id = self.state.turn.id
@@ -87,22 +96,3 @@ class StepBase:
 
     def ignore(self, reason: str) -> None:
         self.out.ignored = reason
-
-    # Rules other modules provide; declared here so each module type-checks alone.
-    def trigger(self, trigger: dict[str, Any], proposed: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-    def settle_turn(self) -> None:
-        raise NotImplementedError
-
-    def fail_turn(self, error: dict[str, Any]) -> None:
-        raise NotImplementedError
-
-    def record_messages(self, drafts: list[dict[str, Any]]) -> None:
-        raise NotImplementedError
-
-    def reprompt_or_nothing(self) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def stop_child(self, call: Any) -> None:
-        raise NotImplementedError

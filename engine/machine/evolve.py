@@ -7,14 +7,15 @@ the log cannot drift apart. An unknown event type is a bug, never skipped.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from . import events as ev
 from .accounting import add_cost, add_usage
 from .state import Call, Decision, Node, SessionState, Turn
 
-Event = dict[str, Any]
+Event = dict[str, Any]  # an `events.Envelope`; its payload one of the catalogue's records
 
 
 def at_ms(event: Event) -> int:
@@ -22,7 +23,7 @@ def at_ms(event: Event) -> int:
     return int(datetime.fromisoformat(event["occurred_at"]).timestamp() * 1000)
 
 
-def _session_created(s: SessionState | None, e: Event, p: dict[str, Any]) -> SessionState:
+def _session_created(s: SessionState | None, e: Event, p: ev.SessionCreated) -> SessionState:
     if s is not None:
         raise ValueError("session.created on an existing session")
     return SessionState(
@@ -36,12 +37,12 @@ def _session_created(s: SessionState | None, e: Event, p: dict[str, Any]) -> Ses
     )
 
 
-def _agent_updated(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _agent_updated(s: SessionState, e: Event, p: ev.AgentUpdated) -> None:
     s.agent_writes.append([p.get("anchor"), p["agent"]])
     s.agent = p["agent"]
 
 
-def _worker_state_updated(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _worker_state_updated(s: SessionState, e: Event, p: ev.WorkerStateUpdated) -> None:
     s.state_writes.append([p.get("anchor"), p["state"]])
     s.worker_state = p["state"]
 
@@ -59,28 +60,28 @@ def _on_path(s: SessionState, writes: list[list[Any]]) -> Any:
     return None
 
 
-def _nothing(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _nothing(s: SessionState, e: Event, p: object) -> None:
     """Events that inform clients but change no state."""
 
 
-def _message_new(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _message_new(s: SessionState, e: Event, p: ev.MessageNew) -> None:
     msg = p["message"]
     s.nodes[msg["id"]] = Node(message=msg, parent_id=p.get("parent_id"))
     s.head_id = msg["id"]
 
 
-def _head_moved(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _head_moved(s: SessionState, e: Event, p: ev.HeadMoved) -> None:
     s.head_id = p["head_id"]
     s.worker_state = _on_path(s, s.state_writes)
     s.agent = _on_path(s, s.agent_writes)
 
 
-def _turn_queued(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _turn_queued(s: SessionState, e: Event, p: ev.TurnQueued) -> None:
     s.queue.append({"turn_id": p["turn_id"], "input": p["input"]})
     s.turns[p["turn_id"]] = "queued"
 
 
-def _turn_started(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _turn_started(s: SessionState, e: Event, p: ev.TurnStarted) -> None:
     tid = p["turn_id"]
     s.turn = Turn(id=tid, started_at=at_ms(e), parent=p.get("parent"))
     s.turns[tid] = "running"
@@ -88,8 +89,10 @@ def _turn_started(s: SessionState, e: Event, p: dict[str, Any]) -> None:
         s.queue.pop(0)
 
 
-def _turn_ended(status: str) -> Callable[[SessionState, Event, dict[str, Any]], None]:
-    def end(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _turn_ended(
+    status: str,
+) -> Callable[[SessionState, Event, ev.TurnCompleted | ev.TurnFailed], None]:
+    def end(s: SessionState, e: Event, p: ev.TurnCompleted | ev.TurnFailed) -> None:
         tid = p["turn_id"]
         s.turns[tid] = status
         s.last_turn = tid
@@ -102,8 +105,12 @@ def _turn_ended(status: str) -> Callable[[SessionState, Event, dict[str, Any]], 
     return end
 
 
-def _call_requested(kind: str) -> Callable[[SessionState, Event, dict[str, Any]], None]:
-    def requested(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _call_requested(
+    kind: str,
+) -> Callable[[SessionState, Event, ev.LlmCallRequested | ev.ToolCallRequested], None]:
+    def requested(s: SessionState, e: Event, p: ev.LlmCallRequested | ev.ToolCallRequested) -> None:
+        # What one kind of call has and the other lacks is read as absent.
+        fields: Mapping[str, Any] = p
         s.calls[p["id"]] = Call(
             id=p["id"],
             kind=kind,
@@ -113,34 +120,34 @@ def _call_requested(kind: str) -> Callable[[SessionState, Event, dict[str, Any]]
             status="requested",
             started_at=at_ms(e),
             retry=p["retry"],
-            name=p.get("name"),
-            arguments=p.get("arguments"),
-            anchor=p.get("anchor"),
-            params=p.get("params") or {},
+            name=fields.get("name"),
+            arguments=fields.get("arguments"),
+            anchor=fields.get("anchor"),
+            params=fields.get("params") or {},
         )
 
     return requested
 
 
-def _call_dispatched(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _call_dispatched(s: SessionState, e: Event, p: ev.CallDispatched) -> None:
     c = s.calls[p["id"]]
     c.attempt = p["attempt"]
     c.status = "running"
     c.deadline = p.get("deadline_ms")
 
 
-def _subagent_requested(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _subagent_requested(s: SessionState, e: Event, p: ev.SubagentRequested) -> None:
     s.children[p["id"]] = {"agent_id": p["agent_id"], "call_id": p["tool_call_id"]}
 
 
-def _subagent_ended(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _subagent_ended(s: SessionState, e: Event, p: ev.SubagentEnded) -> None:
     child = s.children.get(p["id"])
     if child is not None:
         child["call_id"] = None  # free for another call
     _add_cost(s, p.get("usage"), p.get("cost") or "0")
 
 
-def _llm_completed(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _llm_completed(s: SessionState, e: Event, p: ev.LlmCallCompleted) -> None:
     s.calls.pop(p["id"])
     _add_cost(s, p.get("usage"), p.get("cost") or "0")
 
@@ -156,18 +163,18 @@ def _add_cost(s: SessionState, usage: dict[str, int] | None, cost: str) -> None:
         s.turn.cost = add_cost(s.turn.cost, cost)
 
 
-def _call_closed(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _call_closed(s: SessionState, e: Event, p: ev.ToolCallCompleted) -> None:
     s.calls.pop(p["id"])
 
 
-def _call_errored(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _call_errored(s: SessionState, e: Event, p: ev.CallErrored) -> None:
     if p["final"]:
         s.calls.pop(p["id"])
     else:
         s.calls[p["id"]].status = "failed"
 
 
-def _retry_scheduled(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _retry_scheduled(s: SessionState, e: Event, p: ev.RetryScheduled) -> None:
     if p.get("kind") == "decision":
         assert s.decision is not None
         s.decision.status = "retry_scheduled"
@@ -178,15 +185,15 @@ def _retry_scheduled(s: SessionState, e: Event, p: dict[str, Any]) -> None:
     c.deadline = None
 
 
-def _call_waiting(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _call_waiting(s: SessionState, e: Event, p: ev.ToolCallWaiting) -> None:
     s.calls[p["id"]].status = "waiting"
 
 
-def _decision_queued(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _decision_queued(s: SessionState, e: Event, p: ev.DecisionQueued) -> None:
     s.pending.append({"trigger": p["trigger"], "proposed": p["proposed"]})
 
 
-def _decision_dispatched(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _decision_dispatched(s: SessionState, e: Event, p: ev.DecisionDispatched) -> None:
     if p["attempt"] == 1:
         if p.get("from_queue"):
             s.pending.pop(0)
@@ -205,11 +212,11 @@ def _decision_dispatched(s: SessionState, e: Event, p: dict[str, Any]) -> None:
     s.decision.deadline = p.get("deadline_ms")
 
 
-def _decision_completed(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _decision_completed(s: SessionState, e: Event, p: ev.DecisionCompleted) -> None:
     s.decision = None
 
 
-def _decision_errored(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _decision_errored(s: SessionState, e: Event, p: ev.DecisionErrored) -> None:
     assert s.decision is not None
     if p["final"]:
         s.decision = None
@@ -217,7 +224,7 @@ def _decision_errored(s: SessionState, e: Event, p: dict[str, Any]) -> None:
         s.decision.status = "failed"
 
 
-def _interrupted(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _interrupted(s: SessionState, e: Event, p: ev.SessionInterrupted) -> None:
     s.interrupts[p["interrupt_id"]] = {
         "interrupt_id": p["interrupt_id"],
         "origin": p["origin"],
@@ -226,52 +233,53 @@ def _interrupted(s: SessionState, e: Event, p: dict[str, Any]) -> None:
     }
 
 
-def _interrupt_resumed(s: SessionState, e: Event, p: dict[str, Any]) -> None:
+def _interrupt_resumed(s: SessionState, e: Event, p: ev.SessionInterruptResumed) -> None:
     s.interrupts.pop(p["interrupt_id"])
 
 
-_APPLY: dict[str, Callable[[SessionState, Event, dict[str, Any]], None]] = {
-    "agent.updated": _agent_updated,
-    "worker.state.updated": _worker_state_updated,
-    "channels.updated": _nothing,
-    "message.new": _message_new,
-    "head.moved": _head_moved,
-    "turn.queued": _turn_queued,
-    "turn.started": _turn_started,
-    "turn.completed": _turn_ended("completed"),
-    "turn.failed": _turn_ended("failed"),
-    "llm.call.requested": _call_requested("llm"),
-    "llm.call.dispatched": _call_dispatched,
-    "llm.call.completed": _llm_completed,
-    "llm.call.errored": _call_errored,
-    "tool.call.requested": _call_requested("tool"),
-    "tool.call.dispatched": _call_dispatched,
-    "tool.call.completed": _call_closed,
-    "tool.call.errored": _call_errored,
-    "call.retry_scheduled": _retry_scheduled,
-    "tool.call.waiting": _call_waiting,
-    "decision.queued": _decision_queued,
-    "decision.dispatched": _decision_dispatched,
-    "decision.completed": _decision_completed,
-    "decision.errored": _decision_errored,
-    "session.interrupted": _interrupted,
-    "session.interrupt_resumed": _interrupt_resumed,
-    "message.sent": _nothing,
-    "input.rejected": _nothing,
-    "subagent.requested": _subagent_requested,
-    "subagent.started": _nothing,
-    "subagent.completed": _subagent_ended,
-    "subagent.errored": _subagent_ended,
+# One fold rule per kind of the catalogue but `session.created` (it makes the state).
+_APPLY: dict[str, Callable[[SessionState, Event, Any], None]] = {
+    ev.AGENT_UPDATED: _agent_updated,
+    ev.WORKER_STATE_UPDATED: _worker_state_updated,
+    ev.CHANNELS_UPDATED: _nothing,
+    ev.MESSAGE_NEW: _message_new,
+    ev.HEAD_MOVED: _head_moved,
+    ev.TURN_QUEUED: _turn_queued,
+    ev.TURN_STARTED: _turn_started,
+    ev.TURN_COMPLETED: _turn_ended("completed"),
+    ev.TURN_FAILED: _turn_ended("failed"),
+    ev.LLM_CALL_REQUESTED: _call_requested("llm"),
+    ev.LLM_CALL_DISPATCHED: _call_dispatched,
+    ev.LLM_CALL_COMPLETED: _llm_completed,
+    ev.LLM_CALL_ERRORED: _call_errored,
+    ev.TOOL_CALL_REQUESTED: _call_requested("tool"),
+    ev.TOOL_CALL_DISPATCHED: _call_dispatched,
+    ev.TOOL_CALL_COMPLETED: _call_closed,
+    ev.TOOL_CALL_ERRORED: _call_errored,
+    ev.CALL_RETRY_SCHEDULED: _retry_scheduled,
+    ev.TOOL_CALL_WAITING: _call_waiting,
+    ev.DECISION_QUEUED: _decision_queued,
+    ev.DECISION_DISPATCHED: _decision_dispatched,
+    ev.DECISION_COMPLETED: _decision_completed,
+    ev.DECISION_ERRORED: _decision_errored,
+    ev.SESSION_INTERRUPTED: _interrupted,
+    ev.SESSION_INTERRUPT_RESUMED: _interrupt_resumed,
+    ev.MESSAGE_SENT: _nothing,
+    ev.INPUT_REJECTED: _nothing,
+    ev.SUBAGENT_REQUESTED: _subagent_requested,
+    ev.SUBAGENT_STARTED: _nothing,
+    ev.SUBAGENT_COMPLETED: _subagent_ended,
+    ev.SUBAGENT_ERRORED: _subagent_ended,
 }
 
-EVENT_TYPES = frozenset(_APPLY) | {"session.created"}
+EVENT_TYPES = frozenset(ev.EVENTS)
 
 
 def evolve(state: SessionState | None, event: Event) -> SessionState:
     """Apply one event. Mutates and returns `state` (or a new one on `session.created`)."""
     payload = event["payload"]
     kind = payload["type"]
-    if kind == "session.created":
+    if kind == ev.SESSION_CREATED:
         state = _session_created(state, event, payload)
     else:
         if state is None:

@@ -278,4 +278,5 @@ def input_from_json(d: dict[str, Any]) -> Input:
     kind = _KINDS.get(fields.pop("kind", ""))
     if kind is None:
         raise ValueError(f"unknown input kind {d.get('kind')!r}")
-    return kind(**fields)
+    inp: Input = kind(**fields)
+    return inp

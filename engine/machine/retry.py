@@ -1,7 +1,17 @@
-"""Retry policies (SPEC §11): defaults per effect kind, layered overrides, backoff."""
+"""Retries (SPEC §11), for every effect kind: policies, backoff, what follows a failure.
+
+The one place that decides whether a failed attempt of a model call, a tool call, a
+subagent call or a worker decision is tried again, when, and whether a failure the
+engine names itself is worth another attempt (`Fault`). Errors from outside come with
+their own verdict: a vendor's is classed by its adapter (engine/llm/errors.py), a
+worker's delivery by engine/worker.py, a client's or worker's tool error says so.
+A new effect kind adds its `DEFAULTS` entry here and nothing else in this file.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 # Backoff is ours to choose (the spec fixes the formula, not the numbers):
@@ -48,6 +58,66 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 
 # Which `retry.<kind>` block of an agent config applies to each effect kind.
 _AGENT_KIND = {"llm": "llm", "tool": "tool", "client_tool": "tool", "subagent": "subagent"}
+
+
+class Fault(Enum):
+    """A failure the engine names itself: its ErrorInfo code, and whether it is retryable."""
+
+    LOST = ("internal", True)  # the engine running the attempt stopped
+    DEADLINE = ("deadline_exceeded", True)  # the attempt ran past its run deadline
+    INVALID_RESPONSE = ("invalid_response", True)  # the worker's answer cannot be applied
+    UNROUTABLE = ("unroutable", False)  # nothing can run the call
+    BAD_OUTPUT = ("handler_error", False)  # the result breaks the tool's output schema
+    CHILD_DEADLINE = ("deadline_exceeded", False)  # a subagent's whole run is over its time
+
+    def __init__(self, code: str, retryable: bool) -> None:
+        self.code = code
+        self.retryable = retryable
+
+    def error(self, message: str) -> dict[str, Any]:
+        return {"message": message, "code": self.code}
+
+
+@dataclass(frozen=True)
+class Next:
+    """What follows a failed attempt."""
+
+    final: bool  # no other attempt
+    due: int  # when the next attempt starts (epoch ms): `now` for at once
+    timed_out: bool  # final only because the total timeout would pass before it
+
+
+def after_failure(
+    policy: dict[str, Any],
+    attempt: int,
+    started_at: int,
+    now: int,
+    *,
+    retryable: bool,
+    retry_after: float | None = None,
+    at_once: bool = False,
+    counted: bool = True,
+    total: dict[str, Any] | None = None,
+) -> Next:
+    """Attempt `attempt` of an effect started at `started_at` failed: try again, or not.
+
+    Args:
+        policy: the resolved policy that counts attempts and sets the backoff.
+        retry_after: the wait the other side asked for, in seconds (at least that long).
+        at_once: no backoff (the attempt was lost, not refused).
+        counted: whether this attempt counts against `max_attempts`.
+        total: the policy whose `total_timeout_secs` bounds the effect (`policy`'s if None).
+    """
+    nxt = attempt + 1
+    wait = 0 if at_once else backoff_ms(policy, nxt)
+    if retry_after is not None:
+        wait = max(wait, int(retry_after * 1000))
+    due = now + wait
+    if not retryable or (counted and nxt > policy["max_attempts"]):
+        return Next(final=True, due=due, timed_out=False)
+    if past_total(policy if total is None else total, started_at, due):
+        return Next(final=True, due=due, timed_out=True)
+    return Next(final=False, due=due, timed_out=False)
 
 
 def _layer(policy: dict[str, Any], override: dict[str, Any] | None) -> None:

@@ -10,6 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# How `evolve` folds the log and how the snapshot spells the state. A snapshot written
+# under another version (or before versions: none) is not trusted: its reader folds the
+# session's log again (engine/snapshots.py). Raise it with any change to either; the
+# golden logs (tests/golden/) hold every version to folding old logs the same way.
+FOLD_VERSION = 1
+
 ZERO_USAGE: dict[str, int] = {
     "input": 0,
     "output": 0,
@@ -122,6 +128,7 @@ def state_to_json(s: SessionState) -> dict[str, Any]:
     """The snapshot form. Key order is fixed so equal states serialise equally."""
     turn = s.turn
     return {
+        "fold_version": FOLD_VERSION,
         "session_id": s.session_id,
         "agent_id": s.agent_id,
         "decider": s.decider,
@@ -159,6 +166,7 @@ def state_to_json(s: SessionState) -> dict[str, Any]:
 
 
 def state_from_json(d: dict[str, Any]) -> SessionState:
+    """The state a snapshot holds; its `fold_version` is the reader's to check first."""
     t = d["turn"]
     return SessionState(
         session_id=d["session_id"],

@@ -8,6 +8,10 @@ An input the session refuses raises `MachineError` before any event is
 emitted, leaving the state untouched. Completions that arrive late (a stale
 attempt, a call that already closed) are ignored with a recorded reason in
 `Transition.ignored`: that is the normal shape of at-least-once delivery.
+
+The rules are plain functions of a `Step` (core.py), one module per concern
+(turns.py, calls.py, decisions.py), calling each other through their modules:
+each says what it uses, and mypy checks every call.
 """
 
 from __future__ import annotations
@@ -15,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .calls import CallRules
-from .core import Ids, MachineError, Transition
+from . import calls, decisions, turns
+from . import events as ev
+from .core import Ids, MachineError, Step, Transition
 from .deadlines import armed, timer_changes
-from .decisions import DecisionRules
 from .inputs import (
     CallDeadline,
     CallLost,
@@ -43,90 +47,88 @@ from .inputs import (
     TimerFired,
 )
 from .state import SessionState
-from .turns import TURN_STARTS, TurnRules
+from .turns import TURN_STARTS
 
 
-class _Step(TurnRules, CallRules, DecisionRules):
-    def client_submitted(self, inp: ClientSubmitted) -> None:
-        body = inp.input
-        kind = body["type"]
-        s = self.state
-        if inp.owner is not None and s is not None and s.identity.get("subject") != inp.owner:
-            raise MachineError(
-                "forbidden", f"session {self.session_id} belongs to another owner", 403
-            )
-        if kind in TURN_STARTS:
-            self.submit_turn(inp)
-        elif kind in ("tool.result", "tool.error"):
-            self.client_settles_tool(body)
-        elif kind == "interrupt.resume":
-            resumed = self.resume_interrupt(body["interrupt_id"], body.get("payload"))
-            self.out.reply = {"session_id": self.session_id, "resumed": resumed}
-            self.settle_turn()
-        else:
-            raise MachineError("invalid_input", f"unsupported input type {kind!r}", status=422)
-
-    def interrupt_requested(self, inp: InterruptRequested) -> None:
-        if self.s.turn is None:
-            raise MachineError(
-                "no_turn", f"session {self.session_id} has no running turn to interrupt"
-            )
-        action = {"interrupt_id": inp.interrupt_id, "reason": inp.reason, "payload": inp.payload}
-        before = set(self.s.interrupts)
-        self.raise_interrupt(action, "client")
-        new = set(self.s.interrupts) - before
-        self.out.reply = {
-            "session_id": self.session_id,
-            "interrupt_id": next(iter(new)) if new else inp.interrupt_id,
-        }
-
-    def cancel_requested(self, inp: CancelRequested) -> None:
-        turn = self.s.turn
-        if turn is None:
-            raise MachineError(
-                "no_turn_running", f"session {self.session_id} has no running turn to cancel"
-            )
-        # The protocol's error codes are a closed set a worker may validate against (a
-        # cancelled child's error reaches its parent's worker): the client's own doing
-        # is `handler_error`, and `detail.cancelled` says which.
-        error: dict[str, Any] = {
-            "message": "cancelled by the client",
-            "code": "handler_error",
-            "detail": {"cancelled": True},
-        }
-        if inp.reason:
-            error["message"] += f": {inp.reason}"
-            error["detail"]["reason"] = inp.reason
-        self.fail_turn(error)
-        self.out.reply = {"session_id": self.session_id, "turn_id": turn.id}
-
-    def input_rejected(self, inp: InputRejected) -> None:
-        self.emit({"type": "input.rejected", "input_kind": inp.kind, "error": inp.error})
-        if self.s.turn is not None:
-            self.fail_turn(inp.error)
+def client_submitted(st: Step, inp: ClientSubmitted) -> None:
+    body = inp.input
+    kind = body["type"]
+    s = st.state
+    if inp.owner is not None and s is not None and s.identity.get("subject") != inp.owner:
+        raise MachineError("forbidden", f"session {st.session_id} belongs to another owner", 403)
+    if kind in TURN_STARTS:
+        turns.submit_turn(st, inp)
+    elif kind in ("tool.result", "tool.error"):
+        calls.client_settles_tool(st, body)
+    elif kind == "interrupt.resume":
+        resumed = turns.resume_interrupt(st, body["interrupt_id"], body.get("payload"))
+        st.out.reply = {"session_id": st.session_id, "resumed": resumed}
+        turns.settle_turn(st)
+    else:
+        raise MachineError("invalid_input", f"unsupported input type {kind!r}", status=422)
 
 
-_DISPATCH: dict[type, Callable[[_Step, Any], None]] = {
-    ClientSubmitted: _Step.client_submitted,
-    LlmCallSettled: _Step.llm_settled,
-    TimerFired: _Step.timer_fired,
-    CallLost: _Step.call_lost,
-    DecisionAnswered: _Step.decision_answered,
-    DecisionFailed: _Step.decision_failed_input,
-    DecisionTimerFired: _Step.decision_timer_fired,
-    DecisionDeadline: _Step.decision_deadline,
-    ExecuteAnswered: _Step.execute_answered,
-    ExecuteFailed: _Step.execute_failed,
-    CallDeadline: _Step.call_deadline,
-    CallSettled: _Step.api_settles_call,
-    InterruptRequested: _Step.interrupt_requested,
-    CancelRequested: _Step.cancel_requested,
-    InputRejected: _Step.input_rejected,
-    MessageDelivered: _Step.message_delivered,
-    ChildSpawned: _Step.child_spawned,
-    SubagentStarted: _Step.subagent_started,
-    SubagentFinished: _Step.subagent_finished,
-    ChildCancelled: _Step.child_cancelled,
+def interrupt_requested(st: Step, inp: InterruptRequested) -> None:
+    if st.s.turn is None:
+        raise MachineError("no_turn", f"session {st.session_id} has no running turn to interrupt")
+    action = {"interrupt_id": inp.interrupt_id, "reason": inp.reason, "payload": inp.payload}
+    before = set(st.s.interrupts)
+    turns.raise_interrupt(st, action, "client")
+    new = set(st.s.interrupts) - before
+    st.out.reply = {
+        "session_id": st.session_id,
+        "interrupt_id": next(iter(new)) if new else inp.interrupt_id,
+    }
+
+
+def cancel_requested(st: Step, inp: CancelRequested) -> None:
+    turn = st.s.turn
+    if turn is None:
+        raise MachineError(
+            "no_turn_running", f"session {st.session_id} has no running turn to cancel"
+        )
+    # The protocol's error codes are a closed set a worker may validate against (a
+    # cancelled child's error reaches its parent's worker): the client's own doing
+    # is `handler_error`, and `detail.cancelled` says which.
+    error: dict[str, Any] = {
+        "message": "cancelled by the client",
+        "code": "handler_error",
+        "detail": {"cancelled": True},
+    }
+    if inp.reason:
+        error["message"] += f": {inp.reason}"
+        error["detail"]["reason"] = inp.reason
+    turns.fail_turn(st, error)
+    st.out.reply = {"session_id": st.session_id, "turn_id": turn.id}
+
+
+def input_rejected(st: Step, inp: InputRejected) -> None:
+    st.emit({"type": ev.INPUT_REJECTED, "input_kind": inp.kind, "error": inp.error})
+    if st.s.turn is not None:
+        turns.fail_turn(st, inp.error)
+
+
+_DISPATCH: dict[type, Callable[[Step, Any], None]] = {
+    ClientSubmitted: client_submitted,
+    LlmCallSettled: calls.llm_settled,
+    TimerFired: calls.timer_fired,
+    CallLost: calls.call_lost,
+    DecisionAnswered: decisions.decision_answered,
+    DecisionFailed: decisions.decision_failed_input,
+    DecisionTimerFired: decisions.decision_timer_fired,
+    DecisionDeadline: decisions.decision_deadline,
+    ExecuteAnswered: decisions.execute_answered,
+    ExecuteFailed: decisions.execute_failed,
+    CallDeadline: calls.call_deadline,
+    CallSettled: calls.api_settles_call,
+    InterruptRequested: interrupt_requested,
+    CancelRequested: cancel_requested,
+    InputRejected: input_rejected,
+    MessageDelivered: turns.message_delivered,
+    ChildSpawned: turns.child_spawned,
+    SubagentStarted: calls.subagent_started,
+    SubagentFinished: calls.subagent_finished,
+    ChildCancelled: turns.child_cancelled,
 }
 
 
@@ -147,7 +149,7 @@ def step(state: SessionState | None, session_id: str, inp: Input, now: int, ids:
         if not isinstance(inp, ClientSubmitted | ChildSpawned):
             return Transition(state=None, ignored=f"session {session_id!r} does not exist")
     before = armed(state)
-    st = _Step(state, session_id, now, ids)
+    st = Step(state, session_id, now, ids)
     handler(st, inp)
     if st.out.events:
         st.out.effects += timer_changes(before, armed(st.out.state))

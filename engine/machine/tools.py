@@ -16,7 +16,8 @@ from jsonschema.exceptions import SchemaError
 def find_tool(agent: dict[str, Any] | None, name: str) -> dict[str, Any] | None:
     for tool in (agent or {}).get("tools") or ():
         if tool.get("name") == name:
-            return tool
+            found: dict[str, Any] = tool
+            return found
     return None
 
 

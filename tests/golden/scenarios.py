@@ -1,0 +1,119 @@
+"""Engine runs recorded only as golden logs (see record.py), for the event kinds the
+suite's own tests do not leave in a log: worker state and channels, a backoff timer, a
+branch, a child whose turn fails. Not collected by the suite (no `test_` file name)."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from engine.client import Client
+from engine.config import parse_project
+from engine.runner import Engine
+from tests.engine_helpers import ENV, assert_consistent, payloads, turn_ended, wait_for_event
+from tests.fakes.llm_vendor import HttpError, Text, ToolCalls
+
+SECRET = "worker-secret-for-tests"
+
+
+async def _engine(redis, tmp_path: Path, text: str) -> Engine:
+    project = parse_project(textwrap.dedent(text), str(tmp_path / "subs.toml"), env={})
+    engine = Engine(project, redis, env={**ENV, "HELPER_SECRET": SECRET}, lease_ms=3000)
+    await engine.start()
+    return engine
+
+
+async def test_worker_state_channels_a_backoff_and_a_branch(redis, vendor, test_worker, tmp_path):
+    async def decide(request):
+        if request["trigger"]["type"] == "client.messages":
+            n = len(request["trigger"]["messages"])
+            return {**request["proposed"], "state": {"n": n}, "channels": {"slack": "working"}}
+        return request["proposed"]
+
+    worker = await test_worker(decide, secret=SECRET)
+    vendor.push(HttpError(529), Text("first answer"), Text("second answer"))
+    engine = await _engine(
+        redis,
+        tmp_path,
+        f"""\
+        [llm.openai]
+        type = "openai"
+        base_url = "{vendor.url}/v1"
+
+        [agent.helper]
+        llm = "openai"
+        model = "gpt-4.1-mini"
+        system = "You help."
+        worker = "{worker.url}"
+        signing_secret_env = "HELPER_SECRET"
+        retry = {{ llm = {{ backoff_base_secs = 1, backoff_max_secs = 1 }} }}
+        """,
+    )
+    try:
+        client = Client(engine.store)
+        question = {"id": "u1", "role": "user", "content": "hi"}
+        first = await client.submit(
+            {"type": "client.message", "agent_id": "helper", "message": question}
+        )
+        sid = first["session_id"]
+        await wait_for_event(client, sid, turn_ended(first["turn_id"]))
+        # The view without the reply: a regenerate, on a branch of its own.
+        again = await client.submit(
+            {"type": "client.messages", "agent_id": "helper", "messages": [question]},
+            session_id=sid,
+        )
+        end = await wait_for_event(client, sid, turn_ended(again["turn_id"]))
+        assert end["payload"]["type"] == "turn.completed"
+        events = await assert_consistent(engine.store, sid)
+    finally:
+        await engine.stop()
+    for kind in ("call.retry_scheduled", "head.moved", "worker.state.updated", "channels.updated"):
+        assert payloads(events, kind), kind
+
+
+async def test_a_child_whose_turn_fails(redis, vendor, tmp_path):
+    def model(body: dict):
+        if body["messages"][0]["content"] == "You check.":
+            return HttpError(400)
+        if body["messages"][-1]["role"] == "tool":
+            return Text("The checker failed.")
+        return ToolCalls([("checker", {"message": "check it"})])
+
+    vendor.responder = model
+    engine = await _engine(
+        redis,
+        tmp_path,
+        f"""\
+        [llm.openai]
+        type = "openai"
+        base_url = "{vendor.url}/v1"
+
+        [agent.lead]
+        llm = "openai"
+        model = "gpt-4.1-mini"
+        system = "You lead."
+        subagents = ["agent.checker"]
+
+        [agent.checker]
+        llm = "openai"
+        model = "gpt-4.1-mini"
+        system = "You check."
+        description = "Checks things."
+        """,
+    )
+    try:
+        client = Client(engine.store)
+        reply = await client.submit(
+            {
+                "type": "client.message",
+                "agent_id": "lead",
+                "message": {"role": "user", "content": "go"},
+            }
+        )
+        sid = reply["session_id"]
+        end = await wait_for_event(client, sid, turn_ended(reply["turn_id"]), timeout=30)
+        assert end["payload"]["type"] == "turn.completed"
+        events = await assert_consistent(engine.store, sid)
+    finally:
+        await engine.stop()
+    assert payloads(events, "subagent.errored")

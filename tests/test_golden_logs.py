@@ -1,0 +1,50 @@
+"""Logs an earlier version wrote fold to the state they folded to then (tests/golden/).
+
+They are the compatibility contract for logs already in users' Redis: a change to the
+fold that breaks one is a change to what a stored session is. Recorded from real engine
+runs by tests/golden/record.py; this test only reads them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.machine import FOLD_VERSION, fold, state_to_json
+from engine.machine.events import EVENTS, parse_event
+
+GOLDEN = Path(__file__).parent / "golden"
+LOGS = sorted(GOLDEN.glob("*.jsonl"))
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_there_are_golden_logs_and_each_has_its_state():
+    assert len(LOGS) >= 10
+    for log in LOGS:
+        assert log.with_suffix(".state.json").exists(), log.name
+
+
+@pytest.mark.parametrize("log", LOGS, ids=lambda p: p.stem)
+def test_a_golden_log_folds_to_its_recorded_state(log: Path):
+    events = read_log(log)
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert {e["session_id"] for e in events} == {events[0]["session_id"]}
+    for event in events:
+        parse_event(event)  # still a record of the catalogue, field for field
+    state = fold(events)
+    assert state is not None
+    recorded = json.loads(log.with_suffix(".state.json").read_text())
+    assert recorded["fold_version"] == FOLD_VERSION, "a new fold version: refold the states"
+    assert json.loads(json.dumps(state_to_json(state))) == recorded
+
+
+def test_the_golden_logs_hold_every_catalogued_kind():
+    """A new kind of event needs a golden log that records it (record.py)."""
+    seen = {e["payload"]["type"] for log in LOGS for e in read_log(log)}
+    assert set(EVENTS) - seen == set()
