@@ -114,11 +114,26 @@ def test_the_status_line_names_the_running_tool_not_its_call_id():
             printer.event({"payload": requested})
             printer.event({"payload": {"type": "tool.call.dispatched", "id": "call_0123"}})
             printer.tick()
-        screen = os.read(master, 65536).decode()
+        screen = _read_to_the_end(master)
     finally:
         os.close(master)
     status = screen.rsplit(STATUS, 1)[1]
     assert "tool lookup" in status and "call_0123" not in status, repr(screen)
+
+
+def _read_to_the_end(master: int) -> str:
+    """All a closed pty's other side wrote: the kernel hands it over in pieces (a flip
+    buffer pushed by a worker), so one read may see only part; the end is EIO."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the slave side is closed and everything was read
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode()
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
