@@ -13,9 +13,10 @@ import pytest
 from httpx_sse import ServerSentEvent
 from redis.asyncio import Redis
 
-from engine.api import API, ApiKeys, SseLimits, make_app, sse_frame
+from engine.api import ApiKeys, SseLimits, make_app
+from engine.api.app import API, sse_frame
+from engine.api.fanout import Hub
 from engine.client import Client
-from engine.fanout import Hub
 from engine.jsonedge import compact_json
 from engine.runner import Engine
 from engine.store import Store, connect

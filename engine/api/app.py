@@ -26,17 +26,17 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .client import Client, validate_client_input
-from .errors import SubsError
+from ..client import Client, validate_client_input
+from ..errors import SubsError
+from ..jsonedge import JsonEdgeError, compact_json, loads_checked
+from ..machine import SessionState
+from ..machine.events import CALL_ENDS, TURN_ENDS
+from ..machine.tree import path_to
+from ..metrics import Metrics
+from ..protocol import InterruptPayload, WorkerIdentity
+from ..snapshots import load, load_state
+from ..store import STORE_FAULTS, Store
 from .fanout import Hub, Watch, stream_pos
-from .jsonedge import JsonEdgeError, compact_json, loads_checked
-from .machine import SessionState
-from .machine.events import CALL_ENDS, TURN_ENDS
-from .machine.tree import path_to
-from .metrics import Metrics
-from .protocol import InterruptPayload, WorkerIdentity
-from .snapshots import load, load_state
-from .store import STORE_FAULTS, Store
 
 log = logging.getLogger("subs.api")
 
