@@ -12,7 +12,7 @@ import pytest
 from httpx_sse import EventSource, aconnect_sse
 
 from engine.api import ApiKeys, ApiKeysError, SseLimits, bind_warning, check_bind, make_app
-from engine.api.app import sse_frame
+from engine.api.stream import sse_frame
 from engine.client import Client
 from engine.metrics import Metrics
 from engine.runner import Engine

@@ -14,8 +14,9 @@ from httpx_sse import ServerSentEvent
 from redis.asyncio import Redis
 
 from engine.api import ApiKeys, SseLimits, make_app
-from engine.api.app import API, sse_frame
 from engine.api.fanout import Hub
+from engine.api.state import API
+from engine.api.stream import sse_frame
 from engine.client import Client
 from engine.jsonedge import compact_json
 from engine.runner import Engine

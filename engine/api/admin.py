@@ -1,0 +1,89 @@
+"""The operator's routes: sessions listed, dead letters, a session's raw log (full-access
+keys only), and the open `/healthz` and `/metrics`."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+
+from ..errors import SubsError
+from ..jsonedge import compact_json
+from .errors import ApiError, error_response
+from .parsing import MAX_SEQ, int_query
+from .state import API, principal_of
+
+HEALTH_TIMEOUT = 1.0  # /healthz waits this long for Redis's PONG
+
+
+def _full_access(request: web.Request) -> None:
+    if not principal_of(request).full:
+        raise ApiError(
+            403,
+            "forbidden",
+            "this key may only use its own sessions (a KEY:own entry in SUBS_API_KEYS); "
+            "the admin endpoints need a full-access key",
+        )
+
+
+async def admin_sessions(request: web.Request) -> web.Response:
+    _full_access(request)
+    offset = int_query(request, "offset", 0, lo=0, hi=2**31)
+    limit = int_query(request, "limit", 50, lo=1, hi=500)
+    sessions, more = await request.app[API].client.session_rows(offset, limit)
+    body = {"sessions": sessions, "next_offset": offset + limit if more else None}
+    return web.json_response(body, dumps=compact_json)
+
+
+async def admin_dead_letters(request: web.Request) -> web.Response:
+    """Inputs the engine could not apply, newest first (each failed its session's turn)."""
+    _full_access(request)
+    limit = int_query(request, "limit", 100, lo=1, hi=1000)
+    letters = await request.app[API].store.dead_letters(limit)
+    return web.json_response({"dead_letters": letters}, dumps=compact_json)
+
+
+async def admin_events(request: web.Request) -> web.Response:
+    _full_access(request)
+    store = request.app[API].store
+    sid = request.match_info["sid"]
+    after = int_query(request, "after_seq", 0, lo=0, hi=MAX_SEQ)
+    limit = int_query(request, "limit", 100, lo=1, hi=1000)
+    head = await store.head(sid)
+    if head is None:
+        raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
+    events = await store.read_log(sid, after, count=limit)
+    last = events[-1]["seq"] if events else after
+    body = {"events": events, "next_after_seq": last if last < head[0] else None}
+    return web.json_response(body, dumps=compact_json)
+
+
+async def get_healthz(request: web.Request) -> web.Response:
+    """Redis answers a PING within `HEALTH_TIMEOUT`, or the engine is degraded. Open to
+    anyone, so the reason is a word (the error's type), never an address."""
+    try:
+        async with asyncio.timeout(HEALTH_TIMEOUT):
+            await request.app[API].store.ping()
+    except TimeoutError:
+        reason = f"no answer within {HEALTH_TIMEOUT:g} s"
+    except Exception as err:  # whatever stops the PING: the check's only question
+        reason = type(err).__name__
+    else:
+        return web.json_response({"status": "ok"}, dumps=compact_json)
+    return error_response(
+        SubsError(
+            f"the store (Redis) does not answer: {reason}",
+            code="store_unavailable",
+            status=503,
+            detail={"status": "degraded", "redis": reason},
+        )
+    )
+
+
+async def get_metrics(request: web.Request) -> web.Response:
+    api = request.app[API]
+    api.metrics.set("subs_sse_readers", len(api.hub.readers))
+    text = api.metrics.render()
+    return web.Response(
+        body=text.encode(), headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"}
+    )

@@ -1,0 +1,106 @@
+"""The chain every request passes, outermost first (`make_app` sets the order): errors
+rendered as `{"error", "code"}` and requests counted, CORS preflights answered before
+auth (a browser sends no key with them), then the bearer key checked. CORS headers on
+every answer come from the `on_response_prepare` hook here too."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from ..errors import SubsError
+from ..store import STORE_FAULTS
+from .auth import unauthorized
+from .errors import INTERNAL, STORE_DOWN, ApiError, error_response, http_error
+from .state import API, PRINCIPAL
+
+log = logging.getLogger("subs.api")
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_OPEN_PATHS = frozenset({"/healthz"})
+
+
+@web.middleware
+async def render_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Outermost: every refusal becomes `{"error", "code"}`; counts and times requests."""
+    api = request.app[API]
+    started = time.perf_counter()
+    try:
+        response = await handler(request)
+    except SubsError as err:
+        if err.status == 500:  # not a refusal: a bug, whose message is for the log
+            log.exception("%s %s failed", request.method, request.path)
+            err = INTERNAL
+        response = error_response(err)
+    except STORE_FAULTS as err:
+        log.warning("%s %s: Redis is not reachable (%s)", request.method, request.path, err)
+        response = error_response(STORE_DOWN)
+    except web.HTTPException as err:  # the router's 404 and 405, aiohttp's 413
+        if err.status < 400:
+            raise
+        response = error_response(http_error(err))
+    except Exception:
+        log.exception("%s %s failed", request.method, request.path)
+        response = error_response(INTERNAL)
+    route = request.match_info.route.resource
+    path = route.canonical if route is not None else "unmatched"
+    status = str(response.status)
+    api.metrics.inc("subs_http_requests_total", method=request.method, route=path, status=status)
+    api.metrics.observe("subs_http_request_seconds", time.perf_counter() - started, route=path)
+    return response
+
+
+def _listed_origin(request: web.Request) -> str | None:
+    """The request's `Origin` when `[serve] cors_origins` lists it, else None."""
+    origin = request.headers.get("Origin")
+    if origin is not None and origin.lower() in request.app[API].cors_origins:
+        return origin
+    return None
+
+
+@web.middleware
+async def preflight(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answers preflights, before auth (a browser sends none with them): listed origins only."""
+    if request.method != "OPTIONS" or "Access-Control-Request-Method" not in request.headers:
+        return await handler(request)
+    if _listed_origin(request) is None:
+        raise ApiError(
+            403, "origin_not_allowed", "this origin is not in the API's [serve] cors_origins"
+        )
+    return web.Response(
+        status=204,
+        headers={
+            "Access-Control-Allow-Methods": "GET, POST, DELETE, OPTIONS",
+            "Access-Control-Allow-Headers": "Authorization, Content-Type, Last-Event-ID",
+            "Access-Control-Max-Age": "600",
+        },
+    )
+
+
+@web.middleware
+async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Everything but /healthz (and Slack's routes) needs a key when any exist."""
+    api = request.app[API]
+    if request.path in _OPEN_PATHS or request.path.startswith("/slack/"):  # Slack signs its own
+        return await handler(request)
+    principal = api.keys.authenticate(request.headers.get("Authorization"))
+    if principal is None:
+        raise ApiError(401, "unauthorized", unauthorized(request.headers.get("Authorization")))
+    request[PRINCIPAL] = principal
+    return await handler(request)
+
+
+async def cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response, streams included (their headers go out at `prepare`). With origins
+    configured, each answer depends on `Origin`, so caches are told (`Vary`) either way."""
+    if not request.app[API].cors_origins:
+        return
+    vary = response.headers.get("Vary")
+    response.headers["Vary"] = f"{vary}, Origin" if vary else "Origin"
+    origin = _listed_origin(request)
+    if origin is not None:
+        response.headers["Access-Control-Allow-Origin"] = origin

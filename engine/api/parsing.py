@@ -1,0 +1,107 @@
+"""What a client sends, read strictly at the edge: JSON bodies into their models, integers
+from the query and headers. Every mistake is a 4xx naming where it is (`param`)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..jsonedge import JsonEdgeError, loads_checked
+from .errors import ApiError, excerpt
+from .state import API
+
+MAX_SEQ = 2**63 - 1  # a seq is a Redis stream id's first half: a signed 64-bit integer here
+_DIGITS = re.compile(r"[0-9]{1,19}")  # int() also takes ' 7', '+7', '7_0', non-ASCII digits
+
+
+class InputBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str | None = Field(default=None, min_length=1, max_length=200)
+    input: Any = Field(...)
+    identity: dict[str, Any] | None = None
+
+
+class SettleBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(min_length=1)
+    attempt: int | None = Field(default=None, ge=1)
+    result: Any = None
+    error: str | None = None
+    retryable: bool = False
+
+
+class InterruptBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str
+    payload: dict[str, Any] | None = None
+
+
+class CancelBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str | None = Field(default=None, max_length=1000)
+
+
+def _invalid(exc: ValidationError, prefix: str = "") -> ApiError:
+    """422 naming the first bad field as a dotted path."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in (prefix, *first["loc"]) if p != "")
+    text = "required field is missing" if first["type"] == "missing" else first["msg"]
+    if first["type"] == "extra_forbidden":
+        text = "unknown field"
+    return ApiError(422, "invalid_input", f"{where}: {text}" if where else text, param=where)
+
+
+def validate(model: type[BaseModel], data: Any, prefix: str = "") -> Any:
+    """`data` as a `model`, or a 422 naming the first bad field (under `prefix`)."""
+    if not isinstance(data, dict):
+        raise ApiError(422, "invalid_input", "the body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _invalid(exc, prefix) from None
+
+
+def integer(raw: str, name: str, code: str, *, lo: int, hi: int) -> int:
+    """A plain decimal in lo..hi: ASCII digits and nothing else, or a 400 naming `name`."""
+    if _DIGITS.fullmatch(raw) is None or not lo <= int(raw) <= hi:
+        message = f"{name}: expected an integer {lo}..{hi}, got {excerpt(raw)}"
+        raise ApiError(400, code, message, param=name)
+    return int(raw)
+
+
+def int_query(request: web.Request, name: str, default: int, *, lo: int, hi: int) -> int:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    return integer(raw, name, "invalid_query", lo=lo, hi=hi)
+
+
+async def json_body(request: web.Request) -> Any:
+    """The body as JSON every parser reads alike (see jsonedge): 415 unless it says it is
+    JSON, 413 past `max_body` (declared or read), 400 naming the path of what is wrong."""
+    if request.content_type != "application/json":  # aiohttp's: lower-cased, no parameters
+        got = request.headers.get("Content-Type")
+        sent = f"Content-Type {excerpt(got)}" if got is not None else "no Content-Type"
+        message = f"the body must be sent as Content-Type: application/json, not with {sent}"
+        raise ApiError(415, "unsupported_media_type", message)
+    limit = request.app[API].max_body
+    too_large = ApiError(413, "too_large", f"the body is larger than {limit} bytes")
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise too_large from None
+    try:
+        return loads_checked(raw)
+    except JsonEdgeError as err:
+        if err.param is None:
+            raise ApiError(400, "invalid_json", f"the body: {err.message}") from None
+        raise ApiError(400, "invalid_json", err.message, param=err.param) from None

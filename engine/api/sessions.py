@@ -1,0 +1,181 @@
+"""The routes on one session: a client's input, view, event stream, interrupt, cancel and
+delete, and a worker's settle of a call. A scoped key reaches only its own sessions."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ..client import validate_client_input
+from ..jsonedge import compact_json
+from ..machine import SessionState
+from ..machine.tree import path_to
+from ..protocol import InterruptPayload, WorkerIdentity
+from ..snapshots import load_state
+from .errors import ApiError
+from .parsing import (
+    MAX_SEQ,
+    CancelBody,
+    InputBody,
+    InterruptBody,
+    SettleBody,
+    int_query,
+    integer,
+    json_body,
+    validate,
+)
+from .state import API, principal_of
+from .stream import SseStream, read_cut, session_feed
+
+
+async def _owned_state(request: web.Request, sid: str) -> SessionState:
+    """The session's state, 404 when unknown, 403 when the caller does not own it."""
+    state = await load_state(request.app[API].store, sid)
+    if state is None:
+        raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
+    if not principal_of(request).owns(state.identity):
+        raise ApiError(403, "forbidden", f"session {sid!r} belongs to another key")
+    return state
+
+
+async def post_input(request: web.Request) -> web.Response:
+    api = request.app[API]
+    body: InputBody = validate(InputBody, await json_body(request))
+    validate_client_input(body.input)  # names the bad field under `input.`
+    principal = principal_of(request)
+    identity = principal.identity()
+    if body.identity is not None:
+        if not principal.full:
+            raise ApiError(403, "forbidden", "identity: only a full-access key may set it")
+        given = {"metadata": {}, **body.identity}
+        supplied = validate(WorkerIdentity, given, "identity").model_dump(
+            mode="json", exclude_unset=True
+        )
+        metadata = {**identity["metadata"], **supplied.get("metadata", {})}
+        identity = {**identity, **supplied, "metadata": metadata}
+    if body.session_id is not None and not principal.full:
+        head = await api.store.head(body.session_id)
+        if head is not None and not principal.owns(head[1]):
+            raise ApiError(403, "forbidden", f"session {body.session_id!r} belongs to another key")
+    reply = await api.client.submit(
+        body.input,
+        session_id=body.session_id,
+        identity=identity,
+        owner=None if principal.full else identity.get("subject"),
+        timeout=api.request_timeout,
+    )
+    return web.json_response(reply, status=202, dumps=compact_json)
+
+
+async def get_session(request: web.Request) -> web.Response:
+    state = await _owned_state(request, request.match_info["sid"])
+    view = {
+        "session_id": state.session_id,
+        "agent_id": state.agent_id,
+        "status": state.status,
+        "turn_id": state.turn.id if state.turn else None,
+        "seq": state.seq,
+        "interrupts": list(state.interrupts.values()),
+        "messages": path_to(state.nodes, state.head_id),
+        "message_tree": {
+            "nodes": [
+                {"message": n.message, "parent_id": n.parent_id} for n in state.nodes.values()
+            ],
+            "head_id": state.head_id,
+        },
+    }
+    return web.json_response(view, dumps=compact_json)
+
+
+async def stream_events(request: web.Request) -> web.StreamResponse:
+    api = request.app[API]
+    sid = request.match_info["sid"]
+    header = request.headers.get("Last-Event-ID")
+    if header:  # it wins over after_seq; an empty one is no header (aiohttp strips spaces)
+        after = integer(header, "Last-Event-ID", "invalid_header", lo=0, hi=MAX_SEQ)
+    else:
+        after = int_query(request, "after_seq", 0, lo=0, hi=MAX_SEQ)
+    turn_id = request.query.get("turn_id") or None
+    caller = api.take_stream_slot(request)
+    try:
+        head = await api.store.head(sid)
+        if head is None:
+            raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
+        seq, identity = head
+        if not principal_of(request).owns(identity):
+            raise ApiError(403, "forbidden", f"session {sid!r} belongs to another key")
+        if after > seq:
+            raise ApiError(400, "invalid_query", f"seq {after} is past the log's end ({seq})")
+        async with api.hub.watch(sid) as watch:
+            cut = await read_cut(api.store, sid)  # after joining: see `fanout`
+            if cut is None:
+                raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
+            limits = api.limits
+            feed = session_feed(
+                api.store,
+                watch,
+                cut,
+                after,
+                turn_id=turn_id,
+                page=limits.page,
+                heartbeat=api.heartbeat,
+            )
+            stream = SseStream(request, watch, after_seq=after, limits=limits, metrics=api.metrics)
+            api.streams.add(stream)
+            api.metrics.inc("subs_sse_streams_open")
+            try:
+                return await stream.run(feed)
+            finally:
+                api.metrics.inc("subs_sse_streams_open", -1)
+                api.streams.discard(stream)
+    finally:
+        api.free_stream_slot(caller)
+
+
+async def post_interrupt(request: web.Request) -> web.Response:
+    api = request.app[API]
+    sid = request.match_info["sid"]
+    body: InterruptBody = validate(InterruptBody, await json_body(request))
+    if body.payload is not None:
+        validate(InterruptPayload, body.payload, "payload")
+    await _owned_state(request, sid)
+    reply = await api.client.interrupt(sid, body.reason, body.payload, timeout=api.request_timeout)
+    return web.json_response(reply, status=202, dumps=compact_json)
+
+
+async def post_cancel(request: web.Request) -> web.Response:
+    """End the running turn; the body (`{reason?}`) may be left out."""
+    api = request.app[API]
+    sid = request.match_info["sid"]
+    raw = await json_body(request) if request.body_exists else {}
+    body: CancelBody = validate(CancelBody, raw)
+    await _owned_state(request, sid)
+    reply = await api.client.cancel(sid, body.reason, timeout=api.request_timeout)
+    return web.json_response(reply, status=202, dumps=compact_json)
+
+
+async def delete_session(request: web.Request) -> web.Response:
+    """Remove an idle session and all it stored; 409 `turn_running` while a turn runs."""
+    sid = request.match_info["sid"]
+    await _owned_state(request, sid)
+    await request.app[API].client.delete(sid)
+    return web.Response(status=204)
+
+
+async def post_settle(request: web.Request) -> web.Response:
+    api = request.app[API]
+    sid = request.match_info["sid"]
+    body: SettleBody = validate(SettleBody, await json_body(request))
+    if body.error is not None and "result" in body.model_fields_set:
+        raise ApiError(422, "invalid_input", "result: give either result or error, not both")
+    if not principal_of(request).full:
+        await _owned_state(request, sid)
+    reply = await api.client.settle(
+        sid,
+        body.id,
+        attempt=body.attempt,
+        result=body.result,
+        error=body.error,
+        retryable=body.retryable,
+        timeout=api.request_timeout,
+    )
+    return web.json_response(reply, status=202, dumps=compact_json)

@@ -1,0 +1,71 @@
+"""What the API's handlers and middleware share: the app's state, keyed on the app (`API`),
+the caller each request carries (`PRINCIPAL`), and the per-caller count of open streams."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from aiohttp import web
+
+from ..client import Client
+from ..metrics import Metrics
+from ..store import Store
+from .auth import ApiKeys, Principal
+from .errors import ApiError
+from .fanout import Hub
+from .stream import SseLimits, SseStream
+
+
+@dataclass
+class ApiState:
+    """One app's settings and shared parts, reached as `request.app[API]`."""
+
+    client: Client
+    store: Store
+    keys: ApiKeys
+    metrics: Metrics
+    max_body: int
+    heartbeat: float
+    limits: SseLimits
+    cors_origins: frozenset[str]  # lower-cased; empty: no CORS headers at all
+    request_timeout: float
+    hub: Hub
+    max_streams_per_key: int
+    streams: set[SseStream] = field(default_factory=set)
+    streams_by_caller: dict[str, int] = field(default_factory=dict)
+
+    def take_stream_slot(self, request: web.Request) -> str:
+        """Count one more stream for the caller, or refuse it: 429 past the limit.
+
+        The caller is the API key; when the API runs open, the client's address.
+        Returns the caller to hand back to `free_stream_slot`.
+        """
+        key_id = request[PRINCIPAL].key_id
+        caller = f"key:{key_id}" if key_id is not None else f"addr:{request.remote}"
+        held = self.streams_by_caller.get(caller, 0)
+        if held >= self.max_streams_per_key:
+            who = "this key" if key_id is not None else "this address"
+            raise ApiError(
+                429,
+                "too_many_streams",
+                f"too many event streams: {who} already has {held} open, the limit set by "
+                "[serve] max_streams_per_key (or SUBS_MAX_STREAMS_PER_KEY); close one first",
+                headers={"Retry-After": "1"},
+                limit=self.max_streams_per_key,
+            )
+        self.streams_by_caller[caller] = held + 1
+        return caller
+
+    def free_stream_slot(self, caller: str) -> None:
+        held = self.streams_by_caller.pop(caller) - 1
+        if held:
+            self.streams_by_caller[caller] = held
+
+
+API = web.AppKey("subs_api", ApiState)
+PRINCIPAL = web.RequestKey("subs_principal", Principal)
+
+
+def principal_of(request: web.Request) -> Principal:
+    """The caller the auth middleware found (every route but /healthz and Slack's has one)."""
+    return request[PRINCIPAL]
