@@ -7,15 +7,31 @@ real Redis and the fake vendor, with no engine file edited for it.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
 
 from engine import effect_runner
+from engine.apply import lost_work
 from engine.client import Client
 from engine.config import parse_project
 from engine.effect_runner import Done, EffectRunner, Tasks
-from engine.machine import CallAnswered, Input, RunCall, SessionState, kinds, retry
+from engine.machine import (
+    CallAnswered,
+    CallDeadline,
+    CallLost,
+    CallSettled,
+    Input,
+    LlmCallSettled,
+    MachineError,
+    RunCall,
+    RunLlmCall,
+    SessionState,
+    StartTimer,
+    kinds,
+    retry,
+)
 from engine.runner import Engine
 from tests.engine_helpers import (
     ENV,
@@ -26,6 +42,7 @@ from tests.engine_helpers import (
     wait_for_event,
 )
 from tests.fakes.llm_vendor import Text, ToolCalls
+from tests.machine_helpers import Session, text_reply, tool_reply
 
 # -- the toy kind: everything a new kind writes ---------------------------------
 
@@ -78,6 +95,41 @@ def echo_kind(monkeypatch):
     monkeypatch.setattr(effect_runner, "RUNNERS", dict(effect_runner.RUNNERS))
     kinds.register(ECHO)
     effect_runner.register(RunEcho, run_echo)
+
+
+def test_the_machine_runs_a_registered_kind_by_its_rules(echo_kind):
+    s = Session()
+    s.agent["tools"].append({"name": "shout", "handler": "echo"})
+    [run] = [e for e in s.say("shout").effects if isinstance(e, RunLlmCall)]
+    t = s.apply(LlmCallSettled(run.call_id, 1, response=tool_reply(("c1", "shout", "{}"))))
+    [echo] = [e for e in t.effects if isinstance(e, RunEcho)]
+    # Its deadline timer: the run deadline (its own policy: 5 s) and the backstop's grace.
+    assert echo.deadline == s.now + 5000
+    assert StartTimer(echo.deadline + 1000, CallDeadline("c1", 1)) in t.effects
+    assert lost_work(s.state) == [CallLost("c1", 1)]  # a dead engine's attempt is resent
+    with pytest.raises(MachineError, match="being run by the echo"):
+        s.apply(CallSettled("c1", 1, result="from outside"))
+    assert s.apply(CallAnswered("c1", 2, result="late")).ignored  # no such attempt
+    t = s.apply(CallAnswered("c1", 1, result="SHOUT"))
+    assert "tool.call.completed" in s.types(t)
+    [run] = [e for e in t.effects if isinstance(e, RunLlmCall)]  # the model is asked again
+    s.apply(LlmCallSettled(run.call_id, 1, response=text_reply("done")))
+    assert s.types()[-1] == "turn.completed"
+
+
+def test_an_unregistered_handler_cannot_run():
+    s = Session()
+    s.agent["tools"].append({"name": "shout", "handler": "nobody"})
+    [run] = [e for e in s.say("shout").effects if isinstance(e, RunLlmCall)]
+    t = s.apply(LlmCallSettled(run.call_id, 1, response=tool_reply(("c1", "shout", "{}"))))
+    assert not [e for e in t.effects if isinstance(e, RunCall) and e.call_id == "c1"]
+    [errored] = [e["payload"] for e in t.events if e["payload"]["type"] == "tool.call.errored"]
+    assert "no handler 'nobody' runs 'shout'" in errored["error"]["message"]
+
+
+def test_a_kind_is_registered_once():
+    with pytest.raises(ValueError, match="already registered"):
+        kinds.register(dataclasses.replace(kinds.KINDS[("tool", "client")], in_flight=True))
 
 
 @pytest.fixture

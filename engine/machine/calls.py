@@ -563,10 +563,11 @@ def settleable(st: Step, call_id: str, attempt: int | None, *, client_input: boo
             "call_not_open",
             f"tool call {call.id!r} runs on the {call.handler}, not the client",
         )
-    if not client_input and call.handler == "worker" and call.status != "waiting":
+    kind = kinds.of(call.kind, call.handler)
+    if not client_input and call.status != "waiting" and not (kind and kind.outside_settles):
         raise MachineError(
             "call_not_open",
-            f"tool call {call.id!r} is being run by the worker; only an async call "
+            f"tool call {call.id!r} is being run by the {call.handler}; only an async call "
             "(answered with an empty decision) can be settled",
         )
     if attempt is not None and attempt != call.attempt:

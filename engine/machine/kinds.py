@@ -70,6 +70,8 @@ class CallKind:
     effect: type[RunCall] | None  # what dispatching an attempt asks the shell to run
     deadline: Deadline  # its attempt's deadline timer
     in_flight: bool  # an attempt is a request a dead engine loses (sent again)
+    # The settle API may end a running attempt (a waiting, async one it always may).
+    outside_settles: bool = False
     settle: Callable[[Step, Call, CallAnswered], None] | None = None  # None: calls.answered
     retry_defaults: dict[str, Any] | None = None  # a policy of its own, added as `retry`
     agent_retry: str | None = None  # the agent's `retry.<block>` over its own policy
@@ -106,7 +108,7 @@ for _builtin in (
     CallKind("llm", "server", "llm", always, RunLlmCall, backstop(BACKSTOP_GRACE_MS), True),
     CallKind("llm", "worker", "llm", by_worker, RunExecute, backstop(BACKSTOP_GRACE_MS), True),
     CallKind("tool", "worker", "tool", by_worker, RunExecute, backstop(0), True),
-    CallKind("tool", "client", "client_tool", always, None, no_deadline, False),
-    CallKind("tool", "subagent", "subagent", always, None, whole_run, False),
+    CallKind("tool", "client", "client_tool", always, None, no_deadline, False, True),
+    CallKind("tool", "subagent", "subagent", always, None, whole_run, False, True),
 ):
     register(_builtin)
