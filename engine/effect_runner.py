@@ -356,3 +356,5 @@ class DeltaWriter:
 register(RunLlmCall, EffectRunner._start_llm_call)
 register(RunDecision, EffectRunner._start_worker_effect)
 register(RunExecute, EffectRunner._start_worker_effect)
+
+# Kinds' runners in modules of their own are imported here, to register (machine/kinds.py).

@@ -16,8 +16,11 @@ Adding a kind (an MCP tool call run by the engine is next) touches:
   2. its own shell module: `engine.effect_runner.register(ItsEffect, its_runner)`, the
      runner answering with `CallAnswered` (run it under `EffectRunner.run`);
   3. the event catalogue (events.py), only for facts no event records yet;
-  4. one import of those modules where the engine starts, so they register.
-`tests/test_effect_kinds.py` adds a toy kind this way without editing an engine file.
+  4. two import lines, so both register wherever the engine runs: its machine module
+     at the end of this file, its runner module at the end of effect_runner.py.
+Nothing else: config accepts any registered tool handler, the rules, timers, retries
+and lost-work resends read this table. `tests/test_effect_kinds.py` registers a toy
+kind from the test alone and runs a turn through the real engine.
 """
 
 from __future__ import annotations
@@ -112,3 +115,5 @@ for _builtin in (
     CallKind("tool", "subagent", "subagent", always, None, whole_run, False, True),
 ):
     register(_builtin)
+
+# Kinds with modules of their own are imported here, to register: `from . import <kind>`.
