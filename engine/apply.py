@@ -22,6 +22,7 @@ from .config import Project
 from .errors import describe
 from .jsonedge import encode
 from .machine import (
+    Call,
     CallLost,
     CancelTimer,
     ChildSpawned,
@@ -35,6 +36,7 @@ from .machine import (
     Transition,
     input_from_json,
     input_to_json,
+    kinds,
     state_to_json,
     step,
 )
@@ -336,7 +338,7 @@ def lost_work(state: SessionState | None) -> list[CallLost]:
     lost = [
         CallLost(c.id, c.attempt)
         for c in state.calls.values()
-        if c.handler in ("server", "worker") and c.status == "running"
+        if c.status == "running" and _in_flight(c)
     ]
     if state.decision is not None and state.decision.status == "running":
         lost.append(CallLost(state.decision.id, state.decision.attempt))
@@ -350,9 +352,13 @@ def has_inflight(state: SessionState | None) -> bool:
         return False
     if state.decision is not None and state.decision.status == "running":
         return True
-    return any(
-        c.status == "running" and c.handler in ("server", "worker") for c in state.calls.values()
-    )
+    return any(c.status == "running" and _in_flight(c) for c in state.calls.values())
+
+
+def _in_flight(call: Call) -> bool:
+    """Whether the call's attempt is a request of this engine's (its kind says, kinds.py)."""
+    kind = kinds.of(call.kind, call.handler)
+    return kind is not None and kind.in_flight
 
 
 def _commit_of(

@@ -26,6 +26,7 @@ from jsonschema.exceptions import SchemaError
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import SubsError
+from .machine import kinds
 from .redact import redact_url
 
 LLM_DEFAULTS: dict[str, tuple[str, str]] = {
@@ -258,6 +259,14 @@ def _json_schema(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
+def _tool_handler(value: str) -> str:
+    """Who runs a declared tool: one of the tool kinds registered (machine/kinds.py)."""
+    known = sorted(kinds.tool_handlers())
+    if value not in known:
+        raise ValueError(f"must be one of {', '.join(map(repr, known))}, got {value!r}")
+    return value
+
+
 def _slash_command(value: str) -> str:
     if not _SLASH_COMMAND.fullmatch(value):
         raise ValueError(
@@ -305,7 +314,7 @@ class _Tool(_Model):
     description: str | None = None
     input: JsonSchema | None = None
     output: JsonSchema | None = None
-    handler: Literal["client", "worker"] | None = None
+    handler: Annotated[str, AfterValidator(_tool_handler)] | None = None
 
 
 class _RetryOverride(_Model):
@@ -615,7 +624,7 @@ def _check_agent(root: _Root, file: str, aid: str, agent: _Agent) -> None:
                 file, f"{key}.name", f"clashes with the tool offered for agent.{tool.name}"
             )
         names.add(tool.name)
-        if tool.handler != "client" and agent.worker is None:
+        if tool.handler in (None, "worker") and agent.worker is None:
             raise ConfigError(
                 file,
                 f"{key}.handler" if tool.handler else key,

@@ -5,6 +5,9 @@ agent's worker. Whatever happens — an answer, garbage, an exception of any cla
 comes back to the engine as exactly one input (`done`), the effect's result or a
 recorded failed attempt. An effect the engine loses on the way (a crash, a lease
 moved) is ended by its deadline timer instead, which the commit that started it set.
+
+Which code runs an effect is looked up by its type in `RUNNERS`: a call kind
+(machine/kinds.py) registers its runner from its own module with `register`.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -45,7 +48,23 @@ log = logging.getLogger("subs.engine")
 
 Deltas = tuple[dict[str, Any], ...]
 Done = Callable[[Input, Deltas], None]  # the effect's result, and the call's last token deltas
+Tasks = set[asyncio.Task[None]]
 _delta_trouble = Trouble(log)
+
+E = TypeVar("E")
+Runner = Callable[["EffectRunner", SessionState, Any, Done, Tasks], None]
+RUNNERS: dict[type, Runner] = {}
+
+
+def register(
+    effect_type: type[E], runner: Callable[[EffectRunner, SessionState, E, Done, Tasks], None]
+) -> None:
+    """Run effects of `effect_type` with `runner` (which must report back through `done`
+    exactly once: `EffectRunner.run` sees to that)."""
+    known = RUNNERS.get(effect_type)
+    if known is not None and known is not runner:
+        raise ValueError(f"{effect_type.__name__} already has a runner")
+    RUNNERS[effect_type] = runner
 
 
 class EngineConfigError(SubsError):
@@ -97,19 +116,15 @@ class EffectRunner:
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
 
-    def start(
-        self,
-        state: SessionState,
-        effect: RunLlmCall | RunDecision | RunExecute,
-        done: Done,
-        tasks: set[asyncio.Task[None]],
-    ) -> None:
-        if isinstance(effect, RunLlmCall):
-            self._start_llm_call(state, effect, done, tasks)
-        else:
-            self._start_worker_effect(state, effect, done, tasks)
+    @staticmethod
+    def runs(effect: object) -> bool:
+        """Whether this runner starts `effect` (the others are the commit's own)."""
+        return type(effect) in RUNNERS
 
-    def _run(
+    def start(self, state: SessionState, effect: object, done: Done, tasks: Tasks) -> None:
+        RUNNERS[type(effect)](self, state, effect, done, tasks)
+
+    def run(
         self,
         sid: str,
         what: str,
@@ -171,7 +186,7 @@ class EffectRunner:
         def failed(error: dict[str, Any], retryable: bool) -> Input:
             return LlmCallSettled(call_id, attempt, error=error, retryable=retryable)
 
-        self._run(sid, f"model call {call_id}", prepare, failed, done, tasks, deltas)
+        self.run(sid, f"model call {call_id}", prepare, failed, done, tasks, deltas)
 
     def _start_worker_effect(
         self,
@@ -222,7 +237,7 @@ class EffectRunner:
             return run_execute
 
         what = "decision" if isinstance(effect, RunDecision) else f"call {effect.call_id}"
-        self._run(sid, f"worker {what}", prepare, failed, done, tasks, deltas)
+        self.run(sid, f"worker {what}", prepare, failed, done, tasks, deltas)
 
     def _target(self, block_id: str | None) -> LlmTarget:
         block = self.project.llm.get(block_id or "")
@@ -336,3 +351,10 @@ class DeltaWriter:
         self.ended = True
         if self.task is not None:
             self.task.cancel()
+
+
+register(RunLlmCall, EffectRunner._start_llm_call)
+register(RunDecision, EffectRunner._start_worker_effect)
+register(RunExecute, EffectRunner._start_worker_effect)
+
+# Kinds' runners in modules of their own are imported here, to register (machine/kinds.py).

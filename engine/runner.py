@@ -26,7 +26,7 @@ from .apply import Applier, EngineStats, lost_work, new_id
 from .config import Project
 from .durability import check_server
 from .effect_runner import EffectRunner, worker_targets
-from .machine import Deliver, Input, RunDecision, RunExecute, RunLlmCall, Transition, input_to_json
+from .machine import Deliver, Input, Transition, input_to_json
 from .metrics import Metrics
 from .retrying import Backoff, Trouble
 from .store import STORE_FAULTS, RedisClient, Store, StoreConflict, WorkItem
@@ -315,7 +315,7 @@ class Engine:
             part.queue.put_nowait(WorkItem(None, sid, input_to_json(result), deltas=deltas))
 
         for effect in t.effects:
-            if isinstance(effect, RunLlmCall | RunDecision | RunExecute):
+            if self.effects.runs(effect):
                 self.effects.start(state, effect, done, part.calls)
             elif isinstance(effect, Deliver):
                 part.outbox_dirty = True

@@ -5,6 +5,7 @@ from .effects import (
     CancelTimer,
     Deliver,
     Effect,
+    RunCall,
     RunDecision,
     RunExecute,
     RunLlmCall,
@@ -12,6 +13,7 @@ from .effects import (
 )
 from .evolve import EVENT_TYPES, Event, evolve, fold
 from .inputs import (
+    CallAnswered,
     CallDeadline,
     CallLost,
     CallSettled,
@@ -44,6 +46,7 @@ __all__ = [
     "EVENT_TYPES",
     "FOLD_VERSION",
     "Call",
+    "CallAnswered",
     "CallDeadline",
     "CallLost",
     "CallSettled",
@@ -69,6 +72,7 @@ __all__ = [
     "LlmCallSettled",
     "MachineError",
     "MessageDelivered",
+    "RunCall",
     "RunDecision",
     "RunExecute",
     "RunLlmCall",

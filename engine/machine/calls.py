@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import decisions, retry, turns
+from . import decisions, kinds, retry, turns
 from . import events as ev
 from .core import MachineError, Step, iso
-from .effects import Deliver, RunExecute, RunLlmCall, StartTimer
+from .effects import Deliver, StartTimer
 from .inputs import (
+    CallAnswered,
     CallDeadline,
     CallLost,
     CallSettled,
@@ -76,6 +77,7 @@ def start_tool_call(st: Step, action: dict[str, Any], unrunnable: list[tuple[Cal
         arguments = json.dumps(arguments if arguments is not None else {}, separators=(",", ":"))
     tool = find_tool(st.s.agent, name)
     handler = (tool or {}).get("handler") or "worker"
+    kind = kinds.of("tool", handler)
     st.emit(
         {
             "type": ev.TOOL_CALL_REQUESTED,
@@ -84,18 +86,21 @@ def start_tool_call(st: Step, action: dict[str, Any], unrunnable: list[tuple[Cal
             "arguments": arguments,
             "handler": handler,
             "retry": resolve_policy(
-                "client_tool" if handler == "client" else "tool",
-                st.s.agent,
-                action.get("retry"),
+                kind.retry if kind else "tool", st.s.agent, action.get("retry")
             ),
         }
     )
     call = st.s.calls[call_id]
-    if handler == "client" or st.by_worker:
+    if kind is not None and kind.runnable(st.s):
         dispatch(st, call, 1)
         return
     # An engine-decided agent has no worker to run it: the model learns that.
-    reason = f"tool {name!r} is not declared" if tool is None else f"no worker runs {name!r}"
+    if tool is None:
+        reason = f"tool {name!r} is not declared"
+    elif kind is None:
+        reason = f"no handler {handler!r} runs {name!r}"
+    else:
+        reason = f"no {handler} runs {name!r}"
     unrunnable.append((call, reason))
 
 
@@ -109,10 +114,9 @@ def dispatch(st: Step, call: Call, attempt: int) -> None:
             "deadline_ms": deadline,
         }
     )
-    if call.handler == "server":
-        st.out.effects.append(RunLlmCall(call.id, attempt, deadline))
-    elif call.handler == "worker":
-        st.out.effects.append(RunExecute(call.id, attempt, deadline))
+    kind = kinds.of(call.kind, call.handler)
+    if kind is not None and kind.effect is not None:
+        st.out.effects.append(kind.effect(call.id, attempt, deadline))
 
 
 # -- finding the attempt an answer belongs to ------------------------------------
@@ -127,6 +131,33 @@ def live_call(st: Step, call_id: str, attempt: int, kind: str | None) -> Call | 
         st.ignore(f"call {call_id!r} attempt {attempt} was replaced (now {call.attempt})")
         return None
     return call
+
+
+# -- answers of a kind's runner ----------------------------------------------------
+
+
+def call_answered(st: Step, inp: CallAnswered) -> None:
+    """A registered kind's runner ended an attempt: the kind settles it (kinds.py)."""
+    call = live_call(st, inp.call_id, inp.attempt, None)
+    if call is None:
+        return
+    if call.status == "waiting":
+        st.ignore(f"call {call.id!r} was already answered (it is async)")
+        return
+    kind = kinds.of(call.kind, call.handler)
+    settle = kind.settle if kind is not None and kind.settle is not None else answered
+    settle(st, call, inp)
+    turns.settle_turn(st)
+
+
+def answered(st: Step, call: Call, inp: CallAnswered) -> None:
+    """How an answer settles by default: a model reply, or a tool's result."""
+    if inp.error is not None:
+        call_failed(st, call, inp.error, inp.retryable, inp.retry_after)
+    elif call.kind == "llm":
+        llm_completed(st, call, inp.result)
+    else:
+        settle_tool(st, call, tool_result_of(inp.result), None, False)
 
 
 # -- model calls -----------------------------------------------------------------
@@ -532,10 +563,11 @@ def settleable(st: Step, call_id: str, attempt: int | None, *, client_input: boo
             "call_not_open",
             f"tool call {call.id!r} runs on the {call.handler}, not the client",
         )
-    if not client_input and call.handler == "worker" and call.status != "waiting":
+    kind = kinds.of(call.kind, call.handler)
+    if not client_input and call.status != "waiting" and not (kind and kind.outside_settles):
         raise MachineError(
             "call_not_open",
-            f"tool call {call.id!r} is being run by the worker; only an async call "
+            f"tool call {call.id!r} is being run by the {call.handler}; only an async call "
             "(answered with an empty decision) can be settled",
         )
     if attempt is not None and attempt != call.attempt:

@@ -9,12 +9,18 @@ from .inputs import CallDeadline, DecisionDeadline, DecisionTimerFired, TimerFir
 
 
 @dataclass(frozen=True)
-class RunLlmCall:
-    """Call the model for `call_id`, attempt `attempt`, on the engine."""
+class RunCall:
+    """Run attempt `attempt` of call `call_id`: each call kind's effect is a subclass
+    (kinds.py), which the shell's runner registry maps to the code that runs it."""
 
     call_id: str
     attempt: int
     deadline: int | None  # ms
+
+
+@dataclass(frozen=True)
+class RunLlmCall(RunCall):
+    """Call the model for `call_id`, attempt `attempt`, on the engine."""
 
 
 @dataclass(frozen=True)
@@ -27,12 +33,8 @@ class RunDecision:
 
 
 @dataclass(frozen=True)
-class RunExecute:
+class RunExecute(RunCall):
     """POST a call's `tool.execute` / `llm.execute` to the worker."""
-
-    call_id: str
-    attempt: int
-    deadline: int | None
 
 
 @dataclass(frozen=True)
@@ -63,4 +65,4 @@ class Deliver:
     input: Any  # an Input of the receiving session
 
 
-Effect = RunLlmCall | RunDecision | RunExecute | StartTimer | CancelTimer | Deliver
+Effect = RunCall | RunDecision | StartTimer | CancelTimer | Deliver

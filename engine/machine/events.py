@@ -196,7 +196,7 @@ class ToolCallRequested(TypedDict):
     id: str
     name: str
     arguments: str  # JSON text, as the model wrote it
-    handler: str  # client | worker | subagent
+    handler: str  # client | worker | subagent | another kind's (kinds.py)
     retry: JSON
 
 

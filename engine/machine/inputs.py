@@ -116,6 +116,22 @@ class ExecuteFailed:
 
 
 @dataclass(frozen=True)
+class CallAnswered:
+    """A call kind's runner ended an attempt: its result, or an ErrorInfo `error`.
+
+    The one answer every kind registered in kinds.py may give, so a new kind needs no
+    input of its own; the kind's `settle` rule says what the answer means.
+    """
+
+    call_id: str
+    attempt: int
+    result: Any = None
+    error: dict[str, Any] | None = None
+    retryable: bool = False
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True)
 class CallDeadline:
     """A call attempt's run deadline passed with no result recorded."""
 
@@ -230,6 +246,7 @@ Input = (
     | DecisionDeadline
     | ExecuteAnswered
     | ExecuteFailed
+    | CallAnswered
     | CallDeadline
     | CallSettled
     | InterruptRequested
@@ -255,6 +272,7 @@ _KINDS: dict[str, type] = {
         DecisionDeadline,
         ExecuteAnswered,
         ExecuteFailed,
+        CallAnswered,
         CallDeadline,
         CallSettled,
         InterruptRequested,

@@ -5,7 +5,8 @@ subagent call or a worker decision is tried again, when, and whether a failure t
 engine names itself is worth another attempt (`Fault`). Errors from outside come with
 their own verdict: a vendor's is classed by its adapter (engine/llm/errors.py), a
 worker's delivery by engine/worker.py, a client's or worker's tool error says so.
-A new effect kind adds its `DEFAULTS` entry here and nothing else in this file.
+A new call kind names one of these policies, or brings its own (`add_policy`, called by
+`kinds.register`): nothing in this file changes.
 """
 
 from __future__ import annotations
@@ -58,6 +59,16 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 
 # Which `retry.<kind>` block of an agent config applies to each effect kind.
 _AGENT_KIND = {"llm": "llm", "tool": "tool", "client_tool": "tool", "subagent": "subagent"}
+
+
+def add_policy(name: str, defaults: dict[str, Any], agent_block: str | None) -> None:
+    """A new kind's own defaults, under `name`; `agent_block` is the agent config's
+    `retry.<block>` that overrides them (None: only `retry.default`)."""
+    if name in DEFAULTS and DEFAULTS[name] != {**_BACKOFF, **defaults}:
+        raise ValueError(f"retry policy {name!r} is already defined differently")
+    DEFAULTS[name] = {**_BACKOFF, **defaults}
+    if agent_block is not None:
+        _AGENT_KIND[name] = agent_block
 
 
 class Fault(Enum):

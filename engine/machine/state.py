@@ -38,7 +38,8 @@ class Node:
 class Call:
     """An open effect: a model call or a tool call.
 
-    `handler` says where it runs: `server` (the engine), `worker` or `client`.
+    `handler` says where it runs: `server` (the engine), `worker`, `client`,
+    `subagent`; with `kind`, it names the call's rules in kinds.py.
     `status` is `running` while an attempt is out, `retry_scheduled` while a
     backoff timer waits.
     """

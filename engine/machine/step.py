@@ -24,6 +24,7 @@ from . import events as ev
 from .core import Ids, MachineError, Step, Transition
 from .deadlines import armed, timer_changes
 from .inputs import (
+    CallAnswered,
     CallDeadline,
     CallLost,
     CallSettled,
@@ -119,6 +120,7 @@ _DISPATCH: dict[type, Callable[[Step, Any], None]] = {
     DecisionDeadline: decisions.decision_deadline,
     ExecuteAnswered: decisions.execute_answered,
     ExecuteFailed: decisions.execute_failed,
+    CallAnswered: calls.call_answered,
     CallDeadline: calls.call_deadline,
     CallSettled: calls.api_settles_call,
     InterruptRequested: interrupt_requested,

@@ -1,0 +1,179 @@
+"""A new call kind plugs in from its own module: here, from this test alone.
+
+The toy "echo" kind registers its machine rules (engine/machine/kinds.py) and its
+shell runner (engine/effect_runner.py) and then runs a turn through the real engine,
+real Redis and the fake vendor, with no engine file edited for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import pytest
+
+from engine import effect_runner
+from engine.apply import lost_work
+from engine.client import Client
+from engine.config import parse_project
+from engine.effect_runner import Done, EffectRunner, Tasks
+from engine.machine import (
+    CallAnswered,
+    CallDeadline,
+    CallLost,
+    CallSettled,
+    Input,
+    LlmCallSettled,
+    MachineError,
+    RunCall,
+    RunLlmCall,
+    SessionState,
+    StartTimer,
+    kinds,
+    retry,
+)
+from engine.runner import Engine
+from tests.engine_helpers import (
+    ENV,
+    assert_consistent,
+    payloads,
+    project_toml,
+    turn_ended,
+    wait_for_event,
+)
+from tests.fakes.llm_vendor import Text, ToolCalls
+from tests.machine_helpers import Session, text_reply, tool_reply
+
+# -- the toy kind: everything a new kind writes ---------------------------------
+
+
+@dataclass(frozen=True)
+class RunEcho(RunCall):
+    """Echo a call's arguments back (the machine asks; the runner below does it)."""
+
+
+ECHO = kinds.CallKind(
+    kind="tool",
+    handler="echo",
+    retry="echo",
+    runnable=kinds.always,
+    effect=RunEcho,
+    deadline=kinds.backstop(kinds.BACKSTOP_GRACE_MS),
+    in_flight=True,
+    retry_defaults={"run_timeout_secs": 5, "total_timeout_secs": 60, "max_attempts": 2},
+    agent_retry="tool",
+)
+
+
+def run_echo(
+    runner: EffectRunner, state: SessionState, effect: RunEcho, done: Done, tasks: Tasks
+) -> None:
+    """Answers at once; its first attempt fails (retryably), to show the kind's policy."""
+    arguments = state.calls[effect.call_id].arguments
+
+    async def echo() -> Input:
+        if effect.attempt == 1:
+            error = {"message": "echo is warming up", "code": "provider_error"}
+            return CallAnswered(effect.call_id, effect.attempt, error=error, retryable=True)
+        return CallAnswered(effect.call_id, effect.attempt, result=f"echo: {arguments}")
+
+    def failed(error: dict, retryable: bool) -> Input:
+        return CallAnswered(effect.call_id, effect.attempt, error=error, retryable=retryable)
+
+    runner.run(state.session_id, f"echo {effect.call_id}", lambda: echo, failed, done, tasks)
+
+
+# -- the test ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def echo_kind(monkeypatch):
+    """Registered for this test only: the tables are put back afterwards."""
+    monkeypatch.setattr(kinds, "KINDS", dict(kinds.KINDS))
+    monkeypatch.setattr(retry, "DEFAULTS", dict(retry.DEFAULTS))
+    monkeypatch.setattr(retry, "_AGENT_KIND", dict(retry._AGENT_KIND))
+    monkeypatch.setattr(effect_runner, "RUNNERS", dict(effect_runner.RUNNERS))
+    kinds.register(ECHO)
+    effect_runner.register(RunEcho, run_echo)
+
+
+def test_the_machine_runs_a_registered_kind_by_its_rules(echo_kind):
+    s = Session()
+    s.agent["tools"].append({"name": "shout", "handler": "echo"})
+    [run] = [e for e in s.say("shout").effects if isinstance(e, RunLlmCall)]
+    t = s.apply(LlmCallSettled(run.call_id, 1, response=tool_reply(("c1", "shout", "{}"))))
+    [echo] = [e for e in t.effects if isinstance(e, RunEcho)]
+    # Its deadline timer: the run deadline (its own policy: 5 s) and the backstop's grace.
+    assert echo.deadline == s.now + 5000
+    assert StartTimer(echo.deadline + 1000, CallDeadline("c1", 1)) in t.effects
+    assert lost_work(s.state) == [CallLost("c1", 1)]  # a dead engine's attempt is resent
+    with pytest.raises(MachineError, match="being run by the echo"):
+        s.apply(CallSettled("c1", 1, result="from outside"))
+    assert s.apply(CallAnswered("c1", 2, result="late")).ignored  # no such attempt
+    t = s.apply(CallAnswered("c1", 1, result="SHOUT"))
+    assert "tool.call.completed" in s.types(t)
+    [run] = [e for e in t.effects if isinstance(e, RunLlmCall)]  # the model is asked again
+    s.apply(LlmCallSettled(run.call_id, 1, response=text_reply("done")))
+    assert s.types()[-1] == "turn.completed"
+
+
+def test_an_unregistered_handler_cannot_run():
+    s = Session()
+    s.agent["tools"].append({"name": "shout", "handler": "nobody"})
+    [run] = [e for e in s.say("shout").effects if isinstance(e, RunLlmCall)]
+    t = s.apply(LlmCallSettled(run.call_id, 1, response=tool_reply(("c1", "shout", "{}"))))
+    assert not [e for e in t.effects if isinstance(e, RunCall) and e.call_id == "c1"]
+    [errored] = [e["payload"] for e in t.events if e["payload"]["type"] == "tool.call.errored"]
+    assert "no handler 'nobody' runs 'shout'" in errored["error"]["message"]
+
+
+def test_a_kind_is_registered_once():
+    with pytest.raises(ValueError, match="already registered"):
+        kinds.register(dataclasses.replace(kinds.KINDS[("tool", "client")], in_flight=True))
+
+
+@pytest.fixture
+async def engine(echo_kind, redis, vendor, tmp_path):
+    toml = project_toml(vendor.url, retry="retry = { tool = { backoff_base_secs = 0 } }")
+    # The agents' tool, run by the new kind (config takes any registered tool handler).
+    toml = toml.replace('handler = "client"', 'handler = "echo"')
+    project = parse_project(toml, str(tmp_path / "subs.toml"), env={})
+    eng = Engine(project, redis, env=ENV, lease_ms=3000)
+    await eng.start()
+    yield eng
+    await eng.stop()
+
+
+async def test_a_kind_registered_outside_the_engine_runs_a_turn(engine, vendor):
+    vendor.push(
+        ToolCalls([("confirm", {"question": "hello?"})], text="Echoing."),
+        Text("It echoed."),
+    )
+    client = Client(engine.store)
+    reply = await client.submit(
+        {
+            "type": "client.message",
+            "agent_id": "ops_openai",
+            "message": {"role": "user", "content": "echo something"},
+        },
+        identity={"issuer": "cli"},
+    )
+    sid, turn_id = reply["session_id"], reply["turn_id"]
+    end = await wait_for_event(client, sid, turn_ended(turn_id))
+    assert end["payload"]["type"] == "turn.completed"
+
+    events = await assert_consistent(engine.store, sid)
+    [requested] = payloads(events, "tool.call.requested")
+    assert requested["handler"] == "echo"
+    assert requested["retry"]["max_attempts"] == 2  # the kind's own policy
+    assert requested["retry"]["backoff_base_secs"] == 0  # under the agent's retry.tool
+    assert [p["attempt"] for p in payloads(events, "tool.call.dispatched")] == [1, 2]
+    [errored] = payloads(events, "tool.call.errored")
+    assert (errored["attempt"], errored["final"]) == (1, False)
+    [completed] = payloads(events, "tool.call.completed")
+    echoed = f"echo: {requested['arguments']}"
+    assert completed["result"]["content"][0]["text"] == echoed
+    messages = [p["message"] for p in payloads(events, "message.new")]
+    assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
+    assert messages[2]["content"] == echoed
+    assert "echo: " in str(vendor.requests[1].body)  # the result went back to the model
