@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from slack_sdk.models.blocks import Block
 
-from bot.render import (
+from bot.rendering.render import (
     DEFAULT_LIMIT,
     Rendered,
     TurnView,

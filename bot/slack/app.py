@@ -3,14 +3,15 @@
 SPEC §14. `start_bots` builds a `Bots` for every agent with a `[agent.<id>.slack]` block whose
 bot token is in the environment, with either an app token (Socket Mode: no public URL needed;
 `Bots.start()` connects) or a signing secret (`Bots.routes()` serves it at
-`POST /slack/<agent>/events` on any aiohttp app; `subs serve` shares its own; bot/intake.py
+`POST /slack/<agent>/events` on any aiohttp app; `subs serve` shares its own; bot/slack/intake.py
 checks Slack's signature before anything reads the body). Bolt acks; the turn runs in a task
 of ours afterwards, so Slack never waits on it.
 
 Every turn the bot starts gets a turn id of its choosing and a checkpoint in Redis, written
-with the event's dedupe key before the input is submitted (bot/checkpoint.py). The follower
-of a turn writes it into one Slack message (bot/reply.py) and drops the checkpoint once the
-reply is whole; `Bots.start()` also resumes the turns a dead bot left half-written.
+with the event's dedupe key before the input is submitted (bot/threads/checkpoint.py). The
+follower of a turn writes it into one Slack message (bot/rendering/reply.py) and drops the
+checkpoint once the reply is whole; `Bots.start()` also resumes the turns a dead bot left
+half-written.
 
 A slash command posts a root message and runs as a `client.action` in that message's thread;
 so does a click on a custom button (`channels.slack`). An interrupt posts a prompt with one
@@ -45,27 +46,27 @@ from engine.config import Project, slack_env_suffix
 from engine.errors import describe
 from engine.snapshots import load_state
 
-from .checkpoint import Checkpoint, LeaseLost
-from .governor import Paced, RateGovernor
-from .indicator import SET_STATUS, Indicator
-from .intake import events_handler
-from .mrkdwn import escape
-from .render import (
+from ..rendering.indicator import SET_STATUS, Indicator
+from ..rendering.mrkdwn import escape
+from ..rendering.render import (
     ACTION_PREFIX,
     TurnView,
     interrupt_prompt,
     parse_interrupt_action,
     resolved_prompt,
 )
-from .reply import Reply, stamped_parts
-from .store import Checkpoints
-from .threads import (
+from ..rendering.reply import Reply, stamped_parts
+from ..threads.checkpoint import Checkpoint, LeaseLost
+from ..threads.routing import (
     missed_messages,
     session_id_for,
     strip_mention,
     thread_ts_of,
     wants_turn,
 )
+from ..threads.store import Checkpoints
+from .governor import Paced, RateGovernor
+from .intake import events_handler
 from .webapi import call, every_message, governed, thread_messages
 
 __all__ = ["SET_STATUS", "Bot", "Bots", "start_bots"]

@@ -1,7 +1,7 @@
 """The bot's own state in Redis: the open turns' checkpoints and their followers' leases.
 
 The bot's store module, as `engine/store.py` is the engine's: nothing else in `bot/` talks
-to Redis. What a checkpoint is and why it is fenced: `bot/checkpoint.py`.
+to Redis. What a checkpoint is and why it is fenced: `bot/threads/checkpoint.py`.
 """
 
 from __future__ import annotations
