@@ -23,7 +23,8 @@ from slack_sdk.web.async_client import AsyncWebClient
 from ..slack.governor import Paced, RateLimited
 from ..slack.webapi import call, governed, slack_error, thread_messages
 from ..threads.checkpoint import Checkpoint
-from .render import DEFAULT_LIMIT, Rendered, TurnView
+from .layout import DEFAULT_LIMIT, Rendered
+from .turn_view import TurnView
 
 __all__ = ["STAMP", "Reply", "stamp", "stamped_parts"]
 

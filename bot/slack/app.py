@@ -48,14 +48,14 @@ from engine.snapshots import load_state
 
 from ..rendering.indicator import SET_STATUS, Indicator
 from ..rendering.mrkdwn import escape
-from ..rendering.render import (
+from ..rendering.prompts import (
     ACTION_PREFIX,
-    TurnView,
     interrupt_prompt,
     parse_interrupt_action,
     resolved_prompt,
 )
 from ..rendering.reply import Reply, stamped_parts
+from ..rendering.turn_view import TurnView
 from ..threads.checkpoint import Checkpoint, LeaseLost
 from ..threads.routing import (
     missed_messages,
