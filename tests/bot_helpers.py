@@ -9,7 +9,8 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.slack.app import SET_STATUS, Bots, start_bots
+from bot.rendering.indicator import SET_STATUS
+from bot.slack.app import Bots, start_bots
 from bot.slack.governor import TIERS, RateGovernor
 from bot.threads.routing import session_id_for
 from engine.client import Client

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from bot.rendering.reply import STAMP, stamp
-from bot.slack.app import BUSY, GAVE_UP, MAX_FAILURES
 from bot.threads.checkpoint import Checkpoint, LeaseLost
+from bot.threads.follower import BUSY, GAVE_UP, MAX_FAILURES
 from bot.threads.routing import session_id_for
 from bot.threads.store import TURNS, Checkpoints
 from engine.config import parse_project
