@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from bot.manifest import events_path, manifest, to_yaml
+from bot.slack.manifest import events_path, manifest, to_yaml
 
 from .api import ApiKeys, ApiKeysError, bind_warning, check_bind, make_app
 from .client import Client, ClientError, validate_client_input
@@ -406,7 +406,7 @@ async def _serve(args: argparse.Namespace) -> int:
     The API answers as soon as the engine runs; Slack connects in the background (with
     retries), so an unreachable Slack never holds up the API or the stop.
     """
-    from bot.app import start_bots  # the Slack stack: only serve needs it
+    from bot.slack.app import start_bots  # the Slack stack: only serve needs it
 
     project = _load(args)
     host = args.host or project.serve.host

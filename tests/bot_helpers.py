@@ -9,9 +9,10 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.app import SET_STATUS, Bots, start_bots
-from bot.governor import TIERS, RateGovernor
-from bot.threads import session_id_for
+from bot.rendering.indicator import SET_STATUS
+from bot.slack.app import Bots, start_bots
+from bot.slack.governor import TIERS, RateGovernor
+from bot.threads.routing import session_id_for
 from engine.client import Client
 from engine.config import Project, slack_env_suffix
 from engine.runner import Engine

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from bot.app import BUSY, GAVE_UP, MAX_FAILURES
-from bot.checkpoint import Checkpoint, LeaseLost
-from bot.reply import STAMP, stamp
-from bot.store import TURNS, Checkpoints
-from bot.threads import session_id_for
+from bot.rendering.reply import STAMP, stamp
+from bot.threads.checkpoint import Checkpoint, LeaseLost
+from bot.threads.follower import BUSY, GAVE_UP, MAX_FAILURES
+from bot.threads.routing import session_id_for
+from bot.threads.store import TURNS, Checkpoints
 from engine.config import parse_project
 from tests.bot_helpers import AGENT, World, serve_bots
 from tests.engine_helpers import poll_until, project_toml, turn_ended, wait_for_event

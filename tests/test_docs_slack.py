@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from bot.manifest import manifest
+from bot.slack.manifest import manifest
 from engine.config import load_project, parse_project
 from tests.engine_helpers import ROOT
 

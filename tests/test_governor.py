@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from bot.governor import TIERS, Coalescer, Paced, RateGovernor, RateLimited, scope
+from bot.slack.governor import TIERS, Coalescer, Paced, RateGovernor, RateLimited, scope
 
 EPS = 1e-9
 

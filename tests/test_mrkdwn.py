@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bot.mrkdwn import escape, to_mrkdwn
+from bot.rendering.mrkdwn import escape, to_mrkdwn
 
 CASES = [
     # (name, markdown, mrkdwn)

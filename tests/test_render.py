@@ -8,15 +8,10 @@ from typing import Any
 import pytest
 from slack_sdk.models.blocks import Block
 
-from bot.render import (
-    DEFAULT_LIMIT,
-    Rendered,
-    TurnView,
-    interrupt_prompt,
-    parse_interrupt_action,
-    resolved_prompt,
-    split_markdown,
-)
+from bot.rendering.layout import DEFAULT_LIMIT, Rendered
+from bot.rendering.prompts import interrupt_prompt, parse_interrupt_action, resolved_prompt
+from bot.rendering.split import split_markdown
+from bot.rendering.turn_view import TurnView
 from engine.machine.evolve import EVENT_TYPES
 
 TURN = "turn_1"

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from redis import Redis as SyncRedis
 
-from bot.render import ACTION_PREFIX
+from bot.rendering.prompts import ACTION_PREFIX
 from engine.api import ApiKeys, ApiKeysError, make_app
 from engine.client import Client
 from engine.config import parse_project

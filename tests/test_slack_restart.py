@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.store import TURNS
+from bot.threads.store import TURNS
 from engine.store import connect
 from tests.engine_helpers import poll_until
 from tests.fakes.llm_vendor import FakeVendor, Text

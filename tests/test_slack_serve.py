@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from bot.mrkdwn import to_mrkdwn
+from bot.rendering.mrkdwn import to_mrkdwn
 from tests.fakes.llm_vendor import FakeVendor, Text
 from tests.fakes.slack import FakeSlack, Message
 from tests.slack_serve_helpers import TRANSPORTS, SlackServe, of_type, slack_serve

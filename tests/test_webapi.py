@@ -9,8 +9,8 @@ import time
 import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
-from bot.governor import TIERS, RateGovernor, scope
-from bot.webapi import governed
+from bot.slack.governor import TIERS, RateGovernor, scope
+from bot.slack.webapi import governed
 from tests.engine_helpers import poll_until
 from tests.fakes.slack import FakeSlack
 

@@ -20,10 +20,11 @@ from typing import Any
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from .checkpoint import Checkpoint
-from .governor import Paced, RateLimited
-from .render import DEFAULT_LIMIT, Rendered, TurnView
-from .webapi import call, governed, slack_error, thread_messages
+from ..slack.governor import Paced, RateLimited
+from ..slack.webapi import call, governed, slack_error, thread_messages
+from ..threads.checkpoint import Checkpoint
+from .layout import DEFAULT_LIMIT, Rendered
+from .turn_view import TurnView
 
 __all__ = ["STAMP", "Reply", "stamp", "stamped_parts"]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from engine.errors import SubsError
 
-from .threads import session_id_for
+from .routing import session_id_for
 
 __all__ = ["Checkpoint", "LeaseLost"]
 

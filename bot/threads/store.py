@@ -1,7 +1,7 @@
 """The bot's own state in Redis: the open turns' checkpoints and their followers' leases.
 
 The bot's store module, as `engine/store.py` is the engine's: nothing else in `bot/` talks
-to Redis. What a checkpoint is and why it is fenced: `bot/checkpoint.py`.
+to Redis. What a checkpoint is and why it is fenced: `bot/threads/checkpoint.py`.
 """
 
 from __future__ import annotations
@@ -12,12 +12,19 @@ from redis.asyncio import Redis
 
 from .checkpoint import Checkpoint, LeaseLost
 
-__all__ = ["LEASE", "TURNS", "Checkpoints"]
+__all__ = ["LEASE", "TURNS", "Checkpoints", "seen_key"]
 
 log = logging.getLogger(__name__)
 
 TURNS = "subs:slack:turns"  # hash: "<agent> <channel> <turn id>" -> checkpoint JSON
 LEASE = "subs:slack:lease:"  # + checkpoint key -> the follower's owner id
+SEEN = "subs:slack:seen:"  # + kind:key -> 1 while a Slack input is remembered (dedupe)
+
+
+def seen_key(kind: str, key: str) -> str:
+    """The dedupe key of one Slack input (`event`, `command`, `action`) or recorded turn."""
+    return f"{SEEN}{kind}:{key}"
+
 
 # KEYS: turns hash, lease key, then the dedupe keys. ARGV: field, checkpoint JSON, owner,
 # lease ms, dedupe ttl s. The input is seen, its turn recorded and its follower leased, or

@@ -1,0 +1,187 @@
+"""Slack's inputs, made turns: mentions and DMs, slash commands, custom buttons, and clicks
+on interrupt prompts.
+
+A mention, a DM, a slash command or a custom button (`channels.slack`) becomes a checkpoint
+the followers record and follow (bot/threads/follower.py): a slash command posts a root
+message and runs as a `client.action` in its thread, as a button does in its own. A prompt
+click resumes the interrupt with the option the engine recorded (read from the session
+snapshot, so a click cannot inject a value), then rewrites the prompt to say who answered.
+Each listener returns once the turn is recorded, so Bolt acks only then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import time
+from typing import Any
+
+from slack_bolt.async_app import AsyncBoltContext
+
+from engine.client import ClientError
+
+from ..rendering.prompts import option_of, parse_interrupt_action, prompt_for, resolved_prompt
+from ..threads.checkpoint import Checkpoint
+from ..threads.follower import Followers
+from ..threads.routing import session_id_for, thread_ts_of, wants_turn
+from ..threads.store import seen_key
+from .agent_app import Bot
+from .webapi import call
+
+log = logging.getLogger(__name__)
+
+CLOCK_SKEW = 60.0  # how far this host's clock may be off Slack's
+ANSWERED = "This prompt was already answered."
+COMMAND_ARGS = ("text", "user_id", "channel_id", "team_id", "response_url", "trigger_id")
+
+
+class Listeners:
+    """What each kind of Slack input does; `Bots.add` registers these with Bolt."""
+
+    def __init__(self, followers: Followers) -> None:
+        self.followers = followers
+
+    async def event(self, bot: Bot, body: dict[str, Any], context: AsyncBoltContext) -> None:
+        """After Bolt verified the signature; Slack gets its ack once the turn is recorded."""
+        event = body.get("event")
+        if not isinstance(event, dict):
+            return
+        bot_user, bot_id = context.bot_user_id, context.bot_id
+        if not wants_turn(event, bot.answers, bot_user, bot_id):
+            return
+        event_id = body.get("event_id")
+        if not isinstance(event_id, str) or not event_id:
+            return
+        thread_ts = thread_ts_of(event)
+        assert thread_ts is not None  # wants_turn checked
+        cp = Checkpoint(
+            agent=bot.agent,
+            team=str(body.get("team_id") or context.team_id or ""),
+            channel=event["channel"],
+            thread_ts=thread_ts,
+            turn_id=f"slack-{event['ts']}",
+            user=event["user"],
+            payload=None,
+            trigger=event["ts"],
+            since=event["ts"],
+            bot_id=bot_id or "",
+            mention={"event": event, "bot_user": bot_user, "bot_id": bot_id},
+        )
+        await self.followers.start_turn(cp, [seen_key("event", event_id)])
+
+    async def command(self, bot: Bot, body: dict[str, Any], bot_id: str) -> None:
+        """A slash command: its turn is recorded at once; its follower posts the root message
+        naming who ran what, whose thread is the session."""
+        args = {key: str(body.get(key) or "") for key in COMMAND_ARGS}
+        command = str(body.get("command") or "")
+        if not (command and args["channel_id"] and args["user_id"] and args["trigger_id"]):
+            return
+        cp = Checkpoint(
+            agent=bot.agent,
+            team=args["team_id"],
+            channel=args["channel_id"],
+            thread_ts="",  # the root message's ts, once posted
+            turn_id=f"slack-cmd-{args['trigger_id']}",
+            user=args["user_id"],
+            payload={"type": "client.action", "name": command.removeprefix("/"), "args": args},
+            # Slack ts are epoch seconds on Slack's clock: the root comes later, give or take.
+            since=f"{time.time() - CLOCK_SKEW:.6f}",
+            bot_id=bot_id,
+        )
+        await self.followers.start_turn(cp, [seen_key("command", args["trigger_id"])])
+
+    async def button(self, bot: Bot, body: dict[str, Any], bot_id: str) -> None:
+        """A custom button (from `channels.slack`): `client.action` named by its action_id."""
+        actions = body.get("actions")
+        action = actions[0] if isinstance(actions, list) and actions else None
+        container = body.get("container") or {}
+        channel = (body.get("channel") or {}).get("id") or container.get("channel_id")
+        message_ts = container.get("message_ts")
+        user = (body.get("user") or {}).get("id")
+        if not isinstance(action, dict) or not all(
+            isinstance(v, str) and v
+            for v in (channel, message_ts, user, action.get("action_id"), action.get("action_ts"))
+        ):
+            return
+        thread_ts = str(container.get("thread_ts") or message_ts)
+        action_ts = str(action["action_ts"])
+        team = str((body.get("team") or {}).get("id") or "")
+        args = {
+            "value": action.get("value"),
+            "user_id": user,
+            "channel_id": channel,
+            "team_id": team,
+            "message_ts": message_ts,
+            "thread_ts": thread_ts,
+            "trigger_id": body.get("trigger_id"),
+            "response_url": body.get("response_url"),
+        }
+        cp = Checkpoint(
+            agent=bot.agent,
+            team=team,
+            channel=str(channel),
+            thread_ts=thread_ts,
+            turn_id=f"slack-action-{action_ts}",
+            user=str(user),
+            payload={"type": "client.action", "name": action["action_id"], "args": args},
+            since=action_ts,
+            bot_id=bot_id,
+            quiet=True,
+        )
+        seen = f"{channel}:{message_ts}:{action['action_id']}:{action_ts}:{user}"
+        await self.followers.start_turn(cp, [seen_key("action", seen)])
+
+    async def click(self, bot: Bot, body: dict[str, Any]) -> None:
+        """A prompt button: resume with the recorded option, then show who answered."""
+        actions = body.get("actions")
+        action = actions[0] if isinstance(actions, list) and actions else None
+        parsed = parse_interrupt_action(action) if isinstance(action, dict) else None
+        container = body.get("container") or {}
+        channel = (body.get("channel") or {}).get("id") or container.get("channel_id")
+        message_ts = container.get("message_ts")
+        user = (body.get("user") or {}).get("id")
+        team = str((body.get("team") or {}).get("id") or "")
+        if (
+            parsed is None
+            or not isinstance(channel, str)
+            or not isinstance(message_ts, str)
+            or not isinstance(user, str)
+        ):
+            return
+        interrupt_id, index = parsed
+        thread_ts = container.get("thread_ts") or message_ts
+        sid = session_id_for(bot.agent, channel, thread_ts)
+        interrupt = (await self.followers.open_interrupts(sid)).get(interrupt_id)
+        option = option_of(interrupt, index)
+        resumed = False
+        if interrupt is not None and option is not None:
+            responder = {"channel": "slack", "user": user}
+            responder |= {k: option[k] for k in ("label", "style") if option.get(k) is not None}
+            resume = {
+                "type": "interrupt.resume",
+                "interrupt_id": interrupt_id,
+                "payload": {"value": option.get("value"), "responder": responder},
+            }
+            try:
+                reply = await self.followers.client.submit(resume, session_id=sid)
+            except ClientError as err:
+                log.warning("slack prompt %s: %s", interrupt_id, err)
+            else:
+                resumed = reply.get("resumed") is True
+        if not resumed or interrupt is None or option is None:
+            ephemeral = {"channel": channel, "user": user, "thread_ts": thread_ts, "text": ANSWERED}
+            self.followers.spawn(self.followers.tell(bot, team, ephemeral))
+            return
+        prompt = prompt_for(interrupt) or {}
+        label = str(option.get("label") or "") or None
+        answered = resolved_prompt(prompt, label, user, option.get("style") != "danger")
+        args = {"channel": channel, "ts": message_ts, **answered}
+        send = functools.partial(call, bot.web, "chat.update", args)
+        self.followers.spawn(
+            _landed(self.followers.paced.submit(team, "chat.update", (channel, message_ts), send))
+        )
+
+
+async def _landed(sent: asyncio.Future[None]) -> None:
+    await sent

@@ -1,0 +1,309 @@
+"""Following turns: each turn the bot starts is recorded once, streamed into its Slack
+message, and resumed by another follower when this one dies or fails.
+
+Every turn gets a turn id of the bot's choosing and a checkpoint in Redis, written with the
+input's dedupe keys before the input is submitted (bot/threads/checkpoint.py). Its follower
+holds a lease on it, writes the turn into one Slack message (bot/rendering/reply.py) and
+drops the checkpoint once the reply is whole. Leases are renewed in a loop that also takes
+over turns whose lease lapsed; a turn whose followers keep failing is given up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Coroutine, Mapping
+from typing import Any
+
+from engine.client import Client, ClientError
+from engine.snapshots import load_state
+
+from ..rendering.indicator import Indicator
+from ..rendering.mrkdwn import escape
+from ..rendering.prompts import prompt_for
+from ..rendering.reply import Reply, stamped_parts
+from ..rendering.turn_view import TurnView
+from ..slack.agent_app import Bot
+from ..slack.governor import Paced
+from ..slack.webapi import every_message, governed, thread_messages
+from .checkpoint import Checkpoint, LeaseLost
+from .routing import missed_messages, strip_mention
+from .store import Checkpoints, seen_key
+
+log = logging.getLogger(__name__)
+
+DEDUPE_SECONDS = 3600  # Slack retries within minutes; an hour covers replays too
+LEASE_MS = 15_000  # a dead bot's turns move to a live one within this (plus a scan)
+MAX_FAILURES = 5
+RETRY_SECONDS = 5.0  # a failed follower's turn is retried after 5 s, then 10, 20, 40
+GAVE_UP = ":warning: This reply could not be finished: Slack or the engine kept failing."
+BUSY = "Still working on this thread: try again once the reply is done."
+
+
+class Followers:
+    """The turns this process follows, for every agent's app in `bots`."""
+
+    def __init__(
+        self,
+        client: Client,
+        paced: Paced,
+        checkpoints: Checkpoints,
+        bots: Mapping[str, Bot],
+        retry_s: float = RETRY_SECONDS,
+    ) -> None:
+        self.client = client
+        self.paced = paced
+        self.checkpoints = checkpoints
+        self.bots = bots
+        self.retry_s = retry_s
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._following: dict[str, tuple[Checkpoint, asyncio.Task[None]]] = {}
+        self._keeper: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Resume the turns left half-written, then keep leases in the background."""
+        if self._keeper is None:
+            await self._resume_orphans()
+            self._keeper = asyncio.create_task(self._keep_leases())
+
+    async def idle(self) -> None:
+        """Wait until every turn started or resumed so far (and since) has ended."""
+        while self._tasks:
+            await asyncio.wait(list(self._tasks))
+
+    async def aclose(self) -> None:
+        """Stop following turns (the engine keeps running them) and release their leases,
+        so another bot resumes them at once."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
+        following = [cp for cp, _ in self._following.values()]
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for cp in following:
+            await self.checkpoints.release(cp)
+
+    def spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run `work` as one of the tasks `idle` waits for and `aclose` cancels."""
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("slack turn failed", exc_info=task.exception())
+
+    async def start_turn(self, cp: Checkpoint, seen: list[str]) -> None:
+        """Record the turn, once per Slack input, then follow it in a task of its own.
+
+        Its id is in the dedupe keys too: an edited mention arrives as a new event with the
+        message's ts, and must not start that turn again."""
+        if cp.thread_ts:
+            cp.after = await self.client.last_seq(cp.session_id)
+            cp.cursor = await self.client.delta_cursor(cp.session_id)
+        keys = [*seen, seen_key("turn", cp.key)]
+        if await self.checkpoints.start(keys, DEDUPE_SECONDS, cp):
+            self._following[cp.key] = (cp, self.spawn(self._follow(cp, resumed=False)))
+
+    # -- following a turn ---------------------------------------------------------------------
+
+    async def _follow(self, cp: Checkpoint, *, resumed: bool) -> None:
+        """Submit the turn (again, when resumed: the engine knows its id) and stream it.
+
+        A follower that fails counts it in the checkpoint and lets go of the lease, so another
+        round retries the turn, up to `MAX_FAILURES`; one that lost its lease just stops."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._following[cp.key] = (cp, task)
+        bot = self.bots[cp.agent]
+        view = TurnView(cp.turn_id)
+        reply = Reply(cp, view, bot.web, self.paced, self.checkpoints.save, native=bot.native)
+        working: Indicator | None = None
+        try:
+            if not cp.thread_ts:
+                await self._post_root(cp, reply, resumed=resumed)
+            working = Indicator(bot.web, self.paced, cp.team, cp.channel, cp.thread_ts, cp.trigger)
+            if resumed:
+                await reply.adopt_stamps()
+                await reply.close_stale_stream()
+            if cp.payload is None:
+                cp.payload = await self._mention_payload(bot, cp)
+                await self.checkpoints.save(cp)
+            if await self._submit(cp, reply):
+                await self._stream(cp, view, reply, working)
+            await self.checkpoints.drop(cp)
+        except LeaseLost:
+            log.warning("slack: turn %s is followed elsewhere now", cp.key)
+            working = None  # the other follower shows (and clears) the indicator
+        except Exception:
+            with contextlib.suppress(Exception):  # Redis away too: the lease lapses anyway
+                cp.failures += 1
+                cp.retry_at = time.time() + self.retry_s * 2 ** (cp.failures - 1)
+                await self.checkpoints.save(cp)
+                await self.checkpoints.release(cp)
+            raise
+        finally:
+            self._following.pop(cp.key, None)
+            if working is not None and not task.cancelling():  # shutting down: Slack times it out
+                await working.clear(stale=resumed)
+
+    async def _mention_payload(self, bot: Bot, cp: Checkpoint) -> dict[str, Any]:
+        """A mention or a DM: its message, and those the agent missed since, as one input."""
+        assert cp.mention is not None
+        event, bot_user, bot_id = cp.mention["event"], cp.mention["bot_user"], cp.mention["bot_id"]
+        ts = event["ts"]
+        messages: list[dict[str, Any]] = []
+        if cp.thread_ts != ts:
+            thread = await thread_messages(
+                self.paced.governor, cp.team, bot.web, cp.channel, cp.thread_ts
+            )
+            for msg in missed_messages(thread, ts, bot_user, bot_id):
+                text = f"<@{msg['user']}>: {msg.get('text') or ''}"
+                messages.append({"id": f"slack:{msg['ts']}", "role": "user", "content": text})
+        text = strip_mention(event["text"], bot_user)
+        messages.append({"id": f"slack:{ts}", "role": "user", "content": text})
+        return {"type": "client.append", "messages": messages, "queue": True}
+
+    async def _post_root(self, cp: Checkpoint, reply: Reply, *, resumed: bool) -> None:
+        """A slash command's root message, once: its thread becomes the turn's session."""
+        if resumed and "root" not in cp.posted:
+            args = {"channel": cp.channel, "oldest": cp.since, "include_all_metadata": True}
+            history = await every_message(
+                self.paced.governor, cp.team, reply.web, "conversations.history", args
+            )
+            found = stamped_parts(history, cp.turn_id)
+            if "root" in found:
+                cp.posted["root"] = found["root"]
+        args = cp.payload["args"] if cp.payload else {}
+        ran = escape(f"/{(cp.payload or {}).get('name')} {args.get('text') or ''}".strip())
+        root = await reply.post("root", {"text": f"<@{cp.user}> ran `{ran}`"}, thread=False)
+        cp.thread_ts = cp.trigger = cp.since = root
+        await self.checkpoints.save(cp)
+
+    async def _submit(self, cp: Checkpoint, reply: Reply) -> bool:
+        """Submit the turn's input; False when there is no turn to follow.
+
+        While a prompt is open the engine refuses new input; the open question is posted again.
+        """
+        metadata = {
+            "slack_channel": cp.channel,
+            "slack_thread_ts": cp.thread_ts,
+            "slack_team": cp.team,
+        }
+        identity = {"subject": {"issuer": "slack", "id": cp.user}, "metadata": metadata}
+        try:
+            payload = {**(cp.payload or {}), "agent_id": cp.agent, "turn_id": cp.turn_id}
+            answer = await self.client.submit(payload, session_id=cp.session_id, identity=identity)
+        except ClientError as err:
+            if err.code == "turn_already_active":  # an action (not queueable) mid-turn
+                args = {"channel": cp.channel, "user": cp.user, "thread_ts": cp.thread_ts}
+                await self.tell(self.bots[cp.agent], cp.team, {**args, "text": BUSY})
+                return False
+            if err.code != "session_interrupted":
+                if err.status >= 500:
+                    raise  # the engine's trouble, not the input's: the follower retries
+                # The engine refused this input for good (it cannot be stored, say):
+                # say so in the thread once instead of retrying what will fail again.
+                await reply.post("reply", {"text": f":warning: {escape(err.message)}"})
+                return False
+            for iid, interrupt in (await self.open_interrupts(cp.session_id)).items():
+                prompt = prompt_for(interrupt)
+                if prompt is not None:
+                    await reply.post(f"prompt-{iid}", prompt)
+            return False
+        return answer.get("turn_id") is not None  # None: every message was known already
+
+    async def _stream(
+        self, cp: Checkpoint, view: TurnView, reply: Reply, working: Indicator
+    ) -> None:
+        """Fold the turn's events and deltas into its Slack message until the reply is whole."""
+        follow = self.client.follow(cp.session_id, cp.after, delta_cursor=cp.cursor)
+        async for kind, item in follow:
+            if kind == "delta":
+                view.apply_delta(item)
+            elif item.get("turn_id") != cp.turn_id:
+                continue
+            else:
+                try:
+                    view.apply_event(item)
+                except ValueError as err:  # a newer engine's event: show the rest anyway
+                    log.warning("slack turn %s: %s", cp.turn_id, err)
+                    continue
+                payload = item["payload"]
+                if payload["type"] == "session.interrupted":
+                    prompt = prompt_for(payload)
+                    if prompt is not None:
+                        await reply.post(f"prompt-{payload['interrupt_id']}", prompt)
+                await reply.show_channel()
+            if view.done:
+                await reply.finish(view.render())
+                return
+            had_reply = reply.ts is not None
+            await reply.show()
+            if reply.ts is not None and not had_reply:
+                working.replied()
+            working.show(view.status or "")
+
+    # -- resuming -----------------------------------------------------------------------------
+
+    async def _resume_orphans(self) -> None:
+        """Follow every open turn of our agents that no live bot follows (lease lapsed).
+
+        A turn whose followers keep failing (the app was removed from the channel, say) is
+        given up after `MAX_FAILURES`, so it is not retried forever."""
+        for seen in await self.checkpoints.open():
+            if seen.agent not in self.bots or seen.key in self._following:
+                continue
+            if seen.retry_at > time.time():
+                continue  # backing off after a failure
+            cp = await self.checkpoints.claim(seen)
+            if cp is None:
+                continue  # finished meanwhile, or another live follower has it
+            if cp.failures >= MAX_FAILURES:
+                log.error("slack: giving up turn %s of %s", cp.turn_id, cp.session_id)
+                self.spawn(self._give_up(cp))
+                continue
+            log.info("slack: resuming turn %s of %s", cp.turn_id, cp.session_id)
+            self._following[cp.key] = (cp, self.spawn(self._follow(cp, resumed=True)))
+
+    async def _give_up(self, cp: Checkpoint) -> None:
+        """Say so where the reply was going (best effort: that is what kept failing), then
+        forget the turn."""
+        bot = self.bots[cp.agent]
+        reply = Reply(cp, TurnView(cp.turn_id), bot.web, self.paced, self.checkpoints.save)
+        try:
+            await reply.give_up(GAVE_UP)
+        except Exception as err:
+            log.warning("slack: could not say turn %s was given up: %s", cp.turn_id, err)
+        await self.checkpoints.drop(cp)
+
+    async def _keep_leases(self) -> None:
+        """Renew the leases of the turns we follow; take over those whose follower died."""
+        period = self.checkpoints.lease_ms / 3000
+        while True:
+            await asyncio.sleep(period)
+            try:
+                for key, (cp, task) in list(self._following.items()):
+                    if not await self.checkpoints.renew(cp):
+                        log.warning("slack: lost the lease on turn %s; another bot has it", key)
+                        task.cancel()
+                await self._resume_orphans()
+            except Exception as err:  # Redis away for a moment: the next round retries
+                log.warning("slack: lease round failed: %s", err)
+
+    # -- shared with the listeners ------------------------------------------------------------
+
+    async def open_interrupts(self, sid: str) -> dict[str, dict[str, Any]]:
+        """The session's open interrupts as the engine recorded them, by id."""
+        state = await load_state(self.client.store, sid)
+        return dict(state.interrupts) if state else {}
+
+    async def tell(self, bot: Bot, team: str, ephemeral: dict[str, Any]) -> None:
+        """A message only its user sees: why their input started nothing."""
+        await governed(self.paced.governor, team, bot.web, "chat.postEphemeral", ephemeral)
