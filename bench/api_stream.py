@@ -53,10 +53,10 @@ from typing import Any
 import aiohttp
 
 from bench.step_overhead import ChildServer, _recv, p99
-from engine.embedded import EmbeddedRedis
-from engine.http_client import HttpClient
+from engine.cli.remote import HttpClient
 from engine.sse import SseDecoder
-from engine.store import Store, connect
+from engine.store.embedded import EmbeddedRedis
+from engine.store.store import Store, connect
 from tests.engine_helpers import EngineProcess, project_toml
 from tests.fakes.llm_vendor import FakeVendor, Text
 

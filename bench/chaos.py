@@ -53,11 +53,11 @@ from redis.exceptions import RedisError
 
 from bench.api_stream import Interrupts
 from bench.step_overhead import ChildServer, _recv
+from engine.cli.remote import HttpClient
 from engine.client import ClientError
-from engine.embedded import EmbeddedRedis, die_with_parent
-from engine.http_client import HttpClient
 from engine.machine import fold, state_to_json
-from engine.store import Store, connect
+from engine.store.embedded import EmbeddedRedis, die_with_parent
+from engine.store.store import Store, connect
 from tests.engine_helpers import ENV, ROOT
 from tests.fakes.llm_vendor import FakeVendor, Text
 from tests.workers import TestWorker

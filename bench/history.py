@@ -58,9 +58,9 @@ from bench.vs_langgraph import (
 )
 from engine.client import Client
 from engine.config import DEFAULT_FSYNC, Project, parse_project
-from engine.embedded import EmbeddedRedis
-from engine.runner import Engine
-from engine.store import Store, connect
+from engine.runtime.engine import Engine
+from engine.store.embedded import EmbeddedRedis
+from engine.store.store import Store, connect
 from tests.engine_helpers import ENV
 
 AGENT = "historian"
@@ -211,7 +211,7 @@ def report(turns: list[Turn], tool_every: int, words: int, fsync: str) -> None:
         1 / 1000,
     )
     # Over windows of turns, not single ones: the full snapshot is rewritten now and then
-    # (engine/snapshots.py), so one turn's figure is either a rewrite or none.
+    # (engine/store/snapshots.py), so one turn's figure is either a rewrite or none.
     print("  bytes written to Redis per step as the history grows, by window of turns:")
     print(f"  {'turns':>9} {'messages':>9} {'snapshot KB':>12} {'steps':>6} {'KB/step':>8}")
     marks = sorted({0, *range(max(n // 10, 1) - 1, n, max(n // 10, 1)), n - 1})

@@ -67,9 +67,9 @@ from redis.asyncio.connection import AbstractConnection
 
 from engine.client import Client
 from engine.config import DEFAULT_FSYNC, AgentDecl, Project
-from engine.embedded import EmbeddedRedis
-from engine.runner import Engine, new_event_loop
-from engine.store import Store, connect
+from engine.runtime.engine import Engine, new_event_loop
+from engine.store.embedded import EmbeddedRedis
+from engine.store.store import Store, connect
 from tests.engine_helpers import ENV, make_project
 from tests.fakes.llm_vendor import FakeVendor, Text
 
@@ -595,7 +595,7 @@ def main() -> int:
             url = server.start()
             vendor.start()
             vendor.ready()
-            fresh = mock.patch("engine.effect_runner.new_session", _connection_per_call)
+            fresh = mock.patch("engine.effects.runner.new_session", _connection_per_call)
             with fresh if args.new_connections else contextlib.nullcontext():
                 asyncio.run(bench(args, url, vendor, Path(tmp)))
         except (KeyboardInterrupt, asyncio.CancelledError):

@@ -36,8 +36,8 @@ from unittest import mock
 import aiohttp
 
 from bench.step_overhead import ChildServer, _recv
-from engine.http_pool import new_session
-from engine.llm import LlmTarget, client, complete
+from engine.effects.http_pool import new_session
+from engine.effects.llm import LlmTarget, client, complete
 from tests.fakes.llm_vendor import FakeVendor, Text
 
 MODES = ("drain", "close", "new")

@@ -77,9 +77,9 @@ from aiohttp import web
 from bench.step_overhead import ChildServer, TimedVendor, _recv, p99
 from engine.client import Client
 from engine.config import DEFAULT_FSYNC, Project, parse_project
-from engine.embedded import EmbeddedRedis
-from engine.runner import Engine, new_event_loop
-from engine.store import Store, connect
+from engine.runtime.engine import Engine, new_event_loop
+from engine.store.embedded import EmbeddedRedis
+from engine.store.store import Store, connect
 from tests.engine_helpers import ENV
 from tests.fakes.llm_vendor import Reply, Text, ToolCalls
 

@@ -66,11 +66,11 @@ from aiohttp import web
 from bench.step_overhead import ChildServer, _recv, _vendor_child, one_turn, p99
 from engine.client import Client
 from engine.config import Project, parse_project
-from engine.embedded import EmbeddedRedis
+from engine.effects.worker import DecisionRun
 from engine.machine import DecisionAnswered, Input
-from engine.runner import Engine, _Partition
-from engine.store import Commit, Store, WorkItem, connect
-from engine.worker_effects import DecisionRun
+from engine.runtime.engine import Engine, _Partition
+from engine.store.embedded import EmbeddedRedis
+from engine.store.store import Commit, Store, WorkItem, connect
 from tests.engine_helpers import ENV
 
 AGENT = "helper"

@@ -14,19 +14,19 @@ from typing import Any
 
 import orjson
 
-from .apply import new_id
-from .errors import ProtocolError, SubsError
-from .jsonedge import JsonEdgeError, check
-from .machine import (
+from engine.errors import ProtocolError, SubsError
+from engine.jsonedge import JsonEdgeError, check
+from engine.machine import (
     CallSettled,
     CancelRequested,
     InterruptRequested,
     SessionState,
     input_to_json,
 )
-from .protocol import parse_client_input
-from .snapshots import load_state
-from .store import Store
+from engine.protocol import parse_client_input
+from engine.runtime.apply import new_id
+from engine.store.snapshots import load_state
+from engine.store.store import Store
 
 
 class ClientError(SubsError):

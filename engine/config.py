@@ -25,9 +25,9 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import SubsError
-from .machine import kinds
-from .redact import redact_url
+from engine.errors import SubsError
+from engine.machine import kinds
+from engine.redact import redact_url
 
 LLM_DEFAULTS: dict[str, tuple[str, str]] = {
     "anthropic": ("ANTHROPIC_API_KEY", "https://api.anthropic.com"),

@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from .errors import SubsError
+from engine.errors import SubsError
 
 MAX_DEPTH = 64
 _SURROGATE = re.compile("[\ud800-\udfff]")

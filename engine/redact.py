@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 if TYPE_CHECKING:
-    from .config import Project
+    from engine.config import Project
 
 MASK = "***"
 MIN_SECRET = 4  # shorter values would mask common words and numbers, and guard nothing

@@ -15,7 +15,7 @@ from bot.slack.governor import TIERS, RateGovernor
 from bot.threads.routing import session_id_for
 from engine.client import Client
 from engine.config import Project, slack_env_suffix
-from engine.runner import Engine
+from engine.runtime.engine import Engine
 from tests.engine_helpers import ENV
 from tests.fakes.llm_vendor import FakeVendor
 from tests.fakes.slack import FakeSlack, Message

@@ -10,10 +10,10 @@ import pytest
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis as AsyncRedis
 
-from engine.embedded import EmbeddedRedis
 from engine.machine import core
 from engine.machine.events import parse_event
-from engine.store import connect
+from engine.store.embedded import EmbeddedRedis
+from engine.store.store import connect
 from tests.engine_helpers import EngineProcess, project_toml
 from tests.fakes.llm_vendor import FakeVendor
 

@@ -15,8 +15,8 @@ from typing import Any
 from engine.client import Client
 from engine.config import Project, parse_project
 from engine.machine import fold, state_to_json
-from engine.snapshots import state_of
-from engine.store import Store
+from engine.store.snapshots import state_of
+from engine.store.store import Store
 
 ENV = {"OPENAI_API_KEY": "test-openai", "ANTHROPIC_API_KEY": "test-anthropic"}
 LEASE_MS = 1500  # short, for tests that kill engines on purpose

@@ -24,7 +24,7 @@ from typing import Any
 
 from engine.client import Client
 from engine.config import slack_env_suffix
-from engine.store import Store, connect
+from engine.store.store import Store, connect
 from tests.engine_helpers import EngineProcess, project_toml
 from tests.fakes.slack import FakeSlack, Message
 

@@ -14,8 +14,8 @@ from httpx_sse import EventSource, aconnect_sse
 from engine.api import ApiKeys, ApiKeysError, SseLimits, bind_warning, check_bind, make_app
 from engine.api.stream import sse_frame
 from engine.client import Client
-from engine.metrics import Metrics
-from engine.runner import Engine
+from engine.runtime.engine import Engine
+from engine.runtime.metrics import Metrics
 from tests.api_helpers import (
     ALICE,
     BOB,
@@ -824,7 +824,7 @@ async def test_shutdown_ends_open_streams_cleanly(engine, vendor, metrics):
 
 
 async def test_the_python_client_follows_through_heartbeats(engine, vendor, metrics):
-    from engine.http_client import HttpClient
+    from engine.cli.remote import HttpClient
 
     vendor.push(Text("first"), Text("second"))
     async with serve(app_for(engine, metrics, heartbeat=0.05)) as url:

@@ -9,8 +9,8 @@ import socket
 
 import httpx
 
-from engine.embedded import EmbeddedRedis
-from engine.store import Store, connect
+from engine.store.embedded import EmbeddedRedis
+from engine.store.store import Store, connect
 from tests.api_helpers import INPUT, of_type, read_stream
 from tests.engine_helpers import session_of, start_subs, subs
 from tests.fakes.llm_vendor import HttpError, Text, ToolCalls

@@ -237,7 +237,8 @@ def test_help_loads_neither_the_slack_stack_nor_the_engine():
     probe = (
         "import sys\nfrom engine.cli import main\n"
         "try:\n    main(['run', '--help'])\nexcept SystemExit:\n    pass\n"
-        "print(sorted(m for m in ('slack_bolt', 'slack_sdk', 'redis', 'aiohttp', 'engine.runner')"
+        "print(sorted(m for m in ('slack_bolt', 'slack_sdk', 'redis', 'aiohttp',"
+        " 'engine.runtime.engine')"
         " if m in sys.modules))"
     )
     done = subprocess.run(

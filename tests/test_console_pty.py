@@ -11,7 +11,7 @@ import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-from engine.console import Printer
+from engine.cli.terminal import Printer
 from tests.engine_helpers import ENV, ROOT
 from tests.fakes.llm_vendor import Text, ToolCalls
 

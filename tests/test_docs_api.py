@@ -33,8 +33,8 @@ import pytest
 
 from engine.api import ApiKeys, make_app
 from engine.client import Client
-from engine.snapshots import load_state
-from engine.store import Store, connect
+from engine.store.snapshots import load_state
+from engine.store.store import Store, connect
 from tests.engine_helpers import ROOT, EngineProcess, poll_until, subs
 from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from engine.http_client import HttpClient
-from engine.worker import sign
+from engine.cli.remote import HttpClient
+from engine.effects.delivery import sign
 from tests.engine_helpers import ROOT, EngineProcess
 from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
 from tests.workers import RESPONSE_SCHEMA, schema_errors

@@ -17,11 +17,11 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from engine.config import StoreConfig
-from engine.durability import check_server
-from engine.embedded import EmbeddedRedis, find_redis_server
 from engine.jsonedge import encode
-from engine.runner import Engine
-from engine.store import STORE_FAULTS, Commit, Store, StoreConflict, connect
+from engine.runtime.engine import Engine
+from engine.store.durability import check_server
+from engine.store.embedded import EmbeddedRedis, find_redis_server
+from engine.store.store import STORE_FAULTS, Commit, Store, StoreConflict, connect
 from tests.engine_helpers import ENV, make_project, poll_until
 
 

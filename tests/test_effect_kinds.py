@@ -1,7 +1,7 @@
 """A new call kind plugs in from its own module: here, from this test alone.
 
 The toy "echo" kind registers its machine rules (engine/machine/kinds.py) and its
-shell runner (engine/effect_runner.py) and then runs a turn through the real engine,
+shell runner (engine/effects/runner.py) and then runs a turn through the real engine,
 real Redis and the fake vendor, with no engine file edited for it.
 """
 
@@ -12,11 +12,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine import effect_runner
-from engine.apply import lost_work
 from engine.client import Client
 from engine.config import parse_project
-from engine.effect_runner import Done, EffectRunner, Tasks
+from engine.effects import runner as effect_runner
+from engine.effects.runner import Done, EffectRunner, Tasks
 from engine.machine import (
     CallAnswered,
     CallDeadline,
@@ -32,7 +31,8 @@ from engine.machine import (
     kinds,
     retry,
 )
-from engine.runner import Engine
+from engine.runtime.apply import lost_work
+from engine.runtime.engine import Engine
 from tests.engine_helpers import (
     ENV,
     assert_consistent,

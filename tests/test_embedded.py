@@ -19,14 +19,14 @@ import pytest
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from engine.embedded import (
+from engine.cli.remote import HttpClient
+from engine.store.embedded import (
     RESTART_BACKOFF,
     EmbeddedRedis,
     EmbeddedRedisError,
     find_redis_server,
     supervise,
 )
-from engine.http_client import HttpClient
 from tests.engine_helpers import poll_until, project_toml, start_subs
 from tests.fakes.llm_vendor import FakeVendor, Text
 
@@ -34,7 +34,7 @@ CHILD = """
 import sys
 from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from engine.embedded import EmbeddedRedis
+from engine.store.embedded import EmbeddedRedis
 server = EmbeddedRedis(sys.argv[1])
 server.start()
 Redis.from_url(server.url).set("written-by", "child")

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from engine.client import Client, ClientError
-from engine.runner import Engine
-from engine.store import GROUP
+from engine.runtime.engine import Engine
+from engine.store.store import GROUP
 from tests.engine_helpers import (
     ENV,
     assert_consistent,
@@ -204,7 +204,7 @@ async def test_a_poison_input_fails_the_running_turn_and_the_queued_one_runs(eng
 
 async def test_a_task_that_loses_a_cancel_is_cancelled_again() -> None:
     """What Python 3.11's wait_for can do to a cancel (the serve that never exited)."""
-    from engine.runner import cancel_and_wait
+    from engine.runtime.engine import cancel_and_wait
 
     never, waiting = asyncio.Event(), asyncio.Event()
     swallowed = []

@@ -7,7 +7,7 @@ import signal
 from collections import Counter
 
 from engine.client import Client
-from engine.store import Store
+from engine.store.store import Store
 from tests.engine_helpers import (
     LEASE_MS,
     assert_consistent,

@@ -9,8 +9,8 @@ import pytest
 
 from engine.client import Client, ClientError
 from engine.config import parse_project
-from engine.effect_runner import EngineConfigError
-from engine.runner import Engine
+from engine.effects.runner import EngineConfigError
+from engine.runtime.engine import Engine
 from tests.engine_helpers import ENV, assert_consistent, payloads, turn_ended, wait_for_event
 from tests.fakes.llm_vendor import Text, ToolCalls
 from tests.workers import Json, Reply, echo_proposed

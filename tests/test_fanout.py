@@ -19,8 +19,8 @@ from engine.api.state import API
 from engine.api.stream import sse_frame
 from engine.client import Client
 from engine.jsonedge import compact_json
-from engine.runner import Engine
-from engine.store import Store, connect
+from engine.runtime.engine import Engine
+from engine.store.store import Store, connect
 from tests.api_helpers import INPUT, KEYS_ENV, ROOT, auth, events_of, read_stream, serve
 from tests.api_helpers import stream_path as path_of
 from tests.engine_helpers import ENV, make_project, poll_until, turn_ended, wait_for_event

@@ -54,7 +54,7 @@ from jsonschema import Draft202012Validator
 
 from engine.client import Client, ClientError
 from engine.config import parse_project
-from engine.runner import Engine
+from engine.runtime.engine import Engine
 from tests import fuzz_answers as fa
 from tests.engine_helpers import ENV, assert_consistent, turn_ended, wait_for_event
 from tests.workers import REQUEST_SCHEMA, SCHEMA_PATH, schema_errors

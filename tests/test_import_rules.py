@@ -3,7 +3,7 @@
 - the machine (`engine/machine/`) imports nothing impure: no clock, randomness,
   environment or I/O, and no engine module outside itself but the error model;
 - only the store modules import Redis;
-- `engine/cli.py` parses arguments without importing the engine or the bot.
+- `engine/cli/parser.py` parses arguments without importing the engine or the bot.
 
 Files are found from this file's location, not the working directory, and each rule
 fails when it finds no files: run from anywhere, it checks something.
@@ -39,9 +39,9 @@ PURE_OUTSIDE = {"engine.errors"}
 # The stores (the engine's, the bot's checkpoints) and the modules that run the server or
 # check its settings (embedded.py, durability.py).
 STORE_MODULES = {
-    "engine/store.py",
-    "engine/embedded.py",
-    "engine/durability.py",
+    "engine/store/store.py",
+    "engine/store/embedded.py",
+    "engine/store/durability.py",
     "bot/threads/store.py",
 }
 
@@ -124,13 +124,15 @@ def test_only_store_modules_import_redis() -> None:
 
 
 def test_cli_imports_the_engine_and_the_bot_lazily() -> None:
-    cli = ROOT / "engine" / "cli.py"
+    cli = ROOT / "engine" / "cli" / "parser.py"
     eager = [
         n
         for n in imports(cli, top_level_only=True)
-        if n.split(".")[0] in {"bot", *REDIS} or n.startswith("engine.commands")
+        if n.split(".")[0] in {"bot", *REDIS} or n.startswith("engine.cli.commands")
     ]
-    assert not eager, f"engine/cli.py imports {eager} at module level: `subs --help` pays for it"
+    assert not eager, (
+        f"engine/cli/parser.py imports {eager} at module level: `subs --help` pays for it"
+    )
 
 
 def test_importing_the_cli_loads_no_engine_bot_or_redis() -> None:
@@ -138,7 +140,7 @@ def test_importing_the_cli_loads_no_engine_bot_or_redis() -> None:
     probe = (
         "import sys, engine.cli\n"
         "heavy = {m.split('.')[0] for m in sys.modules} & {'bot', 'redis', 'aiohttp'}\n"
-        "heavy |= {'engine.commands'} & set(sys.modules)\n"
+        "heavy |= {'engine.cli.commands'} & set(sys.modules)\n"
         "print(','.join(sorted(heavy)))\n"
     )
     out = subprocess.run(

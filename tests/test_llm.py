@@ -14,9 +14,9 @@ import jsonschema
 import pytest
 from multidict import CIMultiDict
 
+from engine.effects.http_pool import new_session
+from engine.effects.llm import LlmTarget, ProviderError, anthropic, complete, openai, prices
 from engine.errors import SubsError
-from engine.http_pool import new_session
-from engine.llm import LlmTarget, ProviderError, anthropic, complete, openai, prices
 from tests.fakes.llm_vendor import (
     CutStream,
     FakeVendor,

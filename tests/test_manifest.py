@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bot.slack.manifest import events_path, manifest, to_yaml
-from engine.cli import main
+from engine.cli.parser import main
 from engine.config import AgentDecl, parse_project
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,9 +8,9 @@ from typing import Any
 import orjson
 import pytest
 
-from engine.llm import anthropic, openai
-from engine.llm.errors import ProviderError
-from engine.llm.prompts import EncodedMessages, encode_body
+from engine.effects.llm import anthropic, openai
+from engine.effects.llm.errors import ProviderError
+from engine.effects.llm.prompts import EncodedMessages, encode_body
 
 FORMATS = {
     "openai": (openai.message_groups, openai.convert_group, openai.build_request),

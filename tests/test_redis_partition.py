@@ -14,8 +14,8 @@ import contextlib
 from pathlib import Path
 
 from engine.client import Client
-from engine.embedded import EmbeddedRedis
-from engine.store import Store, connect
+from engine.store.embedded import EmbeddedRedis
+from engine.store.store import Store, connect
 from tests.engine_helpers import EngineProcess, poll_until, turn_ended, wait_for_event
 from tests.fakes.llm_vendor import Text
 

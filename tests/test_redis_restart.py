@@ -16,8 +16,8 @@ from collections import Counter
 from pathlib import Path
 
 from engine.client import Client
-from engine.embedded import EmbeddedRedis
-from engine.store import Store, connect
+from engine.store.embedded import EmbeddedRedis
+from engine.store.store import Store, connect
 from tests.engine_helpers import (
     EngineProcess,
     assert_consistent,

@@ -23,10 +23,10 @@ from bot.rendering.prompts import ACTION_PREFIX
 from engine.api import ApiKeys, ApiKeysError, make_app
 from engine.client import Client
 from engine.config import parse_project
-from engine.embedded import EmbeddedRedis
 from engine.jsonedge import compact_json
-from engine.runner import Engine
-from engine.store import Store, connect
+from engine.runtime.engine import Engine
+from engine.store.embedded import EmbeddedRedis
+from engine.store.store import Store, connect
 from tests.api_helpers import INPUT, KEYS_ENV, ROOT, auth, read_stream, serve, stream_path
 from tests.bot_helpers import AGENT, serve_bots
 from tests.engine_helpers import ENV, make_project, poll_until, project_toml, start_subs

@@ -10,9 +10,9 @@ import time
 import aiohttp
 import pytest
 
+from engine.cli.remote import HttpClient
 from engine.client import ClientError
-from engine.http_client import HttpClient
-from engine.http_pool import new_session
+from engine.effects.http_pool import new_session
 from tests.engine_helpers import session_of, subs
 from tests.fakes.llm_vendor import Text, ToolCalls
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bot.threads.store import TURNS
-from engine.store import connect
+from engine.store.store import connect
 from tests.engine_helpers import poll_until
 from tests.fakes.llm_vendor import FakeVendor, Text
 from tests.fakes.slack import Message

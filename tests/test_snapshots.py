@@ -1,4 +1,4 @@
-"""Snapshots rewritten now and then, the log's tail folded on load (engine/snapshots.py)."""
+"""Snapshots rewritten now and then, the log's tail folded on load (engine/store/snapshots.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 
 from engine.client import Client
 from engine.machine import FOLD_VERSION, fold, state_to_json
-from engine.runner import Engine
-from engine.snapshots import Mark, load_state
+from engine.runtime.engine import Engine
+from engine.store.snapshots import Mark, load_state
 from tests.engine_helpers import ENV, assert_consistent, make_project, turn_ended, wait_for_event
 from tests.fakes.llm_vendor import Text
 

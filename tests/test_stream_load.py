@@ -15,7 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from engine.client import Client
-from engine.store import Store
+from engine.store.store import Store
 from tests.engine_helpers import (
     EngineProcess,
     poll_until,

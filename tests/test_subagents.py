@@ -12,8 +12,8 @@ from pathlib import Path
 
 from engine.client import Client
 from engine.config import parse_project
-from engine.runner import Engine
-from engine.store import Store
+from engine.runtime.engine import Engine
+from engine.store.store import Store
 from tests.engine_helpers import (
     ENV,
     EngineProcess,

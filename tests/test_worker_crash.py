@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from engine.client import Client
-from engine.store import Store
+from engine.store.store import Store
 from tests.engine_helpers import (
     EngineProcess,
     assert_consistent,

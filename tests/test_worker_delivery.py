@@ -13,7 +13,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine.http_pool import new_session
+from engine.effects.delivery import DecisionFailure, Delivery, deliver, sign, verify
+from engine.effects.http_pool import new_session
+from engine.effects.worker import CheckedMessages, Unsendable, _check_outgoing
 from engine.protocol import (
     DecisionRequest,
     DecisionResponse,
@@ -23,8 +25,6 @@ from engine.protocol import (
     WorkerIdentity,
     to_wire,
 )
-from engine.worker import DecisionFailure, Delivery, deliver, sign, verify
-from engine.worker_effects import CheckedMessages, Unsendable, _check_outgoing
 from tests.workers import (
     Decide,
     Hang,

@@ -23,8 +23,8 @@ from jsonschema import Draft202012Validator
 
 from engine.client import Client
 from engine.config import Project, parse_project
-from engine.runner import Engine
-from engine.store import Store
+from engine.runtime.engine import Engine
+from engine.store.store import Store
 from tests.engine_helpers import ENV, assert_consistent, payloads, turn_ended, wait_for_event
 from tests.fakes.llm_vendor import FakeVendor, Reply, Text, ToolCalls
 from tests.workers import RESPONSE_SCHEMA, SCHEMA_PATH, Json, Stream, schema_errors

@@ -13,8 +13,8 @@ import functools
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from ..slack.governor import Paced
-from ..slack.webapi import call, slack_error
+from bot.slack.governor import Paced
+from bot.slack.webapi import call, slack_error
 
 __all__ = ["SET_STATUS", "WORKING_REACTION", "Indicator"]
 

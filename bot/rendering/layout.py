@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .mrkdwn import escape, to_mrkdwn
-from .split import split_markdown
+from bot.rendering.mrkdwn import escape, to_mrkdwn
+from bot.rendering.split import split_markdown
 
 MARKDOWN_BLOCK_LIMIT = 12_000
 DEFAULT_LIMIT = 9_000

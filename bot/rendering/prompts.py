@@ -14,9 +14,9 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
-from .layout import FALLBACK_LIMIT, MARKDOWN_BLOCK_LIMIT, clip, clip_mrkdwn, context
-from .mrkdwn import escape, to_mrkdwn
-from .split import split_markdown
+from bot.rendering.layout import FALLBACK_LIMIT, MARKDOWN_BLOCK_LIMIT, clip, clip_mrkdwn, context
+from bot.rendering.mrkdwn import escape, to_mrkdwn
+from bot.rendering.split import split_markdown
 
 log = logging.getLogger(__name__)
 BUTTON_TEXT_LIMIT = 75

@@ -20,11 +20,11 @@ from typing import Any
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from ..slack.governor import Paced, RateLimited
-from ..slack.webapi import call, governed, slack_error, thread_messages
-from ..threads.checkpoint import Checkpoint
-from .layout import DEFAULT_LIMIT, Rendered
-from .turn_view import TurnView
+from bot.rendering.layout import DEFAULT_LIMIT, Rendered
+from bot.rendering.turn_view import TurnView
+from bot.slack.governor import Paced, RateLimited
+from bot.slack.webapi import call, governed, slack_error, thread_messages
+from bot.threads.checkpoint import Checkpoint
 
 __all__ = ["STAMP", "Reply", "stamp", "stamped_parts"]
 

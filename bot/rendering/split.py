@@ -8,7 +8,7 @@ streaming answer that grows never moves a cut already shown.
 
 from __future__ import annotations
 
-from .mrkdwn import fence_marker, is_fence_close
+from bot.rendering.mrkdwn import fence_marker, is_fence_close
 
 
 def close_fence(markdown: str) -> str:

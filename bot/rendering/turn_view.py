@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from bot.rendering.layout import DEFAULT_LIMIT, Line, Rendered, clip, message, message_content
+from bot.rendering.split import close_fence
 from engine.machine import events as ev
-
-from .layout import DEFAULT_LIMIT, Line, Rendered, clip, message, message_content
-from .split import close_fence
 
 _ERROR_LIMIT = 300
 

@@ -27,17 +27,16 @@ from slack_sdk.errors import SlackClientError
 from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.rendering.prompts import ACTION_PREFIX
+from bot.slack.agent_app import Bot
+from bot.slack.governor import Paced, RateGovernor
+from bot.slack.intake import events_handler
+from bot.slack.listeners import Listeners
+from bot.threads.follower import LEASE_MS, RETRY_SECONDS, Followers
+from bot.threads.store import Checkpoints
 from engine.client import Client
 from engine.config import Project, slack_env_suffix
 from engine.errors import describe
-
-from ..rendering.prompts import ACTION_PREFIX
-from ..threads.follower import LEASE_MS, RETRY_SECONDS, Followers
-from ..threads.store import Checkpoints
-from .agent_app import Bot
-from .governor import Paced, RateGovernor
-from .intake import events_handler
-from .listeners import Listeners
 
 __all__ = ["Bot", "Bots", "start_bots"]
 

@@ -19,15 +19,14 @@ from typing import Any
 
 from slack_bolt.async_app import AsyncBoltContext
 
+from bot.rendering.prompts import option_of, parse_interrupt_action, prompt_for, resolved_prompt
+from bot.slack.agent_app import Bot
+from bot.slack.webapi import call
+from bot.threads.checkpoint import Checkpoint
+from bot.threads.follower import Followers
+from bot.threads.routing import session_id_for, thread_ts_of, wants_turn
+from bot.threads.store import seen_key
 from engine.client import ClientError
-
-from ..rendering.prompts import option_of, parse_interrupt_action, prompt_for, resolved_prompt
-from ..threads.checkpoint import Checkpoint
-from ..threads.follower import Followers
-from ..threads.routing import session_id_for, thread_ts_of, wants_turn
-from ..threads.store import seen_key
-from .agent_app import Bot
-from .webapi import call
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from typing import Any
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
-from .governor import RateGovernor, RateLimited, scope
+from bot.slack.governor import RateGovernor, RateLimited, scope
 
 __all__ = ["ATTEMPTS", "call", "every_message", "governed", "slack_error", "thread_messages"]
 

@@ -20,9 +20,8 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from bot.threads.routing import session_id_for
 from engine.errors import SubsError
-
-from .routing import session_id_for
 
 __all__ = ["Checkpoint", "LeaseLost"]
 

@@ -17,20 +17,19 @@ import time
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
+from bot.rendering.indicator import Indicator
+from bot.rendering.mrkdwn import escape
+from bot.rendering.prompts import prompt_for
+from bot.rendering.reply import Reply, stamped_parts
+from bot.rendering.turn_view import TurnView
+from bot.slack.agent_app import Bot
+from bot.slack.governor import Paced
+from bot.slack.webapi import every_message, governed, thread_messages
+from bot.threads.checkpoint import Checkpoint, LeaseLost
+from bot.threads.routing import missed_messages, strip_mention
+from bot.threads.store import Checkpoints, seen_key
 from engine.client import Client, ClientError
-from engine.snapshots import load_state
-
-from ..rendering.indicator import Indicator
-from ..rendering.mrkdwn import escape
-from ..rendering.prompts import prompt_for
-from ..rendering.reply import Reply, stamped_parts
-from ..rendering.turn_view import TurnView
-from ..slack.agent_app import Bot
-from ..slack.governor import Paced
-from ..slack.webapi import every_message, governed, thread_messages
-from .checkpoint import Checkpoint, LeaseLost
-from .routing import missed_messages, strip_mention
-from .store import Checkpoints, seen_key
+from engine.store.snapshots import load_state
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The bot's own state in Redis: the open turns' checkpoints and their followers' leases.
 
-The bot's store module, as `engine/store.py` is the engine's: nothing else in `bot/` talks
+The bot's store module, as `engine/store/store.py` is the engine's: nothing else in `bot/` talks
 to Redis. What a checkpoint is and why it is fenced: `bot/threads/checkpoint.py`.
 """
 
@@ -10,7 +10,7 @@ import logging
 
 from redis.asyncio import Redis
 
-from .checkpoint import Checkpoint, LeaseLost
+from bot.threads.checkpoint import Checkpoint, LeaseLost
 
 __all__ = ["LEASE", "TURNS", "Checkpoints", "seen_key"]
 

@@ -7,11 +7,11 @@ import asyncio
 
 from aiohttp import web
 
-from ..errors import SubsError
-from ..jsonedge import compact_json
-from .errors import ApiError, error_response
-from .parsing import MAX_SEQ, int_query
-from .state import API, principal_of
+from engine.api.errors import ApiError, error_response
+from engine.api.parsing import MAX_SEQ, int_query
+from engine.api.state import API, principal_of
+from engine.errors import SubsError
+from engine.jsonedge import compact_json
 
 HEALTH_TIMEOUT = 1.0  # /healthz waits this long for Redis's PONG
 

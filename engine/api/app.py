@@ -7,14 +7,17 @@ from collections.abc import Iterable
 
 from aiohttp import web
 
-from ..client import Client
-from ..metrics import Metrics
-from ..store import Store
-from .admin import admin_dead_letters, admin_events, admin_sessions, get_healthz, get_metrics
-from .auth import ApiKeys
-from .fanout import Hub
-from .middleware import authenticate, cors_headers, preflight, render_errors
-from .sessions import (
+from engine.api.admin import (
+    admin_dead_letters,
+    admin_events,
+    admin_sessions,
+    get_healthz,
+    get_metrics,
+)
+from engine.api.auth import ApiKeys
+from engine.api.fanout import Hub
+from engine.api.middleware import authenticate, cors_headers, preflight, render_errors
+from engine.api.sessions import (
     delete_session,
     get_session,
     post_cancel,
@@ -23,8 +26,11 @@ from .sessions import (
     post_settle,
     stream_events,
 )
-from .state import API, ApiState
-from .stream import SseLimits, sse_frame
+from engine.api.state import API, ApiState
+from engine.api.stream import SseLimits, sse_frame
+from engine.client import Client
+from engine.runtime.metrics import Metrics
+from engine.store.store import Store
 
 
 async def _stop_streams(app: web.Application) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import SubsError
+from engine.errors import SubsError
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ..errors import SubsError
-from ..jsonedge import compact_json
+from engine.errors import SubsError
+from engine.jsonedge import compact_json
 
 
 class ApiError(SubsError):

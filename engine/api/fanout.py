@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..store import Store
+from engine.store.store import Store
 
 log = logging.getLogger("subs.fanout")
 

@@ -11,11 +11,11 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from ..errors import SubsError
-from ..store import STORE_FAULTS
-from .auth import unauthorized
-from .errors import INTERNAL, STORE_DOWN, ApiError, error_response, http_error
-from .state import API, PRINCIPAL
+from engine.api.auth import unauthorized
+from engine.api.errors import INTERNAL, STORE_DOWN, ApiError, error_response, http_error
+from engine.api.state import API, PRINCIPAL
+from engine.errors import SubsError
+from engine.store.store import STORE_FAULTS
 
 log = logging.getLogger("subs.api")
 

@@ -9,9 +9,9 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..jsonedge import JsonEdgeError, loads_checked
-from .errors import ApiError, excerpt
-from .state import API
+from engine.api.errors import ApiError, excerpt
+from engine.api.state import API
+from engine.jsonedge import JsonEdgeError, loads_checked
 
 MAX_SEQ = 2**63 - 1  # a seq is a Redis stream id's first half: a signed 64-bit integer here
 _DIGITS = re.compile(r"[0-9]{1,19}")  # int() also takes ' 7', '+7', '7_0', non-ASCII digits

@@ -5,14 +5,8 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ..client import validate_client_input
-from ..jsonedge import compact_json
-from ..machine import SessionState
-from ..machine.tree import path_to
-from ..protocol import InterruptPayload, WorkerIdentity
-from ..snapshots import load_state
-from .errors import ApiError
-from .parsing import (
+from engine.api.errors import ApiError
+from engine.api.parsing import (
     MAX_SEQ,
     CancelBody,
     InputBody,
@@ -23,8 +17,14 @@ from .parsing import (
     json_body,
     validate,
 )
-from .state import API, principal_of
-from .stream import SseStream, read_cut, session_feed
+from engine.api.state import API, principal_of
+from engine.api.stream import SseStream, read_cut, session_feed
+from engine.client import validate_client_input
+from engine.jsonedge import compact_json
+from engine.machine import SessionState
+from engine.machine.tree import path_to
+from engine.protocol import InterruptPayload, WorkerIdentity
+from engine.store.snapshots import load_state
 
 
 async def _owned_state(request: web.Request, sid: str) -> SessionState:

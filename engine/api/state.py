@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from ..client import Client
-from ..metrics import Metrics
-from ..store import Store
-from .auth import ApiKeys, Principal
-from .errors import ApiError
-from .fanout import Hub
-from .stream import SseLimits, SseStream
+from engine.api.auth import ApiKeys, Principal
+from engine.api.errors import ApiError
+from engine.api.fanout import Hub
+from engine.api.stream import SseLimits, SseStream
+from engine.client import Client
+from engine.runtime.metrics import Metrics
+from engine.store.store import Store
 
 
 @dataclass

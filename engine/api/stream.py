@@ -18,14 +18,14 @@ from typing import Any
 
 from aiohttp import web
 
-from ..errors import SubsError
-from ..jsonedge import compact_json
-from ..machine import SessionState
-from ..machine.events import CALL_ENDS, TURN_ENDS
-from ..metrics import Metrics
-from ..snapshots import load
-from ..store import Store
-from .fanout import Watch, stream_pos
+from engine.api.fanout import Watch, stream_pos
+from engine.errors import SubsError
+from engine.jsonedge import compact_json
+from engine.machine import SessionState
+from engine.machine.events import CALL_ENDS, TURN_ENDS
+from engine.runtime.metrics import Metrics
+from engine.store.snapshots import load
+from engine.store.store import Store
 
 log = logging.getLogger("subs.api")
 

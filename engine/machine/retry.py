@@ -3,8 +3,8 @@
 The one place that decides whether a failed attempt of a model call, a tool call, a
 subagent call or a worker decision is tried again, when, and whether a failure the
 engine names itself is worth another attempt (`Fault`). Errors from outside come with
-their own verdict: a vendor's is classed by its adapter (engine/llm/errors.py), a
-worker's delivery by engine/worker.py, a client's or worker's tool error says so.
+their own verdict: a vendor's is classed by its adapter (engine/effects/llm/errors.py), a
+worker's delivery by engine/effects/delivery.py, a client's or worker's tool error says so.
 A new call kind names one of these policies, or brings its own (`add_policy`, called by
 `kinds.register`): nothing in this file changes.
 """

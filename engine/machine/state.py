@@ -12,7 +12,7 @@ from typing import Any
 
 # How `evolve` folds the log and how the snapshot spells the state. A snapshot written
 # under another version (or before versions: none) is not trusted: its reader folds the
-# session's log again (engine/snapshots.py). Raise it with any change to either; the
+# session's log again (engine/store/snapshots.py). Raise it with any change to either; the
 # golden logs (tests/golden/) hold every version to folding old logs the same way.
 FOLD_VERSION = 1
 

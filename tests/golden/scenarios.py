@@ -9,7 +9,7 @@ from pathlib import Path
 
 from engine.client import Client
 from engine.config import parse_project
-from engine.runner import Engine
+from engine.runtime.engine import Engine
 from tests.engine_helpers import ENV, assert_consistent, payloads, turn_ended, wait_for_event
 from tests.fakes.llm_vendor import HttpError, Text, ToolCalls
 

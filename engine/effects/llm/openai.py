@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engine.llm import prices
-from engine.llm.errors import ProviderError, error_body, http_error, quote, status_class
-from engine.llm.usage import from_openai
+from engine.effects.llm import prices
+from engine.effects.llm.errors import ProviderError, error_body, http_error, quote, status_class
+from engine.effects.llm.usage import from_openai
 
 NAMES = {"openai": "OpenAI", "openrouter": "OpenRouter"}
 

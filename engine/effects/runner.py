@@ -21,12 +21,13 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from .config import Project
-from .errors import SubsError, describe
-from .http_pool import new_session
-from .llm import LlmTarget, ProviderError, complete
-from .llm.prompts import EncodedMessages
-from .machine import (
+from engine.config import Project
+from engine.effects.http_pool import new_session
+from engine.effects.llm import LlmTarget, ProviderError, complete
+from engine.effects.llm.prompts import EncodedMessages
+from engine.effects.worker import CheckedMessages, DecisionRun, ExecuteRun, WorkerTarget
+from engine.errors import SubsError, describe
+from engine.machine import (
     DecisionFailed,
     ExecuteFailed,
     Input,
@@ -38,11 +39,10 @@ from .machine import (
     SessionState,
     build_llm_request,
 )
-from .machine.retry import Fault
-from .metrics import Metrics
-from .retrying import Trouble
-from .store import Store
-from .worker_effects import CheckedMessages, DecisionRun, ExecuteRun, WorkerTarget
+from engine.machine.retry import Fault
+from engine.runtime.metrics import Metrics
+from engine.runtime.retrying import Trouble
+from engine.store.store import Store
 
 log = logging.getLogger("subs.engine")
 

@@ -37,8 +37,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
 
-from .config import DEFAULT_FSYNC, Fsync
-from .errors import SubsError
+from engine.config import DEFAULT_FSYNC, Fsync
+from engine.errors import SubsError
 
 SOCKET_NAME = "redis.sock"
 PIDFILE_NAME = "redis.pid"

@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import Project
-from .errors import describe
-from .jsonedge import encode
-from .machine import (
+from engine.config import Project
+from engine.errors import describe
+from engine.jsonedge import encode
+from engine.machine import (
     Call,
     CallLost,
     CancelTimer,
@@ -40,12 +40,12 @@ from .machine import (
     state_to_json,
     step,
 )
-from .machine import events as ev
-from .machine.evolve import at_ms
-from .metrics import Metrics
-from .retrying import Backoff, Trouble
-from .snapshots import SNAPSHOT_MIN_BYTES, Mark, current, load, mark_of
-from .store import STORE_FAULTS, Commit, Store, StoreConflict, WorkItem
+from engine.machine import events as ev
+from engine.machine.evolve import at_ms
+from engine.runtime.metrics import Metrics
+from engine.runtime.retrying import Backoff, Trouble
+from engine.store.snapshots import SNAPSHOT_MIN_BYTES, Mark, current, load, mark_of
+from engine.store.store import STORE_FAULTS, Commit, Store, StoreConflict, WorkItem
 
 log = logging.getLogger("subs.engine")
 

@@ -16,10 +16,10 @@ from typing import Any, Protocol, TypeVar
 import aiohttp
 from pydantic import BaseModel, ValidationError
 
-from engine.http_pool import drain, failure_name, failure_text, is_decoding
+from engine.effects.http_pool import drain, failure_name, failure_text, is_decoding
+from engine.effects.llm import anthropic, openai, prompts
+from engine.effects.llm.errors import ProviderError, quote
 from engine.jsonedge import JsonEdgeError, compact_json, loads_checked
-from engine.llm import anthropic, openai, prompts
-from engine.llm.errors import ProviderError, quote
 from engine.protocol import LlmResponse, StreamDelta
 from engine.sse import Event, SseDecoder
 

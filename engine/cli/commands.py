@@ -1,4 +1,4 @@
-"""What the `subs` commands do (engine/cli.py parses their arguments first).
+"""What the `subs` commands do (engine/cli/parser.py parses their arguments first).
 
 Every failure a person can fix ends here as one line naming the problem and what to
 do next, with a non-zero exit: 2 for a mistake on the command line, 1 for the rest.
@@ -26,19 +26,18 @@ from urllib.parse import urlsplit
 from aiohttp import web
 
 from bot.slack.manifest import events_path, manifest, to_yaml
-
-from .api import ApiKeys, ApiKeysError, bind_warning, check_bind, make_app
-from .client import Client, ClientError, validate_client_input
-from .config import Project, load_project, slack_env_suffix
-from .console import Printer, require_session, short, watch_turn
-from .embedded import EmbeddedRedis, EmbeddedRedisError, supervise
-from .errors import SubsError
-from .http_client import HttpClient
-from .machine import iso
-from .metrics import Metrics
-from .redact import Redactor, env_secrets, project_secrets, redact_url
-from .runner import Engine, new_event_loop
-from .store import RedisClient, RedisError, Store, connect, unreachable
+from engine.api import ApiKeys, ApiKeysError, bind_warning, check_bind, make_app
+from engine.cli.remote import HttpClient
+from engine.cli.terminal import Printer, require_session, short, watch_turn
+from engine.client import Client, ClientError, validate_client_input
+from engine.config import Project, load_project, slack_env_suffix
+from engine.errors import SubsError
+from engine.machine import iso
+from engine.redact import Redactor, env_secrets, project_secrets, redact_url
+from engine.runtime.engine import Engine, new_event_loop
+from engine.runtime.metrics import Metrics
+from engine.store.embedded import EmbeddedRedis, EmbeddedRedisError, supervise
+from engine.store.store import RedisClient, RedisError, Store, connect, unreachable
 
 # Masks secrets in every log record (installed by `run_command`) and in the errors it prints.
 REDACTOR = Redactor()

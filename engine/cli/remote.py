@@ -15,11 +15,11 @@ from typing import Any
 
 import aiohttp
 
-from .client import ClientError
-from .http_pool import failure_name, failure_text, new_session
-from .jsonedge import compact_json
-from .machine.events import TURN_ENDS
-from .sse import SseDecoder
+from engine.client import ClientError
+from engine.effects.http_pool import failure_name, failure_text, new_session
+from engine.jsonedge import compact_json
+from engine.machine.events import TURN_ENDS
+from engine.sse import SseDecoder
 
 # Dropped: resume from the last event yielded. Timeouts are ClientConnectionErrors too.
 _DROPS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)

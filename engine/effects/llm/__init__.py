@@ -4,8 +4,8 @@
 `anthropic` hold the pure conversions, usable without I/O.
 """
 
-from engine.llm import anthropic, openai, prices
-from engine.llm.client import LlmTarget, complete
-from engine.llm.errors import ProviderError
+from engine.effects.llm import anthropic, openai, prices
+from engine.effects.llm.client import LlmTarget, complete
+from engine.effects.llm.errors import ProviderError
 
 __all__ = ["LlmTarget", "ProviderError", "anthropic", "complete", "openai", "prices"]

@@ -222,7 +222,7 @@ subs manifest oncall --url https://bot.example.com""",
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from .commands import run_command  # the engine, Redis and Slack: only now
+    from engine.cli.commands import run_command  # the engine, Redis and Slack: only now
 
     return run_command(args)
 

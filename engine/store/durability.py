@@ -17,7 +17,7 @@ from collections.abc import Callable
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from .config import Fsync
+from engine.config import Fsync
 
 log = logging.getLogger("subs.store")
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import aiohttp
 
+from engine.effects.http_pool import drain, failure_name, failure_text
 from engine.errors import ProtocolError, SubsError
-from engine.http_pool import drain, failure_name, failure_text
 from engine.jsonedge import JsonEdgeError, loads_checked
 from engine.protocol import parse_decision_response, to_json
 from engine.sse import Event, SseDecoder

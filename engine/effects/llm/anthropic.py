@@ -10,9 +10,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from engine.llm import prices
-from engine.llm.errors import ProviderError, error_body, http_error, quote, status_class
-from engine.llm.usage import from_anthropic
+from engine.effects.llm import prices
+from engine.effects.llm.errors import ProviderError, error_body, http_error, quote, status_class
+from engine.effects.llm.usage import from_anthropic
 
 NAME = "Anthropic"
 

@@ -22,14 +22,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .apply import Applier, EngineStats, lost_work, new_id
-from .config import Project
-from .durability import check_server
-from .effect_runner import EffectRunner, worker_targets
-from .machine import Deliver, Input, Transition, input_to_json
-from .metrics import Metrics
-from .retrying import Backoff, Trouble
-from .store import STORE_FAULTS, RedisClient, Store, StoreConflict, WorkItem
+from engine.config import Project
+from engine.effects.runner import EffectRunner, worker_targets
+from engine.machine import Deliver, Input, Transition, input_to_json
+from engine.runtime.apply import Applier, EngineStats, lost_work, new_id
+from engine.runtime.metrics import Metrics
+from engine.runtime.retrying import Backoff, Trouble
+from engine.store.durability import check_server
+from engine.store.store import STORE_FAULTS, RedisClient, Store, StoreConflict, WorkItem
 
 log = logging.getLogger("subs.engine")
 

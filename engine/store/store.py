@@ -32,9 +32,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import KeyT, StreamIdT
 
-from .durability import ReplicaWait
-from .errors import SubsError
-from .jsonedge import encode
+from engine.errors import SubsError
+from engine.jsonedge import encode
+from engine.store.durability import ReplicaWait
 
 SessionId = NewType("SessionId", str)
 
@@ -203,7 +203,7 @@ class Commit:
     """One transition's writes, applied all-or-nothing.
 
     `events` are the new log entries, encoded, numbered from `expected_seq + 1`. The
-    snapshot is the whole state, written only now and then (engine/snapshots.py): a
+    snapshot is the whole state, written only now and then (engine/store/snapshots.py): a
     step that does not write it still moves the hash's `seq`, and the state stays at
     its `at`, the log's tail after it folded on load.
     """

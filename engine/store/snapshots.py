@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .machine import FOLD_VERSION, SessionState, evolve, fold, state_from_json
-from .store import Snapshot, Store
+from engine.machine import FOLD_VERSION, SessionState, evolve, fold, state_from_json
+from engine.store.store import Snapshot, Store
 
 SNAPSHOT_MIN_BYTES = 64 * 1024
 

@@ -15,8 +15,8 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TextIO
 
-from .client import ClientError
-from .machine import events as ev
+from engine.client import ClientError
+from engine.machine import events as ev
 
 _SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 _STEPS = {

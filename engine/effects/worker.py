@@ -14,10 +14,11 @@ from typing import Any
 import aiohttp
 from pydantic import TypeAdapter, ValidationError
 
-from .errors import SubsError
-from .jsonedge import encode
-from .llm import ProviderError, anthropic, openai
-from .machine import (
+from engine.effects.delivery import DecisionFailure, Delivery, deliver
+from engine.effects.llm import ProviderError, anthropic, openai
+from engine.errors import SubsError
+from engine.jsonedge import encode
+from engine.machine import (
     DecisionAnswered,
     DecisionFailed,
     ExecuteAnswered,
@@ -25,8 +26,8 @@ from .machine import (
     Input,
     SessionState,
 )
-from .machine.request import control_request, execute_request
-from .protocol import (
+from engine.machine.request import control_request, execute_request
+from engine.protocol import (
     DecisionRequest,
     LlmResponse,
     Message,
@@ -35,7 +36,6 @@ from .protocol import (
     WireModel,
     to_json,
 )
-from .worker import DecisionFailure, Delivery, deliver
 
 AddDelta = Callable[[dict[str, Any]], None]
 

@@ -1,0 +1,1 @@
+"""The engine process: partitions and their leases, apply-and-commit, effect scheduling."""
