@@ -7,6 +7,7 @@ to Redis. What a checkpoint is and why it is fenced: `bot/threads/checkpoint.py`
 from __future__ import annotations
 
 import logging
+from importlib.resources import files
 
 from redis.asyncio import Redis
 
@@ -26,52 +27,16 @@ def seen_key(kind: str, key: str) -> str:
     return f"{SEEN}{kind}:{key}"
 
 
-# KEYS: turns hash, lease key, then the dedupe keys. ARGV: field, checkpoint JSON, owner,
-# lease ms, dedupe ttl s. The input is seen, its turn recorded and its follower leased, or
-# (any dedupe key already set, or the turn already recorded) none of them.
-_START = """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
-for i = 3, #KEYS do
-  if redis.call('EXISTS', KEYS[i]) == 1 then return 0 end
-end
-for i = 3, #KEYS do redis.call('SET', KEYS[i], 1, 'EX', ARGV[5]) end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
-return 1
-"""
-# KEYS: turns hash, lease key. ARGV: field, owner, lease ms. The checkpoint as it is now,
-# leased to the owner; nil when it is gone (finished) or another follower holds it.
-_CLAIM = """
-local cp = redis.call('HGET', KEYS[1], ARGV[1])
-if not cp then return nil end
-if not redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then return nil end
-return cp
-"""
-# KEYS: turns hash, lease key. ARGV: field, owner, JSON (absent: delete the checkpoint and
-# the lease). Writes only under the owner's lease: a follower that lost it changes nothing.
-_WRITE = """
-if redis.call('GET', KEYS[2]) ~= ARGV[2] then return 0 end
-if ARGV[3] then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
-else
-  redis.call('HDEL', KEYS[1], ARGV[1])
-  redis.call('DEL', KEYS[2])
-end
-return 1
-"""
-# KEYS: lease key. ARGV: owner, ttl ms. Renews only a lease the owner still holds.
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
+def _lua(name: str) -> str:
+    """A script of `lua/`, kept as a .lua file so it reads (and lints) as Lua."""
+    return (files("bot.threads") / "lua" / name).read_text()
+
+
+_START = _lua("start.lua")
+_CLAIM = _lua("claim.lua")
+_WRITE = _lua("write.lua")
+_RENEW = _lua("renew.lua")
+_RELEASE = _lua("release.lua")
 
 
 class Checkpoints:

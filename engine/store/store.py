@@ -13,6 +13,7 @@ import dataclasses
 import zlib
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
+from importlib.resources import files
 from typing import Any, NewType, cast
 
 import orjson
@@ -113,89 +114,16 @@ class StoreConflict(SubsError):
         self.lease_lost = lease_lost
 
 
-# KEYS: log, snap, work, inflight, lease, timers, reply, outbox, sessions, dead
-# ARGV: lease_value, expected_seq, new_seq, snapshot ('' = not rewritten), ack_id,
-#       inflight (+/-/''), session_id, reply ('' = none), n_events, created_ms ('' = not
-#       new), dead letter ('' = none), (id, json)*, n_timers, (score, member)*,
-#       n_timer_removals, member*, n_outbox, item*
-_COMMIT = """
-if redis.call('GET', KEYS[5]) ~= ARGV[1] then return -1 end
-local cur = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0')
-if cur ~= tonumber(ARGV[2]) then return -2 end
-if ARGV[10] ~= '' then redis.call('ZADD', KEYS[9], 'NX', ARGV[10], ARGV[7]) end
-if ARGV[11] ~= '' then redis.call('XADD', KEYS[10], 'MAXLEN', '~', 10000, '*', 'd', ARGV[11]) end
-local i = 12
-local n = tonumber(ARGV[9])
-for _ = 1, n do
-  redis.call('XADD', KEYS[1], ARGV[i], 'e', ARGV[i + 1])
-  i = i + 2
-end
-if ARGV[4] ~= '' then
-  redis.call('HSET', KEYS[2], 'seq', ARGV[3], 'state', ARGV[4], 'at', ARGV[3])
-elseif n > 0 then
-  redis.call('HSETNX', KEYS[2], 'at', cur)
-  redis.call('HSET', KEYS[2], 'seq', ARGV[3])
-end
-if ARGV[5] ~= '' then
-  redis.call('XACK', KEYS[3], 'engine', ARGV[5])
-  redis.call('XDEL', KEYS[3], ARGV[5])
-end
-if ARGV[6] == '+' then redis.call('SADD', KEYS[4], ARGV[7])
-elseif ARGV[6] == '-' then redis.call('SREM', KEYS[4], ARGV[7]) end
-n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do
-  redis.call('ZADD', KEYS[6], ARGV[i], ARGV[i + 1])
-  i = i + 2
-end
-n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do
-  redis.call('ZREM', KEYS[6], ARGV[i])
-  i = i + 1
-end
-n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do
-  redis.call('XADD', KEYS[8], '*', 'm', ARGV[i])
-  i = i + 1
-end
-if ARGV[8] ~= '' then
-  redis.call('RPUSH', KEYS[7], ARGV[8])
-  redis.call('PEXPIRE', KEYS[7], 60000)
-end
-return tonumber(ARGV[3])
-"""
-
-_ACQUIRE = """
-if redis.call('EXISTS', KEYS[1]) == 1 then return false end
-local token = redis.call('INCR', KEYS[2])
-local value = ARGV[1] .. ':' .. token
-redis.call('SET', KEYS[1], value, 'PX', ARGV[2])
-return value
-"""
-
-_RENEW = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
-"""
-
-_RELEASE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1])
-return 1
-"""
+def _lua(name: str) -> str:
+    """A script of `lua/`, kept as a .lua file so it reads (and lints) as Lua."""
+    return (files("engine.store") / "lua" / name).read_text()
 
 
-# KEYS: snap, log, deltas, sessions, inflight. ARGV: expected seq, session id.
-# Deletes only while the snapshot is still at the seq the caller checked: a commit in
-# between (a turn that started) moves it, and the caller reads the session again.
-_DELETE = """
-local cur = tonumber(redis.call('HGET', KEYS[1], 'seq') or '0')
-if cur ~= tonumber(ARGV[1]) then return 0 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-redis.call('ZREM', KEYS[4], ARGV[2])
-redis.call('SREM', KEYS[5], ARGV[2])
-return 1
-"""
+_COMMIT = _lua("commit.lua")
+_ACQUIRE = _lua("acquire.lua")
+_RENEW = _lua("renew.lua")
+_RELEASE = _lua("release.lua")
+_DELETE = _lua("delete.lua")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,48 @@
+-- KEYS: log, snap, work, inflight, lease, timers, reply, outbox, sessions, dead
+-- ARGV: lease_value, expected_seq, new_seq, snapshot ('' = not rewritten), ack_id,
+--       inflight (+/-/''), session_id, reply ('' = none), n_events, created_ms ('' = not
+--       new), dead letter ('' = none), (id, json)*, n_timers, (score, member)*,
+--       n_timer_removals, member*, n_outbox, item*
+if redis.call('GET', KEYS[5]) ~= ARGV[1] then return -1 end
+local cur = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0')
+if cur ~= tonumber(ARGV[2]) then return -2 end
+if ARGV[10] ~= '' then redis.call('ZADD', KEYS[9], 'NX', ARGV[10], ARGV[7]) end
+if ARGV[11] ~= '' then redis.call('XADD', KEYS[10], 'MAXLEN', '~', 10000, '*', 'd', ARGV[11]) end
+local i = 12
+local n = tonumber(ARGV[9])
+for _ = 1, n do
+  redis.call('XADD', KEYS[1], ARGV[i], 'e', ARGV[i + 1])
+  i = i + 2
+end
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[2], 'seq', ARGV[3], 'state', ARGV[4], 'at', ARGV[3])
+elseif n > 0 then
+  redis.call('HSETNX', KEYS[2], 'at', cur)
+  redis.call('HSET', KEYS[2], 'seq', ARGV[3])
+end
+if ARGV[5] ~= '' then
+  redis.call('XACK', KEYS[3], 'engine', ARGV[5])
+  redis.call('XDEL', KEYS[3], ARGV[5])
+end
+if ARGV[6] == '+' then redis.call('SADD', KEYS[4], ARGV[7])
+elseif ARGV[6] == '-' then redis.call('SREM', KEYS[4], ARGV[7]) end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  redis.call('ZADD', KEYS[6], ARGV[i], ARGV[i + 1])
+  i = i + 2
+end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  redis.call('ZREM', KEYS[6], ARGV[i])
+  i = i + 1
+end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  redis.call('XADD', KEYS[8], '*', 'm', ARGV[i])
+  i = i + 1
+end
+if ARGV[8] ~= '' then
+  redis.call('RPUSH', KEYS[7], ARGV[8])
+  redis.call('PEXPIRE', KEYS[7], 60000)
+end
+return tonumber(ARGV[3])
