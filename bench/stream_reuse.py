@@ -1,6 +1,6 @@
 """What reading a model stream to its end buys: CPU and time per streamed call, by connection.
 
-Streamed OpenAI-shaped calls through `engine.llm.complete` against the fake vendor
+Streamed OpenAI-shaped calls through `engine.effects.llm.complete` against the fake vendor
 in a child process (so its CPU is not counted here), one mode after the other,
 round after round:
 

@@ -13,11 +13,11 @@ Adding a kind (an MCP tool call run by the engine is next) touches:
   1. its own machine module: a `RunCall` subclass for its effect and
      `register(CallKind(...))`, with a `settle` rule if a tool result is not what its
      answer means;
-  2. its own shell module: `engine.effect_runner.register(ItsEffect, its_runner)`, the
+  2. its own shell module: `engine.effects.runner.register(ItsEffect, its_runner)`, the
      runner answering with `CallAnswered` (run it under `EffectRunner.run`);
   3. the event catalogue (events.py), only for facts no event records yet;
   4. two import lines, so both register wherever the engine runs: its machine module
-     at the end of this file, its runner module at the end of effect_runner.py.
+     at the end of this file, its runner module at the end of engine/effects/runner.py.
 Nothing else: config accepts any registered tool handler, the rules, timers, retries
 and lost-work resends read this table. `tests/test_effect_kinds.py` registers a toy
 kind from the test alone and runs a turn through the real engine.

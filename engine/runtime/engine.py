@@ -4,7 +4,7 @@ Partitions are leased (fenced, renewed by heartbeat, shared fairly across live
 engines). Per owned partition, one processor task takes inputs in order — client
 inputs from the partition's work stream, timers that fell due, effect completions
 handed over in process — through `Applier.settle` (apply-and-commit, `apply.py`),
-and only then starts the committed transition's effects (`effect_runner.py`). A
+and only then starts the committed transition's effects (`engine/effects/runner.py`). A
 completion that outlives its lease is fenced off at commit; a call whose engine
 died is re-sent by the next owner.
 """

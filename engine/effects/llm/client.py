@@ -1,9 +1,9 @@
-"""One model call over HTTP: the only I/O in engine.llm.
+"""One model call over HTTP: the only I/O in engine.effects.llm.
 
 The vendor modules convert shapes; this one sends the body, reads the answer
 (JSON, or an event stream through `engine.sse`) and turns every transport failure into a
 ProviderError. Every answer is read to its end, so its connection goes back to the
-engine's pool (`engine.http_pool`). See SPEC.md §7.
+engine's pool (`engine.effects.http_pool`). See SPEC.md §7.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ async def complete(
         request: a neutral LlmRequest.
         stream: whether to stream the answer.
         on_delta: awaited with each neutral StreamDelta as it arrives.
-        kept: the session's messages already encoded in vendor form (engine.llm.prompts);
+        kept: the session's messages already encoded in vendor form (engine.effects.llm.prompts);
             without it, the body is built whole.
         session_id: whose messages `kept` holds them as.
 
