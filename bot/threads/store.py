@@ -7,11 +7,11 @@ to Redis. What a checkpoint is and why it is fenced: `bot/threads/checkpoint.py`
 from __future__ import annotations
 
 import logging
-from importlib.resources import files
 
 from redis.asyncio import Redis
 
 from bot.threads.checkpoint import Checkpoint, LeaseLost
+from engine.store.store import lua_script
 
 __all__ = ["LEASE", "TURNS", "Checkpoints", "seen_key"]
 
@@ -27,16 +27,12 @@ def seen_key(kind: str, key: str) -> str:
     return f"{SEEN}{kind}:{key}"
 
 
-def _lua(name: str) -> str:
-    """A script of `lua/`, kept as a .lua file so it reads (and lints) as Lua."""
-    return (files("bot.threads") / "lua" / name).read_text()
-
-
-_START = _lua("start.lua")
-_CLAIM = _lua("claim.lua")
-_WRITE = _lua("write.lua")
-_RENEW = _lua("renew.lua")
-_RELEASE = _lua("release.lua")
+_START = lua_script(__package__, "start.lua")
+_CLAIM = lua_script(__package__, "claim.lua")
+_WRITE = lua_script(__package__, "write.lua")
+# A follower's lease is a key fenced by its owner's value, as a partition's is.
+_RENEW = lua_script("engine.store", "renew.lua")
+_RELEASE = lua_script("engine.store", "release.lua")
 
 
 class Checkpoints:

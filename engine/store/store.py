@@ -114,16 +114,18 @@ class StoreConflict(SubsError):
         self.lease_lost = lease_lost
 
 
-def _lua(name: str) -> str:
-    """A script of `lua/`, kept as a .lua file so it reads (and lints) as Lua."""
-    return (files("engine.store") / "lua" / name).read_text()
+def lua_script(package: str, name: str) -> str:
+    """A store's Redis script, kept as a .lua file in its package's `lua/` so it reads
+    (and lints) as Lua. The engine's `renew.lua`/`release.lua` serve any key a holder
+    fences with its own value (the bot's followers' leases too)."""
+    return (files(package) / "lua" / name).read_text()
 
 
-_COMMIT = _lua("commit.lua")
-_ACQUIRE = _lua("acquire.lua")
-_RENEW = _lua("renew.lua")
-_RELEASE = _lua("release.lua")
-_DELETE = _lua("delete.lua")
+_COMMIT = lua_script(__package__, "commit.lua")
+_ACQUIRE = lua_script(__package__, "acquire.lua")
+_RENEW = lua_script(__package__, "renew.lua")
+_RELEASE = lua_script(__package__, "release.lua")
+_DELETE = lua_script(__package__, "delete.lua")
 
 
 @dataclass(frozen=True)
