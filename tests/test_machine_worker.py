@@ -233,8 +233,8 @@ def test_async_tool_deadline_ends_the_call(w):
         ({"actions": [{"type": "tool.result", "id": "nope", "result": 1}]}, "not open"),
         ({"actions": [{"type": "llm.result", "response": {"model": "m"}}]}, "must name the call"),
         (
-            {"actions": [{"type": "connector.sync", "path": "conn-1"}]},
-            "not supported",
+            {"actions": [{"type": "connector.sync", "path": "mcp.conn-1"}]},
+            "the agent names no connection 'mcp.conn-1'",
         ),
     ],
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from . import decisions, kinds, retry, turns
+from . import connectors, decisions, kinds, retry, turns
 from . import events as ev
 from .core import MachineError, Step, iso
 from .effects import Deliver, StartTimer
@@ -75,21 +75,20 @@ def start_tool_call(st: Step, action: dict[str, Any], unrunnable: list[tuple[Cal
     arguments = action.get("arguments")
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments if arguments is not None else {}, separators=(",", ":"))
-    tool = find_tool(st.s.agent, name)
+    tool = find_tool(st.s.agent, name) or connectors.call_params(st.s, name)
     handler = (tool or {}).get("handler") or "worker"
     kind = kinds.of("tool", handler)
-    st.emit(
-        {
-            "type": ev.TOOL_CALL_REQUESTED,
-            "id": call_id,
-            "name": name,
-            "arguments": arguments,
-            "handler": handler,
-            "retry": resolve_policy(
-                kind.retry if kind else "tool", st.s.agent, action.get("retry")
-            ),
-        }
-    )
+    requested: ev.ToolCallRequested = {
+        "type": ev.TOOL_CALL_REQUESTED,
+        "id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "handler": handler,
+        "retry": resolve_policy(kind.retry if kind else "tool", st.s.agent, action.get("retry")),
+    }
+    if tool is not None and "connector" in tool:
+        requested["params"] = {"connector": tool["connector"], "tool": tool["tool"]}
+    st.emit(requested)
     call = st.s.calls[call_id]
     if kind is not None and kind.runnable(st.s):
         dispatch(st, call, 1)
@@ -387,7 +386,10 @@ def call_failed(
         }
     )
     if final:
-        if call.kind == "llm":
+        ending = kinds.of(call.kind, call.handler)
+        if ending is not None and ending.failed is not None:
+            ending.failed(st, call, error)
+        elif call.kind == "llm":
             trigger = {
                 "type": "llm.finished",
                 "id": call.id,

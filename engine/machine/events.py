@@ -60,6 +60,12 @@ SUBAGENT_REQUESTED: Final = "subagent.requested"
 SUBAGENT_STARTED: Final = "subagent.started"
 SUBAGENT_COMPLETED: Final = "subagent.completed"
 SUBAGENT_ERRORED: Final = "subagent.errored"
+DECISION_HELD: Final = "decision.held"
+DECISION_RELEASED: Final = "decision.released"
+CONNECTOR_SYNC_REQUESTED: Final = "connector.sync.requested"
+CONNECTOR_SYNC_DISPATCHED: Final = "connector.sync.dispatched"
+CONNECTOR_SYNCED: Final = "connector.synced"
+CONNECTOR_SYNC_ERRORED: Final = "connector.sync.errored"
 
 TURN_ENDS: Final = frozenset({TURN_COMPLETED, TURN_FAILED})
 CALL_ENDS: Final = frozenset(
@@ -196,8 +202,46 @@ class ToolCallRequested(TypedDict):
     id: str
     name: str
     arguments: str  # JSON text, as the model wrote it
-    handler: str  # client | worker | subagent | another kind's (kinds.py)
+    handler: str  # client | worker | subagent | server | another kind's (kinds.py)
     retry: JSON
+    params: NotRequired[JSON]  # a connector tool's {connector, tool} (handler server)
+
+
+@with_config(_STRICT)
+class ConnectorSyncRequested(TypedDict):
+    """A connection's tool list is fetched (a `connector` call: connectors.py)."""
+
+    type: str
+    id: str
+    name: str  # the connection, `mcp.<id>`
+    handler: str  # server
+    retry: JSON
+    params: NotRequired[JSON]  # {force: true}: fetched from the server, not a cache
+
+
+@with_config(_STRICT)
+class ConnectorSynced(TypedDict):
+    """The connection's tools as the server listed them: the session's list from now on."""
+
+    type: str
+    id: str
+    path: str
+    tools: list[JSON]  # {name, description?, input?, annotations?}
+    prefix: NotRequired[str]  # the model sees `<prefix>__<name>`; absent: the raw names
+
+
+@with_config(_STRICT)
+class DecisionHeld(TypedDict):
+    """A turn's first decision waits for its connections' tool lists."""
+
+    type: str
+    trigger: JSON
+    proposed: JSON
+
+
+@with_config(_STRICT)
+class DecisionReleased(TypedDict):
+    type: str
 
 
 @with_config(_STRICT)
@@ -371,6 +415,10 @@ Payload = (
     | SubagentRequested
     | SubagentStarted
     | SubagentEnded
+    | DecisionHeld
+    | DecisionReleased
+    | ConnectorSyncRequested
+    | ConnectorSynced
 )
 """Any event's payload: what `Step.emit` takes, so mypy checks each rule's fields."""
 
@@ -407,6 +455,12 @@ EVENTS: Final[Mapping[str, type]] = {
     SUBAGENT_STARTED: SubagentStarted,
     SUBAGENT_COMPLETED: SubagentEnded,
     SUBAGENT_ERRORED: SubagentEnded,
+    DECISION_HELD: DecisionHeld,
+    DECISION_RELEASED: DecisionReleased,
+    CONNECTOR_SYNC_REQUESTED: ConnectorSyncRequested,
+    CONNECTOR_SYNC_DISPATCHED: CallDispatched,
+    CONNECTOR_SYNCED: ConnectorSynced,
+    CONNECTOR_SYNC_ERRORED: CallErrored,
 }
 """Every kind a log may hold, with the record its payload follows."""
 
@@ -416,6 +470,8 @@ CALL_EVENTS: Final[Mapping[tuple[str, str], str]] = {
     ("llm", "errored"): LLM_CALL_ERRORED,
     ("tool", "dispatched"): TOOL_CALL_DISPATCHED,
     ("tool", "errored"): TOOL_CALL_ERRORED,
+    ("connector", "dispatched"): CONNECTOR_SYNC_DISPATCHED,
+    ("connector", "errored"): CONNECTOR_SYNC_ERRORED,
 }
 
 

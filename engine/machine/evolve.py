@@ -101,14 +101,16 @@ def _turn_ended(
         s.decision = None
         s.pending = []
         s.interrupts = {}
+        s.held = None
 
     return end
 
 
-def _call_requested(
-    kind: str,
-) -> Callable[[SessionState, Event, ev.LlmCallRequested | ev.ToolCallRequested], None]:
-    def requested(s: SessionState, e: Event, p: ev.LlmCallRequested | ev.ToolCallRequested) -> None:
+CallRequested = ev.LlmCallRequested | ev.ToolCallRequested | ev.ConnectorSyncRequested
+
+
+def _call_requested(kind: str) -> Callable[[SessionState, Event, CallRequested], None]:
+    def requested(s: SessionState, e: Event, p: CallRequested) -> None:
         # What one kind of call has and the other lacks is read as absent.
         fields: Mapping[str, Any] = p
         s.calls[p["id"]] = Call(
@@ -233,6 +235,32 @@ def _interrupted(s: SessionState, e: Event, p: ev.SessionInterrupted) -> None:
     }
 
 
+def _decision_held(s: SessionState, e: Event, p: ev.DecisionHeld) -> None:
+    s.held = {"trigger": p["trigger"], "proposed": p["proposed"]}
+
+
+def _decision_released(s: SessionState, e: Event, p: ev.DecisionReleased) -> None:
+    s.held = None
+
+
+def _connector_synced(s: SessionState, e: Event, p: ev.ConnectorSynced) -> None:
+    s.calls.pop(p["id"])
+    synced: dict[str, Any] = {"tools": p["tools"]}
+    if p.get("prefix"):
+        synced["prefix"] = p["prefix"]
+    s.connectors[p["path"]] = synced
+
+
+def _connector_errored(s: SessionState, e: Event, p: ev.CallErrored) -> None:
+    """A sync that failed for good leaves the session without the connection's tools."""
+    if p["final"]:
+        call = s.calls.pop(p["id"])
+        if (p["error"].get("detail") or {}).get("reason") != "turn_ended":
+            s.connectors[call.name or ""] = {"tools": [], "error": p["error"]}
+    else:
+        s.calls[p["id"]].status = "failed"
+
+
 def _interrupt_resumed(s: SessionState, e: Event, p: ev.SessionInterruptResumed) -> None:
     s.interrupts.pop(p["interrupt_id"])
 
@@ -270,6 +298,12 @@ _APPLY: dict[str, Callable[[SessionState, Event, Any], None]] = {
     ev.SUBAGENT_STARTED: _nothing,
     ev.SUBAGENT_COMPLETED: _subagent_ended,
     ev.SUBAGENT_ERRORED: _subagent_ended,
+    ev.DECISION_HELD: _decision_held,
+    ev.DECISION_RELEASED: _decision_released,
+    ev.CONNECTOR_SYNC_REQUESTED: _call_requested("connector"),
+    ev.CONNECTOR_SYNC_DISPATCHED: _call_dispatched,
+    ev.CONNECTOR_SYNCED: _connector_synced,
+    ev.CONNECTOR_SYNC_ERRORED: _connector_errored,
 }
 
 EVENT_TYPES = frozenset(ev.EVENTS)

@@ -66,7 +66,7 @@ def by_worker(state: SessionState) -> bool:
 class CallKind:
     """The rules of one kind of call."""
 
-    kind: str  # "llm" | "tool": which family of call events it records
+    kind: str  # "llm" | "tool" | "connector": which family of call events it records
     handler: str  # where it runs, as `*.call.requested` records it
     retry: str  # its policy in retry.DEFAULTS
     runnable: Callable[[SessionState], bool]  # can this session run it at all
@@ -76,6 +76,9 @@ class CallKind:
     # The settle API may end a running attempt (a waiting, async one it always may).
     outside_settles: bool = False
     settle: Callable[[Step, Call, CallAnswered], None] | None = None  # None: calls.answered
+    # How a call that failed for good ends (its `errored` event is out); None: the tool
+    # message the model sees (calls.tool_finished).
+    failed: Callable[[Step, Call, dict[str, Any]], None] | None = None
     retry_defaults: dict[str, Any] | None = None  # a policy of its own, added as `retry`
     agent_retry: str | None = None  # the agent's `retry.<block>` over its own policy
 
@@ -104,7 +107,7 @@ def of(kind: str, handler: str) -> CallKind | None:
 
 def tool_handlers() -> set[str]:
     """The handlers an agent's tool may name (a subagent's tool is offered, not declared)."""
-    return {h for (kind, h) in KINDS if kind == "tool" and h != "subagent"}
+    return {h for (kind, h) in KINDS if kind == "tool" and h not in ("subagent", "server")}
 
 
 for _builtin in (
@@ -117,3 +120,4 @@ for _builtin in (
     register(_builtin)
 
 # Kinds with modules of their own are imported here, to register: `from . import <kind>`.
+from . import connectors  # noqa: E402, F401  (MCP: the connector sync and tool calls)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from . import connectors
 from .core import iso
 from .state import Call, SessionState
 from .tools import find_tool, validate_input
@@ -32,9 +33,20 @@ _SUBAGENT_INPUT = {
 }
 
 
-def offered_tools(agent: dict[str, Any], depth: int = 0) -> list[dict[str, Any]]:
+def offered_tools(state: SessionState) -> list[dict[str, Any]]:
     """The agent's tools as the model sees them (LlmTool): its own, then one per
-    subagent while the session is above the depth limit (SPEC §9)."""
+    subagent while the session is above the depth limit (SPEC §9), then its
+    connections' (connectors.py)."""
+    agent = state.agent or {}
+    tools = declared_tools(agent, len(state.ancestry))
+    taken = connectors.own_names(agent)
+    for tool in connectors.tools_of(state, taken).values():
+        tools.append({k: tool[k] for k in ("name", "description", "input")})
+    return tools
+
+
+def declared_tools(agent: dict[str, Any], depth: int) -> list[dict[str, Any]]:
+    """The agent's own tools and its subagents' as LlmTools."""
     tools = []
     for tool in agent.get("tools") or ():
         offered = {"name": tool["name"], "description": tool.get("description") or ""}
@@ -67,11 +79,7 @@ def build_llm_request(state: SessionState, call: Call) -> LlmCallPlan:
         "model": params.get("model") or agent.get("model") or "",
         "messages": messages,
     }
-    tools = (
-        params["tools"]
-        if params.get("tools") is not None
-        else offered_tools(agent, len(state.ancestry))
-    )
+    tools = params["tools"] if params.get("tools") is not None else offered_tools(state)
     if tools:
         request["tools"] = tools
     for key in ("temperature", "max_completion_tokens", "reasoning"):
@@ -133,6 +141,11 @@ def _effect(state: SessionState, call: Call) -> dict[str, Any]:
         "status": _STATUS[call.status],
         "attempt": call.attempt,
     }
+    if call.kind == "connector":
+        # A connector sync carries no fields of its own; its `id` is the connection.
+        effect["id"] = call.name
+        effect["kind"] = "connector_sync"
+        return effect
     if call.handler == "subagent":
         # A subagent runs in a child session; its `id` is the tool call it answers.
         effect["kind"] = "subagent"

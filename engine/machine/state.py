@@ -14,7 +14,7 @@ from typing import Any
 # under another version (or before versions: none) is not trusted: its reader folds the
 # session's log again (engine/store/snapshots.py). Raise it with any change to either; the
 # golden logs (tests/golden/) hold every version to folding old logs the same way.
-FOLD_VERSION = 1
+FOLD_VERSION = 2
 
 ZERO_USAGE: dict[str, int] = {
     "input": 0,
@@ -117,6 +117,9 @@ class SessionState:
     state_writes: list[list[Any]] = field(default_factory=list)  # [anchor, state]
     agent_writes: list[list[Any]] = field(default_factory=list)  # [anchor, agent]
     children: dict[str, dict[str, Any]] = field(default_factory=dict)  # child -> agent, busy call
+    # Each connection's tool list as last synced: path -> {tools, prefix?} (connectors.py).
+    connectors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    held: dict[str, Any] | None = None  # the turn's first {trigger, proposed}, waiting on syncs
 
     @property
     def status(self) -> str:
@@ -163,6 +166,8 @@ def state_to_json(s: SessionState) -> dict[str, Any]:
         "state_writes": s.state_writes,
         "agent_writes": s.agent_writes,
         "children": s.children,
+        "connectors": s.connectors,
+        "held": s.held,
     }
 
 
@@ -195,4 +200,6 @@ def state_from_json(d: dict[str, Any]) -> SessionState:
         state_writes=d["state_writes"],
         agent_writes=d["agent_writes"],
         children=d["children"],
+        connectors=d["connectors"],
+        held=d["held"],
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import calls, decisions
+from . import calls, connectors, decisions
 from . import events as ev
 from .core import MachineError, Step
 from .effects import Deliver
@@ -180,10 +180,22 @@ def start_turn(
         trigger = {"type": "client.action", "name": body["name"]}
         if body.get("args") is not None:
             trigger["args"] = body["args"]
-        decisions.decide(st, trigger, _action_proposal(st, body))
+        proposed = _action_proposal(st, body)
     else:
-        decisions.decide(st, *_messages_trigger(st, body))
+        trigger, proposed = _messages_trigger(st, body)
+    agent = st.s.agent if st.s.agent is not None else start_config
+    if not connectors.hold(st, agent, trigger, proposed, force=_sync_asked(body)):
+        decisions.decide(st, trigger, proposed)
     settle_turn(st)
+
+
+def _sync_asked(body: dict[str, Any]) -> str | None:
+    """A client's `connector.sync` action: the connection to fetch afresh."""
+    args = body.get("args")
+    if body["type"] != "client.action" or body.get("name") != "connector.sync":
+        return None
+    path = args.get("path") if isinstance(args, dict) else None
+    return path if isinstance(path, str) else None
 
 
 def _action_proposal(st: Step, body: dict[str, Any]) -> dict[str, Any]:
@@ -251,7 +263,7 @@ def open_calls(st: Step) -> list[Any]:
 def busy(st: Step) -> bool:
     """Anything still in flight or waiting in this turn."""
     s = st.s
-    return bool(open_calls(st) or s.decision or s.pending or s.interrupts)
+    return bool(open_calls(st) or s.decision or s.pending or s.interrupts or s.held)
 
 
 def settle_turn(st: Step) -> None:
@@ -399,6 +411,7 @@ def resume_interrupt(st: Step, iid: str, payload: Any) -> bool:
     if st.state is None or iid not in st.s.interrupts:
         st.ignore(f"interrupt {iid!r} is not open")
         return False
+    connector = connectors.connector_of(st.s.interrupts[iid])
     resumed: ev.SessionInterruptResumed = {
         "type": ev.SESSION_INTERRUPT_RESUMED,
         "interrupt_id": iid,
@@ -408,6 +421,9 @@ def resume_interrupt(st: Step, iid: str, payload: Any) -> bool:
         resumed["payload"] = payload
         trigger["payload"] = payload
     st.emit(resumed)
+    if connector is not None and st.s.turn is not None:
+        connectors.start_sync(st, connector, force=True)  # the held decision follows it
+        return True
     decisions.decide(st, trigger, calls.reprompt_or_nothing(st))
     return True
 
