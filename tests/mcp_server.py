@@ -6,7 +6,8 @@
 Tools: `now` (a fixed clock), `echo`, `boom` (fails: `isError`), `secret_rotate`
 (filtered out by the tests' exclude), `slow` (answers after a file appears: a call the
 test can kill the server in the middle of), `grow` (adds `later` and sends
-`notifications/tools/list_changed`), `picture` (an image block), `forecast` (structured
+`notifications/tools/list_changed`), `grow_quietly` (adds `hush`, telling no one),
+`picture` (an image block), `forecast` (structured
 content). `CLOCK_TZ` from its environment shows up in `now`; every `slow` call appends a
 line to the file named by `MCP_CALLS_LOG`, so a test can count how often it was sent.
 """
@@ -23,6 +24,7 @@ from pathlib import Path
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
+from typing_extensions import TypedDict  # pydantic reads typing's only from 3.12
 
 server = MCPServer("clock")
 READ_ONLY = ToolAnnotations(readOnlyHint=True, idempotentHint=True)
@@ -77,17 +79,38 @@ async def grow(ctx: Context) -> str:
     return "grown"
 
 
-@server.tool(annotations=READ_ONLY)
+@server.tool(structured_output=False)
+def grow_quietly() -> str:
+    """Add the tool `hush` without telling anyone."""
+
+    def hush() -> str:
+        """A tool added without a notification."""
+        return "shh"
+
+    server.add_tool(hush, structured_output=False)
+    return "grown quietly"
+
+
+@server.tool(annotations=READ_ONLY, structured_output=False)
 def picture() -> list:
     """A one-pixel image, and a caption."""
     from mcp_types import ImageContent, TextContent
 
     png = base64.b64encode(b"\x89PNG\r\n\x1a\n-one-pixel").decode()
-    return [TextContent(type="text", text="a pixel"), ImageContent(type="image", data=png, mimeType="image/png")]
+    return [
+        TextContent(type="text", text="a pixel"),
+        ImageContent(type="image", data=png, mimeType="image/png"),
+    ]
+
+
+class Forecast(TypedDict):
+    city: str
+    sky: str
+    high_c: int
 
 
 @server.tool(annotations=READ_ONLY)
-def forecast(city: str) -> dict:
+def forecast(city: str) -> Forecast:
     """Tomorrow's weather, as data."""
     return {"city": city, "sky": "clear", "high_c": 21}
 

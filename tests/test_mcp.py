@@ -48,7 +48,8 @@ def toml(vendor: FakeVendor, *, blocks: str, mcp: str, extra: str = "") -> str:
         model = "gpt-4.1-mini"
         system = "You are the on-call assistant."
         mcp = {mcp}
-        retry = {{ tool = {{ max_attempts = 3, backoff_base_secs = 0, run_timeout_secs = 20 }}, connector = {{ backoff_base_secs = 0 }} }}
+        retry = {{ tool = {{ max_attempts = 3, backoff_base_secs = 0, run_timeout_secs = 20 }}, \
+connector = {{ backoff_base_secs = 0 }} }}
         {extra}
         """
     )
@@ -96,9 +97,7 @@ class Harness:
             "agent_id": "oncall",
             "message": {"role": "user", "content": text},
         }
-        if session:
-            body["session_id"] = session
-        reply = await self.client.submit(body, identity={"issuer": "cli"})
+        reply = await self.client.submit(body, session_id=session, identity={"issuer": "cli"})
         return reply["session_id"], reply["turn_id"]
 
     async def turn(self, text: str, session: str | None = None) -> tuple[str, dict[str, Any]]:
@@ -133,7 +132,8 @@ async def test_a_stdio_server_started_from_command_answers_the_models_tool_call(
         toml(
             vendor,
             blocks=stdio_block(),
-            mcp='[{ id = "mcp.clock", tools = { include = ["now", "echo", "secret*", "boom"], exclude = ["secret*"] } }]',
+            mcp='[{ id = "mcp.clock", tools = { include = ["now", "echo", "secret*", "boom"], '
+            'exclude = ["secret*"] } }]',
         )
     )
     sid, end = await harness.turn("what time is it?")
@@ -157,3 +157,235 @@ async def test_a_stdio_server_started_from_command_answers_the_models_tool_call(
     # recorded before it ran: the list before the first decision, the call before its result
     assert types.index("connector.synced") < types.index("llm.call.requested")
     assert types.index("tool.call.dispatched") < types.index("tool.call.completed")
+
+
+async def test_a_tool_error_content_blocks_and_structured_content_are_recorded(harness, vendor):
+    vendor.push(
+        ToolCalls(
+            [("clock__boom", {}), ("clock__picture", {}), ("clock__forecast", {"city": "Oslo"})]
+        ),
+        Text("The clock is broken, here is a pixel and the weather."),
+    )
+    await harness.start(toml(vendor, blocks=stdio_block(), mcp='["mcp.clock"]'))
+    sid, end = await harness.turn("status?")
+    assert end["payload"]["type"] == "turn.completed"
+    events = await assert_consistent(harness.engine.store, sid)
+    results = {p["id"]: p["result"] for p in payloads(events, "tool.call.completed")}
+    names = {p["id"]: p["name"] for p in payloads(events, "tool.call.requested")}
+    by_name = {names[i]: r for i, r in results.items()}
+    # isError: a result the model sees, not a failed attempt
+    assert by_name["clock__boom"]["isError"] is True
+    assert "the clock is broken" in by_name["clock__boom"]["content"][0]["text"]
+    text, image = by_name["clock__picture"]["content"]
+    assert text == {"type": "text", "text": "a pixel"}
+    assert image["type"] == "blob" and image["uri"].startswith("data:image/png;base64,")
+    assert by_name["clock__forecast"]["structuredContent"] == {
+        "city": "Oslo",
+        "sky": "clear",
+        "high_c": 21,
+    }
+    messages = [m for m in vendor.requests[1].body["messages"] if m["role"] == "tool"]
+    assert any("the clock is broken" in m["content"] for m in messages)
+
+
+async def test_input_that_breaks_the_servers_schema_is_a_tool_error_before_any_call(
+    harness, vendor
+):
+    vendor.push(ToolCalls([("clock__echo", {"text": 42})]), Text("I sent a number."))
+    await harness.start(toml(vendor, blocks=stdio_block(), mcp='["mcp.clock"]'))
+    sid, end = await harness.turn("echo 42")
+    assert end["payload"]["type"] == "turn.completed"
+    events = await assert_consistent(harness.engine.store, sid)
+    [errored] = payloads(events, "tool.call.errored")
+    assert errored["final"] and "does not fit its schema" in errored["error"]["message"]
+    assert "Error: the input of clock__echo" in tool_message(vendor, 1)
+
+
+# -- streamable HTTP with a bearer token ------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class HttpServer:
+    """tests/mcp_server.py over streamable HTTP, started and stopped by the test."""
+
+    def __init__(self, token: str, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.token = token
+        self.env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    async def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, SERVER, "--http", str(self.port), "--token", self.token],
+            env={**os.environ, "CLOCK_TZ": "Europe/Oslo", **self.env},
+            stderr=subprocess.DEVNULL,
+        )
+
+        async def up() -> bool:
+            assert self.proc is not None and self.proc.poll() is None, "the MCP server died"
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                return False
+            writer.close()
+            return True
+
+        await poll_until(up, 20, "the HTTP MCP server to listen")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+async def http_server():
+    server = HttpServer("right-token")
+    await server.start()
+    yield server
+    server.stop()
+
+
+def http_block(server: HttpServer) -> str:
+    return f'[mcp.clockhttp]\nurl = "{server.url}"\ntoken_env = "CLOCK_TOKEN"\n'
+
+
+async def test_an_http_server_behind_a_bearer_token_answers(harness, vendor, http_server):
+    vendor.push(ToolCalls([("clockhttp__now", {})]), Text("Noon in Oslo."))
+    await harness.start(
+        toml(vendor, blocks=http_block(http_server), mcp='["mcp.clockhttp"]'),
+        env={"CLOCK_TOKEN": "right-token"},
+    )
+    sid, end = await harness.turn("time?")
+    assert end["payload"]["type"] == "turn.completed"
+    assert tool_message(vendor, 1) == "It is 12:00 in Europe/Oslo."
+    await assert_consistent(harness.engine.store, sid)
+
+
+async def test_a_refused_token_interrupts_naming_the_connection_and_resumes_once_fixed(
+    harness, vendor, http_server
+):
+    env = {"CLOCK_TOKEN": "wrong-token"}
+    vendor.push(ToolCalls([("clockhttp__now", {})]), Text("Noon in Oslo."))
+    await harness.start(
+        toml(vendor, blocks=http_block(http_server), mcp='["mcp.clockhttp"]'), env=env
+    )
+    sid, turn_id = await harness.say("time?")
+    paused = await wait_for_event(
+        harness.client, sid, lambda e: e["payload"]["type"] == "session.interrupted"
+    )
+    interrupt = paused["payload"]
+    assert "mcp.clockhttp" in interrupt["reason"] and "401" in interrupt["reason"]
+    assert interrupt["payload"]["metadata"] == {"connector": "mcp.clockhttp"}
+    assert vendor.requests == []  # the model was not asked without its tools
+    harness.engine.effects.env["CLOCK_TOKEN"] = "right-token"  # the operator fixes the secret
+    await harness.client.submit(
+        {"type": "interrupt.resume", "interrupt_id": interrupt["interrupt_id"]}, session_id=sid
+    )
+    end = await wait_for_event(harness.client, sid, turn_ended(turn_id), timeout=60)
+    assert end["payload"]["type"] == "turn.completed"
+    assert "clockhttp__now" in offered(vendor, 0)
+    events = await assert_consistent(harness.engine.store, sid)
+    [failed_sync] = [p for p in payloads(events, "connector.sync.errored") if p["final"]]
+    assert failed_sync["error"]["detail"] == {
+        "connector": "mcp.clockhttp",
+        "reason": "unauthorized",
+    }
+    assert len(payloads(events, "connector.synced")) == 1
+
+
+async def test_degrade_runs_the_turn_without_the_refused_connection(harness, vendor, http_server):
+    vendor.push(Text("I cannot read the clock."))
+    await harness.start(
+        toml(
+            vendor,
+            blocks=http_block(http_server) + stdio_block(),
+            mcp='["mcp.clock", { id = "mcp.clockhttp", auth_failure = "degrade" }]',
+        ),
+        env={"CLOCK_TOKEN": "wrong-token"},
+    )
+    sid, end = await harness.turn("time?")
+    assert end["payload"]["type"] == "turn.completed"
+    names = offered(vendor, 0)
+    assert "clock__now" in names and not any(n.startswith("clockhttp__") for n in names)
+    await assert_consistent(harness.engine.store, sid)
+
+
+# -- a server that dies, a list that changes ------------------------------------------
+
+
+async def test_a_server_killed_mid_call_is_a_recorded_tool_error_then_the_call_recovers(
+    harness, vendor, tmp_path
+):
+    calls_log, flag = tmp_path / "calls.log", tmp_path / "flag"
+    vendor.push(ToolCalls([("clock__slow", {"flag": str(flag)})]), Text("Done at last."))
+    await harness.start(
+        toml(vendor, blocks=stdio_block(MCP_CALLS_LOG=str(calls_log)), mcp='["mcp.clock"]')
+    )
+    sid, turn_id = await harness.say("run the slow thing")
+
+    async def sent(n: int) -> list[str]:
+        lines = calls_log.read_text().splitlines() if calls_log.exists() else []
+        return lines if len(lines) >= n else []
+
+    [first] = await poll_until(lambda: sent(1), 20, "the first slow call to reach the server")
+    os.kill(int(first.split()[1]), 9)  # the server dies in the middle of the call
+    second = await poll_until(lambda: sent(2), 30, "the call to be sent again")
+    assert second[1].split()[1] != first.split()[1]  # to a restarted server
+    flag.touch()
+    end = await wait_for_event(harness.client, sid, turn_ended(turn_id), timeout=60)
+    assert end["payload"]["type"] == "turn.completed"
+    events = await assert_consistent(harness.engine.store, sid)
+    [errored] = payloads(events, "tool.call.errored")
+    assert errored["attempt"] == 1 and errored["retryable"] and not errored["final"]
+    assert "mcp.clock" in errored["error"]["message"]
+    [completed] = payloads(events, "tool.call.completed")
+    assert completed["result"]["content"][0]["text"] == "slow is done"
+    assert tool_message(vendor, 1) == "slow is done"
+
+
+async def test_list_changed_and_connector_sync_update_the_offered_tools(harness, vendor):
+    vendor.push(
+        ToolCalls([("clock__grow", {})]),
+        Text("Grown."),
+        Text("I see a new tool."),
+        ToolCalls([("clock__grow_quietly", {})]),
+        Text("Grown quietly."),
+        Text("No news."),
+        Text("Now I see hush."),
+    )
+    await harness.start(toml(vendor, blocks=stdio_block(), mcp='["mcp.clock"]'))
+    sid, _ = await harness.turn("grow")
+    assert "clock__later" not in offered(vendor, 0)
+    # the server said its list changed: the next turn's sync fetches it
+    await harness.turn("and now?", sid)
+    assert "clock__later" in offered(vendor, 2)
+    await harness.turn("grow quietly", sid)
+    # no notification: the cached list holds, until someone asks for a sync
+    await harness.turn("anything new?", sid)
+    assert "clock__hush" not in offered(vendor, 5)
+    sync = await harness.client.submit(
+        {"type": "client.action", "name": "connector.sync", "args": {"path": "mcp.clock"}},
+        session_id=sid,
+    )
+    await wait_for_event(harness.client, sid, turn_ended(sync["turn_id"]))
+    await harness.turn("and now?", sid)
+    assert "clock__hush" in offered(vendor, 6)
+    events = await assert_consistent(harness.engine.store, sid)
+    synced = payloads(events, "connector.synced")
+    assert len(synced) == 6  # one sync a turn; a list recorded only when it changed:
+    lists = [sorted(t["name"] for t in p["tools"]) for p in synced if "tools" in p]
+    assert len(lists) == 3  # the first, the one `grow` announced, the forced sync's
+    assert "later" not in lists[0] and "later" in lists[1]
+    assert "hush" in lists[-1] and "hush" not in lists[-2]
+    forced = [p for p in payloads(events, "connector.sync.requested") if p.get("params")]
+    assert [p["params"] for p in forced] == [{"force": True}]

@@ -156,14 +156,14 @@ def settle_sync(st: Step, call: Call, inp: CallAnswered) -> None:
         calls.call_failed(st, call, inp.error, inp.retryable, inp.retry_after)
         return
     listed = inp.result if isinstance(inp.result, dict) else {}
-    synced: ev.ConnectorSynced = {
-        "type": ev.CONNECTOR_SYNCED,
-        "id": call.id,
-        "path": call.name or "",
-        "tools": list(listed.get("tools") or ()),
-    }
-    if listed.get("prefix"):
-        synced["prefix"] = listed["prefix"]
+    path = call.name or ""
+    tools, prefix = list(listed.get("tools") or ()), listed.get("prefix")
+    now: dict[str, Any] = {"tools": tools, "prefix": prefix} if prefix else {"tools": tools}
+    synced: ev.ConnectorSynced = {"type": ev.CONNECTOR_SYNCED, "id": call.id, "path": path}
+    if st.s.connectors.get(path) != now:  # recorded when it changes: a turn adds no list
+        synced["tools"] = tools
+        if prefix:
+            synced["prefix"] = prefix
     st.emit(synced)
     release(st)
 

@@ -221,12 +221,13 @@ class ConnectorSyncRequested(TypedDict):
 
 @with_config(_STRICT)
 class ConnectorSynced(TypedDict):
-    """The connection's tools as the server listed them: the session's list from now on."""
+    """The connection's tools as the server listed them: the session's list from now on.
+    Without `tools` the list is the one recorded before (a list is recorded when it changes)."""
 
     type: str
     id: str
     path: str
-    tools: list[JSON]  # {name, description?, input?, annotations?}
+    tools: NotRequired[list[JSON]]  # {name, description?, input?, annotations?}
     prefix: NotRequired[str]  # the model sees `<prefix>__<name>`; absent: the raw names
 
 

@@ -245,6 +245,8 @@ def _decision_released(s: SessionState, e: Event, p: ev.DecisionReleased) -> Non
 
 def _connector_synced(s: SessionState, e: Event, p: ev.ConnectorSynced) -> None:
     s.calls.pop(p["id"])
+    if "tools" not in p:
+        return  # the same list as before
     synced: dict[str, Any] = {"tools": p["tools"]}
     if p.get("prefix"):
         synced["prefix"] = p["prefix"]

@@ -71,25 +71,31 @@ class McpConnection:
 
     # -- opening -----------------------------------------------------------------------
 
-    async def open(self) -> ClientSession:
-        """The live session, opening one if there is none (one open at a time)."""
+    async def open(self, *, afresh: bool = False) -> ClientSession:
+        """The live session, opening one if there is none (one open at a time). After a
+        failed open the next waits out its backoff (the caller's deadline bounds that);
+        `afresh` (a person fixed something) skips the wait."""
         if self.session is not None and not self._lost.is_set():
             return self.session
         if self._stopped:
             raise McpTrouble(f"{self.path} is stopped", retryable=True)
         if self._opening is None or self._opening.done():
             loop = asyncio.get_running_loop()
-            wait = self.retry_at - loop.time()
-            if wait > 0:
-                raise McpTrouble(
-                    f"{self.path} is unreachable; the next try is in {wait:.1f} s",
-                    retryable=True,
-                )
+            if afresh:
+                self.retry_at = 0.0
+            while (wait := self.retry_at - loop.time()) > 0:
+                await asyncio.sleep(wait)
+            if self._opening is not None and not self._opening.done():
+                return await self._opened()  # another request opened it meanwhile
             await self._drop()
             self._opening = loop.create_future()
             self._closing = asyncio.Event()
             self._lost = asyncio.Event()
             self._task = asyncio.create_task(self._hold(self._opening), name=f"mcp {self.path}")
+        return await self._opened()
+
+    async def _opened(self) -> ClientSession:
+        assert self._opening is not None
         try:
             return await asyncio.shield(self._opening)
         except McpTrouble:
@@ -212,10 +218,12 @@ class McpConnection:
 
     # -- requests ----------------------------------------------------------------------
 
-    async def request(self, what: Callable[[ClientSession], Awaitable[Any]]) -> Any:
+    async def request(
+        self, what: Callable[[ClientSession], Awaitable[Any]], *, afresh: bool = False
+    ) -> Any:
         """Run one request on the session; a transport failure drops the session (the
         next request reconnects) and is a retryable trouble."""
-        session = await self.open()
+        session = await self.open(afresh=afresh)
         try:
             return await what(session)
         except MCPError as err:
@@ -245,7 +253,7 @@ class McpConnection:
                 if not cursor:
                     return tools
 
-        self.tools = await self.request(listing)
+        self.tools = await self.request(listing, afresh=force)
         return self.tools
 
     async def close(self) -> None:
