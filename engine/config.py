@@ -51,6 +51,7 @@ _LITERAL_IN_ENV = (
     "looks like a literal secret; put the secret in the environment and name the variable here"
 )
 _UINT32_MAX = 2**32 - 1
+_COMMAND_VAR = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")  # `${VAR}` in an MCP command line
 
 
 class ConfigError(SubsError):
@@ -138,6 +139,14 @@ class McpBlock:
     @property
     def path(self) -> str:
         return f"mcp.{self.id}"
+
+    def command_vars(self) -> list[str]:
+        """The variables the command line names as `${VAR}` (expanded when it starts)."""
+        return [m for arg in self.command or () for m in _COMMAND_VAR.findall(arg)]
+
+    def argv(self, env: Mapping[str, str]) -> list[str]:
+        """The command line with each `${VAR}` replaced by its value (unset: empty)."""
+        return [_COMMAND_VAR.sub(lambda m: env.get(m.group(1), ""), a) for a in self.command or ()]
 
 
 @dataclass(frozen=True)
@@ -228,6 +237,8 @@ class Project:
                     need(conn.token_env, agent.id, f"bearer token for {conn.path}")
                 for var in conn.env_from:
                     need(var, agent.id, f"passed to {conn.path}'s server (env_from)")
+                for var in conn.command_vars():
+                    need(var, agent.id, f"named in {conn.path}'s command")
             if agent.slack is None:
                 continue
             suffix = slack_env_suffix(agent.id)

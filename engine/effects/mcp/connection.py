@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from typing import Any, TextIO, cast
@@ -46,6 +47,26 @@ class McpTrouble(Exception):
         self.message = message
         self.retryable = retryable
         self.unauthorized = unauthorized
+
+
+def off_reason(block: McpBlock, env: Mapping[str, str], base_dir: str) -> str | None:
+    """Why a stdio server cannot start here at all (its program is not installed, a
+    variable its command names is unset), or None. Such a connection is off: its syncs
+    fail at once and agents run without its tools."""
+    if not block.command:
+        return None
+    unset = [v for v in block.command_vars() if not env.get(v)]
+    if unset:
+        return f"its command names {', '.join(unset)}, which is not set"
+    program = block.argv(env)[0]
+    cwd = base_dir if block.cwd is None else os.path.join(base_dir, block.cwd)
+    if os.sep in program:
+        found = os.path.join(cwd, program)
+        if os.access(found, os.X_OK):
+            return None
+    elif shutil.which(program, path=env.get("PATH") or os.defpath):
+        return None
+    return f"{program!r} is not installed (not found{'' if os.sep in program else ' on PATH'})"
 
 
 class McpConnection:
@@ -165,9 +186,8 @@ class McpConnection:
                 if self.env.get(name):
                     env[name] = self.env[name]
             cwd = None if block.cwd is None else os.path.join(self.base_dir, block.cwd)
-            params = StdioServerParameters(
-                command=block.command[0], args=list(block.command[1:]), env=env, cwd=cwd
-            )
+            argv = block.argv(self.env)
+            params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=cwd)
             return stdio_client(params, errlog=cast(TextIO, _ErrLog(self.path, stack)))
         headers: dict[str, str] = {}
         if block.token_env:

@@ -20,7 +20,7 @@ from typing import Any
 from mcp_types import CallToolResult
 
 from engine.config import Project
-from engine.effects.mcp.connection import McpConnection, McpTrouble
+from engine.effects.mcp.connection import McpConnection, McpTrouble, off_reason
 from engine.effects.runner import Done, EffectRunner, Tasks, register
 from engine.machine import CallAnswered, Input, SessionState
 from engine.machine.connectors import AUTH, RunConnectorSync, RunMcpCall, prefix_of
@@ -36,6 +36,12 @@ class Connectors:
     def __init__(self, project: Project, env: Mapping[str, str]) -> None:
         base = os.path.dirname(project.path)
         self.by_path = {b.path: McpConnection(b, env, base) for b in project.mcp.values()}
+        self.off: dict[str, str] = {}
+        for block in project.mcp.values():
+            reason = off_reason(block, env, base)
+            if reason is not None:
+                self.off[block.path] = reason
+                log.warning("%s is off: %s; its agents run without its tools", block.path, reason)
 
     def get(self, path: str) -> McpConnection:
         conn = self.by_path.get(path)
@@ -44,6 +50,8 @@ class Connectors:
             raise McpTrouble(
                 f"no [{path}] connection in subs.toml (declared: {known})", retryable=False
             )
+        if path in self.off:
+            raise McpTrouble(f"{path} is off: {self.off[path]}", retryable=False)
         return conn
 
     async def aclose(self) -> None:
