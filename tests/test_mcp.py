@@ -4,6 +4,7 @@ real MCP server (tests/mcp_server.py, the SDK's `MCPServer`) over stdio and HTTP
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
@@ -389,3 +390,98 @@ async def test_list_changed_and_connector_sync_update_the_offered_tools(harness,
     assert "hush" in lists[-1] and "hush" not in lists[-2]
     forced = [p for p in payloads(events, "connector.sync.requested") if p.get("params")]
     assert [p["params"] for p in forced] == [{"force": True}]
+
+
+# -- an engine killed in the middle of a call ------------------------------------------
+
+
+async def test_an_engine_killed_during_a_call_sends_it_again_once_and_the_turn_ends(
+    redis, redis_url, vendor, tmp_path
+):
+    from engine.store.store import Store
+    from tests.engine_helpers import EngineProcess
+
+    calls_log, flag = tmp_path / "calls.log", tmp_path / "flag"
+    vendor.push(ToolCalls([("clock__slow", {"flag": str(flag)})]), Text("Done at last."))
+    config = tmp_path / "subs.toml"
+    config.write_text(
+        toml(vendor, blocks=stdio_block(MCP_CALLS_LOG=str(calls_log)), mcp='["mcp.clock"]')
+    )
+    engines = [EngineProcess(config, redis_url)]
+    store = await Store.open(redis)
+    client = Client(store)
+    servers: list[int] = []
+    try:
+        await engines[0].start()
+        reply = await client.submit(
+            {
+                "type": "client.message",
+                "agent_id": "oncall",
+                "message": {"role": "user", "content": "run the slow thing"},
+            }
+        )
+        sid, turn_id = reply["session_id"], reply["turn_id"]
+
+        async def sent(n: int) -> list[str]:
+            lines = calls_log.read_text().splitlines() if calls_log.exists() else []
+            return lines if len(lines) >= n else []
+
+        await poll_until(lambda: sent(1), 30, "the call to reach the server")
+        engines[0].kill()  # SIGKILL, mid-call
+        assert await engines[0].stop() == -9
+        engines.append(EngineProcess(config, redis_url))
+        await engines[1].start()
+        lines = await poll_until(lambda: sent(2), 30, "the next engine to send the call again")
+        servers = [int(line.split()[1]) for line in lines]
+        flag.touch()
+        end = await wait_for_event(client, sid, turn_ended(turn_id), timeout=60)
+        assert end["payload"]["type"] == "turn.completed"
+        events = await assert_consistent(store, sid)
+        assert len(calls_log.read_text().splitlines()) == 2  # sent again once, no more
+        assert [p["attempt"] for p in payloads(events, "tool.call.dispatched")] == [1, 2]
+        [errored] = payloads(events, "tool.call.errored")
+        assert errored["attempt"] == 1 and not errored["final"]
+        assert "stopped" in errored["error"]["message"]
+        [completed] = payloads(events, "tool.call.completed")
+        assert completed["result"]["content"][0]["text"] == "slow is done"
+    finally:
+        for engine in engines:
+            if engine.proc is not None and engine.proc.returncode is None:
+                await engine.stop()
+        for pid in servers:  # the killed engine's server, if its closed stdin left it waiting
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+
+
+# -- an off-the-shelf server from PyPI, through `subs run` ---------------------------------
+
+
+async def test_mcp_server_time_from_pypi_answers_through_subs_run(vendor, tmp_path):
+    from tests.engine_helpers import subs
+
+    program = Path(sys.executable).parent / "mcp-server-time"
+    assert program.exists(), "mcp-server-time is a test dependency (pyproject's test extra)"
+    vendor.push(
+        ToolCalls([("time__get_current_time", {"timezone": "Europe/Oslo"})]),
+        Text("It is evening in Oslo."),
+    )
+    config = tmp_path / "subs.toml"
+    config.write_text(
+        toml(
+            vendor,
+            blocks=f"[mcp.time]\ncommand = [{json.dumps(str(program))}, "
+            '"--local-timezone", "UTC"]\n',
+            mcp='[{ id = "mcp.time", tools = { read_only = true } }]',
+        )
+    )
+    code, out, err = await subs(
+        "run", "-o", "pretty", "oncall", "what time is it in Oslo?", "-c", str(config), timeout=90
+    )
+    assert code == 0, err
+    assert out.strip().splitlines() == [
+        '→ time__get_current_time({"timezone": "Europe/Oslo"})',
+        "It is evening in Oslo.",
+    ]
+    assert sorted(offered(vendor, 0)) == ["time__convert_time", "time__get_current_time"]
+    answer = json.loads(tool_message(vendor, 1))
+    assert answer["timezone"] == "Europe/Oslo" and answer["datetime"][:2] == "20"
