@@ -13,6 +13,7 @@ import dataclasses
 import difflib
 import os
 import re
+import shutil
 import tomllib
 import types
 from collections.abc import Mapping
@@ -143,6 +144,25 @@ class McpBlock:
     def command_vars(self) -> list[str]:
         """The variables the command line names as `${VAR}` (expanded when it starts)."""
         return [m for arg in self.command or () for m in _COMMAND_VAR.findall(arg)]
+
+    def off_reason(self, env: Mapping[str, str], base_dir: str) -> str | None:
+        """Why this stdio server cannot start here at all (its program is not installed,
+        a variable its command names is unset), or None. Such a connection is off: its
+        syncs fail at once and its agents run without its tools."""
+        if not self.command:
+            return None
+        unset = [v for v in self.command_vars() if not env.get(v)]
+        if unset:
+            return f"its command names {', '.join(unset)}, which is not set"
+        program = self.argv(env)[0]
+        if os.sep in program:
+            cwd = base_dir if self.cwd is None else os.path.join(base_dir, self.cwd)
+            if os.access(os.path.join(cwd, program), os.X_OK):
+                return None
+            return f"{program!r} is not an executable file"
+        if shutil.which(program, path=env.get("PATH") or os.defpath):
+            return None
+        return f"{program!r} is not installed (not found on PATH)"
 
     def argv(self, env: Mapping[str, str]) -> list[str]:
         """The command line with each `${VAR}` replaced by its value (unset: empty)."""

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from typing import Any, TextIO, cast
@@ -47,26 +46,6 @@ class McpTrouble(Exception):
         self.message = message
         self.retryable = retryable
         self.unauthorized = unauthorized
-
-
-def off_reason(block: McpBlock, env: Mapping[str, str], base_dir: str) -> str | None:
-    """Why a stdio server cannot start here at all (its program is not installed, a
-    variable its command names is unset), or None. Such a connection is off: its syncs
-    fail at once and agents run without its tools."""
-    if not block.command:
-        return None
-    unset = [v for v in block.command_vars() if not env.get(v)]
-    if unset:
-        return f"its command names {', '.join(unset)}, which is not set"
-    program = block.argv(env)[0]
-    cwd = base_dir if block.cwd is None else os.path.join(base_dir, block.cwd)
-    if os.sep in program:
-        found = os.path.join(cwd, program)
-        if os.access(found, os.X_OK):
-            return None
-    elif shutil.which(program, path=env.get("PATH") or os.defpath):
-        return None
-    return f"{program!r} is not installed (not found{'' if os.sep in program else ' on PATH'})"
 
 
 class McpConnection:

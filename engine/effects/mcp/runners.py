@@ -12,7 +12,6 @@ failed attempt; a refused credential is not retryable and names the connection.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -20,14 +19,12 @@ from typing import Any
 from mcp_types import CallToolResult
 
 from engine.config import Project
-from engine.effects.mcp.connection import McpConnection, McpTrouble, off_reason
+from engine.effects.mcp.connection import McpConnection, McpTrouble
 from engine.effects.runner import Done, EffectRunner, Tasks, register
 from engine.machine import CallAnswered, Input, SessionState
 from engine.machine.connectors import AUTH, RunConnectorSync, RunMcpCall, prefix_of
 from engine.machine.retry import Fault
 from engine.machine.tools import validate_input
-
-log = logging.getLogger("subs.mcp")
 
 
 class Connectors:
@@ -36,12 +33,9 @@ class Connectors:
     def __init__(self, project: Project, env: Mapping[str, str]) -> None:
         base = os.path.dirname(project.path)
         self.by_path = {b.path: McpConnection(b, env, base) for b in project.mcp.values()}
-        self.off: dict[str, str] = {}
-        for block in project.mcp.values():
-            reason = off_reason(block, env, base)
-            if reason is not None:
-                self.off[block.path] = reason
-                log.warning("%s is off: %s; its agents run without its tools", block.path, reason)
+        # Connections that cannot start here (`subs serve` and `subs check` say why).
+        reasons = {b.path: b.off_reason(env, base) for b in project.mcp.values()}
+        self.off = {path: why for path, why in reasons.items() if why is not None}
 
     def get(self, path: str) -> McpConnection:
         conn = self.by_path.get(path)
