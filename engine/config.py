@@ -135,15 +135,18 @@ class McpBlock:
     prefix_tools: bool  # the model sees `<id>__<tool>`; False: the server's own names
     env: tuple[tuple[str, str], ...]  # command only: added to the child's environment
     env_from: tuple[str, ...]  # command only: variables copied from the engine's environment
-    cwd: str | None  # command only: the child's working directory (relative: to the file)
+    cwd: (
+        str | None
+    )  # command only: the child's working directory (default and relative: the file's)
 
     @property
     def path(self) -> str:
         return f"mcp.{self.id}"
 
     def command_vars(self) -> list[str]:
-        """The variables the command line names as `${VAR}` (expanded when it starts)."""
-        return [m for arg in self.command or () for m in _COMMAND_VAR.findall(arg)]
+        """The variables the command line and cwd name as `${VAR}` (expanded at start)."""
+        parts = (*(self.command or ()), self.cwd or "")
+        return [m for part in parts for m in _COMMAND_VAR.findall(part)]
 
     def off_reason(self, env: Mapping[str, str], base_dir: str) -> str | None:
         """Why this stdio server cannot start here at all (its program is not installed,
@@ -151,22 +154,33 @@ class McpBlock:
         syncs fail at once and its agents run without its tools."""
         if not self.command:
             return None
-        unset = [v for v in self.command_vars() if not env.get(v)]
+        unset = [v for v in dict.fromkeys(self.command_vars()) if not env.get(v)]
         if unset:
             return f"its command names {', '.join(unset)}, which is not set"
-        program = self.argv(env)[0]
+        program, cwd = self.argv(env)[0], self.workdir(env, base_dir)
+        if not os.path.isdir(cwd):
+            return f"its cwd {cwd!r} is not a folder"
         if os.sep in program:
-            cwd = base_dir if self.cwd is None else os.path.join(base_dir, self.cwd)
             if os.access(os.path.join(cwd, program), os.X_OK):
                 return None
             return f"{program!r} is not an executable file"
-        if shutil.which(program, path=env.get("PATH") or os.defpath):
+        # The child's PATH: the block's own `env`, else what the SDK passes on (ours).
+        path = dict(self.env).get("PATH") or os.environ.get("PATH") or os.defpath
+        if shutil.which(program, path=path):
             return None
         return f"{program!r} is not installed (not found on PATH)"
 
     def argv(self, env: Mapping[str, str]) -> list[str]:
         """The command line with each `${VAR}` replaced by its value (unset: empty)."""
-        return [_COMMAND_VAR.sub(lambda m: env.get(m.group(1), ""), a) for a in self.command or ()]
+        return [_expand(a, env) for a in self.command or ()]
+
+    def workdir(self, env: Mapping[str, str], base_dir: str) -> str:
+        """Where the child runs: `cwd` expanded, relative to the project file's folder."""
+        return os.path.join(base_dir, _expand(self.cwd or "", env))
+
+
+def _expand(text: str, env: Mapping[str, str]) -> str:
+    return _COMMAND_VAR.sub(lambda m: env.get(m.group(1), ""), text)
 
 
 @dataclass(frozen=True)
@@ -257,8 +271,6 @@ class Project:
                     need(conn.token_env, agent.id, f"bearer token for {conn.path}")
                 for var in conn.env_from:
                     need(var, agent.id, f"passed to {conn.path}'s server (env_from)")
-                for var in conn.command_vars():
-                    need(var, agent.id, f"named in {conn.path}'s command")
             if agent.slack is None:
                 continue
             suffix = slack_env_suffix(agent.id)

@@ -164,8 +164,7 @@ class McpConnection:
             for name in block.env_from:
                 if self.env.get(name):
                     env[name] = self.env[name]
-            cwd = None if block.cwd is None else os.path.join(self.base_dir, block.cwd)
-            argv = block.argv(self.env)
+            argv, cwd = block.argv(self.env), block.workdir(self.env, self.base_dir)
             params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=cwd)
             return stdio_client(params, errlog=cast(TextIO, _ErrLog(self.path, stack)))
         headers: dict[str, str] = {}
