@@ -9,7 +9,7 @@ dispatching an attempt starts, the attempt's deadline timer, whether a dead engi
 loses the attempt, and how the kind's runner's answer (`CallAnswered`) settles it.
 Decisions are not calls: decisions.py runs them under the "decision" policy.
 
-Adding a kind (an MCP tool call run by the engine is next) touches:
+Adding a kind (connectors.py did, for MCP syncs and calls) touches:
   1. its own machine module: a `RunCall` subclass for its effect and
      `register(CallKind(...))`, with a `settle` rule if a tool result is not what its
      answer means;
