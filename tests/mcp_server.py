@@ -9,7 +9,8 @@ test can kill the server in the middle of), `grow` (adds `later` and sends
 `notifications/tools/list_changed`), `grow_quietly` (adds `hush`, telling no one),
 `picture` (an image block), `forecast` (structured
 content). `CLOCK_TZ` from its environment shows up in `now`; every `slow` call appends a
-line to the file named by `MCP_CALLS_LOG`, so a test can count how often it was sent.
+line to the file named by `MCP_CALLS_LOG`, so a test can count how often it was sent; each
+start appends the server's pid to `MCP_PIDS_LOG`.
 """
 
 from __future__ import annotations
@@ -136,6 +137,10 @@ def _http_app(token: str):  # type: ignore[no-untyped-def]
 
 
 def main() -> None:
+    pids = os.environ.get("MCP_PIDS_LOG")
+    if pids:
+        with open(pids, "a") as f:
+            f.write(f"{os.getpid()}\n")
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", type=int, default=None)
     parser.add_argument("--token", default="")

@@ -354,6 +354,33 @@ async def test_a_server_killed_mid_call_is_a_recorded_tool_error_then_the_call_r
     assert tool_message(vendor, 1) == "slow is done"
 
 
+async def test_a_stdio_server_that_dies_between_calls_is_restarted_and_stopped_with_the_engine(
+    harness, vendor, tmp_path
+):
+    pids_log = tmp_path / "pids.log"
+    vendor.push(Text("First."), ToolCalls([("clock__now", {})]), Text("Second."))
+    await harness.start(
+        toml(vendor, blocks=stdio_block(MCP_PIDS_LOG=str(pids_log)), mcp='["mcp.clock"]')
+    )
+    sid, _ = await harness.turn("one")
+
+    async def started(n: int) -> list[int]:
+        found = [int(p) for p in pids_log.read_text().split()] if pids_log.exists() else []
+        return found if len(found) >= n else []
+
+    [first] = await started(1)
+    os.kill(first, 9)  # no request out: the engine finds out by itself
+    restarted = await poll_until(lambda: started(2), 20, "the server to be started again")
+    _, end = await harness.turn("two", sid)
+    assert end["payload"]["type"] == "turn.completed"
+    events = await assert_consistent(harness.engine.store, sid)
+    assert not payloads(events, "tool.call.errored")  # it was back before it was needed
+    assert tool_message(vendor, 2) == "It is 12:00 in UTC."
+    await harness.stop()
+    with pytest.raises(ProcessLookupError):  # stopped with the engine
+        os.kill(restarted[-1], 0)
+
+
 async def test_list_changed_and_connector_sync_update_the_offered_tools(harness, vendor):
     vendor.push(
         ToolCalls([("clock__grow", {})]),

@@ -36,6 +36,11 @@ log = logging.getLogger("subs.mcp")
 OPEN_TIMEOUT_SECS = 20.0  # starting a child (npx may fetch) or reaching a server, and initialize
 BACKOFF_BASE_SECS = 0.5
 BACKOFF_MAX_SECS = 30.0
+# A connected server is pinged this often: a local child that died is restarted within
+# seconds, a remote server costs a request now and then.
+PING_STDIO_SECS = 2.0
+PING_HTTP_SECS = 15.0
+PING_TIMEOUT_SECS = 10.0
 
 
 class McpTrouble(Exception):
@@ -64,6 +69,8 @@ class McpConnection:
         self._closing = asyncio.Event()
         self._lost = asyncio.Event()
         self._stopped = False
+        self._restarting: asyncio.Task[None] | None = None
+        self.was_up = False  # connected once: a stdio server that dies is restarted
 
     @property
     def path(self) -> str:
@@ -117,14 +124,11 @@ class McpConnection:
                     await session.initialize()
                 self.session = session
                 self.failures = 0
+                self.was_up = True
                 if not opened.done():
                     opened.set_result(session)
                 log.info("%s connected", self.path)
-                closing = asyncio.create_task(self._closing.wait())
-                lost = asyncio.create_task(self._lost.wait())
-                await asyncio.wait((closing, lost), return_when=asyncio.FIRST_COMPLETED)
-                closing.cancel()
-                lost.cancel()
+                await self._watch(session)
         except BaseException as err:  # reported through `opened`, then re-raised
             self._failed_open()
             if not opened.done():
@@ -135,8 +139,31 @@ class McpConnection:
         finally:
             self.session = None
             self.tools = None
-        if not self._stopped and not self._closing.is_set() and self.block.command:
+        if not self._stopped and not self._closing.is_set() and self.block.command and self.was_up:
             self._restart_later()
+
+    async def _watch(self, session: ClientSession) -> None:
+        """Until closed or lost. A ping now and then finds a server that died or hung
+        with no request out (a request that fails finds it sooner)."""
+        while not (self._closing.is_set() or self._lost.is_set()):
+            waits = {
+                asyncio.create_task(self._closing.wait()),
+                asyncio.create_task(self._lost.wait()),
+            }
+            every = PING_STDIO_SECS if self.block.command else PING_HTTP_SECS
+            done, pending = await asyncio.wait(
+                waits, timeout=every, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in pending:
+                task.cancel()
+            if done:
+                return
+            try:
+                async with asyncio.timeout(PING_TIMEOUT_SECS):
+                    await session.send_ping()
+            except Exception as err:
+                log.warning("%s: no answer to a ping (%s); reconnecting", self.path, _say(err))
+                return
 
     def _failed_open(self) -> None:
         self.failures += 1
@@ -144,18 +171,18 @@ class McpConnection:
         self.retry_at = asyncio.get_running_loop().time() + delay
 
     def _restart_later(self) -> None:
-        """A stdio server that was up and died is started again (after the backoff)."""
+        """A stdio server that was up and died is started again, after the backoff (a
+        server that keeps dying is tried at most every BACKOFF_MAX_SECS)."""
 
         async def restart() -> None:
-            await asyncio.sleep(max(self.retry_at - asyncio.get_running_loop().time(), 0))
-            if not self._stopped:
-                try:
-                    await self.open()
-                except McpTrouble as err:
-                    log.warning("%s: restart failed: %s", self.path, err.message)
+            if self._stopped:
+                return
+            try:
+                await self.open()  # waits out the backoff
+            except McpTrouble as err:
+                log.warning("%s: restart failed: %s", self.path, err.message)
 
-        if self.failures <= 1:  # restart once per death; an open that keeps failing waits
-            asyncio.get_running_loop().create_task(restart())
+        self._restarting = asyncio.get_running_loop().create_task(restart())
 
     def _transport(self, stack: AsyncExitStack) -> Any:
         block = self.block
@@ -206,6 +233,9 @@ class McpConnection:
                 retryable=False,
                 unauthorized=True,
             )
+        code = getattr(getattr(err, "error", None), "code", None)
+        if code in (-32600, -32601, -32602):  # invalid request, no such method, bad params
+            return McpTrouble(f"{self.path} refused the request: {_say(err)}", retryable=False)
         if isinstance(err, FileNotFoundError | PermissionError):
             return McpTrouble(
                 f"{self.path}: cannot start {self.block.command[0] if self.block.command else ''}"
@@ -232,6 +262,10 @@ class McpConnection:
         except (OSError, httpx2.HTTPError, EOFError) as err:
             self._lost.set()
             raise self._trouble(err) from None
+        except Exception as err:  # an answer the SDK could not read: garbage, a bad result
+            raise McpTrouble(
+                f"{self.path} answered something unreadable: {_say(err)}", retryable=True
+            ) from None
 
     async def list_tools(self, *, force: bool) -> list[dict[str, Any]]:
         """The server's tools (every page), from the cache unless `force` or it changed."""
@@ -256,6 +290,8 @@ class McpConnection:
 
     async def close(self) -> None:
         self._stopped = True
+        if self._restarting is not None:
+            self._restarting.cancel()
         await self._drop()
 
     async def _drop(self) -> None:
