@@ -151,7 +151,8 @@ def test_a_refused_credential_interrupts_and_resuming_syncs_afresh():
     t = s.apply(CallAnswered(run.call_id, 1, error=error, retryable=False))
     assert s.types(t) == ["connector.sync.errored", "session.interrupted"]
     [interrupt] = s.state.interrupts.values()
-    assert interrupt["payload"]["metadata"] == {"connector": "mcp.clock"}
+    assert interrupt["payload"]["metadata"]["connector"] == "mcp.clock"
+    assert [o["label"] for o in interrupt["payload"]["metadata"]["options"]] == ["Retry"]
     assert s.state.status == "interrupted" and s.state.held is not None
     t = s.client({"type": "interrupt.resume", "interrupt_id": interrupt["interrupt_id"]})
     [again] = effects(t, RunConnectorSync)

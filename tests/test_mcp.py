@@ -286,7 +286,7 @@ async def test_a_refused_token_interrupts_naming_the_connection_and_resumes_once
     )
     interrupt = paused["payload"]
     assert "mcp.clockhttp" in interrupt["reason"] and "401" in interrupt["reason"]
-    assert interrupt["payload"]["metadata"] == {"connector": "mcp.clockhttp"}
+    assert interrupt["payload"]["metadata"]["connector"] == "mcp.clockhttp"
     assert vendor.requests == []  # the model was not asked without its tools
     harness.engine.effects.env["CLOCK_TOKEN"] = "right-token"  # the operator fixes the secret
     await harness.client.submit(

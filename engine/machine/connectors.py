@@ -181,8 +181,12 @@ def sync_failed(st: Step, call: Call, error: dict[str, Any]) -> None:
                 "reason": f"{path} needs authorizing: {error['message']}",
                 "payload": {
                     "message": f"The connection **{path}** refused its credential. "
-                    "Fix the secret, then resume to sync it again.",
-                    "metadata": {"connector": path},
+                    "Fix the secret, then retry: it is fetched again and the turn goes on.",
+                    # Slack shows the option as a Retry button (bot/rendering/prompts.py).
+                    "metadata": {
+                        "connector": path,
+                        "options": [{"label": "Retry", "value": "retry", "style": "primary"}],
+                    },
                 },
             },
             "engine",
