@@ -512,3 +512,45 @@ async def test_mcp_server_time_from_pypi_answers_through_subs_run(vendor, tmp_pa
     assert sorted(offered(vendor, 0)) == ["time__convert_time", "time__get_current_time"]
     answer = json.loads(tool_message(vendor, 1))
     assert answer["timezone"] == "Europe/Oslo" and answer["datetime"][:2] == "20"
+
+
+# -- in Slack ----------------------------------------------------------------------------
+
+
+async def test_in_slack_a_refused_credential_asks_with_a_retry_button_that_resumes(
+    redis, vendor, http_server, tmp_path
+):
+    from bot.threads.routing import session_id_for
+    from tests.bot_helpers import serve_bots
+    from tests.engine_helpers import project_toml
+
+    agent = "ops_anthropic"
+    text = project_toml(vendor.url).replace(
+        "[agent.ops_anthropic]\n", '[agent.ops_anthropic]\nmcp = ["mcp.clockhttp"]\n'
+    )
+    text += http_block(http_server) + f'\n[agent.{agent}.slack]\nanswers = "both"\n'
+    project = parse_project(text, str(tmp_path / "subs.toml"), env={})
+    env = {**ENV, "CLOCK_TOKEN": "wrong-token"}
+    vendor.push(ToolCalls([("clockhttp__now", {})]), Text("It is noon in Oslo."))
+    async with serve_bots(redis, vendor, project, agent, engine_env=env) as world:
+        fake = world.fake
+        mention = fake.post_as_user(fake.general, fake.mention("what time is it?"))
+        await fake.send_event(world.url, fake.event_for(mention, kind="app_mention"))
+
+        def prompt_shown():
+            mine = [m for m in fake.thread(mention.channel, mention.ts) if m.bot_id]
+            return mine[0] if mine and "actions" in [b["type"] for b in mine[0].blocks] else None
+
+        prompt = await fake.until(prompt_shown, timeout=20)
+        assert "mcp.clockhttp" in str(prompt.blocks)
+        [retry] = [e for b in prompt.blocks if b["type"] == "actions" for e in b["elements"]]
+        assert retry["text"]["text"] == "Retry"
+        env["CLOCK_TOKEN"] = "right-token"  # the secret is fixed; the person clicks Retry
+        await fake.send_action(world.url, fake.block_action(prompt, retry["action_id"]))
+        reply = await world.reply_to(mention, nth=2)
+        assert reply.text == "It is noon in Oslo."
+        events = await world.client.events(session_id_for(agent, fake.general.id, mention.ts))
+    [completed] = payloads(events, "tool.call.completed")
+    assert completed["result"]["content"][0]["text"] == "It is 12:00 in Europe/Oslo."
+    kinds = [e["payload"]["type"] for e in events]
+    assert kinds.count("session.interrupt_resumed") == 1 and kinds[-1] == "turn.completed"
