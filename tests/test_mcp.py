@@ -554,3 +554,60 @@ async def test_in_slack_a_refused_credential_asks_with_a_retry_button_that_resum
     assert completed["result"]["content"][0]["text"] == "It is 12:00 in Europe/Oslo."
     kinds = [e["payload"]["type"] for e in events]
     assert kinds.count("session.interrupt_resumed") == 1 and kinds[-1] == "turn.completed"
+
+
+# -- slow and garbled servers --------------------------------------------------------------
+
+
+async def test_a_call_past_its_deadline_is_a_recorded_retryable_error_never_a_hang(
+    harness, vendor, tmp_path
+):
+    calls_log, flag = tmp_path / "calls.log", tmp_path / "flag"
+    vendor.push(ToolCalls([("clock__slow", {"flag": str(flag)})]), Text("Second time lucky."))
+    text = toml(vendor, blocks=stdio_block(MCP_CALLS_LOG=str(calls_log)), mcp='["mcp.clock"]')
+    text = text.replace("run_timeout_secs = 20", "run_timeout_secs = 1")
+    await harness.start(text)
+    sid, turn_id = await harness.say("run the slow thing")
+
+    async def sent(n: int) -> list[str]:
+        lines = calls_log.read_text().splitlines() if calls_log.exists() else []
+        return lines if len(lines) >= n else []
+
+    await poll_until(lambda: sent(2), 30, "the call to time out and be sent again")
+    flag.touch()
+    end = await wait_for_event(harness.client, sid, turn_ended(turn_id), timeout=60)
+    assert end["payload"]["type"] == "turn.completed"
+    events = await assert_consistent(harness.engine.store, sid)
+    first = payloads(events, "tool.call.errored")[0]
+    assert first["error"]["code"] == "deadline_exceeded" and first["retryable"]
+    assert "did not answer slow before the deadline" in first["error"]["message"]
+    assert payloads(events, "tool.call.completed")
+
+
+async def test_a_server_answering_garbage_is_retried_then_the_turn_runs_without_it(harness, vendor):
+    from aiohttp import web
+
+    async def garbage(request: web.Request) -> web.Response:
+        return web.Response(text="<html>502 Bad Gateway</html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_route("*", "/mcp", garbage)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
+    try:
+        vendor.push(Text("I could not reach the tickets."))
+        await harness.start(
+            toml(vendor, blocks=f'[mcp.tickets]\nurl = "{url}"\n', mcp='["mcp.tickets"]')
+        )
+        sid, end = await harness.turn("any tickets?")
+    finally:
+        await runner.cleanup()
+    assert end["payload"]["type"] == "turn.completed"
+    assert offered(vendor, 0) == []
+    events = await assert_consistent(harness.engine.store, sid)
+    errors = payloads(events, "connector.sync.errored")
+    assert [e["final"] for e in errors] == [False, False, True]  # the connector policy: 3 tries
+    assert all(e["retryable"] and "mcp.tickets" in e["error"]["message"] for e in errors)
