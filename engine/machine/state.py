@@ -14,7 +14,7 @@ from typing import Any
 # under another version (or before versions: none) is not trusted: its reader folds the
 # session's log again (engine/store/snapshots.py). Raise it with any change to either; the
 # golden logs (tests/golden/) hold every version to folding old logs the same way.
-FOLD_VERSION = 1
+FOLD_VERSION = 2
 
 ZERO_USAGE: dict[str, int] = {
     "input": 0,
@@ -116,7 +116,9 @@ class SessionState:
     # both are read along the active path: after a branch, as of the branch point.
     state_writes: list[list[Any]] = field(default_factory=list)  # [anchor, state]
     agent_writes: list[list[Any]] = field(default_factory=list)  # [anchor, agent]
-    children: dict[str, dict[str, Any]] = field(default_factory=dict)  # child -> agent, busy call
+    # child -> {agent_id, call_id (the call it is busy with), mode?, detached? (the call
+    # a detached turn runs for), last? (a detached turn's outcome, for `wait`)}
+    children: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
