@@ -199,6 +199,11 @@ def test_a_subagent_start_past_its_queue_timeout_is_retried_then_fails_for_good(
     assert s.types(t)[-2:] == ["llm.call.requested", "llm.call.dispatched"]
     tool = [n.message for n in s.state.nodes.values() if n.message["role"] == "tool"]
     assert "queue timeout (5 s)" in tool[0]["content"]
+    # The call is over, so its child is free: the model may try that session again.
+    again = tool_reply(("c2", "helper", '{"message":"retry","session":"p~c1"}'))
+    t = s.apply(LlmCallSettled(only_llm(t).call_id, 1, response=again))
+    assert payloads(t, "subagent.requested")[0]["id"] == "p~c1"
+    assert not payloads(t, "tool.call.errored")
     s.check_fold()
 
 

@@ -198,6 +198,9 @@ def _call_closed(s: SessionState, e: Event, p: ev.ToolCallCompleted) -> None:
 def _call_errored(s: SessionState, e: Event, p: ev.CallErrored) -> None:
     if p["final"]:
         s.calls.pop(p["id"])
+        for child in s.children.values():
+            if child.get("call_id") == p["id"]:
+                child["call_id"] = None  # the call is over: its child may be called again
     else:
         s.calls[p["id"]].status = "failed"
 
