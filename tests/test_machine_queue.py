@@ -184,7 +184,7 @@ def test_a_subagent_start_past_its_queue_timeout_is_retried_then_fails_for_good(
         assert errored["attempt"] == attempt
         assert errored["error"]["detail"]["reason"] == "queue_timeout"
         (cancel,) = [e for e in t.effects if isinstance(e, Deliver)]
-        assert cancel == Deliver("p~c1", ChildCancelled("p", "c1"))
+        assert cancel == Deliver("p~c1", ChildCancelled("p", "c1", attempt))
         if attempt == 3:
             break
         assert errored["retryable"] and not errored["final"]
@@ -222,10 +222,12 @@ def test_a_retried_spawn_is_a_turn_of_its_own_and_the_old_attempts_answers_are_f
     deliveries = [e.input for e in t.effects if isinstance(e, Deliver)]
     cancel, second = deliveries
     assert isinstance(cancel, ChildCancelled) and isinstance(second, ChildSpawned)
-    assert second.attempt == 2
-    child.apply(cancel)
+    assert second.attempt == 2 and cancel.attempt == 1
+    # Delivered out of order: the retry's spawn first; the cancel drops attempt 1 only.
     t = child.apply(second)
     assert [e["turn_id"] for e in t.events] == ["sub~p~c1~2"]
+    t = child.apply(cancel)
+    assert [(e["payload"]["type"], e["turn_id"]) for e in t.events] == [("turn.failed", "sub~p~c1")]
     assert child.state.queue[0]["input"]["parent"] == {
         "session_id": "p",
         "call_id": "c1",

@@ -376,6 +376,7 @@ def start_subagent(st: Step, action: dict[str, Any], unrunnable: list[tuple[Call
 def _wait_problem(
     action: dict[str, Any], known: dict[str, Any] | None, agent_id: str
 ) -> str | None:
+    """Why a `wait` call cannot collect the child it names (None: it can)."""
     session = action.get("session_id")
     if not session:
         return "a `wait` call names the `session` of a child started detached"

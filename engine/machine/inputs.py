@@ -219,10 +219,13 @@ class SubagentStarted:
 
 @dataclass(frozen=True)
 class ChildCancelled:
-    """The parent's turn ended: the child's turn for `call_id` stops."""
+    """The parent's call ended (its turn ended, it timed out): the child's turn for
+    `call_id` stops, or never starts. Only turns of attempts up to `attempt` (all, when
+    None): a retry's spawn may arrive first."""
 
     parent_session: str
     call_id: str
+    attempt: int | None = None
 
 
 @dataclass(frozen=True)

@@ -350,7 +350,8 @@ def stop_child(st: Step, call: Any) -> None:
         return
     child = next((c for c, v in st.s.children.items() if v.get("call_id") == call.id), None)
     if child is not None:
-        st.out.effects.append(Deliver(child, ChildCancelled(st.session_id, call.id)))
+        cancel = ChildCancelled(st.session_id, call.id, call.attempt)
+        st.out.effects.append(Deliver(child, cancel))
 
 
 def end_turn(st: Step, data: Any) -> None:
@@ -485,7 +486,8 @@ def message_delivered(st: Step, inp: MessageDelivered) -> None:
 def child_spawned(st: Step, inp: ChildSpawned) -> None:
     """Start (or continue) this child session with the parent's message, as one turn.
 
-    The turn id is derived from the parent's call, so a replayed spawn is the same turn.
+    The turn id is derived from the parent's call (and its attempt, past the first), so a
+    replayed spawn is the same turn and a retried one a turn of its own.
     """
     parent: dict[str, Any] = {"session_id": inp.parent_session, "call_id": inp.call_id}
     turn_id = f"sub~{inp.parent_session}~{inp.call_id}"
@@ -517,10 +519,12 @@ def child_cancelled(st: Step, inp: ChildCancelled) -> None:
     """The parent's call ended: its turn here stops, or, still queued, never starts."""
 
     def for_call(parent: dict[str, Any] | None) -> bool:
-        return parent is not None and (parent["session_id"], parent["call_id"]) == (
+        if parent is None or (parent["session_id"], parent["call_id"]) != (
             inp.parent_session,
             inp.call_id,
-        )
+        ):
+            return False
+        return inp.attempt is None or parent.get("attempt", 1) <= inp.attempt
 
     error = {"message": "the parent's call ended", "code": "internal"}
     waiting = [q["turn_id"] for q in st.s.queue if for_call(q["input"].get("parent"))]
