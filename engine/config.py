@@ -17,14 +17,14 @@ import shutil
 import tomllib
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from engine.errors import SubsError
 from engine.machine import kinds
@@ -206,6 +206,7 @@ class AgentDecl:
     retry: dict | None
     slack: SlackBlock | None
     mcp: tuple[dict, ...] = ()  # wire McpServer entries: {id: "mcp.<id>", tools?, auth_failure?}
+    subagent_modes: dict[str, str] = field(default_factory=dict)  # child -> SubagentMode
 
     def wire_config(self, project: Project) -> dict | None:
         """The protocol AgentConfig for this agent; None when its worker supplies it.
@@ -223,6 +224,7 @@ class AgentDecl:
         if self.subagents:
             out["subagents"] = [
                 {"id": child, "description": project.agents[child].description or ""}
+                | ({"mode": self.subagent_modes[child]} if child in self.subagent_modes else {})
                 for child in self.subagents
             ]
         out["max_subagent_depth"] = self.max_subagent_depth
@@ -400,6 +402,18 @@ class _RetryOverride(_Model):
     backoff_max_secs: UInt32 | None = None
 
 
+class _Subagent(_Model):
+    """`{ id = "agent.<id>", mode = ... }`: a subagent whose calls' mode is set (SPEC §9)."""
+
+    id: str
+    mode: Literal["blocking", "detached", "any"] | None = None
+
+
+def _subagent_ref(value: Any) -> Any:
+    """`"agent.<id>"` is short for `{ id = "agent.<id>" }`."""
+    return {"id": value} if isinstance(value, str) else value
+
+
 class _Retry(_Model):
     default: _RetryOverride | None = None
     llm: _RetryOverride | None = None
@@ -449,7 +463,9 @@ class _Agent(_Model):
     effort: Literal["xhigh", "high", "medium", "low", "minimal", "none"] | None = None
     description: str | None = None
     tools: list[_Tool] = Field(default_factory=list)
-    subagents: list[str] = Field(default_factory=list)
+    subagents: list[Annotated[_Subagent, BeforeValidator(_subagent_ref)]] = Field(
+        default_factory=list
+    )
     max_subagent_depth: UInt32 | None = None  # None: the file's top-level value
     worker: HttpUrl | None = None
     signing_secret_env: EnvName | None = None
@@ -772,8 +788,9 @@ def _check_agent(root: _Root, file: str, aid: str, agent: _Agent) -> None:
             "or worker to have a worker return its config",
         )
     children: list[str] = []
-    for i, ref in enumerate(agent.subagents):
+    for i, entry in enumerate(agent.subagents):
         key = f"{at}.subagents.{i}"
+        ref = entry.id
         child = ref.removeprefix("agent.")
         if child == ref or not child:
             raise ConfigError(file, key, f'must be "agent.<id>", got {ref!r}')
@@ -833,7 +850,7 @@ def _build(root: _Root, path: str) -> Project:
             effort=a.effort,
             description=a.description,
             tools=tuple(t.model_dump(exclude_none=True) for t in a.tools),
-            subagents=tuple(ref.removeprefix("agent.") for ref in a.subagents),
+            subagents=tuple(e.id.removeprefix("agent.") for e in a.subagents),
             max_subagent_depth=root.max_subagent_depth
             if a.max_subagent_depth is None
             else a.max_subagent_depth,
@@ -841,6 +858,7 @@ def _build(root: _Root, path: str) -> Project:
             signing_secret_env=a.signing_secret_env,
             retry=None if a.retry is None else a.retry.model_dump(exclude_none=True),
             mcp=tuple(_mcp_refs(root, path, f"agent.{aid}", a)),
+            subagent_modes={e.id.removeprefix("agent."): e.mode for e in a.subagents if e.mode},
             slack=None
             if a.slack is None
             else SlackBlock(

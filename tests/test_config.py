@@ -184,6 +184,18 @@ BROKEN = [
         "its own subagent",
     ),
     (
+        "subagent mode",
+        OK + 'subagents = [{ id = "agent.oncall", mode = "sideways" }]\n',
+        "agent.oncall.subagents.0.mode",
+        "must be one of 'blocking', 'detached' or 'any'",
+    ),
+    (
+        "subagent key",
+        OK + 'subagents = [{ id = "agent.oncall", mod = "any" }]\n',
+        "agent.oncall.subagents.0.mod",
+        "unknown key (did you mean mode?)",
+    ),
+    (
         "duplicate tool",
         OK + 'tools = [{ name = "a", handler = "client" }, { name = "a", handler = "client" }]\n',
         "agent.oncall.tools.1.name",
@@ -716,3 +728,21 @@ def test_mcp_connections_their_agents_and_what_check_lists(tmp_path: Path):
         "'clock-server' is not installed (not found on PATH)"
     )
     assert tickets.off_reason({}, str(tmp_path)) is None
+
+
+def test_a_subagent_entry_may_set_the_mode_its_calls_use(tmp_path: Path):
+    text = OK + (
+        'subagents = ["agent.a", { id = "agent.b", mode = "detached" }, { id = "agent.c" }]\n'
+        '[agent.a]\nllm = "openrouter"\nmodel = "r"\n'
+        '[agent.b]\nllm = "openrouter"\nmodel = "r"\n'
+        '[agent.c]\nllm = "openrouter"\nmodel = "r"\n'
+    )
+    project = load(tmp_path, text)
+    wire = project.agents["oncall"].wire_config(project)
+    assert wire is not None
+    assert wire["subagents"] == [
+        {"id": "a", "description": ""},
+        {"id": "b", "description": "", "mode": "detached"},
+        {"id": "c", "description": ""},
+    ]
+    AGENT_CONFIG.validate(wire)

@@ -159,6 +159,7 @@ class TurnQueued(TypedDict):
     type: str
     turn_id: str
     input: JSON  # the client input, started as is when the turn's time comes
+    deadline_ms: NotRequired[int]  # when it has waited too long (its queue timeout)
 
 
 @with_config(_STRICT)
@@ -365,6 +366,7 @@ class SubagentRequested(TypedDict):
     id: str  # the child session
     tool_call_id: str
     agent_id: str
+    mode: NotRequired[str]  # "detached" (absent: blocking)
 
 
 @with_config(_STRICT)
@@ -376,7 +378,10 @@ class SubagentStarted(TypedDict):
 
 @with_config(_STRICT)
 class SubagentEnded(TypedDict):
-    """`subagent.completed` / `subagent.errored`: the child's usage and cost roll in."""
+    """`subagent.completed` / `subagent.errored`: the child's usage and cost roll in.
+
+    `detached`: a detached child's turn ended after its call was answered; its `result`
+    is kept for a later `wait` call."""
 
     type: str
     id: str
@@ -384,6 +389,8 @@ class SubagentEnded(TypedDict):
     usage: Usage | None
     cost: str
     error: NotRequired[JSON | None]
+    detached: NotRequired[bool]
+    result: NotRequired[str | None]
 
 
 Payload = (

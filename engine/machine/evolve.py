@@ -77,7 +77,10 @@ def _head_moved(s: SessionState, e: Event, p: ev.HeadMoved) -> None:
 
 
 def _turn_queued(s: SessionState, e: Event, p: ev.TurnQueued) -> None:
-    s.queue.append({"turn_id": p["turn_id"], "input": p["input"]})
+    entry: dict[str, Any] = {"turn_id": p["turn_id"], "input": p["input"]}
+    if p.get("deadline_ms") is not None:
+        entry["deadline_ms"] = p["deadline_ms"]
+    s.queue.append(entry)
     s.turns[p["turn_id"]] = "queued"
 
 
@@ -95,6 +98,10 @@ def _turn_ended(
     def end(s: SessionState, e: Event, p: ev.TurnCompleted | ev.TurnFailed) -> None:
         tid = p["turn_id"]
         s.turns[tid] = status
+        if s.turn is None or s.turn.id != tid:
+            # A queued turn that never started (its queue timeout, its parent's call ended).
+            s.queue = [q for q in s.queue if q["turn_id"] != tid]
+            return
         s.last_turn = tid
         s.turn = None
         # The turn's decisions and pauses end with it; its calls were closed by events.
@@ -139,12 +146,33 @@ def _call_dispatched(s: SessionState, e: Event, p: ev.CallDispatched) -> None:
 
 
 def _subagent_requested(s: SessionState, e: Event, p: ev.SubagentRequested) -> None:
-    s.children[p["id"]] = {"agent_id": p["agent_id"], "call_id": p["tool_call_id"]}
+    child = {"agent_id": p["agent_id"], "call_id": p["tool_call_id"]}
+    if p.get("mode"):
+        child["mode"] = p["mode"]
+    s.children[p["id"]] = child
+
+
+def _subagent_started(s: SessionState, e: Event, p: ev.SubagentStarted) -> None:
+    call = s.calls.get(p["tool_call_id"])
+    if call is not None:
+        call.deadline = None  # out of the queue: only its total timeout is left
+    child = s.children.get(p["id"])
+    if child is not None and child.get("mode") == "detached":
+        # Its call is answered now; the child runs on for that call, on its own.
+        child["call_id"] = None
+        child["detached"] = p["tool_call_id"]
 
 
 def _subagent_ended(s: SessionState, e: Event, p: ev.SubagentEnded) -> None:
     child = s.children.get(p["id"])
-    if child is not None:
+    if child is not None and p.get("detached"):
+        child["detached"] = None
+        child["last"] = {
+            "ok": p["type"] == ev.SUBAGENT_COMPLETED,
+            "result": p.get("result"),
+            "error": p.get("error"),
+        }
+    elif child is not None:
         child["call_id"] = None  # free for another call
     _add_cost(s, p.get("usage"), p.get("cost") or "0")
 
@@ -172,6 +200,9 @@ def _call_closed(s: SessionState, e: Event, p: ev.ToolCallCompleted) -> None:
 def _call_errored(s: SessionState, e: Event, p: ev.CallErrored) -> None:
     if p["final"]:
         s.calls.pop(p["id"])
+        for child in s.children.values():
+            if child.get("call_id") == p["id"]:
+                child["call_id"] = None  # the call is over: its child may be called again
     else:
         s.calls[p["id"]].status = "failed"
 
@@ -297,7 +328,7 @@ _APPLY: dict[str, Callable[[SessionState, Event, Any], None]] = {
     ev.MESSAGE_SENT: _nothing,
     ev.INPUT_REJECTED: _nothing,
     ev.SUBAGENT_REQUESTED: _subagent_requested,
-    ev.SUBAGENT_STARTED: _nothing,
+    ev.SUBAGENT_STARTED: _subagent_started,
     ev.SUBAGENT_COMPLETED: _subagent_ended,
     ev.SUBAGENT_ERRORED: _subagent_ended,
     ev.DECISION_HELD: _decision_held,

@@ -50,6 +50,13 @@ def whole_run(call: Call) -> int | None:
     return None if total is None else call.started_at + int(total * 1000)
 
 
+def queue_then_whole_run(call: Call) -> int | None:
+    """A subagent call: its attempt's queue deadline until the child's turn starts (the
+    fold then clears `deadline`), and its total timeout all along."""
+    dues = [d for d in (call.deadline, whole_run(call)) if d is not None]
+    return min(dues) if dues else None
+
+
 def no_deadline(call: Call) -> int | None:
     return None
 
@@ -115,7 +122,7 @@ for _builtin in (
     CallKind("llm", "worker", "llm", by_worker, RunExecute, backstop(BACKSTOP_GRACE_MS), True),
     CallKind("tool", "worker", "tool", by_worker, RunExecute, backstop(0), True),
     CallKind("tool", "client", "client_tool", always, None, no_deadline, False, True),
-    CallKind("tool", "subagent", "subagent", always, None, whole_run, False, True),
+    CallKind("tool", "subagent", "subagent", always, None, queue_then_whole_run, False, True),
 ):
     register(_builtin)
 

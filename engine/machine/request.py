@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import connectors
+from .calls import ALLOWED_MODES, spawn_args
 from .core import iso
 from .state import Call, SessionState
 from .tools import find_tool, validate_input
@@ -23,7 +24,7 @@ class LlmCallPlan:
     stream: bool
 
 
-_SUBAGENT_INPUT = {
+_SUBAGENT_INPUT: dict[str, Any] = {
     "type": "object",
     "properties": {
         "message": {"type": "string", "description": "What to ask the agent."},
@@ -31,6 +32,29 @@ _SUBAGENT_INPUT = {
     },
     "required": ["message"],
 }
+_MODE_HELP = {
+    "blocking": "blocking: wait for the answer",
+    "detached": "detached: start it and go on; you get its session at once",
+    "wait": "wait: collect the answer of a detached `session` (no message)",
+}
+
+
+def _subagent_input(configured: str | None) -> dict[str, Any]:
+    """The subagent tool's input: `message`, `session?`, and a `mode` choice when the
+    configured mode leaves the call one (a `wait` call sends no message)."""
+    modes = ALLOWED_MODES.get(configured or "blocking", ("blocking",))
+    if len(modes) == 1:
+        return _SUBAGENT_INPUT
+    mode = {
+        "type": "string",
+        "enum": list(modes),
+        "description": "; ".join(_MODE_HELP[m] for m in modes) + f". Default: {modes[0]}.",
+    }
+    return {
+        **_SUBAGENT_INPUT,
+        "properties": {**_SUBAGENT_INPUT["properties"], "mode": mode},
+        "required": [],
+    }
 
 
 def offered_tools(state: SessionState) -> list[dict[str, Any]]:
@@ -59,7 +83,8 @@ def declared_tools(agent: dict[str, Any], depth: int) -> list[dict[str, Any]]:
         for sub in agent.get("subagents") or ():
             name = f"agent__{sub['id']}" if sub.get("prefix") else sub["id"]
             description = sub.get("description") or f"Ask the {sub['id']} agent."
-            tools.append({"name": name, "description": description, "input": _SUBAGENT_INPUT})
+            offered_input = _subagent_input(sub.get("mode"))
+            tools.append({"name": name, "description": description, "input": offered_input})
     return tools
 
 
@@ -151,7 +176,8 @@ def _effect(state: SessionState, call: Call) -> dict[str, Any]:
         effect["kind"] = "subagent"
         effect["agent_id"] = call.name
         effect["session_id"] = next(
-            (c for c, v in state.children.items() if v.get("call_id") == call.id), None
+            (c for c, v in state.children.items() if v.get("call_id") == call.id),
+            spawn_args(call).get("session"),  # a `wait` call names the child it collects
         )
     else:
         effect["handler"] = call.handler

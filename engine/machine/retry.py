@@ -160,6 +160,23 @@ def backoff_ms(policy: dict[str, Any], attempt: int) -> int:
     return int(min(base**attempt, policy["backoff_max_secs"]) * 1000)
 
 
+def queue_deadline(policy: dict[str, Any], since: int) -> int | None:
+    """When work asked for at `since` has waited too long to start (None: no limit)."""
+    queue = policy.get("queue_timeout_secs")
+    return None if queue is None else since + queue * 1000
+
+
+def queue_timeout(what: str, policy: dict[str, Any]) -> dict[str, Any]:
+    """The ErrorInfo of work that waited past its queue timeout: a `deadline_exceeded`
+    (the closed set has no code of its own for it) whose detail names the queue."""
+    secs = policy.get("queue_timeout_secs")
+    return {
+        "message": f"{what} waited longer than its queue timeout ({secs} s) to start",
+        "code": "deadline_exceeded",
+        "detail": {"timeout": "queue", "reason": "queue_timeout", "queue_timeout_secs": secs},
+    }
+
+
 def run_deadline(policy: dict[str, Any], now: int) -> int | None:
     run = policy.get("run_timeout_secs")
     return None if run is None else now + run * 1000

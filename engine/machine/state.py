@@ -116,7 +116,9 @@ class SessionState:
     # both are read along the active path: after a branch, as of the branch point.
     state_writes: list[list[Any]] = field(default_factory=list)  # [anchor, state]
     agent_writes: list[list[Any]] = field(default_factory=list)  # [anchor, agent]
-    children: dict[str, dict[str, Any]] = field(default_factory=dict)  # child -> agent, busy call
+    # child -> {agent_id, call_id (the call it is busy with), mode?, detached? (the call
+    # a detached turn runs for), last? (a detached turn's outcome, for `wait`)}
+    children: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Each connection's tool list as last synced: path -> {tools, prefix?} (connectors.py).
     connectors: dict[str, dict[str, Any]] = field(default_factory=dict)
     held: dict[str, Any] | None = None  # the turn's first {trigger, proposed}, waiting on syncs

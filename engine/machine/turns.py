@@ -1,10 +1,19 @@
-"""Turns (SPEC §2, §10): starting, queueing, ending; interrupts (§8); messages between sessions."""
+"""Turns (SPEC §2, §10): starting, queueing, ending; interrupts (§8); messages between sessions.
+
+Queued turns: an input sent with `queue: true` while a turn runs waits in the session's
+FIFO. That wait is the queue phase of the model call the turn asks for, so the agent's
+`llm` policy's `queue_timeout_secs` bounds it (default 60 s): the deadline is recorded
+on `turn.queued`, a timer enforces it, and a turn still waiting then fails
+(`turn.failed`, `deadline_exceeded`, `detail.reason: "queue_timeout"`) without running.
+It is not retried: another wait in the same queue is what a retry would be. A turn a
+parent's subagent call runs has no timer here: the parent's call times its start.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import calls, connectors, decisions
+from . import calls, connectors, decisions, retry
 from . import events as ev
 from .core import MachineError, Step
 from .effects import Deliver
@@ -13,9 +22,11 @@ from .inputs import (
     ChildSpawned,
     ClientSubmitted,
     MessageDelivered,
+    QueueDeadline,
     SubagentFinished,
     SubagentStarted,
 )
+from .state import ZERO_USAGE
 from .tree import id_clash, match_view, path_to
 
 TURN_STARTS = ("client.message", "client.messages", "client.append", "client.action")
@@ -64,7 +75,13 @@ def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> N
     if s is not None and s.turn is not None:
         if body.get("queue") and body["type"] in QUEUEABLE:
             turn_id = turn_id or st.ids("turn")
-            st.emit({"type": ev.TURN_QUEUED, "turn_id": turn_id, "input": body}, turn_id)
+            queued: ev.TurnQueued = {"type": ev.TURN_QUEUED, "turn_id": turn_id, "input": body}
+            due = None
+            if not body.get("parent"):
+                due = retry.queue_deadline(retry.resolve_policy("llm", s.agent), st.now)
+            if due is not None:
+                queued["deadline_ms"] = due
+            st.emit(queued, turn_id)
             st.out.reply = _reply(st, turn_id, queued=True)
             return
         raise MachineError(
@@ -166,9 +183,8 @@ def start_turn(
     if body.get("parent"):
         started["parent"] = body["parent"]
         parent = body["parent"]
-        st.out.effects.append(
-            Deliver(parent["session_id"], SubagentStarted(st.session_id, parent["call_id"]))
-        )
+        begun = SubagentStarted(st.session_id, parent["call_id"], parent.get("attempt", 1))
+        st.out.effects.append(Deliver(parent["session_id"], begun))
     st.emit(started, turn_id)
     if start_config is not None:
         # session.start: the engine proposes the file's agent config.
@@ -314,6 +330,7 @@ def tell_parent(st: Step, turn: Any, *, ok: bool, error: dict[str, Any] | None) 
         error=error,
         usage=turn.usage,
         cost=turn.cost,
+        attempt=turn.parent.get("attempt", 1),
     )
     st.out.effects.append(Deliver(turn.parent["session_id"], finished))
 
@@ -345,7 +362,8 @@ def stop_child(st: Step, call: Any) -> None:
         return
     child = next((c for c, v in st.s.children.items() if v.get("call_id") == call.id), None)
     if child is not None:
-        st.out.effects.append(Deliver(child, ChildCancelled(st.session_id, call.id)))
+        cancel = ChildCancelled(st.session_id, call.id, call.attempt)
+        st.out.effects.append(Deliver(child, cancel))
 
 
 def end_turn(st: Step, data: Any) -> None:
@@ -380,6 +398,30 @@ def fail_turn(st: Step, error: dict[str, Any]) -> None:
     )
     tell_parent(st, turn, ok=False, error=error)
     next_queued(st)
+
+
+def queue_deadline(st: Step, inp: QueueDeadline) -> None:
+    """A queued turn's queue timeout passed: one still waiting fails, never having run."""
+    queued = next((q for q in st.s.queue if q["turn_id"] == inp.turn_id), None)
+    if queued is None:
+        st.ignore(f"turn {inp.turn_id!r} is no longer queued")
+        return
+    policy = retry.resolve_policy("llm", st.s.agent)
+    drop_queued(st, inp.turn_id, retry.queue_timeout(f"turn {inp.turn_id}", policy))
+
+
+def drop_queued(st: Step, turn_id: str, error: dict[str, Any]) -> None:
+    """A queued turn ends before it starts: `turn.failed` under its own id."""
+    st.emit(
+        {
+            "type": ev.TURN_FAILED,
+            "turn_id": turn_id,
+            "error": error,
+            "cost": "0",
+            "usage": dict(ZERO_USAGE),
+        },
+        turn_id,
+    )
 
 
 def next_queued(st: Step) -> None:
@@ -460,14 +502,19 @@ def message_delivered(st: Step, inp: MessageDelivered) -> None:
 def child_spawned(st: Step, inp: ChildSpawned) -> None:
     """Start (or continue) this child session with the parent's message, as one turn.
 
-    The turn id is derived from the parent's call, so a replayed spawn is the same turn.
+    The turn id is derived from the parent's call (and its attempt, past the first), so a
+    replayed spawn is the same turn and a retried one a turn of its own.
     """
-    parent = {"session_id": inp.parent_session, "call_id": inp.call_id}
+    parent: dict[str, Any] = {"session_id": inp.parent_session, "call_id": inp.call_id}
+    turn_id = f"sub~{inp.parent_session}~{inp.call_id}"
+    if inp.attempt > 1:
+        parent["attempt"] = inp.attempt
+        turn_id += f"~{inp.attempt}"
     body = {
         "type": "client.message",
         "agent_id": inp.agent_id,
         "message": inp.message,
-        "turn_id": f"sub~{inp.parent_session}~{inp.call_id}",
+        "turn_id": turn_id,
         "queue": True,
         "parent": parent,
     }
@@ -485,11 +532,22 @@ def child_spawned(st: Step, inp: ChildSpawned) -> None:
 
 
 def child_cancelled(st: Step, inp: ChildCancelled) -> None:
+    """The parent's call ended: its turn here stops, or, still queued, never starts."""
+
+    def for_call(parent: dict[str, Any] | None) -> bool:
+        if parent is None or (parent["session_id"], parent["call_id"]) != (
+            inp.parent_session,
+            inp.call_id,
+        ):
+            return False
+        return inp.attempt is None or parent.get("attempt", 1) <= inp.attempt
+
+    error = {"message": "the parent's call ended", "code": "internal"}
+    waiting = [q["turn_id"] for q in st.s.queue if for_call(q["input"].get("parent"))]
+    for turn_id in waiting:
+        drop_queued(st, turn_id, error)
     turn = st.s.turn
-    if turn is None or turn.parent != {
-        "session_id": inp.parent_session,
-        "call_id": inp.call_id,
-    }:
+    if turn is not None and for_call(turn.parent):
+        fail_turn(st, error)
+    elif not waiting:
         st.ignore("no turn of this session runs for that call")
-        return
-    fail_turn(st, {"message": "the parent's turn ended", "code": "internal"})
