@@ -33,7 +33,7 @@ def project(tmp_path: Path, vendor_url: str) -> str:
         '[agent.lead]\nllm = "openai"\nmodel = "m"\nsystem = "You lead."\n'
         'subagents = ["agent.helper"]\n'
         'tools = [{ name = "confirm", description = "Ask a person", handler = "client" }]\n'
-        "retry = { llm = { queue_timeout_secs = 1 }, subagent = { queue_timeout_secs = 1,"
+        "retry = { default = { queue_timeout_secs = 1 }, subagent = { queue_timeout_secs = 1,"
         " max_attempts = 2, backoff_base_secs = 0 } }\n"
         '[agent.helper]\nllm = "openai"\nmodel = "m"\nsystem = "You help."\n'
         'tools = [{ name = "confirm", description = "Ask a person", handler = "client" }]\n'

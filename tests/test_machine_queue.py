@@ -1,9 +1,9 @@
 """Queue timeouts in the pure machine (SPEC §11): what waits in a queue, for how long,
 and what happens when the wait is over.
 
-Two waits are queues here: a turn sent with `queue: true` behind a running one (the
-model call it asks for cannot start; the `llm` policy's queue timeout), and a subagent
-call between its dispatch and the child's turn starting (the `subagent` policy's).
+Two waits are queues here: a turn sent with `queue: true` behind a running one (no limit
+unless `retry.default.queue_timeout_secs` sets one), and a subagent call between its
+dispatch and the child's turn starting (the `subagent` policy's).
 """
 
 from __future__ import annotations
@@ -47,11 +47,9 @@ def only_llm(t) -> RunLlmCall:
 @pytest.mark.parametrize(
     ("retry", "secs"),
     [
-        (None, 60),  # the engine's model-call default
-        ({"llm": {"queue_timeout_secs": 5}}, 5),
         ({"default": {"queue_timeout_secs": 7}}, 7),
-        ({"default": {"queue_timeout_secs": 7}, "llm": {"queue_timeout_secs": 3}}, 3),
-        ({"tool": {"queue_timeout_secs": 1}}, 60),  # another kind's block does not apply
+        ({"default": {"queue_timeout_secs": 7}, "llm": {"queue_timeout_secs": 3}}, 7),
+        ({"default": {"queue_timeout_secs": 60}, "tool": {"queue_timeout_secs": 1}}, 60),
     ],
 )
 def test_a_queued_turn_waits_at_most_its_queue_timeout_then_fails_unrun(retry, secs):
@@ -92,8 +90,29 @@ def test_a_queued_turn_waits_at_most_its_queue_timeout_then_fails_unrun(retry, s
     s.check_fold()
 
 
+@pytest.mark.parametrize(
+    "retry",
+    [None, {"llm": {"queue_timeout_secs": 5}}, {"subagent": {"queue_timeout_secs": 5}}],
+)
+def test_without_retry_default_a_queued_turn_waits_as_long_as_it_takes(retry):
+    agent = copy.deepcopy(AGENT)
+    if retry is not None:
+        agent["retry"] = retry
+    s = Session(agent=agent)
+    first = only_llm(s.say("one"))
+    q = s.say("two", queue=True)
+    assert not timers(q, QueueDeadline) and "deadline_ms" not in payloads(q, "turn.queued")[0]
+    s.now += 3_600_000  # an hour later the first turn ends, and the second runs
+    t = s.apply(LlmCallSettled(first.call_id, 1, response=text_reply("1")))
+    assert s.state.turn is not None and s.state.turn.id == q.reply["turn_id"]
+    assert only_llm(t)
+    s.check_fold()
+
+
 def test_a_queued_turn_that_starts_in_time_cancels_its_timer_and_a_late_one_is_ignored():
-    s = Session()
+    agent = copy.deepcopy(AGENT)
+    agent["retry"] = {"default": {"queue_timeout_secs": 60}}
+    s = Session(agent=agent)
     first = only_llm(s.say("one"))
     q2 = s.say("two", queue=True)
     q3 = s.say("three", queue=True)

@@ -55,6 +55,16 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "max_attempts": 10,
         **_BACKOFF,
     },
+    # A turn queued behind the running one (turns.py): no limit unless the agent's
+    # `retry.default.queue_timeout_secs` sets one. A person who sends a second message
+    # while a long turn runs (Slack queues every message) should see it answered.
+    "turn": {
+        "queue_timeout_secs": None,
+        "run_timeout_secs": None,
+        "total_timeout_secs": None,
+        "max_attempts": 1,
+        **_BACKOFF,
+    },
 }
 
 # Which `retry.<kind>` block of an agent config applies to each effect kind.

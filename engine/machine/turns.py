@@ -1,10 +1,10 @@
 """Turns (SPEC §2, §10): starting, queueing, ending; interrupts (§8); messages between sessions.
 
 Queued turns: an input sent with `queue: true` while a turn runs waits in the session's
-FIFO. That wait is the queue phase of the model call the turn asks for, so the agent's
-`llm` policy's `queue_timeout_secs` bounds it (default 60 s): the deadline is recorded
-on `turn.queued`, a timer enforces it, and a turn still waiting then fails
-(`turn.failed`, `deadline_exceeded`, `detail.reason: "queue_timeout"`) without running.
+FIFO. The agent's `retry.default.queue_timeout_secs` bounds that wait when it is set (no
+limit by default, retry.py `turn`): the deadline is recorded on `turn.queued`, a timer
+enforces it, and a turn still waiting then fails (`turn.failed`, `deadline_exceeded`,
+`detail.reason: "queue_timeout"`) without running.
 It is not retried: another wait in the same queue is what a retry would be. A turn a
 parent's subagent call runs has no timer here: the parent's call times its start.
 """
@@ -78,7 +78,7 @@ def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> N
             queued: ev.TurnQueued = {"type": ev.TURN_QUEUED, "turn_id": turn_id, "input": body}
             due = None
             if not body.get("parent"):
-                due = retry.queue_deadline(retry.resolve_policy("llm", s.agent), st.now)
+                due = retry.queue_deadline(retry.resolve_policy("turn", s.agent), st.now)
             if due is not None:
                 queued["deadline_ms"] = due
             st.emit(queued, turn_id)
@@ -406,7 +406,7 @@ def queue_deadline(st: Step, inp: QueueDeadline) -> None:
     if queued is None:
         st.ignore(f"turn {inp.turn_id!r} is no longer queued")
         return
-    policy = retry.resolve_policy("llm", st.s.agent)
+    policy = retry.resolve_policy("turn", st.s.agent)
     drop_queued(st, inp.turn_id, retry.queue_timeout(f"turn {inp.turn_id}", policy))
 
 
