@@ -611,3 +611,24 @@ async def test_a_server_answering_garbage_is_retried_then_the_turn_runs_without_
     errors = payloads(events, "connector.sync.errored")
     assert [e["final"] for e in errors] == [False, False, True]  # the connector policy: 3 tries
     assert all(e["retryable"] and "mcp.tickets" in e["error"]["message"] for e in errors)
+
+
+async def test_subs_check_lists_the_connections_that_cannot_start_here(vendor, tmp_path):
+    from tests.engine_helpers import subs
+
+    config = tmp_path / "subs.toml"
+    config.write_text(
+        toml(
+            vendor,
+            blocks=stdio_block()
+            + '[mcp.gone]\ncommand = ["no-such-mcp-server"]\n'
+            + '[mcp.repo]\ncommand = ["mcp-server-git", "--repository", "${SOME_REPO}"]\n',
+            mcp='["mcp.clock", "mcp.gone", "mcp.repo"]',
+        )
+    )
+    code, out, err = await subs("check", "-c", str(config), env={"SOME_REPO": ""})
+    assert code == 0, err  # nothing the file needs is missing: an off connection is not fatal
+    assert [json.loads(line) for line in out.splitlines()] == [
+        {"off": "mcp.gone", "why": "'no-such-mcp-server' is not installed (not found on PATH)"},
+        {"off": "mcp.repo", "why": "its command names SOME_REPO, which is not set"},
+    ]
