@@ -63,13 +63,13 @@ class McpConnection:
         self.refused: int | None = None  # the last HTTP status that refused the credential
         self.failures = 0  # opens that failed in a row
         self.retry_at = 0.0  # loop time before which an open is not tried again
-        self.on_change: Callable[[], None] = lambda: None
         self._opening: asyncio.Future[ClientSession] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = asyncio.Event()
         self._lost = asyncio.Event()
         self._stopped = False
         self._restarting: asyncio.Task[None] | None = None
+        self._open_lock = asyncio.Lock()
         self.was_up = False  # connected once: a stdio server that dies is restarted
 
     @property
@@ -86,19 +86,20 @@ class McpConnection:
             return self.session
         if self._stopped:
             raise McpTrouble(f"{self.path} is stopped", retryable=True)
-        if self._opening is None or self._opening.done():
-            loop = asyncio.get_running_loop()
-            if afresh:
-                self.retry_at = 0.0
-            while (wait := self.retry_at - loop.time()) > 0:
-                await asyncio.sleep(wait)
-            if self._opening is not None and not self._opening.done():
-                return await self._opened()  # another request opened it meanwhile
-            await self._drop()
-            self._opening = loop.create_future()
-            self._closing = asyncio.Event()
-            self._lost = asyncio.Event()
-            self._task = asyncio.create_task(self._hold(self._opening), name=f"mcp {self.path}")
+        async with self._open_lock:  # one open at a time: a second request waits for it
+            if self._opening is None or self._opening.done():
+                loop = asyncio.get_running_loop()
+                if afresh:
+                    self.retry_at = 0.0
+                while (wait := self.retry_at - loop.time()) > 0:
+                    await asyncio.sleep(wait)
+                await self._drop()
+                self._opening = loop.create_future()
+                self._closing = asyncio.Event()
+                self._lost = asyncio.Event()
+                self._task = asyncio.create_task(
+                    self._hold(self._opening), name=f"mcp {self.path}"
+                )
         return await self._opened()
 
     async def _opened(self) -> ClientSession:
@@ -218,7 +219,6 @@ class McpConnection:
         if isinstance(message, ToolListChangedNotification):
             log.info("%s: the server's tool list changed", self.path)
             self.tools = None
-            self.on_change()
         elif isinstance(message, Exception):
             log.warning("%s: transport error: %s", self.path, _say(message))
 
