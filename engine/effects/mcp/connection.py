@@ -97,9 +97,7 @@ class McpConnection:
                 self._opening = loop.create_future()
                 self._closing = asyncio.Event()
                 self._lost = asyncio.Event()
-                self._task = asyncio.create_task(
-                    self._hold(self._opening), name=f"mcp {self.path}"
-                )
+                self._task = asyncio.create_task(self._hold(self._opening), name=f"mcp {self.path}")
         return await self._opened()
 
     async def _opened(self) -> ClientSession:
