@@ -30,6 +30,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import PaginatedRequestParams, ToolListChangedNotification
 
 from engine.config import McpBlock
+from engine.errors import SubsError
 
 log = logging.getLogger("subs.mcp")
 
@@ -43,13 +44,13 @@ PING_HTTP_SECS = 15.0
 PING_TIMEOUT_SECS = 10.0
 
 
-class McpTrouble(Exception):
+class McpTrouble(SubsError):
     """A sync or call that failed: `retryable`, and `unauthorized` for a refused credential."""
 
+    code = "handler_error"
+
     def __init__(self, message: str, *, retryable: bool, unauthorized: bool = False) -> None:
-        super().__init__(message)
-        self.message = message
-        self.retryable = retryable
+        super().__init__(message, retryable=retryable)
         self.unauthorized = unauthorized
 
 
