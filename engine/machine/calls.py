@@ -75,7 +75,7 @@ def start_tool_call(st: Step, action: dict[str, Any], unrunnable: list[tuple[Cal
     arguments = action.get("arguments")
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments if arguments is not None else {}, separators=(",", ":"))
-    tool = find_tool(st.s.agent, name)
+    tool = find_tool(st.s.agent, name, st.s.turn_tools)
     handler = (tool or {}).get("handler") or "worker"
     kind = kinds.of("tool", handler)
     st.emit(
@@ -469,7 +469,7 @@ def settle_tool(
     """A tool attempt ended: check the output, retry a retryable error, or finish."""
     if error is None:
         assert result is not None
-        mismatch = check_output(find_tool(st.s.agent, call.name or ""), result)
+        mismatch = check_output(find_tool(st.s.agent, call.name or "", st.s.turn_tools), result)
         if mismatch is not None:
             bad = Fault.BAD_OUTPUT
             call_failed(st, call, bad.error(mismatch), bad.retryable, None)

@@ -32,16 +32,19 @@ _SUBAGENT_INPUT = {
 }
 
 
+def _offered(tool: dict[str, Any]) -> dict[str, Any]:
+    """One declared tool as the model sees it (LlmTool)."""
+    offered = {"name": tool["name"], "description": tool.get("description") or ""}
+    for key in ("input", "output", "defer"):
+        if tool.get(key) is not None:
+            offered[key] = tool[key]
+    return offered
+
+
 def offered_tools(agent: dict[str, Any], depth: int = 0) -> list[dict[str, Any]]:
     """The agent's tools as the model sees them (LlmTool): its own, then one per
     subagent while the session is above the depth limit (SPEC §9)."""
-    tools = []
-    for tool in agent.get("tools") or ():
-        offered = {"name": tool["name"], "description": tool.get("description") or ""}
-        for key in ("input", "output", "defer"):
-            if tool.get(key) is not None:
-                offered[key] = tool[key]
-        tools.append(offered)
+    tools = [_offered(tool) for tool in agent.get("tools") or ()]
     limit = agent.get("max_subagent_depth")
     if depth < (5 if limit is None else limit):
         for sub in agent.get("subagents") or ():
@@ -49,6 +52,33 @@ def offered_tools(agent: dict[str, Any], depth: int = 0) -> list[dict[str, Any]]
             description = sub.get("description") or f"Ask the {sub['id']} agent."
             tools.append({"name": name, "description": description, "input": _SUBAGENT_INPUT})
     return tools
+
+
+_TOOL_KEYS = ("name", "description", "input", "output", "defer")
+
+
+def submitted_tools(client: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A submit's `client.tools` as its turn records them: each forced to `handler:
+    "client"` (SPEC §6), fields left unset left out."""
+    tools = []
+    for tool in (client or {}).get("tools") or ():
+        kept = {k: tool[k] for k in _TOOL_KEYS if tool.get(k) is not None}
+        tools.append({**kept, "handler": "client"})
+    return tools
+
+
+def client_tool_clash(
+    agent: dict[str, Any] | None, tools: list[dict[str, Any]], depth: int
+) -> tuple[int, str] | None:
+    """The first per-submit tool whose name the model is already offered (an agent or
+    subagent tool) or that an earlier one in the list took: its index and why."""
+    taken = {t["name"]: "the agent" for t in offered_tools(agent or {}, depth)}
+    for i, tool in enumerate(tools):
+        name = tool["name"]
+        if name in taken:
+            return i, f"tool {name!r} is already offered by {taken[name]}"
+        taken[name] = "an earlier tool of this input"
+    return None
 
 
 def build_llm_request(state: SessionState, call: Call) -> LlmCallPlan:
@@ -67,11 +97,11 @@ def build_llm_request(state: SessionState, call: Call) -> LlmCallPlan:
         "model": params.get("model") or agent.get("model") or "",
         "messages": messages,
     }
-    tools = (
-        params["tools"]
-        if params.get("tools") is not None
-        else offered_tools(agent, len(state.ancestry))
-    )
+    if params.get("tools") is not None:
+        tools = params["tools"]
+    else:  # the turn's per-submit client tools follow the agent's own (SPEC §6)
+        tools = offered_tools(agent, len(state.ancestry))
+        tools += [_offered(tool) for tool in state.turn_tools]
     if tools:
         request["tools"] = tools
     for key in ("temperature", "max_completion_tokens", "reasoning"):
@@ -217,7 +247,7 @@ def execute_request(state: SessionState, call: Call) -> dict[str, Any]:
     """
     deadline = None if call.deadline is None else iso(call.deadline)
     if call.kind == "tool":
-        tool = find_tool(state.agent, call.name or "")
+        tool = find_tool(state.agent, call.name or "", state.turn_tools)
         tool_input = validate_input(tool, call.arguments or "")
         trigger: dict[str, Any] = {
             "type": "tool.execute",

@@ -7,14 +7,19 @@ jsonschema is a pure computation, so it may live in the core.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from itertools import chain
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 
-def find_tool(agent: dict[str, Any] | None, name: str) -> dict[str, Any] | None:
-    for tool in (agent or {}).get("tools") or ():
+def find_tool(
+    agent: dict[str, Any] | None, name: str, client_tools: Iterable[dict[str, Any]] = ()
+) -> dict[str, Any] | None:
+    """The contract of tool `name`: the agent's, else one of the turn's per-submit tools."""
+    for tool in chain((agent or {}).get("tools") or (), client_tools):
         if tool.get("name") == name:
             found: dict[str, Any] = tool
             return found
