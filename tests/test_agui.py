@@ -9,11 +9,8 @@ import pytest
 
 from engine.machine.tree import path_to
 from engine.store.snapshots import load_state
-from tests.agui_helpers import (  # noqa: F401 - fixtures
+from tests.agui_helpers import (
     PICK,
-    agui_engine,
-    agui_http,
-    agui_worker,
     frames,
     run,
     run_input,
