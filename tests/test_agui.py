@@ -3,6 +3,7 @@ vendor and a real worker. Every event it emits is checked against `ag_ui.core`."
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -266,3 +267,38 @@ async def test_refusals_before_the_stream(agui_engine, agui_http, vendor):
     assert resp.status_code == 403
     resp = await agui_http.post(run_path("thinker"), json=later, headers=auth(ALICE))
     assert resp.status_code == 409 and resp.json()["code"] == "agent_mismatch"
+
+
+# --- the chat page -----------------------------------------------------------------------
+
+
+async def test_the_chat_page_is_served_with_its_types_and_a_strict_csp(agui_engine, agui_http):
+    page = await agui_http.get("/console/chat/chat")  # no key: the files hold no data
+    assert page.status_code == 200
+    assert page.headers["Content-Type"] == "text/html; charset=utf-8"
+    csp = page.headers["Content-Security-Policy"]
+    directives = dict(d.strip().split(" ", 1) for d in csp.split(";"))
+    assert directives["default-src"] == "'none'"
+    assert directives["script-src"] == "'self'" and directives["style-src"] == "'self'"
+    assert directives["connect-src"] == "'self'"
+    assert "unsafe" not in csp
+    assert page.headers["X-Content-Type-Options"] == "nosniff"
+    html = page.text
+    scripts = re.findall(r"<script([^>]*)>(.*?)</script>", html, re.S)
+    assert scripts == [(' type="module" src="/console/chat/assets/chat.js"', "")]
+    assert not re.search(r"\s(style|on\w+)\s*=", html)  # no inline style or handler
+    for name, kind in [
+        ("chat.js", "text/javascript"),
+        ("agui.js", "text/javascript"),
+        ("chat.css", "text/css"),
+    ]:
+        asset = await agui_http.get(f"/console/chat/assets/{name}")
+        assert asset.status_code == 200, name
+        assert asset.headers["Content-Type"] == f"{kind}; charset=utf-8"
+        assert asset.headers["Content-Security-Policy"] == csp
+        assert asset.headers["X-Content-Type-Options"] == "nosniff"
+    chat = (await agui_http.get("/console/chat/assets/chat.js")).text
+    assert 'from "./agui.js"' in chat and "/api/channels/ag-ui/agents/" in chat
+    missing = await agui_http.get("/console/chat/assets/secret.py")
+    assert missing.status_code == 404 and missing.json()["code"] == "not_found"
+    assert (await agui_http.get("/api/admin/sessions")).status_code == 401  # still closed
