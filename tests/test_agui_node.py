@@ -29,12 +29,21 @@ SCRIPT = Path(__file__).with_name("agui_client.cjs")
 
 
 @pytest.fixture(scope="module")
-def node_modules() -> Path:
+def node_exe() -> str:
+    """node on PATH; without it the test is skipped, saying so."""
+    found = shutil.which("node")
+    if found is None:
+        pytest.skip("node is needed to run the AG-UI client tests (not on PATH)")
+    return found
+
+
+@pytest.fixture(scope="module")
+def node_modules(node_exe: str) -> Path:
     """`@ag-ui/client` installed with npm once per version into a folder kept between
-    runs; no node or npm on the machine skips (saying so), a failed install fails."""
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
-        pytest.skip("node and npm are needed to run @ag-ui/client (not on PATH)")
+    runs; no npm on the machine skips (saying so), a failed install fails."""
+    npm = shutil.which("npm")
+    if npm is None:
+        pytest.skip("npm is needed to install @ag-ui/client (not on PATH)")
     folder = Path(tempfile.gettempdir()) / "subs-tests-agui-client-1.0.0"
     modules = folder / "node_modules"
     if not (modules / "@ag-ui" / "client" / "package.json").exists():
@@ -107,3 +116,51 @@ async def test_http_agent_runs_a_text_turn_a_frontend_tool_and_another_turn(
         "run-2",
         "run-4",
     ]
+
+
+CHAT = Path(__file__).resolve().parents[1] / "engine" / "console" / "chat"
+
+
+async def node(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        "node",
+        *args,
+        env={**os.environ, **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with asyncio.timeout(60):
+            out, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.mark.parametrize("name", ["chat.js", "agui.js"])
+async def test_the_chat_page_modules_parse_as_modules(node_exe, name):
+    code, _, err = await node("--experimental-default-type=module", "--check", str(CHAT / name))
+    assert code == 0, err
+
+
+async def test_the_chat_page_transport_keeps_the_threads_history(
+    agui_engine, agui_http, vendor, node_exe
+):
+    vendor.push(Text("Hello from the page."), Text("Again, hello."))
+    config = {"url": str(agui_http.base_url) + run_path("chat"), "key": ROOT, "threadId": "th-p"}
+    script = str(Path(__file__).with_name("agui_page.mjs"))
+    module = (CHAT / "agui.js").as_uri()
+    code, out, err = await node(
+        "--experimental-default-type=module", script, module, json.dumps(config)
+    )
+    assert code == 0, err
+    kept = json.loads(out)
+    state = await load_state(agui_engine.store, "th-p")
+    assert state is not None
+    path = path_to(state.nodes, state.head_id)
+    wire = [agui_message(m).model_dump(by_alias=True, exclude_none=True) for m in path]
+    assert [comparable(m) for m in kept] == [comparable(m) for m in wire]
+    assert len(state.nodes) == 4 and len(state.turns) == 2
