@@ -3,13 +3,19 @@ vendor and a real worker. Every event it emits is checked against `ag_ui.core`."
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
+import httpx
 import pytest
+from aiohttp import web
 
+from engine.api import ApiKeys, make_app
+from engine.client import Client
 from engine.machine.tree import path_to
 from engine.store.snapshots import load_state
+from engine.store.store import Store
 from tests.agui_helpers import (
     PICK,
     frames,
@@ -302,3 +308,38 @@ async def test_the_chat_page_is_served_with_its_types_and_a_strict_csp(agui_engi
     missing = await agui_http.get("/console/chat/assets/secret.py")
     assert missing.status_code == 404 and missing.json()["code"] == "not_found"
     assert (await agui_http.get("/api/admin/sessions")).status_code == 401  # still closed
+
+
+async def test_a_run_open_at_shutdown_ends_with_run_error(agui_engine, redis, vendor):
+    """Stopping the server ends each open run at once, saying why, not at a timeout."""
+    vendor.push(Text("slow words " * 20, chunk_delay=0.5))
+    store = await Store.open(redis)
+    app = make_app(Client(store), store, keys=ApiKeys.from_env({}), heartbeat=1.0)
+    runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=30)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    body = run_input("th-stop", "run-1", [user("u1", "talk slowly")])
+    raw = b""
+    stopping: asyncio.Task[None] | None = None
+    try:
+        async with (
+            httpx.AsyncClient(base_url=url, timeout=20) as http,
+            http.stream("POST", run_path("chat"), json=body) as resp,
+        ):
+            chunks = resp.aiter_bytes()
+            async for chunk in chunks:
+                raw += chunk
+                if b"TEXT_MESSAGE_CONTENT" in raw:
+                    break
+            stopping = asyncio.create_task(runner.cleanup())
+            async with asyncio.timeout(10):  # well inside the 30 s shutdown timeout
+                async for chunk in chunks:
+                    raw += chunk
+    finally:
+        await asyncio.wait_for(stopping or runner.cleanup(), 10)
+    events = frames(raw)
+    assert events[0]["type"] == "RUN_STARTED" and events[-1]["type"] == "RUN_ERROR"
+    assert "shutting down" in events[-1]["message"]
+    assert types(events)[-2] == "TEXT_MESSAGE_END"  # what was open was closed first

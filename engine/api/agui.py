@@ -176,11 +176,14 @@ async def post_run(request: web.Request) -> web.StreamResponse:
             translator, after = await _begin(request, api, agent_id, run)
             resp = web.StreamResponse(headers=SSE_HEADERS)
             await resp.prepare(request)
+            request.app[RUNS].add(watch)
             try:
                 await _stream(api, resp, watch, translator, after)
                 await resp.write_eof()
             except (ConnectionError, TimeoutError):
                 pass  # the client went away or stopped reading; the turn goes on
+            finally:
+                request.app[RUNS].discard(watch)
             return resp
     finally:
         api.free_stream_slot(caller)
@@ -385,7 +388,21 @@ async def get_chat_asset(request: web.Request) -> web.Response:
     return _file(name, content_type)
 
 
-def add_routes(router: web.UrlDispatcher) -> None:
+RUNS: web.AppKey[set[Watch]] = web.AppKey("subs_agui_runs")
+
+
+async def _end_runs(app: web.Application) -> None:
+    """The server is stopping: each open run ends now, with RUN_ERROR saying why."""
+    runs: set[Watch] = app[RUNS]
+    for watch in list(runs):
+        watch.end("the server is shutting down")
+
+
+def install(app: web.Application) -> None:
+    """The channel's routes, its chat page, and the hook that ends open runs at shutdown."""
+    app[RUNS] = set()
+    app.on_shutdown.append(_end_runs)
+    router = app.router
     router.add_post(PREFIX + "/run", post_run)
     router.add_post(PREFIX + "/connect", post_connect)
     router.add_get("/console/chat/assets/{name}", get_chat_asset)

@@ -94,7 +94,7 @@ def make_app(
     r.add_get("/api/admin/sessions", admin_sessions)
     r.add_get("/api/admin/sessions/{sid}/events", admin_events)
     r.add_get("/api/admin/dead-letters", admin_dead_letters)
-    agui.add_routes(r)  # the AG-UI channel and its chat page
+    agui.install(app)  # the AG-UI channel and its chat page
     r.add_get("/healthz", get_healthz)
     r.add_get("/metrics", get_metrics)
     return app
