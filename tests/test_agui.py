@@ -343,3 +343,44 @@ async def test_a_run_open_at_shutdown_ends_with_run_error(agui_engine, redis, ve
     assert events[0]["type"] == "RUN_STARTED" and events[-1]["type"] == "RUN_ERROR"
     assert "shutting down" in events[-1]["message"]
     assert types(events)[-2] == "TEXT_MESSAGE_END"  # what was open was closed first
+
+
+async def test_an_interrupt_ends_the_run_and_a_resume_entry_continues_the_turn(
+    agui_engine, agui_http, agui_worker, vendor
+):
+    async def decide(request: dict[str, Any]) -> Any:
+        if request["trigger"]["type"] == "client.messages":
+            ask = {"message": "Restart checkout?", "metadata": {"options": []}}
+            interrupt = {"type": "interrupt", "interrupt_id": "int-1", "reason": "approval"}
+            return {**request["proposed"], "actions": [{**interrupt, "payload": ask}]}
+        return request["proposed"]
+
+    agui_worker.decide = decide
+    vendor.push(Text("Restarted."))
+    view = [user("u1", "checkout is down")]
+    first = await run(agui_http, "planner", run_input("th-int", "run-1", view))
+    assert types(first) == ["RUN_STARTED", "RUN_FINISHED"]
+    assert first[-1]["outcome"] == {
+        "type": "interrupt",
+        "interrupts": [
+            {
+                "id": "int-1",
+                "reason": "approval",
+                "message": "Restart checkout?",
+                "metadata": {"options": []},
+            }
+        ],
+    }
+    resume = [{"interruptId": "int-1", "status": "resolved", "payload": {"ok": True}}]
+    second = await run(agui_http, "planner", run_input("th-int", "run-2", view, resume=resume))
+    assert squeeze(types(second)) == [
+        "RUN_STARTED",
+        "TEXT_MESSAGE_START",
+        "TEXT_MESSAGE_CONTENT",
+        "TEXT_MESSAGE_END",
+        "RUN_FINISHED",
+    ]
+    resumed = next(r for r in agui_worker.requests if r["trigger"]["type"] == "interrupt.resumed")
+    assert resumed["trigger"]["payload"] == {"status": "resolved", "payload": {"ok": True}}
+    events = await agui_engine.store.read_log("th-int")
+    assert len(payloads(events, "turn.started")) == 1
