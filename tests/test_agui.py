@@ -30,6 +30,9 @@ from tests.api_helpers import ALICE, BOB, ROOT, auth
 from tests.engine_helpers import payloads
 from tests.fakes.llm_vendor import HttpError, Text, ToolCalls
 
+TEXT = ["TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END"]
+TOOL_CALL = ["TOOL_CALL_START", "TOOL_CALL_ARGS", "TOOL_CALL_END"]
+
 
 async def session_path(engine, sid: str) -> list[dict[str, Any]]:
     state = await load_state(engine.store, sid)
@@ -42,9 +45,7 @@ async def test_a_text_reply_streams_in_order_under_the_stored_ids(agui_engine, a
     events = await run(agui_http, "chat", run_input("th-text", "run-1", [user("u1", "db?")]))
     assert squeeze(types(events)) == [
         "RUN_STARTED",
-        "TEXT_MESSAGE_START",
-        "TEXT_MESSAGE_CONTENT",
-        "TEXT_MESSAGE_END",
+        *TEXT,
         "RUN_FINISHED",
     ]
     started, finished = events[0], events[-1]
@@ -95,12 +96,8 @@ async def test_a_frontend_tool_ends_the_run_and_the_next_run_resumes_the_turn(
     first = await run(agui_http, "chat", body)
     assert squeeze(types(first)) == [
         "RUN_STARTED",
-        "TEXT_MESSAGE_START",
-        "TEXT_MESSAGE_CONTENT",
-        "TEXT_MESSAGE_END",
-        "TOOL_CALL_START",
-        "TOOL_CALL_ARGS",
-        "TOOL_CALL_END",
+        *TEXT,
+        *TOOL_CALL,
         "RUN_FINISHED",
     ]
     start = next(e for e in first if e["type"] == "TOOL_CALL_START")
@@ -129,9 +126,7 @@ async def test_a_frontend_tool_ends_the_run_and_the_next_run_resumes_the_turn(
     second = await run(agui_http, "chat", run_input("th-tool", "run-2", view, tools=[PICK]))
     assert squeeze(types(second)) == [
         "RUN_STARTED",
-        "TEXT_MESSAGE_START",
-        "TEXT_MESSAGE_CONTENT",
-        "TEXT_MESSAGE_END",
+        *TEXT,
         "RUN_FINISHED",
     ]
     assert second[-1]["runId"] == "run-2" and "outcome" not in second[-1]
@@ -152,13 +147,9 @@ async def test_a_subagent_tool_call_streams_its_result(agui_engine, agui_http, v
     events = await run(agui_http, "chat", run_input("th-sub", "run-1", [user("u1", "ask")]))
     assert squeeze(types(events)) == [
         "RUN_STARTED",
-        "TOOL_CALL_START",
-        "TOOL_CALL_ARGS",
-        "TOOL_CALL_END",
+        *TOOL_CALL,
         "TOOL_CALL_RESULT",
-        "TEXT_MESSAGE_START",
-        "TEXT_MESSAGE_CONTENT",
-        "TEXT_MESSAGE_END",
+        *TEXT,
         "RUN_FINISHED",
     ]
     path = await session_path(agui_engine, "th-sub")
@@ -181,16 +172,10 @@ async def test_a_worker_decided_turn_with_a_worker_tool(
     events = await run(agui_http, "planner", run_input("th-w", "run-1", [user("u1", "disk?")]))
     assert squeeze(types(events)) == [
         "RUN_STARTED",
-        "TEXT_MESSAGE_START",
-        "TEXT_MESSAGE_CONTENT",
-        "TEXT_MESSAGE_END",
-        "TOOL_CALL_START",
-        "TOOL_CALL_ARGS",
-        "TOOL_CALL_END",
+        *TEXT,
+        *TOOL_CALL,
         "TOOL_CALL_RESULT",
-        "TEXT_MESSAGE_START",
-        "TEXT_MESSAGE_CONTENT",
-        "TEXT_MESSAGE_END",
+        *TEXT,
         "RUN_FINISHED",
     ]
     result = next(e for e in events if e["type"] == "TOOL_CALL_RESULT")
@@ -215,9 +200,7 @@ async def test_reasoning_streams_before_the_text(agui_engine, agui_http, vendor)
         "REASONING_MESSAGE_CONTENT",
         "REASONING_MESSAGE_END",
         "REASONING_END",
-        "TEXT_MESSAGE_START",
-        "TEXT_MESSAGE_CONTENT",
-        "TEXT_MESSAGE_END",
+        *TEXT,
         "RUN_FINISHED",
     ]
     thought = "".join(e["delta"] for e in events if e["type"] == "REASONING_MESSAGE_CONTENT")
@@ -375,9 +358,7 @@ async def test_an_interrupt_ends_the_run_and_a_resume_entry_continues_the_turn(
     second = await run(agui_http, "planner", run_input("th-int", "run-2", view, resume=resume))
     assert squeeze(types(second)) == [
         "RUN_STARTED",
-        "TEXT_MESSAGE_START",
-        "TEXT_MESSAGE_CONTENT",
-        "TEXT_MESSAGE_END",
+        *TEXT,
         "RUN_FINISHED",
     ]
     resumed = next(r for r in agui_worker.requests if r["trigger"]["type"] == "interrupt.resumed")

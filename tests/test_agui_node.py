@@ -59,6 +59,28 @@ def node_modules(node_exe: str) -> Path:
     return modules
 
 
+CHAT = Path(__file__).resolve().parents[1] / "engine" / "console" / "chat"
+
+
+async def node(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        "node",
+        *args,
+        env={**os.environ, **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with asyncio.timeout(60):
+            out, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
 def comparable(message: dict[str, Any]) -> dict[str, Any]:
     """A message as both sides can spell it: no empty content, no unset field."""
     out = {k: v for k, v in message.items() if v not in (None, "", [])}
@@ -75,23 +97,10 @@ async def test_http_agent_runs_a_text_turn_a_frontend_tool_and_another_turn(
         Text("You are welcome."),
     )
     config = {"url": str(agui_http.base_url) + run_path("chat"), "key": ROOT, "threadId": "th-n"}
-    proc = await asyncio.create_subprocess_exec(
-        "node",
-        str(SCRIPT),
-        json.dumps(config),
-        env={**os.environ, "NODE_PATH": str(node_modules)},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    code, out, stderr = await node(
+        str(SCRIPT), json.dumps(config), env={"NODE_PATH": str(node_modules)}
     )
-    try:
-        async with asyncio.timeout(60):
-            out, err = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    stderr = err.decode()
-    assert proc.returncode == 0, stderr
+    assert code == 0, stderr
     assert "[ag-ui]" not in stderr and "warn" not in stderr.lower(), stderr
     seen = json.loads(out)
 
@@ -116,28 +125,6 @@ async def test_http_agent_runs_a_text_turn_a_frontend_tool_and_another_turn(
         "run-2",
         "run-4",
     ]
-
-
-CHAT = Path(__file__).resolve().parents[1] / "engine" / "console" / "chat"
-
-
-async def node(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        "node",
-        *args,
-        env={**os.environ, **(env or {})},
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        async with asyncio.timeout(60):
-            out, err = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 @pytest.mark.parametrize("name", ["chat.js", "agui.js"])
