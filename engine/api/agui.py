@@ -171,14 +171,15 @@ async def post_run(request: web.Request) -> web.StreamResponse:
     run = _run_input(await json_body(request))
     caller = api.take_stream_slot(request)
     try:
-        # Joined before anything is read or submitted: every event past `after` reaches it.
+        # Joined before anything is read or submitted: every event past the seq the
+        # session had when it was read (`joined`) reaches the watch.
         async with api.hub.watch(run.thread_id) as watch:
-            translator, after = await _begin(request, api, agent_id, run)
+            translator, after, joined = await _begin(request, api, agent_id, run)
             resp = web.StreamResponse(headers=SSE_HEADERS)
             await resp.prepare(request)
             request.app[RUNS].add(watch)
             try:
-                await _stream(api, resp, watch, translator, after)
+                await _stream(api, resp, watch, translator, after, joined)
                 await resp.write_eof()
             except (ConnectionError, TimeoutError):
                 pass  # the client went away or stopped reading; the turn goes on
@@ -191,14 +192,15 @@ async def post_run(request: web.Request) -> web.StreamResponse:
 
 async def _begin(
     request: web.Request, api: ApiState, agent_id: str, run: RunAgentInput
-) -> tuple[RunTranslator, int]:
+) -> tuple[RunTranslator, int, int]:
     """Apply the run's input: answers to interrupts, then either the tool results that
-    resume a waiting turn or the view that starts one. Returns the run's translator and
-    the seq its stream starts after. Raises an ApiError (no stream yet) when refused."""
+    resume a waiting turn or the view that starts one. Returns the run's translator, the
+    seq its stream starts after, and the seq the session had when the watch had joined.
+    Raises an ApiError (no stream yet) when refused."""
     sid = run.thread_id
     drafts = draft_messages(run)
     state = await _owned(request, api, sid, agent_id)
-    after = state.seq if state is not None else 0
+    after = joined = state.seq if state is not None else 0
     translator = RunTranslator(sid, run.run_id, None)
     if state is None and run.resume:
         raise ApiError(404, "unknown_session", f"thread {sid!r} has no interrupt to resume")
@@ -247,7 +249,7 @@ async def _begin(
         translator.turn_id = reply["turn_id"]
         if reply.get("existing"):
             after = await _turn_start(api, sid, reply["turn_id"])
-    return translator, after
+    return translator, after, joined
 
 
 async def _write(resp: web.StreamResponse, api: ApiState, frames: list[bytes]) -> None:
@@ -262,6 +264,7 @@ async def _stream(
     watch: Watch,
     translator: RunTranslator,
     after: int,
+    joined: int,
 ) -> None:
     """RUN_STARTED, the turn's events past `after` as AG-UI events, then its end: the
     turn's end, or the turn waiting for the client (its tools, an interrupt)."""
@@ -270,15 +273,16 @@ async def _stream(
     if translator.turn_id is None:
         await _write(resp, api, [sse(e) for e in translator.finished_idle()])
         return
-    # Catch-up: what the log already holds past `after` (a repeated run's turn).
-    cut = after
-    while not translator.done:
-        events = await api.store.read_log(sid, cut, count=api.limits.page)
+    # Catch-up: what the log held before the watch joined (a repeated run's turn); all
+    # later comes through the watch, token deltas with it.
+    seen = after
+    while seen < joined and not translator.done:
+        events = await api.store.read_log(sid, seen, count=min(api.limits.page, joined - seen))
         if not events:
             break
-        cut = events[-1]["seq"]
+        seen = events[-1]["seq"]
         await _write(resp, api, [sse(e) for e in translator.feed(events, [])])
-    seen = cut
+    seen = max(seen, joined)
     pause_at: int | None = None
     while not translator.done:
         if pause_at is None and (translator.open_client_calls or translator.interrupted):
