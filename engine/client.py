@@ -23,6 +23,7 @@ from engine.machine import (
     SessionState,
     input_to_json,
 )
+from engine.machine.turns import TURN_STARTS
 from engine.protocol import parse_client_input
 from engine.runtime.apply import new_id
 from engine.store.snapshots import load_state
@@ -92,8 +93,14 @@ class Client:
         """Send one ClientInput; returns `{session_id, turn_id, queued}` once committed.
 
         With `owner`, an existing session must belong to that subject (else 403).
+
+        An input that starts a turn gets its `turn_id` here when it has none: the write
+        to Redis may be sent twice (a connection lost after Redis applied it, retried by
+        redis-py), and the turn id is what makes the second one a no-op.
         """
         sid = session_id or new_id("ses")
+        if payload.get("type") in TURN_STARTS and not payload.get("turn_id"):
+            payload = {**payload, "turn_id": new_id("turn")}
         body = {"kind": "client", "input": payload, "identity": identity or {}, "owner": owner}
         return await self._request(sid, body, timeout)
 

@@ -13,17 +13,18 @@ import dataclasses
 import difflib
 import os
 import re
+import shutil
 import tomllib
 import types
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 from urllib.parse import urlsplit
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from engine.errors import SubsError
 from engine.machine import kinds
@@ -51,6 +52,7 @@ _LITERAL_IN_ENV = (
     "looks like a literal secret; put the secret in the environment and name the variable here"
 )
 _UINT32_MAX = 2**32 - 1
+_COMMAND_VAR = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")  # `${VAR}` in an MCP command line
 
 
 class ConfigError(SubsError):
@@ -120,6 +122,68 @@ class SlackBlock:
 
 
 @dataclass(frozen=True)
+class McpBlock:
+    """One `[mcp.<id>]` connection: a streamable HTTP server (`url`) or a local one the
+    engine starts over stdio (`command`). Secrets stay in the environment: `token_env`
+    names the bearer token's variable, `env_from` the variables passed to a child."""
+
+    id: str
+    url: str | None
+    command: tuple[str, ...] | None
+    token_env: str | None  # url only: sent as `<header>: Bearer <value>` (raw if header set)
+    header: str | None  # url only: the header the token goes in; None: Authorization
+    prefix_tools: bool  # the model sees `<id>__<tool>`; False: the server's own names
+    env: tuple[tuple[str, str], ...]  # command only: added to the child's environment
+    env_from: tuple[str, ...]  # command only: variables copied from the engine's environment
+    cwd: (
+        str | None
+    )  # command only: the child's working directory (default and relative: the file's)
+
+    @property
+    def path(self) -> str:
+        return f"mcp.{self.id}"
+
+    def command_vars(self) -> list[str]:
+        """The variables the command line and cwd name as `${VAR}` (expanded at start)."""
+        parts = (*(self.command or ()), self.cwd or "")
+        return [m for part in parts for m in _COMMAND_VAR.findall(part)]
+
+    def off_reason(self, env: Mapping[str, str], base_dir: str) -> str | None:
+        """Why this stdio server cannot start here at all (its program is not installed,
+        a variable its command names is unset), or None. Such a connection is off: its
+        syncs fail at once and its agents run without its tools."""
+        if not self.command:
+            return None
+        unset = [v for v in dict.fromkeys(self.command_vars()) if not env.get(v)]
+        if unset:
+            return f"its command names {', '.join(unset)}, which is not set"
+        program, cwd = self.argv(env)[0], self.workdir(env, base_dir)
+        if not os.path.isdir(cwd):
+            return f"its cwd {cwd!r} is not a folder"
+        if os.sep in program:
+            if os.access(os.path.join(cwd, program), os.X_OK):
+                return None
+            return f"{program!r} is not an executable file"
+        # The child's PATH: the block's own `env`, else what the SDK passes on (ours).
+        path = dict(self.env).get("PATH") or os.environ.get("PATH") or os.defpath
+        if shutil.which(program, path=path):
+            return None
+        return f"{program!r} is not installed (not found on PATH)"
+
+    def argv(self, env: Mapping[str, str]) -> list[str]:
+        """The command line with each `${VAR}` replaced by its value (unset: empty)."""
+        return [_expand(a, env) for a in self.command or ()]
+
+    def workdir(self, env: Mapping[str, str], base_dir: str) -> str:
+        """Where the child runs: `cwd` expanded, relative to the project file's folder."""
+        return os.path.join(base_dir, _expand(self.cwd or "", env))
+
+
+def _expand(text: str, env: Mapping[str, str]) -> str:
+    return _COMMAND_VAR.sub(lambda m: env.get(m.group(1), ""), text)
+
+
+@dataclass(frozen=True)
 class MissingEnv:
     var: str
     needed_by: str  # agent id(s) or "llm.<id>", comma-joined when several
@@ -141,6 +205,8 @@ class AgentDecl:
     signing_secret_env: str | None
     retry: dict | None
     slack: SlackBlock | None
+    mcp: tuple[dict, ...] = ()  # wire McpServer entries: {id: "mcp.<id>", tools?, auth_failure?}
+    subagent_modes: dict[str, str] = field(default_factory=dict)  # child -> SubagentMode
 
     def wire_config(self, project: Project) -> dict | None:
         """The protocol AgentConfig for this agent; None when its worker supplies it.
@@ -158,9 +224,12 @@ class AgentDecl:
         if self.subagents:
             out["subagents"] = [
                 {"id": child, "description": project.agents[child].description or ""}
+                | ({"mode": self.subagent_modes[child]} if child in self.subagent_modes else {})
                 for child in self.subagents
             ]
         out["max_subagent_depth"] = self.max_subagent_depth
+        if self.mcp:
+            out["mcp"] = copy.deepcopy(list(self.mcp))
         if self.retry is not None:
             out["retry"] = copy.deepcopy(self.retry)
         return out
@@ -175,6 +244,7 @@ class Project:
     llm: dict[str, LlmBlock]
     agents: dict[str, AgentDecl]
     store: StoreConfig = StoreConfig()
+    mcp: dict[str, McpBlock] = dataclasses.field(default_factory=dict)
 
     def missing_env(self, env: Mapping[str, str]) -> list[MissingEnv]:
         """Environment variables the project needs that are unset or empty."""
@@ -197,6 +267,12 @@ class Project:
         for agent in self.agents.values():
             if agent.signing_secret_env:
                 need(agent.signing_secret_env, agent.id, "signs requests to the agent's worker")
+            for ref in agent.mcp:
+                conn = self.mcp[ref["id"].removeprefix("mcp.")]
+                if conn.token_env:
+                    need(conn.token_env, agent.id, f"bearer token for {conn.path}")
+                for var in conn.env_from:
+                    need(var, agent.id, f"passed to {conn.path}'s server (env_from)")
             if agent.slack is None:
                 continue
             suffix = slack_env_suffix(agent.id)
@@ -326,11 +402,24 @@ class _RetryOverride(_Model):
     backoff_max_secs: UInt32 | None = None
 
 
+class _Subagent(_Model):
+    """`{ id = "agent.<id>", mode = ... }`: a subagent whose calls' mode is set (SPEC §9)."""
+
+    id: str
+    mode: Literal["blocking", "detached", "any"] | None = None
+
+
+def _subagent_ref(value: Any) -> Any:
+    """`"agent.<id>"` is short for `{ id = "agent.<id>" }`."""
+    return {"id": value} if isinstance(value, str) else value
+
+
 class _Retry(_Model):
     default: _RetryOverride | None = None
     llm: _RetryOverride | None = None
     tool: _RetryOverride | None = None
     subagent: _RetryOverride | None = None
+    connector: _RetryOverride | None = None  # fetching a connection's tool list
 
 
 class _Slack(_Model):
@@ -341,6 +430,32 @@ class _Slack(_Model):
     stream: Literal["edit", "native"] = "edit"
 
 
+class _Mcp(_Model):
+    url: HttpUrl | None = None
+    command: Annotated[list[NonEmpty], Field(min_length=1)] | None = None
+    auth: Literal["token", "none"] | None = None
+    token_env: EnvName | None = None
+    header: NonEmpty | None = None
+    prefix_tools: bool = True
+    env: dict[str, str] = Field(default_factory=dict)
+    env_from: list[EnvName] = Field(default_factory=list)
+    cwd: NonEmpty | None = None
+
+
+class _McpTools(_Model):
+    include: list[NonEmpty] | None = None
+    exclude: list[NonEmpty] | None = None
+    read_only: bool | None = None
+    non_destructive: bool | None = None
+    idempotent: bool | None = None
+
+
+class _McpRef(_Model):
+    id: NonEmpty
+    tools: _McpTools | None = None
+    auth_failure: Literal["interrupt", "degrade"] | None = None
+
+
 class _Agent(_Model):
     llm: NonEmpty | None = None
     model: NonEmpty | None = None
@@ -348,12 +463,15 @@ class _Agent(_Model):
     effort: Literal["xhigh", "high", "medium", "low", "minimal", "none"] | None = None
     description: str | None = None
     tools: list[_Tool] = Field(default_factory=list)
-    subagents: list[str] = Field(default_factory=list)
+    subagents: list[Annotated[_Subagent, BeforeValidator(_subagent_ref)]] = Field(
+        default_factory=list
+    )
     max_subagent_depth: UInt32 | None = None  # None: the file's top-level value
     worker: HttpUrl | None = None
     signing_secret_env: EnvName | None = None
     retry: _Retry | None = None
     slack: _Slack | None = None
+    mcp: list[NonEmpty | _McpRef] = Field(default_factory=list)
 
 
 class _Root(_Model):
@@ -364,6 +482,7 @@ class _Root(_Model):
     store: _Store = Field(default_factory=_Store)
     llm: dict[str, _Llm] = Field(default_factory=dict)
     agent: dict[str, _Agent] = Field(default_factory=dict)
+    mcp: dict[str, _Mcp] = Field(default_factory=dict)
 
 
 # Setting any of these makes the file, not the worker, the source of the model config.
@@ -376,6 +495,7 @@ _MODEL_KEYS = (
     "subagents",
     "max_subagent_depth",
     "retry",
+    "mcp",
 )
 
 
@@ -481,9 +601,22 @@ def _secret_hint(path: tuple[str | int, ...], data: dict) -> str:
     return "put it in the environment"
 
 
+# How pydantic names the branches of a union in an error's location (`mcp = ["mcp.x",
+# {id = ...}]`): not keys of the file.
+_UNION_TAG = re.compile(r"constrained-str|str|_[A-Z][A-Za-z]*")
+
+
 def _from_pydantic(file: str, error: ValidationError) -> ConfigError:
-    first = error.errors()[0]
-    loc = tuple(first["loc"])
+    """The first error, read as the file's key path. Where a value may be a string or a
+    table, the branch of what was written speaks (not "expected a string" for a table)."""
+    errors = error.errors()
+    first = errors[0]
+    tagged = [
+        e for e in errors if any(isinstance(p, str) and _UNION_TAG.fullmatch(p) for p in e["loc"])
+    ]
+    if tagged:
+        first = next((e for e in tagged if not e["type"].endswith("_type")), tagged[0])
+    loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and _UNION_TAG.fullmatch(p)))
     return ConfigError(file, _dotted(loc), _human(first, loc))
 
 
@@ -538,9 +671,11 @@ def _human(err: Any, loc: tuple[str | int, ...]) -> str:
 
 
 def _unwrap(annotation: Any) -> Any:
-    """Strip `X | None` down to X."""
+    """Strip `X | None` down to X (and `str | Table` to the table)."""
     while get_origin(annotation) in (Union, types.UnionType):
-        annotation = next(a for a in get_args(annotation) if a is not type(None))
+        options = [a for a in get_args(annotation) if a is not type(None)]
+        tables = [a for a in options if isinstance(a, type) and issubclass(a, BaseModel)]
+        annotation = (tables or options)[0]  # `str | table`: a key path runs into the table
     return annotation
 
 
@@ -570,8 +705,62 @@ def _check(root: _Root, file: str) -> None:
                     )
         elif block.format is not None:
             raise ConfigError(file, f"llm.{lid}.format", 'only allowed with type = "worker"')
+    for mid, conn in root.mcp.items():
+        _check_mcp(file, mid, conn)
     for aid, agent in root.agent.items():
         _check_agent(root, file, aid, agent)
+
+
+_URL_ONLY = ("auth", "token_env", "header")
+_COMMAND_ONLY = ("env", "env_from", "cwd")
+
+
+def _check_mcp(file: str, mid: str, block: _Mcp) -> None:
+    at = f"mcp.{mid}"
+    if not _AGENT_ID.fullmatch(mid):
+        raise ConfigError(file, at, "a connection id may use only letters, digits, '_' and '-'")
+    if (block.url is None) == (block.command is None):
+        raise ConfigError(
+            file,
+            at,
+            "set exactly one of url (a streamable HTTP server) or command "
+            "(a local server the engine starts over stdio)",
+        )
+    wrong = _COMMAND_ONLY if block.url is not None else _URL_ONLY
+    for key in wrong:
+        if key in block.model_fields_set:
+            other = "command" if block.url is not None else "url"
+            raise ConfigError(file, f"{at}.{key}", f"only allowed with {other}")
+    if block.auth == "none" and (block.token_env or block.header):
+        key = "token_env" if block.token_env else "header"
+        raise ConfigError(file, f"{at}.{key}", 'not allowed with auth = "none"')
+    if block.auth == "token" and block.token_env is None:
+        raise ConfigError(
+            file, f"{at}.token_env", 'required with auth = "token": name the token\'s variable'
+        )
+    if block.header is not None and block.token_env is None:
+        raise ConfigError(file, f"{at}.header", "needs token_env: the header carries the token")
+    for name in block.env:
+        if not _ENV_NAME.fullmatch(name):
+            raise ConfigError(file, f"{at}.env.{name}", "must be an environment variable name")
+
+
+def _mcp_refs(root: _Root, file: str, at: str, agent: _Agent) -> list[dict[str, Any]]:
+    """The agent's connections as wire McpServer entries, ids in the path form."""
+    refs: list[dict[str, Any]] = []
+    for i, ref in enumerate(agent.mcp):
+        key = f"{at}.mcp.{i}"
+        entry = _McpRef(id=ref) if isinstance(ref, str) else ref
+        mid = entry.id.removeprefix("mcp.")
+        if mid not in root.mcp:
+            declared = ", ".join(f"mcp.{m}" for m in root.mcp) or "none"
+            raise ConfigError(file, key, f"no [mcp.{mid}] block; declared: {declared}")
+        if any(r["id"] == f"mcp.{mid}" for r in refs):
+            raise ConfigError(file, key, f"mcp.{mid} is listed twice")
+        out = entry.model_dump(exclude_none=True)
+        out["id"] = f"mcp.{mid}"
+        refs.append(out)
+    return refs
 
 
 def _check_agent(root: _Root, file: str, aid: str, agent: _Agent) -> None:
@@ -599,8 +788,9 @@ def _check_agent(root: _Root, file: str, aid: str, agent: _Agent) -> None:
             "or worker to have a worker return its config",
         )
     children: list[str] = []
-    for i, ref in enumerate(agent.subagents):
+    for i, entry in enumerate(agent.subagents):
         key = f"{at}.subagents.{i}"
+        ref = entry.id
         child = ref.removeprefix("agent.")
         if child == ref or not child:
             raise ConfigError(file, key, f'must be "agent.<id>", got {ref!r}')
@@ -631,6 +821,7 @@ def _check_agent(root: _Root, file: str, aid: str, agent: _Agent) -> None:
                 'a worker tool needs the agent to have a worker; set handler = "client" '
                 "or set worker",
             )
+    _mcp_refs(root, file, at, agent)
     if agent.slack is not None and agent.slack.name is None and len(aid) > 35:
         raise ConfigError(
             file,
@@ -659,13 +850,15 @@ def _build(root: _Root, path: str) -> Project:
             effort=a.effort,
             description=a.description,
             tools=tuple(t.model_dump(exclude_none=True) for t in a.tools),
-            subagents=tuple(ref.removeprefix("agent.") for ref in a.subagents),
+            subagents=tuple(e.id.removeprefix("agent.") for e in a.subagents),
             max_subagent_depth=root.max_subagent_depth
             if a.max_subagent_depth is None
             else a.max_subagent_depth,
             worker=a.worker,
             signing_secret_env=a.signing_secret_env,
             retry=None if a.retry is None else a.retry.model_dump(exclude_none=True),
+            mcp=tuple(_mcp_refs(root, path, f"agent.{aid}", a)),
+            subagent_modes={e.id.removeprefix("agent."): e.mode for e in a.subagents if e.mode},
             slack=None
             if a.slack is None
             else SlackBlock(
@@ -695,6 +888,20 @@ def _build(root: _Root, path: str) -> Project:
             wait_replicas=root.store.wait_replicas,
             wait_timeout_ms=root.store.wait_timeout_ms,
         ),
+        mcp={
+            mid: McpBlock(
+                id=mid,
+                url=b.url,
+                command=None if b.command is None else tuple(b.command),
+                token_env=b.token_env,
+                header=b.header,
+                prefix_tools=b.prefix_tools,
+                env=tuple(b.env.items()),
+                env_from=tuple(b.env_from),
+                cwd=b.cwd,
+            )
+            for mid, b in root.mcp.items()
+        },
     )
 
 

@@ -77,11 +77,18 @@ class World:
 
 @asynccontextmanager
 async def serve_bots(
-    redis, vendor: FakeVendor, project: Project, agent: str, *, socket: bool = False
+    redis,
+    vendor: FakeVendor,
+    project: Project,
+    agent: str,
+    *,
+    socket: bool = False,
+    engine_env: dict[str, str] | None = None,
 ) -> AsyncIterator[World]:
-    """The engine, a FakeSlack and the bots of `project` (only `agent` has a Slack block),
-    over HTTP or, with `socket`, over Socket Mode."""
-    engine = Engine(project, redis, env=ENV, lease_ms=3000)
+    """The engine (its environment: `engine_env`, default the suite's vendor keys), a
+    FakeSlack and the bots of `project` (only `agent` has a Slack block), over HTTP or,
+    with `socket`, over Socket Mode."""
+    engine = Engine(project, redis, env=ENV if engine_env is None else engine_env, lease_ms=3000)
     await engine.start()
     suffix = slack_env_suffix(agent)
     async with FakeSlack() as fake:

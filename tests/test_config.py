@@ -184,6 +184,18 @@ BROKEN = [
         "its own subagent",
     ),
     (
+        "subagent mode",
+        OK + 'subagents = [{ id = "agent.oncall", mode = "sideways" }]\n',
+        "agent.oncall.subagents.0.mode",
+        "must be one of 'blocking', 'detached' or 'any'",
+    ),
+    (
+        "subagent key",
+        OK + 'subagents = [{ id = "agent.oncall", mod = "any" }]\n',
+        "agent.oncall.subagents.0.mod",
+        "unknown key (did you mean mode?)",
+    ),
+    (
         "duplicate tool",
         OK + 'tools = [{ name = "a", handler = "client" }, { name = "a", handler = "client" }]\n',
         "agent.oncall.tools.1.name",
@@ -344,6 +356,94 @@ BROKEN = [
         OK + 'modle = "x"\n[agent.oncall.slack]\ntoken = "t"\n',
         "agent.oncall.slack.token",
         "SLACK_BOT_TOKEN_ONCALL",
+    ),
+    # [mcp.<id>] connections and the agents that name them
+    (
+        "mcp typo",
+        '[mcp.c]\ncommand = ["x"]\ncomand = ["y"]\n',
+        "mcp.c.comand",
+        "did you mean command?",
+    ),
+    ("mcp both", '[mcp.c]\ncommand = ["x"]\nurl = "http://h/mcp"\n', "mcp.c", "exactly one of url"),
+    ("mcp neither", "[mcp.c]\nprefix_tools = false\n", "mcp.c", "exactly one of url"),
+    ("mcp empty command", "[mcp.c]\ncommand = []\n", "mcp.c.command", "at least 1"),
+    (
+        "mcp env with url",
+        '[mcp.c]\nurl = "http://h/mcp"\nenv = { A = "1" }\n',
+        "mcp.c.env",
+        "only allowed with command",
+    ),
+    (
+        "mcp token with command",
+        '[mcp.c]\ncommand = ["x"]\ntoken_env = "T"\n',
+        "mcp.c.token_env",
+        "only allowed with url",
+    ),
+    (
+        "mcp literal token",
+        '[mcp.c]\nurl = "http://h/mcp"\ntoken = "abc"\n',
+        "mcp.c.token",
+        "literal secrets",
+    ),
+    (
+        "mcp secret in env",
+        '[mcp.c]\ncommand = ["x"]\nenv = { GITHUB_TOKEN = "ghp_x" }\n',
+        "mcp.c.env.GITHUB_TOKEN",
+        "literal secrets",
+    ),
+    (
+        "mcp header without token",
+        '[mcp.c]\nurl = "http://h/mcp"\nheader = "X-Key"\n',
+        "mcp.c.header",
+        "needs token_env",
+    ),
+    (
+        "mcp token auth without env",
+        '[mcp.c]\nurl = "http://h/mcp"\nauth = "token"\n',
+        "mcp.c.token_env",
+        "required",
+    ),
+    (
+        "mcp oauth",
+        '[mcp.c]\nurl = "http://h/mcp"\nauth = "oauth"\n',
+        "mcp.c.auth",
+        "must be one of",
+    ),
+    (
+        "mcp bad env_from",
+        '[mcp.c]\ncommand = ["x"]\nenv_from = ["lower"]\n',
+        "mcp.c.env_from.0",
+        "environment variable name",
+    ),
+    (
+        "agent names no block",
+        OK + 'mcp = ["mcp.nope"]\n',
+        "agent.oncall.mcp.0",
+        "no [mcp.nope] block",
+    ),
+    (
+        "agent mcp typo",
+        OK + 'mcp = [{ id = "mcp.c", tool = {} }]\n[mcp.c]\ncommand = ["x"]\n',
+        "agent.oncall.mcp.0.tool",
+        "did you mean tools?",
+    ),
+    (
+        "agent mcp filter typo",
+        OK + 'mcp = [{ id = "mcp.c", tools = { includ = ["a"] } }]\n[mcp.c]\ncommand = ["x"]\n',
+        "agent.oncall.mcp.0.tools.includ",
+        "did you mean include?",
+    ),
+    (
+        "agent mcp twice",
+        OK + 'mcp = ["mcp.c", "c"]\n[mcp.c]\ncommand = ["x"]\n',
+        "agent.oncall.mcp.1",
+        "listed twice",
+    ),
+    (
+        "agent auth_failure",
+        OK + 'mcp = [{ id = "mcp.c", auth_failure = "ask" }]\n[mcp.c]\ncommand = ["x"]\n',
+        "agent.oncall.mcp.0.auth_failure",
+        "must be one of",
     ),
 ]
 
@@ -595,3 +695,54 @@ def test_max_subagent_depth_defaults_from_the_top_level(tmp_path):
     assert project.agents["a"].max_subagent_depth == 2
     assert project.agents["b"].max_subagent_depth == 0
     assert project.agents["b"].wire_config(project)["max_subagent_depth"] == 0
+
+
+def test_mcp_connections_their_agents_and_what_check_lists(tmp_path: Path):
+    text = OK + (
+        'mcp = ["mcp.clock", { id = "mcp.tickets", tools = { read_only = true }, '
+        'auth_failure = "degrade" }]\n'
+        '[mcp.clock]\ncommand = ["clock-server", "--tz", "${CLOCK_TZ}"]\nenv = { A = "1" }\n'
+        'env_from = ["CLOCK_KEY"]\ncwd = "ops"\n'
+        '[mcp.tickets]\nurl = "https://t.example/mcp"\ntoken_env = "TICKETS_TOKEN"\n'
+        'header = "X-Api-Key"\nprefix_tools = false\n'
+    )
+    project = load(tmp_path, text, {"OPENROUTER_API_KEY": "k"})
+    clock, tickets = project.mcp["clock"], project.mcp["tickets"]
+    assert clock.command == ("clock-server", "--tz", "${CLOCK_TZ}") and clock.url is None
+    assert clock.argv({"CLOCK_TZ": "UTC"}) == ["clock-server", "--tz", "UTC"]
+    assert clock.workdir({}, "/srv/p") == "/srv/p/ops"
+    assert (tickets.header, tickets.prefix_tools) == ("X-Api-Key", False)
+    wire = project.agents["oncall"].wire_config(project)
+    assert wire is not None and wire["mcp"] == [
+        {"id": "mcp.clock"},
+        {"id": "mcp.tickets", "tools": {"read_only": True}, "auth_failure": "degrade"},
+    ]
+    AGENT_CONFIG.validate(wire)  # no url, command or token on the wire
+    assert [(m.var, m.needed_by) for m in project.missing_env({"OPENROUTER_API_KEY": "k"})] == [
+        ("CLOCK_KEY", "oncall"),
+        ("TICKETS_TOKEN", "oncall"),
+    ]
+    assert clock.off_reason({}, str(tmp_path)) == "its command names CLOCK_TZ, which is not set"
+    (tmp_path / "ops").mkdir()
+    assert clock.off_reason({"CLOCK_TZ": "UTC"}, str(tmp_path)) == (
+        "'clock-server' is not installed (not found on PATH)"
+    )
+    assert tickets.off_reason({}, str(tmp_path)) is None
+
+
+def test_a_subagent_entry_may_set_the_mode_its_calls_use(tmp_path: Path):
+    text = OK + (
+        'subagents = ["agent.a", { id = "agent.b", mode = "detached" }, { id = "agent.c" }]\n'
+        '[agent.a]\nllm = "openrouter"\nmodel = "r"\n'
+        '[agent.b]\nllm = "openrouter"\nmodel = "r"\n'
+        '[agent.c]\nllm = "openrouter"\nmodel = "r"\n'
+    )
+    project = load(tmp_path, text)
+    wire = project.agents["oncall"].wire_config(project)
+    assert wire is not None
+    assert wire["subagents"] == [
+        {"id": "a", "description": ""},
+        {"id": "b", "description": "", "mode": "detached"},
+        {"id": "c", "description": ""},
+    ]
+    AGENT_CONFIG.validate(wire)

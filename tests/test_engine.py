@@ -221,3 +221,30 @@ async def test_a_task_that_loses_a_cancel_is_cancelled_again() -> None:
     await waiting.wait()
     await cancel_and_wait([task], patience=None)
     assert task.cancelled() and swallowed == [True]
+
+
+async def test_a_submit_written_twice_to_redis_runs_one_turn(engine, vendor, monkeypatch):
+    """redis-py sends a command again after a connection lost on the way back: the work
+    entry can land twice. The turn id the client mints makes the second one a no-op."""
+    vendor.push(Text("Once."), Text("Never."))
+    store = engine.store
+    written = store.enqueue
+
+    async def twice(session_id, inp, reply_to):
+        await written(session_id, inp, reply_to)
+        return await written(session_id, inp, reply_to)
+
+    monkeypatch.setattr(store, "enqueue", twice)
+    client = Client(store)
+    reply = await client.submit(say("ops_openai", "hello", queue=True))  # as Slack sends
+    assert reply["turn_id"].startswith("turn_")
+    sid = reply["session_id"]
+    await wait_for_event(client, sid, turn_ended(reply["turn_id"]))
+    monkeypatch.undo()
+    follow = await client.submit(say("ops_openai", "and now?"), session_id=sid)
+    await wait_for_event(client, sid, turn_ended(follow["turn_id"]))
+    events = await assert_consistent(store, sid)
+    started = [e["turn_id"] for e in events if e["payload"]["type"] == "turn.started"]
+    assert started == [reply["turn_id"], follow["turn_id"]]
+    users = [p["message"]["content"] for p in payloads(events, "message.new")]
+    assert users.count("hello") == 1

@@ -233,8 +233,8 @@ def test_async_tool_deadline_ends_the_call(w):
         ({"actions": [{"type": "tool.result", "id": "nope", "result": 1}]}, "not open"),
         ({"actions": [{"type": "llm.result", "response": {"model": "m"}}]}, "must name the call"),
         (
-            {"actions": [{"type": "connector.sync", "path": "conn-1"}]},
-            "not supported",
+            {"actions": [{"type": "connector.sync", "path": "mcp.conn-1"}]},
+            "the agent names no connection 'mcp.conn-1'",
         ),
     ],
 )
@@ -481,7 +481,7 @@ def test_failing_the_parents_turn_stops_its_running_child(w):
 
 
 def test_a_subagent_past_its_total_timeout_is_a_tool_error_and_its_child_stops(w):
-    from engine.machine import ChildCancelled
+    from engine.machine import ChildCancelled, SubagentStarted
 
     w.agent["subagents"] = [{"id": "helper", "description": "helps"}]
     w.agent["retry"] = {"subagent": {"total_timeout_secs": 60}}
@@ -491,7 +491,9 @@ def test_a_subagent_past_its_total_timeout_is_a_tool_error_and_its_child_stops(w
     w.apply(
         LlmCallSettled(llm.call_id, 1, response=tool_reply(("c1", "helper", '{"message":"go"}')))
     )
-    t = w.answer()
+    w.answer()
+    # Once the child's turn has started, only the call's total timeout is left.
+    t = w.apply(SubagentStarted("s1~c1", "c1"))
     (timer,) = [e for e in effects(t, StartTimer) if e.input == CallDeadline("c1", 1)]
     assert timer.due == w.state.calls["c1"].started_at + 60_000
     t = w.apply(timer.input)

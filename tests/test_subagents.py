@@ -258,3 +258,80 @@ async def test_sigkill_between_the_spawn_and_the_childs_first_step(
         f"sub~{parent}~{call_id}"
     ]
     assert sum(system_of(r.body) == "You help." for r in vendor.requests) == 1
+
+
+async def test_a_detached_child_runs_on_its_own_and_a_wait_call_collects_its_answer(
+    redis, vendor, tmp_path: Path
+):
+    """SPEC §9 spawn modes: the model starts the helper detached (answered once the child's
+    turn has started), then waits for it; the child's end is recorded on the parent's log
+    and starts no parent turn of its own."""
+    parent = "lead-detached"
+    child = f"{parent}~c1"
+
+    def model(body: dict):
+        if system_of(body) == "You help.":
+            return Text("found it", chunk_delay=0.05, chunks=3)
+        last = body["messages"][-1]
+        if last["role"] == "user":
+            return ToolCalls([("helper", {"message": "look", "mode": "detached"})], ids=["c1"])
+        answer = json.loads(last["content"])
+        if answer.get("status") == "started":
+            return ToolCalls(
+                [("helper", {"session": answer["session"], "mode": "wait"})], ids=["w1"]
+            )
+        return Text(f"the helper says: {answer['result']}")
+
+    vendor.responder = model
+    text = textwrap.dedent(
+        f"""\
+        [llm.openai]
+        type = "openai"
+        base_url = "{vendor.url}/v1"
+
+        [agent.lead]
+        llm = "openai"
+        model = "m"
+        system = "You lead."
+        subagents = [{{ id = "agent.helper", mode = "detached" }}]
+
+        [agent.helper]
+        llm = "openai"
+        model = "m"
+        system = "You help."
+        """
+    )
+    project = parse_project(text, str(tmp_path / "subs.toml"), env={})
+    engine = Engine(project, redis, env=ENV, lease_ms=3000)
+    await engine.start()
+    try:
+        client = Client(engine.store)
+        message = {"role": "user", "content": "go"}
+        reply = await client.submit(
+            {"type": "client.message", "agent_id": "lead", "message": message}, session_id=parent
+        )
+        end = await wait_for_event(client, parent, turn_ended(reply["turn_id"]), timeout=30)
+        assert end["payload"]["type"] == "turn.completed"
+        events = await assert_consistent(engine.store, parent)
+        child_events = await assert_consistent(engine.store, child)
+    finally:
+        await engine.stop()
+    (requested,) = payloads(events, "subagent.requested")
+    assert requested["mode"] == "detached" and requested["id"] == child
+    results = [
+        json.loads(m["content"][0]["text"])
+        for m in [p["result"] for p in payloads(events, "tool.call.completed")]
+    ]
+    assert results == [
+        {"session": child, "status": "started"},
+        {"session": child, "result": "found it"},
+    ]
+    (ended,) = payloads(events, "subagent.completed")
+    assert ended["detached"] and ended["result"] == "found it" and ended["tool_call_id"] == "c1"
+    assert len(payloads(events, "turn.started")) == 1  # the child's end started no turn
+    final = [p for p in payloads(events, "message.new") if p["message"]["role"] == "assistant"]
+    assert final[-1]["message"]["content"] == "the helper says: found it"
+    assert [p["turn_id"] for p in payloads(child_events, "turn.started")] == [f"sub~{parent}~c1"]
+    # The parent's model was offered the choice its config leaves: detached or wait.
+    offered = vendor.requests[0].body["tools"][0]["function"]["parameters"]
+    assert offered["properties"]["mode"]["enum"] == ["detached", "wait"]

@@ -40,6 +40,14 @@ _IGNORED = frozenset(
         ev.INPUT_REJECTED,  # the turn.failed that follows says why
         ev.LLM_CALL_DISPATCHED,
         ev.TOOL_CALL_WAITING,
+        # An agent's MCP tool lists, fetched before its first decision: a refused
+        # credential shows as the interrupt that follows.
+        ev.DECISION_HELD,
+        ev.DECISION_RELEASED,
+        ev.CONNECTOR_SYNC_REQUESTED,
+        ev.CONNECTOR_SYNC_DISPATCHED,
+        ev.CONNECTOR_SYNCED,
+        ev.CONNECTOR_SYNC_ERRORED,
     }
 )
 

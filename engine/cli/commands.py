@@ -470,12 +470,18 @@ async def _serve(args: argparse.Namespace) -> int:
         where = redact_url(configured) if configured else "embedded redis under .subs/"
         missing = ", ".join(m.var for m in project.missing_env(os.environ)) or "none"
         slack = ", ".join(bots.describe()) or "none"
+        off = connectors_off(project)
+        mcp = ", ".join(
+            f"{p} (off)" if p in off else p for p in (b.path for b in project.mcp.values())
+        )
         print(
             f"subs: engine {engine.owner} on {where}; api {api}; "
-            f"agents: {deciders}; slack: {slack}; missing env: {missing}",
+            f"agents: {deciders}; slack: {slack}; mcp: {mcp or 'none'}; missing env: {missing}",
             file=sys.stderr,
             flush=True,
         )
+        for path, why in off.items():
+            print(f"subs: {path} is off: {why}; its agents run without its tools", file=sys.stderr)
         warning = bind_warning(host, keys)
         if warning:
             print(f"subs: {warning}", file=sys.stderr, flush=True)
@@ -488,6 +494,7 @@ def _check(args: argparse.Namespace) -> int:
     """Exit 1 when the file is wrong or an environment variable it needs is missing."""
     project = _load(args)
     missing = project.missing_env(os.environ)
+    off = connectors_off(project)
     if sys.stdout.isatty():
         agents = ", ".join(
             f"{a.id} ({'worker' if a.worker else 'engine'})" for a in project.agents.values()
@@ -495,10 +502,21 @@ def _check(args: argparse.Namespace) -> int:
         print(f"{project.path}: ok; agents: {agents or 'none'}")
         for m in missing:
             print(f"missing {m.var}: needed by {m.needed_by} ({m.why})")
+        for path, why in off.items():
+            print(f"{path} is off: {why}; its agents run without its tools")
     else:
         for m in missing:
             print(json.dumps({"missing": m.var, "needed_by": m.needed_by, "why": m.why}))
+        for path, why in off.items():
+            print(json.dumps({"off": path, "why": why}))
     return 1 if missing else 0
+
+
+def connectors_off(project: Project) -> dict[str, str]:
+    """The MCP connections that cannot start here, and why (README "MCP")."""
+    base = os.path.dirname(project.path)
+    reasons = {b.path: b.off_reason(os.environ, base) for b in project.mcp.values()}
+    return {path: why for path, why in reasons.items() if why is not None}
 
 
 def _manifest(args: argparse.Namespace) -> int:

@@ -24,6 +24,7 @@ _STEPS = {
     ev.TOOL_CALL_DISPATCHED: "tool {name}",
     ev.DECISION_DISPATCHED: "worker decision",
     ev.SESSION_INTERRUPTED: "paused",
+    ev.CONNECTOR_SYNC_DISPATCHED: "loading MCP tools",
 }
 
 
@@ -124,6 +125,9 @@ class Printer:
             self.line(f"✗ {p['error']['message']}", "31")
         elif kind in (ev.LLM_CALL_ERRORED, ev.DECISION_ERRORED) and not p.get("final"):
             self.line(f"… retrying: {p['error']['message']}", "33")
+        elif kind == ev.CONNECTOR_SYNC_ERRORED:  # final: the turn goes on without its tools
+            final = p.get("final")
+            self.line(f"{'✗' if final else '… retrying:'} {p['error']['message']}", "33")
 
 
 @dataclass

@@ -109,8 +109,12 @@ class EffectRunner:
         self.http: aiohttp.ClientSession = new_session()
         self.prompts = EncodedMessages()
         self.checked = CheckedMessages()
+        from engine.effects.mcp.runners import Connectors  # it imports this module
+
+        self.connectors = Connectors(self.project, self.env)
 
     async def aclose(self) -> None:
+        await self.connectors.aclose()
         await self.http.close()
 
     def now_ms(self) -> int:
@@ -358,3 +362,4 @@ register(RunDecision, EffectRunner._start_worker_effect)
 register(RunExecute, EffectRunner._start_worker_effect)
 
 # Kinds' runners in modules of their own are imported here, to register (machine/kinds.py).
+from engine.effects.mcp import runners as _mcp  # noqa: E402, F401

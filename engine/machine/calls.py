@@ -1,11 +1,27 @@
-"""Calls (SPEC §5-§7, §11): model and tool calls, their attempts, retries and deadlines."""
+"""Calls (SPEC §5-§7, §9, §11): model, tool and subagent calls, their attempts, retries
+and deadlines.
+
+A subagent call's attempt is queued from its dispatch until the child's turn starts
+(`subagent.started`): the child may be busy with a turn of its own, or its partition
+without an engine. The subagent policy's `queue_timeout_secs` (default 30 s) bounds that
+wait: the attempt fails with `deadline_exceeded`, `detail.reason: "queue_timeout"`,
+the child drops the turn it had queued, and the call is retried under its policy.
+
+Spawn modes (SPEC §9, the wire's SpawnMode): `blocking` keeps the call open until the
+child's turn ends (`{session, result}`); `detached` answers it once the child's turn
+has started (`{session, status: "started"}`) and leaves the child running on its own:
+its end is recorded here as a fact (its cost rolls in) and prompts nothing; `wait`
+starts nothing: it names a child started detached (`session`) and answers with that
+run's result, at once if it has ended, else when it ends. A subagent's configured
+`mode` says which a call may use (`ALLOWED_MODES`).
+"""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from . import decisions, kinds, retry, turns
+from . import connectors, decisions, kinds, retry, turns
 from . import events as ev
 from .core import MachineError, Step, iso
 from .effects import Deliver, StartTimer
@@ -21,7 +37,7 @@ from .inputs import (
     TimerFired,
 )
 from .retry import Fault, resolve_policy, run_deadline
-from .state import Call
+from .state import Call, SessionState
 from .tools import check_output, find_tool, result_text, tool_result_of
 
 _LLM_PARAMS = (
@@ -75,21 +91,20 @@ def start_tool_call(st: Step, action: dict[str, Any], unrunnable: list[tuple[Cal
     arguments = action.get("arguments")
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments if arguments is not None else {}, separators=(",", ":"))
-    tool = find_tool(st.s.agent, name, st.s.turn_tools)
+    tool = find_tool(st.s.agent, name, st.s.turn_tools) or connectors.call_params(st.s, name)
     handler = (tool or {}).get("handler") or "worker"
     kind = kinds.of("tool", handler)
-    st.emit(
-        {
-            "type": ev.TOOL_CALL_REQUESTED,
-            "id": call_id,
-            "name": name,
-            "arguments": arguments,
-            "handler": handler,
-            "retry": resolve_policy(
-                kind.retry if kind else "tool", st.s.agent, action.get("retry")
-            ),
-        }
-    )
+    requested: ev.ToolCallRequested = {
+        "type": ev.TOOL_CALL_REQUESTED,
+        "id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "handler": handler,
+        "retry": resolve_policy(kind.retry if kind else "tool", st.s.agent, action.get("retry")),
+    }
+    if tool is not None and "connector" in tool:
+        requested["params"] = {"connector": tool["connector"], "tool": tool["tool"]}
+    st.emit(requested)
     call = st.s.calls[call_id]
     if kind is not None and kind.runnable(st.s):
         dispatch(st, call, 1)
@@ -105,7 +120,12 @@ def start_tool_call(st: Step, action: dict[str, Any], unrunnable: list[tuple[Cal
 
 
 def dispatch(st: Step, call: Call, attempt: int) -> None:
-    deadline = run_deadline(call.retry, st.now)
+    if call.handler != "subagent":
+        deadline = run_deadline(call.retry, st.now)
+    elif spawn_args(call).get("mode") == "wait":
+        deadline = None  # it starts nothing: only its total timeout bounds it
+    else:
+        deadline = retry.queue_deadline(call.retry, st.now)  # until the child starts
     st.emit(
         {
             "type": ev.call_event(call.kind, "dispatched"),
@@ -117,6 +137,8 @@ def dispatch(st: Step, call: Call, attempt: int) -> None:
     kind = kinds.of(call.kind, call.handler)
     if kind is not None and kind.effect is not None:
         st.out.effects.append(kind.effect(call.id, attempt, deadline))
+    if call.handler == "subagent" and attempt > 1:
+        respawn(st, call, attempt)
 
 
 # -- finding the attempt an answer belongs to ------------------------------------
@@ -245,7 +267,41 @@ def tool_call_action(st: Step, tc: dict[str, Any]) -> dict[str, Any]:
         spawn["message"] = {"role": "user", "content": args["message"]}
     if isinstance(args.get("session"), str):
         spawn["session_id"] = args["session"]
+    if args.get("mode") is not None:
+        spawn["mode"] = args["mode"]
     return spawn
+
+
+MODES = ("blocking", "detached", "wait")
+# The spawn modes a subagent's configured `mode` allows, its default first. `wait`
+# collects a child started detached, so it goes wherever `detached` does.
+ALLOWED_MODES: dict[str, tuple[str, ...]] = {
+    "blocking": ("blocking",),
+    "detached": ("detached", "wait"),
+    "any": MODES,
+}
+
+
+def spawn_mode(configured: str | None, asked: Any) -> tuple[str, str | None]:
+    """The mode a spawn runs in under its subagent's configured mode, and the problem
+    with the mode it asked for (None: it may run)."""
+    allowed = ALLOWED_MODES.get(configured or "blocking", ("blocking",))
+    if asked is None:
+        return allowed[0], None
+    if asked not in MODES:
+        return "blocking", f"mode {asked!r} is not one of {', '.join(MODES)}"
+    if asked not in allowed:
+        return asked, (
+            f"a {asked!r} call is not allowed: the subagent's mode is "
+            f"{configured or 'blocking'!r} (allowed: {', '.join(allowed)})"
+        )
+    return asked, None
+
+
+def spawn_args(call: Call) -> dict[str, Any]:
+    """A subagent call's recorded arguments: `message`, `session?`, `mode?`."""
+    args = json.loads(call.arguments or "{}")
+    return args if isinstance(args, dict) else {}
 
 
 def start_subagent(st: Step, action: dict[str, Any], unrunnable: list[tuple[Call, str]]) -> None:
@@ -253,9 +309,13 @@ def start_subagent(st: Step, action: dict[str, Any], unrunnable: list[tuple[Call
     s = st.s
     call_id, agent_id = action["tool_call_id"], action["agent_id"]
     message = action.get("message")
+    sub = subagent_entry(s.agent, agent_id)
+    mode, mode_problem = spawn_mode((sub or {}).get("mode"), action.get("mode"))
     arguments = {"message": (message or {}).get("content")}
     if action.get("session_id"):
         arguments["session"] = action["session_id"]
+    if mode != "blocking":
+        arguments["mode"] = mode
     st.emit(
         {
             "type": ev.TOOL_CALL_REQUESTED,
@@ -274,44 +334,102 @@ def start_subagent(st: Step, action: dict[str, Any], unrunnable: list[tuple[Call
     problem = None
     if len(s.ancestry) >= limit:
         problem = f"subagent depth limit reached (max_subagent_depth = {limit})"
-    elif subagent_named(s.agent, agent_id) is None and agent_id not in _children(s.agent):
+    elif sub is None:
         problem = f"agent {agent_id!r} is not a subagent of {s.agent_id!r}"
+    elif mode_problem is not None:
+        problem = mode_problem
+    elif mode == "wait":
+        problem = _wait_problem(action, known, agent_id)
     elif not message:
         problem = "a subagent call needs a `message`"
     elif action.get("session_id") and (known is None or known["agent_id"] != agent_id):
         problem = f"session {child!r} is not an earlier child of this session running {agent_id!r}"
-    elif known is not None and known.get("call_id"):
-        problem = f"session {child!r} is busy with call {known['call_id']!r}"
+    elif known is not None and (known.get("call_id") or known.get("detached")):
+        problem = f"session {child!r} is busy with call {known['call_id'] or known['detached']!r}"
     if problem is not None:
         unrunnable.append((call, problem))
         return
+    if mode == "wait":
+        assert known is not None  # `_wait_problem` names the child
+        last = None if known.get("detached") else known.get("last")
+        if last is None:
+            dispatch(st, call, 1)  # open until the child's run ends
+        else:
+            answer_from_child(st, call, child, agent_id, last["ok"], last["result"], last["error"])
+        return
     dispatch(st, call, 1)
-    st.emit(
-        {
-            "type": ev.SUBAGENT_REQUESTED,
-            "id": child,
-            "tool_call_id": call_id,
-            "agent_id": agent_id,
-        }
-    )
+    requested: ev.SubagentRequested = {
+        "type": ev.SUBAGENT_REQUESTED,
+        "id": child,
+        "tool_call_id": call_id,
+        "agent_id": agent_id,
+    }
+    if mode == "detached":
+        requested["mode"] = mode
+    st.emit(requested)
     assert message  # a spawn without one is refused above
     spawned = ChildSpawned(st.session_id, call_id, agent_id, message, [*s.ancestry, st.session_id])
     st.out.effects.append(Deliver(child, spawned))
 
 
+def _wait_problem(
+    action: dict[str, Any], known: dict[str, Any] | None, agent_id: str
+) -> str | None:
+    """Why a `wait` call cannot collect the child it names (None: it can)."""
+    session = action.get("session_id")
+    if not session:
+        return "a `wait` call names the `session` of a child started detached"
+    if action.get("message"):
+        return "a `wait` call sends no `message`: it collects a detached child's result"
+    if known is None or known["agent_id"] != agent_id:
+        return f"session {session!r} is not an earlier child of this session running {agent_id!r}"
+    if not known.get("detached") and known.get("last") is None:
+        return f"session {session!r} has no detached run to wait for"
+    return None
+
+
+def respawn(st: Step, call: Call, attempt: int) -> None:
+    """A retried subagent call sends its child the spawn again, as a turn of its own."""
+    s = st.s
+    child = next((c for c, v in s.children.items() if v.get("call_id") == call.id), None)
+    if child is None or call.name is None:
+        return  # nothing was spawned (a `wait` call): nothing to send again
+    message = {"role": "user", "content": spawn_args(call).get("message")}
+    ancestry = [*s.ancestry, st.session_id]
+    spawned = ChildSpawned(st.session_id, call.id, call.name, message, ancestry, attempt=attempt)
+    st.out.effects.append(Deliver(child, spawned))
+
+
 def subagent_started(st: Step, inp: SubagentStarted) -> None:
+    """The child's turn began: the call is out of its queue; a detached one is answered."""
     call = st.s.calls.get(inp.call_id)
     if call is None or call.handler != "subagent" or call.status != "running":
         st.ignore(f"call {inp.call_id!r} is not waiting for a subagent")
         return
+    if inp.attempt != call.attempt:
+        st.ignore(f"call {call.id!r} attempt {inp.attempt} was replaced (now {call.attempt})")
+        return
     st.emit({"type": ev.SUBAGENT_STARTED, "id": inp.child_session, "tool_call_id": call.id})
+    if spawn_args(call).get("mode") == "detached":
+        result = tool_result_of({"session": inp.child_session, "status": "started"})
+        st.emit({"type": ev.TOOL_CALL_COMPLETED, "id": call.id, "result": result})
+        tool_finished(st, call, result, None)
+        turns.settle_turn(st)
 
 
 def subagent_finished(st: Step, inp: SubagentFinished) -> None:
     """The child's turn ended: roll its cost in, record the tool result, re-prompt."""
-    call = st.s.calls.get(inp.call_id)
+    s = st.s
+    child = s.children.get(inp.child_session)
+    if child is not None and child.get("detached") == inp.call_id:
+        detached_finished(st, inp)
+        return
+    call = s.calls.get(inp.call_id)
     if call is None or call.handler != "subagent" or call.status != "running":
         st.ignore(f"call {inp.call_id!r} is not waiting for a subagent")
+        return
+    if inp.attempt != call.attempt:
+        st.ignore(f"call {call.id!r} attempt {inp.attempt} was replaced (now {call.attempt})")
         return
     ended: ev.SubagentEnded = {
         "type": ev.SUBAGENT_COMPLETED if inp.ok else ev.SUBAGENT_ERRORED,
@@ -323,22 +441,67 @@ def subagent_finished(st: Step, inp: SubagentFinished) -> None:
     if not inp.ok:
         ended["error"] = inp.error
     st.emit(ended)
-    text = inp.result if inp.ok else f"Error: {(inp.error or {}).get('message', 'failed')}"
-    result = tool_result_of({"session": inp.child_session, "result": text})
-    st.emit({"type": ev.TOOL_CALL_COMPLETED, "id": call.id, "result": result})
+    answer_from_child(st, call, inp.child_session, inp.agent_id, inp.ok, inp.result, inp.error)
+    turns.settle_turn(st)
+
+
+def detached_finished(st: Step, inp: SubagentFinished) -> None:
+    """A detached child's turn ended: a fact on this log (its cost rolls in, its result
+    is kept) that prompts nothing, except the `wait` calls open on it, now answered."""
+    ended: ev.SubagentEnded = {
+        "type": ev.SUBAGENT_COMPLETED if inp.ok else ev.SUBAGENT_ERRORED,
+        "id": inp.child_session,
+        "tool_call_id": inp.call_id,
+        "usage": inp.usage,
+        "cost": inp.cost,
+        "detached": True,
+        "result": inp.result if inp.ok else None,
+    }
+    if not inp.ok:
+        ended["error"] = inp.error
+    st.emit(ended)
+    for call in waiting_on(st.s, inp.child_session):
+        answer_from_child(st, call, inp.child_session, inp.agent_id, inp.ok, inp.result, inp.error)
+    turns.settle_turn(st)
+
+
+def waiting_on(s: SessionState, child: str) -> list[Call]:
+    """The open `wait` calls that collect `child`'s detached run."""
+    return [
+        c
+        for c in s.calls.values()
+        if c.handler == "subagent"
+        and c.status == "running"
+        and spawn_args(c).get("mode") == "wait"
+        and spawn_args(c).get("session") == child
+    ]
+
+
+def answer_from_child(
+    st: Step,
+    call: Call,
+    child: str,
+    agent_id: str,
+    ok: bool,
+    result: str | None,
+    error: dict[str, Any] | None,
+) -> None:
+    """A child's run answers `call`: the tool result `{session, result}`, `subagent.finished`."""
+    text = result if ok else f"Error: {(error or {}).get('message', 'failed')}"
+    answer = tool_result_of({"session": child, "result": text})
+    st.emit({"type": ev.TOOL_CALL_COMPLETED, "id": call.id, "result": answer})
     trigger: dict[str, Any] = {
         "type": "subagent.finished",
         "id": call.id,
-        "ok": inp.ok,
-        "session_id": inp.child_session,
-        "agent_id": inp.agent_id,
+        "ok": ok,
+        "session_id": child,
+        "agent_id": agent_id,
     }
-    if inp.ok:
-        trigger["result"] = inp.result
+    if ok:
+        trigger["result"] = result
     else:
-        trigger["error"] = inp.error
-    tool_finished(st, call, result, None, trigger=trigger)
-    turns.settle_turn(st)
+        trigger["error"] = error
+    tool_finished(st, call, answer, None, trigger=trigger)
 
 
 def call_failed(
@@ -389,7 +552,10 @@ def call_failed(
         }
     )
     if final:
-        if call.kind == "llm":
+        ending = kinds.of(call.kind, call.handler)
+        if ending is not None and ending.failed is not None:
+            ending.failed(st, call, error)
+        elif call.kind == "llm":
             trigger = {
                 "type": "llm.finished",
                 "id": call.id,
@@ -450,7 +616,16 @@ def call_deadline(st: Step, inp: CallDeadline) -> None:
     if call is None:
         return
     if call.handler == "subagent":
-        # A child has no attempts to retry: its whole run is over its total timeout.
+        total_due = kinds.whole_run(call)
+        queued = call.deadline is not None and st.now >= call.deadline
+        if queued and (total_due is None or st.now < total_due):
+            # The child's turn never started: this attempt failed; the next one spawns again.
+            turns.stop_child(st, call)
+            error = retry.queue_timeout(f"subagent {call.name!r}", call.retry)
+            call_failed(st, call, error, Fault.DEADLINE.retryable, None)
+            turns.settle_turn(st)
+            return
+        # Its whole run is over its total timeout: final, whatever attempts are left.
         fault = Fault.CHILD_DEADLINE
         total = call.retry.get("total_timeout_secs")
         error = fault.error(f"subagent {call.name!r} did not finish within {total} s")
@@ -593,8 +768,10 @@ def settleable(st: Step, call_id: str, attempt: int | None, *, client_input: boo
     return call
 
 
-def _children(agent: dict[str, Any] | None) -> list[str]:
-    return [sub["id"] for sub in (agent or {}).get("subagents") or ()]
+def subagent_entry(agent: dict[str, Any] | None, agent_id: str) -> dict[str, Any] | None:
+    """The agent config's subagent entry a spawn names (by id, or by its offered name)."""
+    named = subagent_named(agent, agent_id) or agent_id
+    return next((sub for sub in (agent or {}).get("subagents") or () if sub["id"] == named), None)
 
 
 def subagent_named(agent: dict[str, Any] | None, tool_name: str) -> str | None:

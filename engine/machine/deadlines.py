@@ -2,7 +2,8 @@
 
 A call or decision attempt that is out (running, or an async tool waiting) is
 armed with the timer its kind names (kinds.py: at its run deadline, with or
-without grace; a subagent call: at its total timeout);
+without grace; a subagent call: at its queue deadline until its child starts, then
+at its total timeout), and so is every queued turn with a queue timeout;
 the commit that starts the attempt also starts the timer, and the commit that
 ends it cancels it. Deriving the set from
 the state before and after a step, rather than starting timers rule by rule,
@@ -14,10 +15,10 @@ from __future__ import annotations
 
 from . import kinds
 from .effects import CancelTimer, StartTimer
-from .inputs import CallDeadline, DecisionDeadline
+from .inputs import CallDeadline, DecisionDeadline, QueueDeadline
 from .state import SessionState
 
-Armed = dict[tuple[str, str, int], tuple[int, CallDeadline | DecisionDeadline]]
+Armed = dict[tuple[str, str, int], tuple[int, CallDeadline | DecisionDeadline | QueueDeadline]]
 
 
 def armed(state: SessionState | None) -> Armed:
@@ -32,6 +33,10 @@ def armed(state: SessionState | None) -> Armed:
         due = None if kind is None else kind.deadline(call)
         if due is not None:
             out[("call", call.id, call.attempt)] = (due, CallDeadline(call.id, call.attempt))
+    for queued in state.queue:
+        due = queued.get("deadline_ms")
+        if due is not None:
+            out[("queue", queued["turn_id"], 0)] = (due, QueueDeadline(queued["turn_id"]))
     d = state.decision
     if d is not None and d.status == "running" and d.deadline is not None:
         out[("decision", d.id, d.attempt)] = (

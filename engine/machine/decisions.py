@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import calls, retry, turns
+from . import calls, connectors, retry, turns
 from . import events as ev
 from .core import Step, iso
 from .effects import RunDecision, StartTimer
@@ -30,7 +30,6 @@ from .tools import tool_result_of
 from .tree import id_clash
 
 _SETTLES = {"tool.result": "tool", "tool.error": "tool", "llm.result": "llm", "llm.error": "llm"}
-_UNSUPPORTED = ("connector.sync",)
 
 
 # -- who decides -----------------------------------------------------------------
@@ -243,8 +242,9 @@ def check_response(st: Step, resp: dict[str, Any], trigger: dict[str, Any]) -> s
     ended: set[str] = set()
     for i, action in enumerate(resp.get("actions") or ()):
         kind = action["type"]
-        if kind in _UNSUPPORTED:
-            return f"actions.{i}.type: {kind} is not supported by this engine yet"
+        if kind == "connector.sync" and action["path"] not in _paths(st):
+            known = ", ".join(_paths(st)) or "none"
+            return f"actions.{i}.path: the agent names no connection {action['path']!r} ({known})"
         call_kind = _SETTLES.get(kind)
         if call_kind is None:
             continue
@@ -314,6 +314,8 @@ def apply_action(
         turns.resume_interrupt(st, action["interrupt_id"], action.get("payload"))
     elif kind == "message.send":
         turns.send_message(st, action)
+    elif kind == "connector.sync":
+        connectors.start_sync(st, action["path"], force=True)
     elif kind == "done":
         if st.by_worker and trigger["type"] != "turn.finished":
             turns.finish_with_worker(st, action.get("data"))
@@ -343,6 +345,10 @@ def settle_from_worker(st: Step, action: dict[str, Any], trigger: dict[str, Any]
     else:
         error = {"message": action["error"], "code": action.get("code") or "handler_error"}
         calls.call_failed(st, call, error, bool(action.get("retryable")), None)
+
+
+def _paths(st: Step) -> list[str]:
+    return [e["id"] for e in connectors.entries(st.s.agent)]
 
 
 def _ends(resp: dict[str, Any], call_id: str) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .inputs import CallDeadline, DecisionDeadline, DecisionTimerFired, TimerFired
+from .inputs import CallDeadline, DecisionDeadline, DecisionTimerFired, QueueDeadline, TimerFired
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ class StartTimer:
     """Deliver `input` at `due` (ms). Committed with the transition, so it survives a crash."""
 
     due: int
-    input: TimerFired | DecisionTimerFired | CallDeadline | DecisionDeadline
+    input: TimerFired | DecisionTimerFired | CallDeadline | DecisionDeadline | QueueDeadline
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class CancelTimer:
     """Forget a timer started earlier (same `due` and `input`): what it guarded has ended."""
 
     due: int
-    input: CallDeadline | DecisionDeadline
+    input: CallDeadline | DecisionDeadline | QueueDeadline
 
 
 @dataclass(frozen=True)

@@ -60,6 +60,12 @@ SUBAGENT_REQUESTED: Final = "subagent.requested"
 SUBAGENT_STARTED: Final = "subagent.started"
 SUBAGENT_COMPLETED: Final = "subagent.completed"
 SUBAGENT_ERRORED: Final = "subagent.errored"
+DECISION_HELD: Final = "decision.held"
+DECISION_RELEASED: Final = "decision.released"
+CONNECTOR_SYNC_REQUESTED: Final = "connector.sync.requested"
+CONNECTOR_SYNC_DISPATCHED: Final = "connector.sync.dispatched"
+CONNECTOR_SYNCED: Final = "connector.synced"
+CONNECTOR_SYNC_ERRORED: Final = "connector.sync.errored"
 
 TURN_ENDS: Final = frozenset({TURN_COMPLETED, TURN_FAILED})
 CALL_ENDS: Final = frozenset(
@@ -153,6 +159,7 @@ class TurnQueued(TypedDict):
     type: str
     turn_id: str
     input: JSON  # the client input, started as is when the turn's time comes
+    deadline_ms: NotRequired[int]  # when it has waited too long (its queue timeout)
 
 
 @with_config(_STRICT)
@@ -198,8 +205,47 @@ class ToolCallRequested(TypedDict):
     id: str
     name: str
     arguments: str  # JSON text, as the model wrote it
-    handler: str  # client | worker | subagent | another kind's (kinds.py)
+    handler: str  # client | worker | subagent | server | another kind's (kinds.py)
     retry: JSON
+    params: NotRequired[JSON]  # a connector tool's {connector, tool} (handler server)
+
+
+@with_config(_STRICT)
+class ConnectorSyncRequested(TypedDict):
+    """A connection's tool list is fetched (a `connector` call: connectors.py)."""
+
+    type: str
+    id: str
+    name: str  # the connection, `mcp.<id>`
+    handler: str  # server
+    retry: JSON
+    params: NotRequired[JSON]  # {force: true}: fetched from the server, not a cache
+
+
+@with_config(_STRICT)
+class ConnectorSynced(TypedDict):
+    """The connection's tools as the server listed them: the session's list from now on.
+    Without `tools` the list is the one recorded before (a list is recorded when it changes)."""
+
+    type: str
+    id: str
+    path: str
+    tools: NotRequired[list[JSON]]  # {name, description?, input?, annotations?}
+    prefix: NotRequired[str]  # the model sees `<prefix>__<name>`; absent: the raw names
+
+
+@with_config(_STRICT)
+class DecisionHeld(TypedDict):
+    """A turn's first decision waits for its connections' tool lists."""
+
+    type: str
+    trigger: JSON
+    proposed: JSON
+
+
+@with_config(_STRICT)
+class DecisionReleased(TypedDict):
+    type: str
 
 
 @with_config(_STRICT)
@@ -322,6 +368,7 @@ class SubagentRequested(TypedDict):
     id: str  # the child session
     tool_call_id: str
     agent_id: str
+    mode: NotRequired[str]  # "detached" (absent: blocking)
 
 
 @with_config(_STRICT)
@@ -333,7 +380,10 @@ class SubagentStarted(TypedDict):
 
 @with_config(_STRICT)
 class SubagentEnded(TypedDict):
-    """`subagent.completed` / `subagent.errored`: the child's usage and cost roll in."""
+    """`subagent.completed` / `subagent.errored`: the child's usage and cost roll in.
+
+    `detached`: a detached child's turn ended after its call was answered; its `result`
+    is kept for a later `wait` call."""
 
     type: str
     id: str
@@ -341,6 +391,8 @@ class SubagentEnded(TypedDict):
     usage: Usage | None
     cost: str
     error: NotRequired[JSON | None]
+    detached: NotRequired[bool]
+    result: NotRequired[str | None]
 
 
 Payload = (
@@ -373,6 +425,10 @@ Payload = (
     | SubagentRequested
     | SubagentStarted
     | SubagentEnded
+    | DecisionHeld
+    | DecisionReleased
+    | ConnectorSyncRequested
+    | ConnectorSynced
 )
 """Any event's payload: what `Step.emit` takes, so mypy checks each rule's fields."""
 
@@ -409,6 +465,12 @@ EVENTS: Final[Mapping[str, type]] = {
     SUBAGENT_STARTED: SubagentStarted,
     SUBAGENT_COMPLETED: SubagentEnded,
     SUBAGENT_ERRORED: SubagentEnded,
+    DECISION_HELD: DecisionHeld,
+    DECISION_RELEASED: DecisionReleased,
+    CONNECTOR_SYNC_REQUESTED: ConnectorSyncRequested,
+    CONNECTOR_SYNC_DISPATCHED: CallDispatched,
+    CONNECTOR_SYNCED: ConnectorSynced,
+    CONNECTOR_SYNC_ERRORED: CallErrored,
 }
 """Every kind a log may hold, with the record its payload follows."""
 
@@ -418,6 +480,8 @@ CALL_EVENTS: Final[Mapping[tuple[str, str], str]] = {
     ("llm", "errored"): LLM_CALL_ERRORED,
     ("tool", "dispatched"): TOOL_CALL_DISPATCHED,
     ("tool", "errored"): TOOL_CALL_ERRORED,
+    ("connector", "dispatched"): CONNECTOR_SYNC_DISPATCHED,
+    ("connector", "errored"): CONNECTOR_SYNC_ERRORED,
 }
 
 

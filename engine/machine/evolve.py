@@ -77,7 +77,10 @@ def _head_moved(s: SessionState, e: Event, p: ev.HeadMoved) -> None:
 
 
 def _turn_queued(s: SessionState, e: Event, p: ev.TurnQueued) -> None:
-    s.queue.append({"turn_id": p["turn_id"], "input": p["input"]})
+    entry: dict[str, Any] = {"turn_id": p["turn_id"], "input": p["input"]}
+    if p.get("deadline_ms") is not None:
+        entry["deadline_ms"] = p["deadline_ms"]
+    s.queue.append(entry)
     s.turns[p["turn_id"]] = "queued"
 
 
@@ -95,20 +98,26 @@ def _turn_ended(
     def end(s: SessionState, e: Event, p: ev.TurnCompleted | ev.TurnFailed) -> None:
         tid = p["turn_id"]
         s.turns[tid] = status
+        if s.turn is None or s.turn.id != tid:
+            # A queued turn that never started (its queue timeout, its parent's call ended).
+            s.queue = [q for q in s.queue if q["turn_id"] != tid]
+            return
         s.last_turn = tid
         s.turn = None
         # The turn's decisions and pauses end with it; its calls were closed by events.
         s.decision = None
         s.pending = []
         s.interrupts = {}
+        s.held = None
 
     return end
 
 
-def _call_requested(
-    kind: str,
-) -> Callable[[SessionState, Event, ev.LlmCallRequested | ev.ToolCallRequested], None]:
-    def requested(s: SessionState, e: Event, p: ev.LlmCallRequested | ev.ToolCallRequested) -> None:
+CallRequested = ev.LlmCallRequested | ev.ToolCallRequested | ev.ConnectorSyncRequested
+
+
+def _call_requested(kind: str) -> Callable[[SessionState, Event, CallRequested], None]:
+    def requested(s: SessionState, e: Event, p: CallRequested) -> None:
         # What one kind of call has and the other lacks is read as absent.
         fields: Mapping[str, Any] = p
         s.calls[p["id"]] = Call(
@@ -137,12 +146,33 @@ def _call_dispatched(s: SessionState, e: Event, p: ev.CallDispatched) -> None:
 
 
 def _subagent_requested(s: SessionState, e: Event, p: ev.SubagentRequested) -> None:
-    s.children[p["id"]] = {"agent_id": p["agent_id"], "call_id": p["tool_call_id"]}
+    child = {"agent_id": p["agent_id"], "call_id": p["tool_call_id"]}
+    if p.get("mode"):
+        child["mode"] = p["mode"]
+    s.children[p["id"]] = child
+
+
+def _subagent_started(s: SessionState, e: Event, p: ev.SubagentStarted) -> None:
+    call = s.calls.get(p["tool_call_id"])
+    if call is not None:
+        call.deadline = None  # out of the queue: only its total timeout is left
+    child = s.children.get(p["id"])
+    if child is not None and child.get("mode") == "detached":
+        # Its call is answered now; the child runs on for that call, on its own.
+        child["call_id"] = None
+        child["detached"] = p["tool_call_id"]
 
 
 def _subagent_ended(s: SessionState, e: Event, p: ev.SubagentEnded) -> None:
     child = s.children.get(p["id"])
-    if child is not None:
+    if child is not None and p.get("detached"):
+        child["detached"] = None
+        child["last"] = {
+            "ok": p["type"] == ev.SUBAGENT_COMPLETED,
+            "result": p.get("result"),
+            "error": p.get("error"),
+        }
+    elif child is not None:
         child["call_id"] = None  # free for another call
     _add_cost(s, p.get("usage"), p.get("cost") or "0")
 
@@ -170,6 +200,9 @@ def _call_closed(s: SessionState, e: Event, p: ev.ToolCallCompleted) -> None:
 def _call_errored(s: SessionState, e: Event, p: ev.CallErrored) -> None:
     if p["final"]:
         s.calls.pop(p["id"])
+        for child in s.children.values():
+            if child.get("call_id") == p["id"]:
+                child["call_id"] = None  # the call is over: its child may be called again
     else:
         s.calls[p["id"]].status = "failed"
 
@@ -233,6 +266,34 @@ def _interrupted(s: SessionState, e: Event, p: ev.SessionInterrupted) -> None:
     }
 
 
+def _decision_held(s: SessionState, e: Event, p: ev.DecisionHeld) -> None:
+    s.held = {"trigger": p["trigger"], "proposed": p["proposed"]}
+
+
+def _decision_released(s: SessionState, e: Event, p: ev.DecisionReleased) -> None:
+    s.held = None
+
+
+def _connector_synced(s: SessionState, e: Event, p: ev.ConnectorSynced) -> None:
+    s.calls.pop(p["id"])
+    if "tools" not in p:
+        return  # the same list as before
+    synced: dict[str, Any] = {"tools": p["tools"]}
+    if p.get("prefix"):
+        synced["prefix"] = p["prefix"]
+    s.connectors[p["path"]] = synced
+
+
+def _connector_errored(s: SessionState, e: Event, p: ev.CallErrored) -> None:
+    """A sync that failed for good leaves the session without the connection's tools."""
+    if p["final"]:
+        call = s.calls.pop(p["id"])
+        if (p["error"].get("detail") or {}).get("reason") != "turn_ended":
+            s.connectors[call.name or ""] = {"tools": [], "error": p["error"]}
+    else:
+        s.calls[p["id"]].status = "failed"
+
+
 def _interrupt_resumed(s: SessionState, e: Event, p: ev.SessionInterruptResumed) -> None:
     s.interrupts.pop(p["interrupt_id"])
 
@@ -267,9 +328,15 @@ _APPLY: dict[str, Callable[[SessionState, Event, Any], None]] = {
     ev.MESSAGE_SENT: _nothing,
     ev.INPUT_REJECTED: _nothing,
     ev.SUBAGENT_REQUESTED: _subagent_requested,
-    ev.SUBAGENT_STARTED: _nothing,
+    ev.SUBAGENT_STARTED: _subagent_started,
     ev.SUBAGENT_COMPLETED: _subagent_ended,
     ev.SUBAGENT_ERRORED: _subagent_ended,
+    ev.DECISION_HELD: _decision_held,
+    ev.DECISION_RELEASED: _decision_released,
+    ev.CONNECTOR_SYNC_REQUESTED: _call_requested("connector"),
+    ev.CONNECTOR_SYNC_DISPATCHED: _call_dispatched,
+    ev.CONNECTOR_SYNCED: _connector_synced,
+    ev.CONNECTOR_SYNC_ERRORED: _connector_errored,
 }
 
 EVENT_TYPES = frozenset(ev.EVENTS)

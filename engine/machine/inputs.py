@@ -140,6 +140,13 @@ class CallDeadline:
 
 
 @dataclass(frozen=True)
+class QueueDeadline:
+    """A queued turn's queue timeout passed: if it is still waiting, it fails."""
+
+    turn_id: str
+
+
+@dataclass(frozen=True)
 class CallSettled:
     """An async or client tool call ended from outside (the settle API)."""
 
@@ -186,6 +193,7 @@ class ChildSpawned:
     agent_config: dict[str, Any] | None = None
     decider: str = "engine"
     llm_routes: dict[str, dict[str, Any]] | None = None
+    attempt: int = 1  # the parent call's attempt: a retried spawn is a turn of its own
 
 
 @dataclass(frozen=True)
@@ -200,6 +208,7 @@ class SubagentFinished:
     error: dict[str, Any] | None = None
     usage: dict[str, int] | None = None
     cost: str = "0"
+    attempt: int = 1  # the parent call's attempt this turn ran for
 
 
 @dataclass(frozen=True)
@@ -208,14 +217,18 @@ class SubagentStarted:
 
     child_session: str
     call_id: str
+    attempt: int = 1
 
 
 @dataclass(frozen=True)
 class ChildCancelled:
-    """The parent's turn ended: the child's turn for `call_id` stops."""
+    """The parent's call ended (its turn ended, it timed out): the child's turn for
+    `call_id` stops, or never starts. Only turns of attempts up to `attempt` (all, when
+    None): a retry's spawn may arrive first."""
 
     parent_session: str
     call_id: str
+    attempt: int | None = None
 
 
 @dataclass(frozen=True)
@@ -251,6 +264,7 @@ Input = (
     | ExecuteFailed
     | CallAnswered
     | CallDeadline
+    | QueueDeadline
     | CallSettled
     | InterruptRequested
     | CancelRequested
@@ -277,6 +291,7 @@ _KINDS: dict[str, type] = {
         ExecuteFailed,
         CallAnswered,
         CallDeadline,
+        QueueDeadline,
         CallSettled,
         InterruptRequested,
         CancelRequested,

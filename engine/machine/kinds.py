@@ -9,7 +9,7 @@ dispatching an attempt starts, the attempt's deadline timer, whether a dead engi
 loses the attempt, and how the kind's runner's answer (`CallAnswered`) settles it.
 Decisions are not calls: decisions.py runs them under the "decision" policy.
 
-Adding a kind (an MCP tool call run by the engine is next) touches:
+Adding a kind (connectors.py did, for MCP syncs and calls) touches:
   1. its own machine module: a `RunCall` subclass for its effect and
      `register(CallKind(...))`, with a `settle` rule if a tool result is not what its
      answer means;
@@ -50,6 +50,13 @@ def whole_run(call: Call) -> int | None:
     return None if total is None else call.started_at + int(total * 1000)
 
 
+def queue_then_whole_run(call: Call) -> int | None:
+    """A subagent call: its attempt's queue deadline until the child's turn starts (the
+    fold then clears `deadline`), and its total timeout all along."""
+    dues = [d for d in (call.deadline, whole_run(call)) if d is not None]
+    return min(dues) if dues else None
+
+
 def no_deadline(call: Call) -> int | None:
     return None
 
@@ -66,7 +73,7 @@ def by_worker(state: SessionState) -> bool:
 class CallKind:
     """The rules of one kind of call."""
 
-    kind: str  # "llm" | "tool": which family of call events it records
+    kind: str  # "llm" | "tool" | "connector": which family of call events it records
     handler: str  # where it runs, as `*.call.requested` records it
     retry: str  # its policy in retry.DEFAULTS
     runnable: Callable[[SessionState], bool]  # can this session run it at all
@@ -76,6 +83,9 @@ class CallKind:
     # The settle API may end a running attempt (a waiting, async one it always may).
     outside_settles: bool = False
     settle: Callable[[Step, Call, CallAnswered], None] | None = None  # None: calls.answered
+    # How a call that failed for good ends (its `errored` event is out); None: the tool
+    # message the model sees (calls.tool_finished).
+    failed: Callable[[Step, Call, dict[str, Any]], None] | None = None
     retry_defaults: dict[str, Any] | None = None  # a policy of its own, added as `retry`
     agent_retry: str | None = None  # the agent's `retry.<block>` over its own policy
 
@@ -104,7 +114,7 @@ def of(kind: str, handler: str) -> CallKind | None:
 
 def tool_handlers() -> set[str]:
     """The handlers an agent's tool may name (a subagent's tool is offered, not declared)."""
-    return {h for (kind, h) in KINDS if kind == "tool" and h != "subagent"}
+    return {h for (kind, h) in KINDS if kind == "tool" and h not in ("subagent", "server")}
 
 
 for _builtin in (
@@ -112,8 +122,9 @@ for _builtin in (
     CallKind("llm", "worker", "llm", by_worker, RunExecute, backstop(BACKSTOP_GRACE_MS), True),
     CallKind("tool", "worker", "tool", by_worker, RunExecute, backstop(0), True),
     CallKind("tool", "client", "client_tool", always, None, no_deadline, False, True),
-    CallKind("tool", "subagent", "subagent", always, None, whole_run, False, True),
+    CallKind("tool", "subagent", "subagent", always, None, queue_then_whole_run, False, True),
 ):
     register(_builtin)
 
 # Kinds with modules of their own are imported here, to register: `from . import <kind>`.
+from . import connectors  # noqa: E402, F401  (MCP: the connector sync and tool calls)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from . import connectors
+from .calls import ALLOWED_MODES, spawn_args
 from .core import iso
 from .state import Call, SessionState
 from .tools import find_tool, validate_input
@@ -22,7 +24,7 @@ class LlmCallPlan:
     stream: bool
 
 
-_SUBAGENT_INPUT = {
+_SUBAGENT_INPUT: dict[str, Any] = {
     "type": "object",
     "properties": {
         "message": {"type": "string", "description": "What to ask the agent."},
@@ -30,10 +32,15 @@ _SUBAGENT_INPUT = {
     },
     "required": ["message"],
 }
+_MODE_HELP = {
+    "blocking": "blocking: wait for the answer",
+    "detached": "detached: start it and go on; you get its session at once",
+    "wait": "wait: collect the answer of a detached `session` (no message)",
+}
 
 
 def _offered(tool: dict[str, Any]) -> dict[str, Any]:
-    """One declared tool as the model sees it (LlmTool)."""
+    """One declared tool (or a turn's per-submit client tool) as the model sees it."""
     offered = {"name": tool["name"], "description": tool.get("description") or ""}
     for key in ("input", "output", "defer"):
         if tool.get(key) is not None:
@@ -41,44 +48,49 @@ def _offered(tool: dict[str, Any]) -> dict[str, Any]:
     return offered
 
 
-def offered_tools(agent: dict[str, Any], depth: int = 0) -> list[dict[str, Any]]:
+def _subagent_input(configured: str | None) -> dict[str, Any]:
+    """The subagent tool's input: `message`, `session?`, and a `mode` choice when the
+    configured mode leaves the call one (a `wait` call sends no message)."""
+    modes = ALLOWED_MODES.get(configured or "blocking", ("blocking",))
+    if len(modes) == 1:
+        return _SUBAGENT_INPUT
+    mode = {
+        "type": "string",
+        "enum": list(modes),
+        "description": "; ".join(_MODE_HELP[m] for m in modes) + f". Default: {modes[0]}.",
+    }
+    return {
+        **_SUBAGENT_INPUT,
+        "properties": {**_SUBAGENT_INPUT["properties"], "mode": mode},
+        "required": [],
+    }
+
+
+def offered_tools(state: SessionState) -> list[dict[str, Any]]:
     """The agent's tools as the model sees them (LlmTool): its own, then one per
-    subagent while the session is above the depth limit (SPEC §9)."""
+    subagent while the session is above the depth limit (SPEC §9), then its
+    connections' (connectors.py), then the running turn's per-submit client tools
+    (SPEC §6: they hold their names against a connection's)."""
+    agent = state.agent or {}
+    tools = declared_tools(agent, len(state.ancestry))
+    turn_tools = [_offered(tool) for tool in state.turn_tools]
+    taken = connectors.own_names(agent) | {t["name"] for t in turn_tools}
+    for tool in connectors.tools_of(state, taken).values():
+        tools.append({k: tool[k] for k in ("name", "description", "input")})
+    return tools + turn_tools
+
+
+def declared_tools(agent: dict[str, Any], depth: int) -> list[dict[str, Any]]:
+    """The agent's own tools and its subagents' as LlmTools."""
     tools = [_offered(tool) for tool in agent.get("tools") or ()]
     limit = agent.get("max_subagent_depth")
     if depth < (5 if limit is None else limit):
         for sub in agent.get("subagents") or ():
             name = f"agent__{sub['id']}" if sub.get("prefix") else sub["id"]
             description = sub.get("description") or f"Ask the {sub['id']} agent."
-            tools.append({"name": name, "description": description, "input": _SUBAGENT_INPUT})
+            offered_input = _subagent_input(sub.get("mode"))
+            tools.append({"name": name, "description": description, "input": offered_input})
     return tools
-
-
-_TOOL_KEYS = ("name", "description", "input", "output", "defer")
-
-
-def submitted_tools(client: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """A submit's `client.tools` as its turn records them: each forced to `handler:
-    "client"` (SPEC §6), fields left unset left out."""
-    tools = []
-    for tool in (client or {}).get("tools") or ():
-        kept = {k: tool[k] for k in _TOOL_KEYS if tool.get(k) is not None}
-        tools.append({**kept, "handler": "client"})
-    return tools
-
-
-def client_tool_clash(
-    agent: dict[str, Any] | None, tools: list[dict[str, Any]], depth: int
-) -> tuple[int, str] | None:
-    """The first per-submit tool whose name the model is already offered (an agent or
-    subagent tool) or that an earlier one in the list took: its index and why."""
-    taken = {t["name"]: "the agent" for t in offered_tools(agent or {}, depth)}
-    for i, tool in enumerate(tools):
-        name = tool["name"]
-        if name in taken:
-            return i, f"tool {name!r} is already offered by {taken[name]}"
-        taken[name] = "an earlier tool of this input"
-    return None
 
 
 def build_llm_request(state: SessionState, call: Call) -> LlmCallPlan:
@@ -97,11 +109,7 @@ def build_llm_request(state: SessionState, call: Call) -> LlmCallPlan:
         "model": params.get("model") or agent.get("model") or "",
         "messages": messages,
     }
-    if params.get("tools") is not None:
-        tools = params["tools"]
-    else:  # the turn's per-submit client tools follow the agent's own (SPEC §6)
-        tools = offered_tools(agent, len(state.ancestry))
-        tools += [_offered(tool) for tool in state.turn_tools]
+    tools = params["tools"] if params.get("tools") is not None else offered_tools(state)
     if tools:
         request["tools"] = tools
     for key in ("temperature", "max_completion_tokens", "reasoning"):
@@ -163,12 +171,18 @@ def _effect(state: SessionState, call: Call) -> dict[str, Any]:
         "status": _STATUS[call.status],
         "attempt": call.attempt,
     }
+    if call.kind == "connector":
+        # A connector sync carries no fields of its own; its `id` is the connection.
+        effect["id"] = call.name
+        effect["kind"] = "connector_sync"
+        return effect
     if call.handler == "subagent":
         # A subagent runs in a child session; its `id` is the tool call it answers.
         effect["kind"] = "subagent"
         effect["agent_id"] = call.name
         effect["session_id"] = next(
-            (c for c, v in state.children.items() if v.get("call_id") == call.id), None
+            (c for c, v in state.children.items() if v.get("call_id") == call.id),
+            spawn_args(call).get("session"),  # a `wait` call names the child it collects
         )
     else:
         effect["handler"] = call.handler

@@ -55,6 +55,16 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "max_attempts": 10,
         **_BACKOFF,
     },
+    # A turn queued behind the running one (turns.py): no limit unless the agent's
+    # `retry.default.queue_timeout_secs` sets one. A person who sends a second message
+    # while a long turn runs (Slack queues every message) should see it answered.
+    "turn": {
+        "queue_timeout_secs": None,
+        "run_timeout_secs": None,
+        "total_timeout_secs": None,
+        "max_attempts": 1,
+        **_BACKOFF,
+    },
 }
 
 # Which `retry.<kind>` block of an agent config applies to each effect kind.
@@ -158,6 +168,23 @@ def backoff_ms(policy: dict[str, Any], attempt: int) -> int:
     """Wait before `attempt` (2 for the first retry)."""
     base = policy["backoff_base_secs"]
     return int(min(base**attempt, policy["backoff_max_secs"]) * 1000)
+
+
+def queue_deadline(policy: dict[str, Any], since: int) -> int | None:
+    """When work asked for at `since` has waited too long to start (None: no limit)."""
+    queue = policy.get("queue_timeout_secs")
+    return None if queue is None else since + queue * 1000
+
+
+def queue_timeout(what: str, policy: dict[str, Any]) -> dict[str, Any]:
+    """The ErrorInfo of work that waited past its queue timeout: a `deadline_exceeded`
+    (the closed set has no code of its own for it) whose detail names the queue."""
+    secs = policy.get("queue_timeout_secs")
+    return {
+        "message": f"{what} waited longer than its queue timeout ({secs} s) to start",
+        "code": "deadline_exceeded",
+        "detail": {"timeout": "queue", "reason": "queue_timeout", "queue_timeout_secs": secs},
+    }
 
 
 def run_deadline(policy: dict[str, Any], now: int) -> int | None:

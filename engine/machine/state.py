@@ -14,7 +14,7 @@ from typing import Any
 # under another version (or before versions: none) is not trusted: its reader folds the
 # session's log again (engine/store/snapshots.py). Raise it with any change to either; the
 # golden logs (tests/golden/) hold every version to folding old logs the same way.
-FOLD_VERSION = 1
+FOLD_VERSION = 2
 
 ZERO_USAGE: dict[str, int] = {
     "input": 0,
@@ -117,7 +117,12 @@ class SessionState:
     # both are read along the active path: after a branch, as of the branch point.
     state_writes: list[list[Any]] = field(default_factory=list)  # [anchor, state]
     agent_writes: list[list[Any]] = field(default_factory=list)  # [anchor, agent]
-    children: dict[str, dict[str, Any]] = field(default_factory=dict)  # child -> agent, busy call
+    # child -> {agent_id, call_id (the call it is busy with), mode?, detached? (the call
+    # a detached turn runs for), last? (a detached turn's outcome, for `wait`)}
+    children: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Each connection's tool list as last synced: path -> {tools, prefix?} (connectors.py).
+    connectors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    held: dict[str, Any] | None = None  # the turn's first {trigger, proposed}, waiting on syncs
 
     @property
     def turn_tools(self) -> list[dict[str, Any]]:
@@ -172,6 +177,8 @@ def state_to_json(s: SessionState) -> dict[str, Any]:
         "state_writes": s.state_writes,
         "agent_writes": s.agent_writes,
         "children": s.children,
+        "connectors": s.connectors,
+        "held": s.held,
     }
 
 
@@ -204,4 +211,6 @@ def state_from_json(d: dict[str, Any]) -> SessionState:
         state_writes=d["state_writes"],
         agent_writes=d["agent_writes"],
         children=d["children"],
+        connectors=d["connectors"],
+        held=d["held"],
     )

@@ -26,6 +26,31 @@ def find_tool(
     return None
 
 
+_TOOL_KEYS = ("name", "description", "input", "output", "defer")
+
+
+def submitted_tools(client: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A submit's `client.tools` as its turn records them: each forced to `handler:
+    "client"` (SPEC §6), fields left unset left out."""
+    tools = []
+    for tool in (client or {}).get("tools") or ():
+        kept = {k: tool[k] for k in _TOOL_KEYS if tool.get(k) is not None}
+        tools.append({**kept, "handler": "client"})
+    return tools
+
+
+def client_tool_clash(tools: list[dict[str, Any]], offered: set[str]) -> tuple[int, str] | None:
+    """The first per-submit tool whose name the model is already `offered`, or that an
+    earlier one in the list took: its index and why."""
+    taken = dict.fromkeys(offered, "the agent")
+    for i, tool in enumerate(tools):
+        name = tool["name"]
+        if name in taken:
+            return i, f"tool {name!r} is already offered by {taken[name]}"
+        taken[name] = "an earlier tool of this input"
+    return None
+
+
 def _first_error(schema: Any, value: Any) -> str | None:
     try:
         validator = Draft202012Validator(schema)

@@ -1,10 +1,19 @@
-"""Turns (SPEC §2, §10): starting, queueing, ending; interrupts (§8); messages between sessions."""
+"""Turns (SPEC §2, §10): starting, queueing, ending; interrupts (§8); messages between sessions.
+
+Queued turns: an input sent with `queue: true` while a turn runs waits in the session's
+FIFO. The agent's `retry.default.queue_timeout_secs` bounds that wait when it is set (no
+limit by default, retry.py `turn`): the deadline is recorded on `turn.queued`, a timer
+enforces it, and a turn still waiting then fails (`turn.failed`, `deadline_exceeded`,
+`detail.reason: "queue_timeout"`) without running.
+It is not retried: another wait in the same queue is what a retry would be. A turn a
+parent's subagent call runs has no timer here: the parent's call times its start.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import calls, decisions
+from . import calls, connectors, decisions, retry
 from . import events as ev
 from .core import MachineError, Step
 from .effects import Deliver
@@ -13,10 +22,12 @@ from .inputs import (
     ChildSpawned,
     ClientSubmitted,
     MessageDelivered,
+    QueueDeadline,
     SubagentFinished,
     SubagentStarted,
 )
-from .request import client_tool_clash, submitted_tools
+from .state import ZERO_USAGE
+from .tools import client_tool_clash, submitted_tools
 from .tree import id_clash, match_view, path_to
 
 TURN_STARTS = ("client.message", "client.messages", "client.append", "client.action")
@@ -66,7 +77,13 @@ def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> N
     if s is not None and s.turn is not None:
         if body.get("queue") and body["type"] in QUEUEABLE:
             turn_id = turn_id or st.ids("turn")
-            st.emit({"type": ev.TURN_QUEUED, "turn_id": turn_id, "input": body}, turn_id)
+            queued: ev.TurnQueued = {"type": ev.TURN_QUEUED, "turn_id": turn_id, "input": body}
+            due = None
+            if not body.get("parent"):
+                due = retry.queue_deadline(retry.resolve_policy("turn", s.agent), st.now)
+            if due is not None:
+                queued["deadline_ms"] = due
+            st.emit(queued, turn_id)
             st.out.reply = _reply(st, turn_id, queued=True)
             return
         raise MachineError(
@@ -95,14 +112,17 @@ def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> N
 
 
 def _check_client_tools(st: Step, inp: ClientSubmitted) -> None:
-    """A per-submit tool may not take a name the model is already offered (SPEC §6)."""
+    """A per-submit tool may not take a name the model is already offered (SPEC §6): an
+    agent tool, a subagent, a connection's tool as last synced."""
     tools = submitted_tools(inp.input.get("client"))
     if not tools:
         return
     s = st.state
     agent = s.agent if s is not None else inp.agent_config
-    depth = len(s.ancestry if s is not None else inp.ancestry or [])
-    clash = client_tool_clash(agent, tools, depth)
+    offered = connectors.own_names(agent)
+    if s is not None:
+        offered |= set(connectors.tools_of(s, offered))
+    clash = client_tool_clash(tools, offered)
     if clash is not None:
         index, why = clash
         param = f"input.client.tools.{index}.name"
@@ -186,9 +206,8 @@ def start_turn(
     if body.get("parent"):
         started["parent"] = body["parent"]
         parent = body["parent"]
-        st.out.effects.append(
-            Deliver(parent["session_id"], SubagentStarted(st.session_id, parent["call_id"]))
-        )
+        begun = SubagentStarted(st.session_id, parent["call_id"], parent.get("attempt", 1))
+        st.out.effects.append(Deliver(parent["session_id"], begun))
     st.emit(started, turn_id)
     if start_config is not None:
         # session.start: the engine proposes the file's agent config.
@@ -200,10 +219,22 @@ def start_turn(
         trigger = {"type": "client.action", "name": body["name"]}
         if body.get("args") is not None:
             trigger["args"] = body["args"]
-        decisions.decide(st, trigger, _action_proposal(st, body))
+        proposed = _action_proposal(st, body)
     else:
-        decisions.decide(st, *_messages_trigger(st, body))
+        trigger, proposed = _messages_trigger(st, body)
+    agent = st.s.agent if st.s.agent is not None else start_config
+    if not connectors.hold(st, agent, trigger, proposed, force=_sync_asked(body)):
+        decisions.decide(st, trigger, proposed)
     settle_turn(st)
+
+
+def _sync_asked(body: dict[str, Any]) -> str | None:
+    """A client's `connector.sync` action: the connection to fetch afresh."""
+    args = body.get("args")
+    if body["type"] != "client.action" or body.get("name") != "connector.sync":
+        return None
+    path = args.get("path") if isinstance(args, dict) else None
+    return path if isinstance(path, str) else None
 
 
 def _action_proposal(st: Step, body: dict[str, Any]) -> dict[str, Any]:
@@ -279,7 +310,7 @@ def open_calls(st: Step) -> list[Any]:
 def busy(st: Step) -> bool:
     """Anything still in flight or waiting in this turn."""
     s = st.s
-    return bool(open_calls(st) or s.decision or s.pending or s.interrupts)
+    return bool(open_calls(st) or s.decision or s.pending or s.interrupts or s.held)
 
 
 def settle_turn(st: Step) -> None:
@@ -330,6 +361,7 @@ def tell_parent(st: Step, turn: Any, *, ok: bool, error: dict[str, Any] | None) 
         error=error,
         usage=turn.usage,
         cost=turn.cost,
+        attempt=turn.parent.get("attempt", 1),
     )
     st.out.effects.append(Deliver(turn.parent["session_id"], finished))
 
@@ -361,7 +393,8 @@ def stop_child(st: Step, call: Any) -> None:
         return
     child = next((c for c, v in st.s.children.items() if v.get("call_id") == call.id), None)
     if child is not None:
-        st.out.effects.append(Deliver(child, ChildCancelled(st.session_id, call.id)))
+        cancel = ChildCancelled(st.session_id, call.id, call.attempt)
+        st.out.effects.append(Deliver(child, cancel))
 
 
 def end_turn(st: Step, data: Any) -> None:
@@ -398,6 +431,30 @@ def fail_turn(st: Step, error: dict[str, Any]) -> None:
     next_queued(st)
 
 
+def queue_deadline(st: Step, inp: QueueDeadline) -> None:
+    """A queued turn's queue timeout passed: one still waiting fails, never having run."""
+    queued = next((q for q in st.s.queue if q["turn_id"] == inp.turn_id), None)
+    if queued is None:
+        st.ignore(f"turn {inp.turn_id!r} is no longer queued")
+        return
+    policy = retry.resolve_policy("turn", st.s.agent)
+    drop_queued(st, inp.turn_id, retry.queue_timeout(f"turn {inp.turn_id}", policy))
+
+
+def drop_queued(st: Step, turn_id: str, error: dict[str, Any]) -> None:
+    """A queued turn ends before it starts: `turn.failed` under its own id."""
+    st.emit(
+        {
+            "type": ev.TURN_FAILED,
+            "turn_id": turn_id,
+            "error": error,
+            "cost": "0",
+            "usage": dict(ZERO_USAGE),
+        },
+        turn_id,
+    )
+
+
 def next_queued(st: Step) -> None:
     if st.s.queue:
         nxt = st.s.queue[0]
@@ -427,6 +484,7 @@ def resume_interrupt(st: Step, iid: str, payload: Any) -> bool:
     if st.state is None or iid not in st.s.interrupts:
         st.ignore(f"interrupt {iid!r} is not open")
         return False
+    connector = connectors.connector_of(st.s.interrupts[iid])
     resumed: ev.SessionInterruptResumed = {
         "type": ev.SESSION_INTERRUPT_RESUMED,
         "interrupt_id": iid,
@@ -436,6 +494,9 @@ def resume_interrupt(st: Step, iid: str, payload: Any) -> bool:
         resumed["payload"] = payload
         trigger["payload"] = payload
     st.emit(resumed)
+    if connector is not None and st.s.turn is not None:
+        connectors.start_sync(st, connector, force=True)  # the held decision follows it
+        return True
     decisions.decide(st, trigger, calls.reprompt_or_nothing(st))
     return True
 
@@ -472,14 +533,19 @@ def message_delivered(st: Step, inp: MessageDelivered) -> None:
 def child_spawned(st: Step, inp: ChildSpawned) -> None:
     """Start (or continue) this child session with the parent's message, as one turn.
 
-    The turn id is derived from the parent's call, so a replayed spawn is the same turn.
+    The turn id is derived from the parent's call (and its attempt, past the first), so a
+    replayed spawn is the same turn and a retried one a turn of its own.
     """
-    parent = {"session_id": inp.parent_session, "call_id": inp.call_id}
+    parent: dict[str, Any] = {"session_id": inp.parent_session, "call_id": inp.call_id}
+    turn_id = f"sub~{inp.parent_session}~{inp.call_id}"
+    if inp.attempt > 1:
+        parent["attempt"] = inp.attempt
+        turn_id += f"~{inp.attempt}"
     body = {
         "type": "client.message",
         "agent_id": inp.agent_id,
         "message": inp.message,
-        "turn_id": f"sub~{inp.parent_session}~{inp.call_id}",
+        "turn_id": turn_id,
         "queue": True,
         "parent": parent,
     }
@@ -497,11 +563,22 @@ def child_spawned(st: Step, inp: ChildSpawned) -> None:
 
 
 def child_cancelled(st: Step, inp: ChildCancelled) -> None:
+    """The parent's call ended: its turn here stops, or, still queued, never starts."""
+
+    def for_call(parent: dict[str, Any] | None) -> bool:
+        if parent is None or (parent["session_id"], parent["call_id"]) != (
+            inp.parent_session,
+            inp.call_id,
+        ):
+            return False
+        return inp.attempt is None or parent.get("attempt", 1) <= inp.attempt
+
+    error = {"message": "the parent's call ended", "code": "internal"}
+    waiting = [q["turn_id"] for q in st.s.queue if for_call(q["input"].get("parent"))]
+    for turn_id in waiting:
+        drop_queued(st, turn_id, error)
     turn = st.s.turn
-    if turn is None or turn.parent != {
-        "session_id": inp.parent_session,
-        "call_id": inp.call_id,
-    }:
+    if turn is not None and for_call(turn.parent):
+        fail_turn(st, error)
+    elif not waiting:
         st.ignore("no turn of this session runs for that call")
-        return
-    fail_turn(st, {"message": "the parent's turn ended", "code": "internal"})

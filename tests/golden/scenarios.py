@@ -1,9 +1,11 @@
 """Engine runs recorded only as golden logs (see record.py), for the event kinds the
 suite's own tests do not leave in a log: worker state and channels, a backoff timer, a
-branch, a child whose turn fails. Not collected by the suite (no `test_` file name)."""
+branch, a child whose turn fails, connectors. Not collected by the suite (no `test_` file name)."""
 
 from __future__ import annotations
 
+import json
+import sys
 import textwrap
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from tests.engine_helpers import ENV, assert_consistent, payloads, turn_ended, w
 from tests.fakes.llm_vendor import HttpError, Text, ToolCalls
 
 SECRET = "worker-secret-for-tests"
+MCP_SERVER = str(Path(__file__).parents[1] / "mcp_server.py")
 
 
 async def _engine(redis, tmp_path: Path, text: str) -> Engine:
@@ -117,6 +120,48 @@ async def test_a_child_whose_turn_fails(redis, vendor, tmp_path):
     finally:
         await engine.stop()
     assert payloads(events, "subagent.errored")
+
+
+async def test_connectors_a_sync_a_call_and_a_server_that_is_not_installed(redis, vendor, tmp_path):
+    vendor.push(ToolCalls([("clock__echo", {"text": "hi"})]), Text("It echoed."))
+    engine = await _engine(
+        redis,
+        tmp_path,
+        f"""\
+        [llm.openai]
+        type = "openai"
+        base_url = "{vendor.url}/v1"
+
+        [mcp.clock]
+        command = [{json.dumps(sys.executable)}, {json.dumps(MCP_SERVER)}]
+
+        [mcp.gone]
+        command = ["no-such-mcp-server"]
+
+        [agent.oncall]
+        llm = "openai"
+        model = "gpt-4.1-mini"
+        system = "You help."
+        mcp = ["mcp.clock", "mcp.gone"]
+        """,
+    )
+    try:
+        client = Client(engine.store)
+        reply = await client.submit(
+            {
+                "type": "client.message",
+                "agent_id": "oncall",
+                "message": {"role": "user", "content": "echo hi"},
+            }
+        )
+        sid = reply["session_id"]
+        end = await wait_for_event(client, sid, turn_ended(reply["turn_id"]), timeout=30)
+        assert end["payload"]["type"] == "turn.completed"
+        events = await assert_consistent(engine.store, sid)
+    finally:
+        await engine.stop()
+    for kind in ("decision.held", "connector.synced", "connector.sync.errored"):
+        assert payloads(events, kind), kind
 
 
 async def test_a_turn_waits_on_a_per_submit_client_tool(redis, vendor, tmp_path):

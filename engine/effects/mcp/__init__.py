@@ -1,0 +1,1 @@
+"""MCP connectors: the engine as an MCP client (connection.py) and its runners."""

@@ -1,0 +1,186 @@
+"""The engine's MCP side: its connections, and the runners of connector syncs and calls.
+
+A sync answers the connection's tool list (from the connection's cache unless the
+server said it changed or the sync was asked to fetch afresh); a call checks its
+input against the tool's schema, sends `tools/call` under the attempt's deadline and
+answers the result as the log keeps tool results (machine/tools.py): content blocks a
+worker can read (text, blob, link; images and audio as `data:` URIs),
+`structuredContent` and `isError`. A down, slow or garbled server is a retryable
+failed attempt; a refused credential is not retryable and names the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from mcp_types import CallToolResult
+
+from engine.config import Project
+from engine.effects.mcp.connection import McpConnection, McpTrouble
+from engine.effects.runner import Done, EffectRunner, Tasks, register
+from engine.machine import CallAnswered, Input, SessionState
+from engine.machine.connectors import AUTH, RunConnectorSync, RunMcpCall, prefix_of
+from engine.machine.retry import Fault
+from engine.machine.tools import validate_input
+
+
+class Connectors:
+    """Every `[mcp.*]` connection of the project, opened on first use."""
+
+    def __init__(self, project: Project, env: Mapping[str, str]) -> None:
+        base = os.path.dirname(project.path)
+        self.by_path = {b.path: McpConnection(b, env, base) for b in project.mcp.values()}
+        # Connections that cannot start here (`subs serve` and `subs check` say why).
+        reasons = {b.path: b.off_reason(env, base) for b in project.mcp.values()}
+        self.off = {path: why for path, why in reasons.items() if why is not None}
+
+    def get(self, path: str) -> McpConnection:
+        conn = self.by_path.get(path)
+        if conn is None:
+            known = ", ".join(self.by_path) or "none"
+            raise McpTrouble(
+                f"no [{path}] connection in subs.toml (declared: {known})", retryable=False
+            )
+        if path in self.off:
+            raise McpTrouble(f"{path} is off: {self.off[path]}", retryable=False)
+        return conn
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(c.close() for c in self.by_path.values()))
+
+
+def _failure(effect: RunConnectorSync | RunMcpCall, trouble: McpTrouble, path: str) -> Input:
+    detail: dict[str, Any] = {"connector": path}
+    if trouble.unauthorized:
+        detail["reason"] = AUTH
+    error = {"message": trouble.message, "code": "handler_error", "detail": detail}
+    return CallAnswered(effect.call_id, effect.attempt, error=error, retryable=trouble.retryable)
+
+
+def _timeout(effect: RunConnectorSync | RunMcpCall, runner: EffectRunner) -> float | None:
+    return None if effect.deadline is None else max((effect.deadline - runner.now_ms()) / 1000, 0)
+
+
+def run_sync(
+    runner: EffectRunner, state: SessionState, effect: RunConnectorSync, done: Done, tasks: Tasks
+) -> None:
+    call = state.calls[effect.call_id]
+    path, force = call.name or "", bool(call.params.get("force"))
+
+    def prepare() -> Any:
+        async def sync() -> Input:
+            try:
+                async with asyncio.timeout(_timeout(effect, runner)):
+                    tools = await runner.connectors.get(path).list_tools(force=force)
+            except McpTrouble as trouble:
+                return _failure(effect, trouble, path)
+            except TimeoutError:
+                late = Fault.DEADLINE
+                return CallAnswered(
+                    effect.call_id,
+                    effect.attempt,
+                    error=late.error(f"{path} did not list its tools before the deadline"),
+                    retryable=late.retryable,
+                )
+            conn = runner.connectors.get(path)
+            listed: dict[str, Any] = {"tools": tools}
+            if conn.block.prefix_tools:
+                listed["prefix"] = prefix_of(path)
+            return CallAnswered(effect.call_id, effect.attempt, result=listed)
+
+        return sync
+
+    def failed(error: dict[str, Any], retryable: bool) -> Input:
+        return CallAnswered(effect.call_id, effect.attempt, error=error, retryable=retryable)
+
+    runner.run(state.session_id, f"sync of {path}", prepare, failed, done, tasks)
+
+
+def run_call(
+    runner: EffectRunner, state: SessionState, effect: RunMcpCall, done: Done, tasks: Tasks
+) -> None:
+    call = state.calls[effect.call_id]
+    path, tool = call.params["connector"], call.params["tool"]
+    synced = next(
+        (t for t in state.connectors.get(path, {}).get("tools") or () if t["name"] == tool), None
+    )
+
+    def prepare() -> Any:
+        checked = validate_input(synced, call.arguments or "")
+
+        async def send() -> Input:
+            if checked["status"] != "valid":  # the model is told; the server is never asked
+                error = {
+                    "message": f"the input of {call.name} does not fit its schema: "
+                    f"{checked['error']}",
+                    "code": "handler_error",
+                    "detail": {"connector": path},
+                }
+                return CallAnswered(effect.call_id, effect.attempt, error=error, retryable=False)
+            arguments = checked["value"]
+            try:
+                async with asyncio.timeout(_timeout(effect, runner)):
+                    result = await runner.connectors.get(path).request(
+                        lambda session: session.call_tool(tool, arguments)
+                    )
+            except McpTrouble as trouble:
+                return _failure(effect, trouble, path)
+            except TimeoutError:
+                late = Fault.DEADLINE
+                return CallAnswered(
+                    effect.call_id,
+                    effect.attempt,
+                    error=late.error(f"{path} did not answer {tool} before the deadline"),
+                    retryable=late.retryable,
+                )
+            return CallAnswered(effect.call_id, effect.attempt, result=stored_result(result))
+
+        return send
+
+    def failed(error: dict[str, Any], retryable: bool) -> Input:
+        return CallAnswered(effect.call_id, effect.attempt, error=error, retryable=retryable)
+
+    runner.run(state.session_id, f"call of {path} {tool}", prepare, failed, done, tasks)
+
+
+def stored_result(result: CallToolResult) -> dict[str, Any]:
+    """An MCP result as a stored tool result (schema StoredResult): the SDK's `_meta` and
+    `resultType` dropped, every block one a worker reads."""
+    content = [_block(b.model_dump(by_alias=True, exclude_none=True)) for b in result.content]
+    out: dict[str, Any] = {"content": [b for b in content if b is not None]}
+    if result.structured_content is not None:
+        out["structuredContent"] = result.structured_content
+    if result.is_error:
+        out["isError"] = True
+    return out
+
+
+def _block(block: dict[str, Any]) -> dict[str, Any] | None:
+    kind = block.get("type")
+    if kind == "text":
+        return {"type": "text", "text": block.get("text", "")}
+    if kind in ("image", "audio"):
+        return {
+            "type": "blob",
+            "uri": f"data:{block.get('mimeType')};base64,{block.get('data', '')}",
+        }
+    if kind == "resource":
+        res = block.get("resource") or {}
+        if "text" in res:
+            return {"type": "text", "text": res["text"]}
+        mime = res.get("mimeType") or "application/octet-stream"
+        return {"type": "blob", "uri": f"data:{mime};base64,{res.get('blob', '')}"}
+    if kind == "resource_link":
+        link: dict[str, Any] = {"type": "link", "uri": block.get("uri", "")}
+        for key in ("name", "mimeType"):
+            if block.get(key):
+                link[key] = block[key]
+        return link
+    return None
+
+
+register(RunConnectorSync, run_sync)
+register(RunMcpCall, run_call)

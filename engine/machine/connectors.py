@@ -1,0 +1,278 @@
+"""Connectors (MCP): the tools a session draws from its agent's `[mcp.*]` connections.
+
+A connection's tool list is a fact of the session's log, not of the engine process:
+every turn of an agent that names connections starts with a sync of each one (a
+`connector` call, run by the engine under the `connector` retry policy), which the
+shell answers from its cache unless the server said its list changed; the list is
+recorded (`connector.synced`) and the turn's first decision waits for it
+(`decision.held` ... `decision.released`). The model then sees the surviving tools as
+`<prefix>__<tool>`, and a call to one runs on the engine (handler `server`).
+
+A sync that fails for want of a credential stops the turn with an interrupt naming the
+connection (`auth_failure = "interrupt"`, the default), and resuming it syncs again; with
+`"degrade"`, or for any other failure, the turn goes on without those tools.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Any
+
+from . import calls, decisions, kinds, turns
+from . import events as ev
+from .core import Step
+from .effects import RunCall
+from .inputs import CallAnswered
+from .retry import resolve_policy
+from .state import Call, SessionState
+
+AUTH = "unauthorized"  # `detail.reason` of a sync or call refused for its credential
+
+
+class RunConnectorSync(RunCall):
+    """Fetch the tool list of connection `calls[call_id].name` (`mcp.<id>`)."""
+
+
+class RunMcpCall(RunCall):
+    """Call a connector tool on its server (the call's `params` say which)."""
+
+
+# -- what the agent names ------------------------------------------------------------
+
+
+def entries(agent: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The agent's connections (wire McpServer), ids in the path form `mcp.<id>`."""
+    out = []
+    for entry in (agent or {}).get("mcp") or ():
+        entry = {"id": entry} if isinstance(entry, str) else entry
+        path = entry["id"] if entry["id"].startswith("mcp.") else f"mcp.{entry['id']}"
+        out.append({**entry, "id": path})
+    return out
+
+
+def _kept(tool: dict[str, Any], spec: dict[str, Any]) -> bool:
+    """Upstream's filter: capability predicates, then include, then exclude; each only
+    removes. A predicate reads the tool's MCP annotation: a tool without it fails."""
+    notes = tool.get("annotations") or {}
+    if spec.get("read_only") and notes.get("readOnlyHint") is not True:
+        return False
+    if spec.get("non_destructive") and notes.get("destructiveHint") is not False:
+        return False
+    if spec.get("idempotent") and notes.get("idempotentHint") is not True:
+        return False
+    name = tool["name"]
+    include = spec.get("include")
+    if include is not None and not any(fnmatch.fnmatchcase(name, g) for g in include):
+        return False
+    return not any(fnmatch.fnmatchcase(name, g) for g in spec.get("exclude") or ())
+
+
+def prefix_of(path: str) -> str:
+    """`mcp.my-server` -> `my_server`: every non-alphanumeric as `_` (upstream's rule)."""
+    return re.sub(r"[^A-Za-z0-9]", "_", path.removeprefix("mcp."))
+
+
+def tools_of(state: SessionState, taken: set[str]) -> dict[str, dict[str, Any]]:
+    """The connector tools the model is offered, by offered name, as tool contracts
+    (`handler: server`, the connection and the server's own name for the call).
+
+    A name the agent's own tools or subagents use stays theirs; a name two connections
+    both offer is offered by neither.
+    """
+    found: dict[str, dict[str, Any]] = {}
+    clashed: set[str] = set()
+    for entry in entries(state.agent):
+        synced = state.connectors.get(entry["id"])
+        if not synced:
+            continue
+        prefix = synced.get("prefix")
+        for tool in synced.get("tools") or ():
+            if not _kept(tool, entry.get("tools") or {}):
+                continue
+            name = f"{prefix}__{tool['name']}" if prefix else tool["name"]
+            if name in taken:
+                continue
+            if name in found:
+                clashed.add(name)
+                continue
+            contract: dict[str, Any] = {
+                "name": name,
+                "description": tool.get("description") or "",
+                "input": tool.get("input") or {"type": "object"},
+                "handler": "server",
+                "connector": entry["id"],
+                "tool": tool["name"],
+            }
+            found[name] = contract
+    for name in clashed:
+        del found[name]
+    return found
+
+
+# -- syncing at a turn's start ---------------------------------------------------------
+
+
+def hold(
+    st: Step,
+    agent: dict[str, Any] | None,
+    trigger: dict[str, Any],
+    proposed: dict[str, Any],
+    *,
+    force: str | None = None,
+) -> bool:
+    """Sync the agent's connections before the turn's first decision; True if it waits.
+    `force` is a connection to fetch from its server rather than the engine's cache."""
+    paths = [e["id"] for e in entries(agent)]
+    if not paths:
+        return False
+    st.emit({"type": ev.DECISION_HELD, "trigger": trigger, "proposed": proposed})
+    for path in paths:
+        start_sync(st, path, force=path == force, agent=agent)
+    return True
+
+
+def start_sync(st: Step, path: str, *, force: bool, agent: dict[str, Any] | None = None) -> None:
+    """A `connector` call for one connection (one at a time per connection)."""
+    if any(c.kind == "connector" and c.name == path for c in st.s.calls.values()):
+        return
+    call_id = st.ids("sync")
+    requested: ev.ConnectorSyncRequested = {
+        "type": ev.CONNECTOR_SYNC_REQUESTED,
+        "id": call_id,
+        "name": path,
+        "handler": "server",
+        "retry": resolve_policy("connector", agent or st.s.agent),
+    }
+    if force:
+        requested["params"] = {"force": True}
+    st.emit(requested)
+    calls.dispatch(st, st.s.calls[call_id], 1)
+
+
+def settle_sync(st: Step, call: Call, inp: CallAnswered) -> None:
+    """The runner's answer: the list (recorded), or a failed attempt."""
+    if inp.error is not None:
+        calls.call_failed(st, call, inp.error, inp.retryable, inp.retry_after)
+        return
+    listed = inp.result if isinstance(inp.result, dict) else {}
+    path = call.name or ""
+    tools, prefix = list(listed.get("tools") or ()), listed.get("prefix")
+    now: dict[str, Any] = {"tools": tools, "prefix": prefix} if prefix else {"tools": tools}
+    synced: ev.ConnectorSynced = {"type": ev.CONNECTOR_SYNCED, "id": call.id, "path": path}
+    if st.s.connectors.get(path) != now:  # recorded when it changes: a turn adds no list
+        synced["tools"] = tools
+        if prefix:
+            synced["prefix"] = prefix
+    st.emit(synced)
+    release(st)
+
+
+def sync_failed(st: Step, call: Call, error: dict[str, Any]) -> None:
+    """A sync failed for good (its `errored` event is recorded): ask for the credential,
+    or go on without the connection's tools."""
+    path = call.name or ""
+    entry = next((e for e in entries(st.s.agent) if e["id"] == path), {})
+    unauthorized = (error.get("detail") or {}).get("reason") == AUTH
+    if unauthorized and entry.get("auth_failure", "interrupt") == "interrupt":
+        turns.raise_interrupt(
+            st,
+            {
+                "reason": f"{path} needs authorizing: {error['message']}",
+                "payload": {
+                    "message": f"The connection **{path}** refused its credential. "
+                    "Fix the secret, then retry: it is fetched again and the turn goes on.",
+                    # Slack shows the option as a Retry button (bot/rendering/prompts.py).
+                    "metadata": {
+                        "connector": path,
+                        "options": [{"label": "Retry", "value": "retry", "style": "primary"}],
+                    },
+                },
+            },
+            "engine",
+        )
+        return
+    release(st)
+
+
+def release(st: Step) -> None:
+    """The held decision goes once no sync is open and no connection waits for a person."""
+    s = st.s
+    if s.held is None or s.turn is None:
+        return
+    if any(c.kind == "connector" for c in s.calls.values()) or connector_interrupt(s):
+        return
+    held = s.held
+    st.emit({"type": ev.DECISION_RELEASED})
+    decisions.decide(st, held["trigger"], held["proposed"])
+
+
+def connector_of(interrupt: dict[str, Any]) -> str | None:
+    """The connection an interrupt waits on a person for (`sync_failed` raised it)."""
+    connector = ((interrupt.get("payload") or {}).get("metadata") or {}).get("connector")
+    return connector if isinstance(connector, str) else None
+
+
+def connector_interrupt(s: SessionState) -> bool:
+    return any(connector_of(i) is not None for i in s.interrupts.values())
+
+
+# -- the calls ---------------------------------------------------------------------------
+
+
+def own_names(agent: dict[str, Any] | None) -> set[str]:
+    """Names the agent's declared tools and subagents hold (they keep them on a clash)."""
+    agent = agent or {}
+    names = {t["name"] for t in agent.get("tools") or ()}
+    for sub in agent.get("subagents") or ():
+        names.add(f"agent__{sub['id']}" if sub.get("prefix") else sub["id"])
+    return names
+
+
+def call_params(state: SessionState, name: str) -> dict[str, Any] | None:
+    """The contract of the connector tool the model calls by `name`, or None."""
+    return tools_of(state, own_names(state.agent)).get(name)
+
+
+def settle_call(st: Step, call: Call, inp: CallAnswered) -> None:
+    """A connector tool's answer is its MCP result as recorded (isError included)."""
+    if inp.error is not None:
+        calls.call_failed(st, call, inp.error, inp.retryable, inp.retry_after)
+    else:
+        calls.settle_tool(st, call, inp.result, None, False)
+
+
+kinds.register(
+    kinds.CallKind(
+        kind="tool",
+        handler="server",
+        retry="tool",
+        runnable=kinds.always,
+        effect=RunMcpCall,
+        deadline=kinds.backstop(kinds.BACKSTOP_GRACE_MS),
+        in_flight=True,  # MCP has no idempotency key: a lost call is sent again
+        settle=settle_call,
+    )
+)
+kinds.register(
+    kinds.CallKind(
+        kind="connector",
+        handler="server",
+        retry="connector",
+        runnable=kinds.always,
+        effect=RunConnectorSync,
+        deadline=kinds.backstop(kinds.BACKSTOP_GRACE_MS),
+        in_flight=True,
+        settle=settle_sync,
+        failed=sync_failed,
+        retry_defaults={
+            "queue_timeout_secs": None,
+            "run_timeout_secs": 30,
+            "total_timeout_secs": 120,
+            "max_attempts": 3,
+            "backoff_base_secs": 1,
+            "backoff_max_secs": 10,
+        },
+        agent_retry="connector",
+    )
+)

@@ -1,0 +1,634 @@
+"""MCP connectors end to end: the real engine, real Redis, the fake model vendor, and a
+real MCP server (tests/mcp_server.py, the SDK's `MCPServer`) over stdio and HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.client import Client
+from engine.config import parse_project
+from engine.runtime.engine import Engine
+from tests.engine_helpers import (
+    ENV,
+    ROOT,
+    assert_consistent,
+    payloads,
+    poll_until,
+    turn_ended,
+    wait_for_event,
+)
+from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
+
+SERVER = str(ROOT / "tests" / "mcp_server.py")
+
+
+def toml(vendor: FakeVendor, *, blocks: str, mcp: str, extra: str = "") -> str:
+    return textwrap.dedent(
+        f"""\
+        name = "mcp-test"
+
+        [llm.openai]
+        type = "openai"
+        base_url = "{vendor.url}/v1"
+
+        {blocks}
+
+        [agent.oncall]
+        llm = "openai"
+        model = "gpt-4.1-mini"
+        system = "You are the on-call assistant."
+        mcp = {mcp}
+        retry = {{ tool = {{ max_attempts = 3, backoff_base_secs = 0, run_timeout_secs = 20 }}, \
+connector = {{ backoff_base_secs = 0 }} }}
+        {extra}
+        """
+    )
+
+
+def stdio_block(name: str = "clock", **env: str) -> str:
+    pairs = ", ".join(f'{k} = "{v}"' for k, v in {"CLOCK_TZ": "UTC", **env}.items())
+    return textwrap.dedent(
+        f"""\
+        [mcp.{name}]
+        command = [{json.dumps(sys.executable)}, {json.dumps(SERVER)}]
+        env = {{ {pairs} }}
+        """
+    )
+
+
+class Harness:
+    """An engine over one project, and a client to talk to it."""
+
+    def __init__(self, redis: Any, vendor: FakeVendor, tmp_path: Path) -> None:
+        self.redis, self.vendor, self.tmp_path = redis, vendor, tmp_path
+        self.engine: Engine | None = None
+
+    async def start(self, text: str, env: dict[str, str] | None = None) -> Engine:
+        path = self.tmp_path / "subs.toml"
+        path.write_text(text)
+        project = parse_project(text, str(path), env={})
+        self.engine = Engine(project, self.redis, env={**ENV, **(env or {})}, lease_ms=3000)
+        await self.engine.start()
+        return self.engine
+
+    async def stop(self) -> None:
+        if self.engine is not None:
+            await self.engine.stop()
+            self.engine = None
+
+    @property
+    def client(self) -> Client:
+        assert self.engine is not None
+        return Client(self.engine.store)
+
+    async def say(self, text: str, session: str | None = None) -> tuple[str, str]:
+        body: dict[str, Any] = {
+            "type": "client.message",
+            "agent_id": "oncall",
+            "message": {"role": "user", "content": text},
+        }
+        reply = await self.client.submit(body, session_id=session, identity={"issuer": "cli"})
+        return reply["session_id"], reply["turn_id"]
+
+    async def turn(self, text: str, session: str | None = None) -> tuple[str, dict[str, Any]]:
+        sid, turn_id = await self.say(text, session)
+        end = await wait_for_event(self.client, sid, turn_ended(turn_id), timeout=60)
+        return sid, end
+
+
+@pytest.fixture
+async def harness(redis, vendor, tmp_path):
+    h = Harness(redis, vendor, tmp_path)
+    yield h
+    await h.stop()
+
+
+def offered(vendor: FakeVendor, i: int) -> list[str]:
+    """The tool names the model was offered in request `i` (OpenAI body)."""
+    return [t["function"]["name"] for t in vendor.requests[i].body.get("tools") or ()]
+
+
+def tool_message(vendor: FakeVendor, i: int) -> str:
+    [msg] = [m for m in vendor.requests[i].body["messages"] if m["role"] == "tool"][-1:]
+    return msg["content"]
+
+
+# -- stdio ------------------------------------------------------------------------------
+
+
+async def test_a_stdio_server_started_from_command_answers_the_models_tool_call(harness, vendor):
+    vendor.push(ToolCalls([("clock__now", {})]), Text("It is noon, UTC."))
+    await harness.start(
+        toml(
+            vendor,
+            blocks=stdio_block(),
+            mcp='[{ id = "mcp.clock", tools = { include = ["now", "echo", "secret*", "boom"], '
+            'exclude = ["secret*"] } }]',
+        )
+    )
+    sid, end = await harness.turn("what time is it?")
+    assert end["payload"]["type"] == "turn.completed"
+    # include then exclude, over the server's own names; the model sees them prefixed
+    assert sorted(offered(vendor, 0)) == ["clock__boom", "clock__echo", "clock__now"]
+    [tool] = [t for t in vendor.requests[0].body["tools"] if t["function"]["name"] == "clock__now"]
+    assert tool["function"]["description"] == "The current time at the clock."
+    # env reached the child (the SDK passes almost none of ours)
+    assert tool_message(vendor, 1) == "It is 12:00 in UTC."
+    events = await assert_consistent(harness.engine.store, sid)
+    [synced] = payloads(events, "connector.synced")
+    assert synced["path"] == "mcp.clock" and synced["prefix"] == "clock"
+    assert {t["name"] for t in synced["tools"]} >= {"now", "echo", "secret_rotate", "grow"}
+    [requested] = payloads(events, "tool.call.requested")
+    assert requested["handler"] == "server"
+    assert requested["params"] == {"connector": "mcp.clock", "tool": "now"}
+    [completed] = payloads(events, "tool.call.completed")
+    assert completed["result"]["content"] == [{"type": "text", "text": "It is 12:00 in UTC."}]
+    types = [e["payload"]["type"] for e in events]
+    # recorded before it ran: the list before the first decision, the call before its result
+    assert types.index("connector.synced") < types.index("llm.call.requested")
+    assert types.index("tool.call.dispatched") < types.index("tool.call.completed")
+
+
+async def test_a_tool_error_content_blocks_and_structured_content_are_recorded(harness, vendor):
+    vendor.push(
+        ToolCalls(
+            [("clock__boom", {}), ("clock__picture", {}), ("clock__forecast", {"city": "Oslo"})]
+        ),
+        Text("The clock is broken, here is a pixel and the weather."),
+    )
+    await harness.start(toml(vendor, blocks=stdio_block(), mcp='["mcp.clock"]'))
+    sid, end = await harness.turn("status?")
+    assert end["payload"]["type"] == "turn.completed"
+    events = await assert_consistent(harness.engine.store, sid)
+    results = {p["id"]: p["result"] for p in payloads(events, "tool.call.completed")}
+    names = {p["id"]: p["name"] for p in payloads(events, "tool.call.requested")}
+    by_name = {names[i]: r for i, r in results.items()}
+    # isError: a result the model sees, not a failed attempt
+    assert by_name["clock__boom"]["isError"] is True
+    assert "the clock is broken" in by_name["clock__boom"]["content"][0]["text"]
+    text, image = by_name["clock__picture"]["content"]
+    assert text == {"type": "text", "text": "a pixel"}
+    assert image["type"] == "blob" and image["uri"].startswith("data:image/png;base64,")
+    assert by_name["clock__forecast"]["structuredContent"] == {
+        "city": "Oslo",
+        "sky": "clear",
+        "high_c": 21,
+    }
+    messages = [m for m in vendor.requests[1].body["messages"] if m["role"] == "tool"]
+    assert any("the clock is broken" in m["content"] for m in messages)
+
+
+async def test_input_that_breaks_the_servers_schema_is_a_tool_error_before_any_call(
+    harness, vendor
+):
+    vendor.push(ToolCalls([("clock__echo", {"text": 42})]), Text("I sent a number."))
+    await harness.start(toml(vendor, blocks=stdio_block(), mcp='["mcp.clock"]'))
+    sid, end = await harness.turn("echo 42")
+    assert end["payload"]["type"] == "turn.completed"
+    events = await assert_consistent(harness.engine.store, sid)
+    [errored] = payloads(events, "tool.call.errored")
+    assert errored["final"] and "does not fit its schema" in errored["error"]["message"]
+    assert "Error: the input of clock__echo" in tool_message(vendor, 1)
+
+
+# -- streamable HTTP with a bearer token ------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class HttpServer:
+    """tests/mcp_server.py over streamable HTTP, started and stopped by the test."""
+
+    def __init__(self, token: str, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.token = token
+        self.env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    async def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, SERVER, "--http", str(self.port), "--token", self.token],
+            env={**os.environ, "CLOCK_TZ": "Europe/Oslo", **self.env},
+            stderr=subprocess.DEVNULL,
+        )
+
+        async def up() -> bool:
+            assert self.proc is not None and self.proc.poll() is None, "the MCP server died"
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+            except OSError:
+                return False
+            writer.close()
+            return True
+
+        await poll_until(up, 20, "the HTTP MCP server to listen")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+async def http_server():
+    server = HttpServer("right-token")
+    await server.start()
+    yield server
+    server.stop()
+
+
+def http_block(server: HttpServer) -> str:
+    return f'[mcp.clockhttp]\nurl = "{server.url}"\ntoken_env = "CLOCK_TOKEN"\n'
+
+
+async def test_an_http_server_behind_a_bearer_token_answers(harness, vendor, http_server):
+    vendor.push(ToolCalls([("clockhttp__now", {})]), Text("Noon in Oslo."))
+    await harness.start(
+        toml(vendor, blocks=http_block(http_server), mcp='["mcp.clockhttp"]'),
+        env={"CLOCK_TOKEN": "right-token"},
+    )
+    sid, end = await harness.turn("time?")
+    assert end["payload"]["type"] == "turn.completed"
+    assert tool_message(vendor, 1) == "It is 12:00 in Europe/Oslo."
+    await assert_consistent(harness.engine.store, sid)
+
+
+async def test_a_refused_token_interrupts_naming_the_connection_and_resumes_once_fixed(
+    harness, vendor, http_server
+):
+    env = {"CLOCK_TOKEN": "wrong-token"}
+    vendor.push(ToolCalls([("clockhttp__now", {})]), Text("Noon in Oslo."))
+    await harness.start(
+        toml(vendor, blocks=http_block(http_server), mcp='["mcp.clockhttp"]'), env=env
+    )
+    sid, turn_id = await harness.say("time?")
+    paused = await wait_for_event(
+        harness.client, sid, lambda e: e["payload"]["type"] == "session.interrupted"
+    )
+    interrupt = paused["payload"]
+    assert "mcp.clockhttp" in interrupt["reason"] and "401" in interrupt["reason"]
+    assert interrupt["payload"]["metadata"]["connector"] == "mcp.clockhttp"
+    assert vendor.requests == []  # the model was not asked without its tools
+    harness.engine.effects.env["CLOCK_TOKEN"] = "right-token"  # the operator fixes the secret
+    await harness.client.submit(
+        {"type": "interrupt.resume", "interrupt_id": interrupt["interrupt_id"]}, session_id=sid
+    )
+    end = await wait_for_event(harness.client, sid, turn_ended(turn_id), timeout=60)
+    assert end["payload"]["type"] == "turn.completed"
+    assert "clockhttp__now" in offered(vendor, 0)
+    events = await assert_consistent(harness.engine.store, sid)
+    [failed_sync] = [p for p in payloads(events, "connector.sync.errored") if p["final"]]
+    assert failed_sync["error"]["detail"] == {
+        "connector": "mcp.clockhttp",
+        "reason": "unauthorized",
+    }
+    assert len(payloads(events, "connector.synced")) == 1
+
+
+async def test_degrade_runs_the_turn_without_the_refused_connection(harness, vendor, http_server):
+    vendor.push(Text("I cannot read the clock."))
+    await harness.start(
+        toml(
+            vendor,
+            blocks=http_block(http_server) + stdio_block(),
+            mcp='["mcp.clock", { id = "mcp.clockhttp", auth_failure = "degrade" }]',
+        ),
+        env={"CLOCK_TOKEN": "wrong-token"},
+    )
+    sid, end = await harness.turn("time?")
+    assert end["payload"]["type"] == "turn.completed"
+    names = offered(vendor, 0)
+    assert "clock__now" in names and not any(n.startswith("clockhttp__") for n in names)
+    await assert_consistent(harness.engine.store, sid)
+
+
+# -- a server that dies, a list that changes ------------------------------------------
+
+
+async def test_a_server_killed_mid_call_is_a_recorded_tool_error_then_the_call_recovers(
+    harness, vendor, tmp_path
+):
+    calls_log, flag = tmp_path / "calls.log", tmp_path / "flag"
+    vendor.push(ToolCalls([("clock__slow", {"flag": str(flag)})]), Text("Done at last."))
+    await harness.start(
+        toml(vendor, blocks=stdio_block(MCP_CALLS_LOG=str(calls_log)), mcp='["mcp.clock"]')
+    )
+    sid, turn_id = await harness.say("run the slow thing")
+
+    async def sent(n: int) -> list[str]:
+        lines = calls_log.read_text().splitlines() if calls_log.exists() else []
+        return lines if len(lines) >= n else []
+
+    [first] = await poll_until(lambda: sent(1), 20, "the first slow call to reach the server")
+    os.kill(int(first.split()[1]), 9)  # the server dies in the middle of the call
+    second = await poll_until(lambda: sent(2), 30, "the call to be sent again")
+    assert second[1].split()[1] != first.split()[1]  # to a restarted server
+    flag.touch()
+    end = await wait_for_event(harness.client, sid, turn_ended(turn_id), timeout=60)
+    assert end["payload"]["type"] == "turn.completed"
+    events = await assert_consistent(harness.engine.store, sid)
+    [errored] = payloads(events, "tool.call.errored")
+    assert errored["attempt"] == 1 and errored["retryable"] and not errored["final"]
+    assert "mcp.clock" in errored["error"]["message"]
+    [completed] = payloads(events, "tool.call.completed")
+    assert completed["result"]["content"][0]["text"] == "slow is done"
+    assert tool_message(vendor, 1) == "slow is done"
+
+
+async def test_a_stdio_server_that_dies_between_calls_is_restarted_and_stopped_with_the_engine(
+    harness, vendor, tmp_path
+):
+    pids_log = tmp_path / "pids.log"
+    vendor.push(Text("First."), ToolCalls([("clock__now", {})]), Text("Second."))
+    await harness.start(
+        toml(vendor, blocks=stdio_block(MCP_PIDS_LOG=str(pids_log)), mcp='["mcp.clock"]')
+    )
+    sid, _ = await harness.turn("one")
+
+    async def started(n: int) -> list[int]:
+        found = [int(p) for p in pids_log.read_text().split()] if pids_log.exists() else []
+        return found if len(found) >= n else []
+
+    [first] = await started(1)
+    os.kill(first, 9)  # no request out: the engine finds out by itself
+    restarted = await poll_until(lambda: started(2), 20, "the server to be started again")
+    _, end = await harness.turn("two", sid)
+    assert end["payload"]["type"] == "turn.completed"
+    events = await assert_consistent(harness.engine.store, sid)
+    assert not payloads(events, "tool.call.errored")  # it was back before it was needed
+    assert tool_message(vendor, 2) == "It is 12:00 in UTC."
+    await harness.stop()
+    with pytest.raises(ProcessLookupError):  # stopped with the engine
+        os.kill(restarted[-1], 0)
+
+
+async def test_list_changed_and_connector_sync_update_the_offered_tools(harness, vendor):
+    vendor.push(
+        ToolCalls([("clock__grow", {})]),
+        Text("Grown."),
+        Text("I see a new tool."),
+        ToolCalls([("clock__grow_quietly", {})]),
+        Text("Grown quietly."),
+        Text("No news."),
+        Text("Now I see hush."),
+    )
+    await harness.start(toml(vendor, blocks=stdio_block(), mcp='["mcp.clock"]'))
+    sid, _ = await harness.turn("grow")
+    assert "clock__later" not in offered(vendor, 0)
+    # the server said its list changed: the next turn's sync fetches it
+    await harness.turn("and now?", sid)
+    assert "clock__later" in offered(vendor, 2)
+    await harness.turn("grow quietly", sid)
+    # no notification: the cached list holds, until someone asks for a sync
+    await harness.turn("anything new?", sid)
+    assert "clock__hush" not in offered(vendor, 5)
+    sync = await harness.client.submit(
+        {"type": "client.action", "name": "connector.sync", "args": {"path": "mcp.clock"}},
+        session_id=sid,
+    )
+    await wait_for_event(harness.client, sid, turn_ended(sync["turn_id"]))
+    await harness.turn("and now?", sid)
+    assert "clock__hush" in offered(vendor, 6)
+    events = await assert_consistent(harness.engine.store, sid)
+    synced = payloads(events, "connector.synced")
+    assert len(synced) == 6  # one sync a turn; a list recorded only when it changed:
+    lists = [sorted(t["name"] for t in p["tools"]) for p in synced if "tools" in p]
+    assert len(lists) == 3  # the first, the one `grow` announced, the forced sync's
+    assert "later" not in lists[0] and "later" in lists[1]
+    assert "hush" in lists[-1] and "hush" not in lists[-2]
+    forced = [p for p in payloads(events, "connector.sync.requested") if p.get("params")]
+    assert [p["params"] for p in forced] == [{"force": True}]
+
+
+# -- an engine killed in the middle of a call ------------------------------------------
+
+
+async def test_an_engine_killed_during_a_call_sends_it_again_once_and_the_turn_ends(
+    redis, redis_url, vendor, tmp_path
+):
+    from engine.store.store import Store
+    from tests.engine_helpers import EngineProcess
+
+    calls_log, flag = tmp_path / "calls.log", tmp_path / "flag"
+    vendor.push(ToolCalls([("clock__slow", {"flag": str(flag)})]), Text("Done at last."))
+    config = tmp_path / "subs.toml"
+    config.write_text(
+        toml(vendor, blocks=stdio_block(MCP_CALLS_LOG=str(calls_log)), mcp='["mcp.clock"]')
+    )
+    engines = [EngineProcess(config, redis_url)]
+    store = await Store.open(redis)
+    client = Client(store)
+    servers: list[int] = []
+    try:
+        await engines[0].start()
+        reply = await client.submit(
+            {
+                "type": "client.message",
+                "agent_id": "oncall",
+                "message": {"role": "user", "content": "run the slow thing"},
+            }
+        )
+        sid, turn_id = reply["session_id"], reply["turn_id"]
+
+        async def sent(n: int) -> list[str]:
+            lines = calls_log.read_text().splitlines() if calls_log.exists() else []
+            return lines if len(lines) >= n else []
+
+        await poll_until(lambda: sent(1), 30, "the call to reach the server")
+        engines[0].kill()  # SIGKILL, mid-call
+        assert await engines[0].stop() == -9
+        engines.append(EngineProcess(config, redis_url))
+        await engines[1].start()
+        lines = await poll_until(lambda: sent(2), 30, "the next engine to send the call again")
+        servers = [int(line.split()[1]) for line in lines]
+        flag.touch()
+        end = await wait_for_event(client, sid, turn_ended(turn_id), timeout=60)
+        assert end["payload"]["type"] == "turn.completed"
+        events = await assert_consistent(store, sid)
+        assert len(calls_log.read_text().splitlines()) == 2  # sent again once, no more
+        assert [p["attempt"] for p in payloads(events, "tool.call.dispatched")] == [1, 2]
+        [errored] = payloads(events, "tool.call.errored")
+        assert errored["attempt"] == 1 and not errored["final"]
+        assert "stopped" in errored["error"]["message"]
+        [completed] = payloads(events, "tool.call.completed")
+        assert completed["result"]["content"][0]["text"] == "slow is done"
+    finally:
+        for engine in engines:
+            if engine.proc is not None and engine.proc.returncode is None:
+                await engine.stop()
+        for pid in servers:  # the killed engine's server, if its closed stdin left it waiting
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+
+
+# -- an off-the-shelf server from PyPI, through `subs run` ---------------------------------
+
+
+async def test_mcp_server_time_from_pypi_answers_through_subs_run(vendor, tmp_path):
+    from tests.engine_helpers import subs
+
+    program = Path(sys.executable).parent / "mcp-server-time"
+    assert program.exists(), "mcp-server-time is a test dependency (pyproject's test extra)"
+    vendor.push(
+        ToolCalls([("time__get_current_time", {"timezone": "Europe/Oslo"})]),
+        Text("It is evening in Oslo."),
+    )
+    config = tmp_path / "subs.toml"
+    config.write_text(
+        toml(
+            vendor,
+            blocks=f"[mcp.time]\ncommand = [{json.dumps(str(program))}, "
+            '"--local-timezone", "UTC"]\n',
+            mcp='[{ id = "mcp.time", tools = { read_only = true } }]',
+        )
+    )
+    code, out, err = await subs(
+        "run", "-o", "pretty", "oncall", "what time is it in Oslo?", "-c", str(config), timeout=90
+    )
+    assert code == 0, err
+    assert out.strip().splitlines() == [
+        '→ time__get_current_time({"timezone": "Europe/Oslo"})',
+        "It is evening in Oslo.",
+    ]
+    assert sorted(offered(vendor, 0)) == ["time__convert_time", "time__get_current_time"]
+    answer = json.loads(tool_message(vendor, 1))
+    assert answer["timezone"] == "Europe/Oslo" and answer["datetime"][:2] == "20"
+
+
+# -- in Slack ----------------------------------------------------------------------------
+
+
+async def test_in_slack_a_refused_credential_asks_with_a_retry_button_that_resumes(
+    redis, vendor, http_server, tmp_path
+):
+    from bot.threads.routing import session_id_for
+    from tests.bot_helpers import serve_bots
+    from tests.engine_helpers import project_toml
+
+    agent = "ops_anthropic"
+    text = project_toml(vendor.url).replace(
+        "[agent.ops_anthropic]\n", '[agent.ops_anthropic]\nmcp = ["mcp.clockhttp"]\n'
+    )
+    text += http_block(http_server) + f'\n[agent.{agent}.slack]\nanswers = "both"\n'
+    project = parse_project(text, str(tmp_path / "subs.toml"), env={})
+    env = {**ENV, "CLOCK_TOKEN": "wrong-token"}
+    vendor.push(ToolCalls([("clockhttp__now", {})]), Text("It is noon in Oslo."))
+    async with serve_bots(redis, vendor, project, agent, engine_env=env) as world:
+        fake = world.fake
+        mention = fake.post_as_user(fake.general, fake.mention("what time is it?"))
+        await fake.send_event(world.url, fake.event_for(mention, kind="app_mention"))
+
+        def prompt_shown():
+            mine = [m for m in fake.thread(mention.channel, mention.ts) if m.bot_id]
+            return mine[0] if mine and "actions" in [b["type"] for b in mine[0].blocks] else None
+
+        prompt = await fake.until(prompt_shown, timeout=20)
+        assert "mcp.clockhttp" in str(prompt.blocks)
+        [retry] = [e for b in prompt.blocks if b["type"] == "actions" for e in b["elements"]]
+        assert retry["text"]["text"] == "Retry"
+        env["CLOCK_TOKEN"] = "right-token"  # the secret is fixed; the person clicks Retry
+        await fake.send_action(world.url, fake.block_action(prompt, retry["action_id"]))
+        reply = await world.reply_to(mention, nth=2)
+        assert reply.text == "It is noon in Oslo."
+        events = await world.client.events(session_id_for(agent, fake.general.id, mention.ts))
+    [completed] = payloads(events, "tool.call.completed")
+    assert completed["result"]["content"][0]["text"] == "It is 12:00 in Europe/Oslo."
+    kinds = [e["payload"]["type"] for e in events]
+    assert kinds.count("session.interrupt_resumed") == 1 and kinds[-1] == "turn.completed"
+
+
+# -- slow and garbled servers --------------------------------------------------------------
+
+
+async def test_a_call_past_its_deadline_is_a_recorded_retryable_error_never_a_hang(
+    harness, vendor, tmp_path
+):
+    calls_log, flag = tmp_path / "calls.log", tmp_path / "flag"
+    vendor.push(ToolCalls([("clock__slow", {"flag": str(flag)})]), Text("Second time lucky."))
+    text = toml(vendor, blocks=stdio_block(MCP_CALLS_LOG=str(calls_log)), mcp='["mcp.clock"]')
+    text = text.replace("run_timeout_secs = 20", "run_timeout_secs = 1")
+    await harness.start(text)
+    sid, turn_id = await harness.say("run the slow thing")
+
+    async def sent(n: int) -> list[str]:
+        lines = calls_log.read_text().splitlines() if calls_log.exists() else []
+        return lines if len(lines) >= n else []
+
+    await poll_until(lambda: sent(2), 30, "the call to time out and be sent again")
+    flag.touch()
+    end = await wait_for_event(harness.client, sid, turn_ended(turn_id), timeout=60)
+    assert end["payload"]["type"] == "turn.completed"
+    events = await assert_consistent(harness.engine.store, sid)
+    first = payloads(events, "tool.call.errored")[0]
+    assert first["error"]["code"] == "deadline_exceeded" and first["retryable"]
+    assert "did not answer slow before the deadline" in first["error"]["message"]
+    assert payloads(events, "tool.call.completed")
+
+
+async def test_a_server_answering_garbage_is_retried_then_the_turn_runs_without_it(harness, vendor):
+    from aiohttp import web
+
+    async def garbage(request: web.Request) -> web.Response:
+        return web.Response(text="<html>502 Bad Gateway</html>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_route("*", "/mcp", garbage)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/mcp"
+    try:
+        vendor.push(Text("I could not reach the tickets."))
+        await harness.start(
+            toml(vendor, blocks=f'[mcp.tickets]\nurl = "{url}"\n', mcp='["mcp.tickets"]')
+        )
+        sid, end = await harness.turn("any tickets?")
+    finally:
+        await runner.cleanup()
+    assert end["payload"]["type"] == "turn.completed"
+    assert offered(vendor, 0) == []
+    events = await assert_consistent(harness.engine.store, sid)
+    errors = payloads(events, "connector.sync.errored")
+    assert [e["final"] for e in errors] == [False, False, True]  # the connector policy: 3 tries
+    assert all(e["retryable"] and "mcp.tickets" in e["error"]["message"] for e in errors)
+
+
+async def test_subs_check_lists_the_connections_that_cannot_start_here(vendor, tmp_path):
+    from tests.engine_helpers import subs
+
+    config = tmp_path / "subs.toml"
+    config.write_text(
+        toml(
+            vendor,
+            blocks=stdio_block()
+            + '[mcp.gone]\ncommand = ["no-such-mcp-server"]\n'
+            + '[mcp.repo]\ncommand = ["mcp-server-git", "--repository", "${SOME_REPO}"]\n',
+            mcp='["mcp.clock", "mcp.gone", "mcp.repo"]',
+        )
+    )
+    code, out, err = await subs("check", "-c", str(config), env={"SOME_REPO": ""})
+    assert code == 0, err  # nothing the file needs is missing: an off connection is not fatal
+    assert [json.loads(line) for line in out.splitlines()] == [
+        {"off": "mcp.gone", "why": "'no-such-mcp-server' is not installed (not found on PATH)"},
+        {"off": "mcp.repo", "why": "its command names SOME_REPO, which is not set"},
+    ]
