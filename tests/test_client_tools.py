@@ -13,11 +13,16 @@ import pytest
 from engine.api import ApiKeys, make_app
 from engine.client import Client
 from engine.config import Project, parse_project
+from engine.machine import LlmCallSettled, MachineError, RunLlmCall
 from engine.runtime.engine import Engine
 from engine.store.store import Store
 from tests.api_helpers import INPUT, serve
 from tests.engine_helpers import ENV, assert_consistent, payloads, turn_ended, wait_for_event
 from tests.fakes.llm_vendor import Text, ToolCalls
+from tests.machine_helpers import Session, text_reply
+from tests.test_machine_connectors import CLOCK_TOOLS, effects, synced
+from tests.test_machine_connectors import agent as connector_agent
+from tests.test_machine_connectors import offered as offered_names
 from tests.workers import echo_proposed
 
 CONFIRM = '{ name = "confirm", description = "Ask the person", handler = "client" }'
@@ -227,3 +232,29 @@ async def test_a_worker_gets_the_tools_in_its_client_messages_trigger(
         assert worker.schema_errors == []
     finally:
         await engine.stop()
+
+
+# --- beside a connection's tools (the pure machine) --------------------------------------
+
+
+def test_a_per_submit_tool_follows_a_connections_tools_and_may_not_take_their_names():
+    s = Session(agent=connector_agent("mcp.clock"))
+    t = synced(s, s.say("time?"), {"mcp.clock": CLOCK_TOOLS})
+    [llm] = effects(t, RunLlmCall)
+    s.apply(LlmCallSettled(llm.call_id, 1, response=text_reply("noon")))
+    assert s.state is not None and s.state.turn is None
+
+    def submit(name: str) -> Any:
+        tool = {"name": name, "description": "mine", "input": {"type": "object"}}
+        message = {"role": "user", "content": "pick"}
+        body = {"type": "client.append", "agent_id": "a", "messages": [message]}
+        return s.client({**body, "client": {"tools": [tool]}})
+
+    with pytest.raises(MachineError) as refused:
+        submit("clock__now")
+    assert refused.value.status == 422
+    assert refused.value.detail["param"] == "input.client.tools.0.name"
+    assert "'clock__now'" in refused.value.message
+    t = synced(s, submit("pick_color"), {"mcp.clock": CLOCK_TOOLS})
+    assert offered_names(s, t)[-2:] == ["clock__confirm", "pick_color"]
+    s.check_fold()
