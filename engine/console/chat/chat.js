@@ -11,6 +11,9 @@ const log = $("log");
 const status = $("status");
 const messages = [];
 const shown = new Map(); // message id -> its element
+// What the last run left waiting for the user: its client tool calls or interrupts.
+// The next thing typed answers them instead of starting a turn.
+let waiting = { calls: [], interrupts: [] };
 const resumed = location.hash.length > 1; // a thread to show again, not a new one
 let threadId = resumed ? location.hash.slice(1) : newThread();
 
@@ -51,7 +54,7 @@ async function follow(path, body) {
     for await (const event of stream(`${base}/${path}`, body, key)) {
       apply(messages, event, show);
       if (event.type === "RUN_ERROR") status.textContent = `Error: ${event.message}`;
-      if (event.type === "RUN_FINISHED") status.textContent = "";
+      if (event.type === "RUN_FINISHED") wait(event.outcome);
     }
   } catch (err) {
     if (err instanceof HttpError && err.status === 404 && path === "connect") {
@@ -67,14 +70,44 @@ async function follow(path, body) {
   return true;
 }
 
+function wait(outcome) {
+  const calls = (outcome && outcome.pendingToolCallIds) || [];
+  const interrupts = (outcome && outcome.interrupts) || [];
+  waiting = { calls, interrupts };
+  const names = messages
+    .flatMap((m) => m.toolCalls || [])
+    .filter((c) => calls.includes(c.id))
+    .map((c) => c.function.name);
+  const asks = [...names.map((n) => `the tool ${n}`), ...interrupts.map((i) => i.message || i.reason)];
+  status.textContent = asks.length ? `Waiting for your answer to ${asks.join(", ")}.` : "";
+}
+
+// The user's text: a tool result for each call the agent waits on, else the answer
+// to its interrupts, else a new message that starts a turn.
+function answersTo(text, body) {
+  const id = () => crypto.randomUUID();
+  if (waiting.calls.length) {
+    return waiting.calls.map((call) => ({ id: id(), role: "tool", toolCallId: call, content: text }));
+  }
+  if (waiting.interrupts.length) {
+    body.resume = waiting.interrupts.map((i) => ({ interruptId: i.id, status: "resolved", payload: text }));
+    return [];
+  }
+  return [{ id: id(), role: "user", content: text }];
+}
+
 async function send(text) {
-  const message = { id: crypto.randomUUID(), role: "user", content: text };
-  messages.push(message);
-  show(message);
+  const body = { threadId, runId: crypto.randomUUID(), tools: [], context: [] };
+  const answers = answersTo(text, body);
+  for (const message of answers) {
+    messages.push(message);
+    show(message);
+  }
+  waiting = { calls: [], interrupts: [] };
   status.textContent = "…";
   $("send").disabled = true;
-  const view = messages.filter((m) => m.role !== "reasoning");
-  await follow("run", { threadId, runId: crypto.randomUUID(), messages: view, tools: [], context: [] });
+  body.messages = messages.filter((m) => m.role !== "reasoning");
+  await follow("run", body);
   $("send").disabled = false;
 }
 
