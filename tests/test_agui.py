@@ -105,6 +105,12 @@ async def test_a_frontend_tool_ends_the_run_and_the_next_run_resumes_the_turn(
     assert start["toolCallName"] == "pick_color" and start["parentMessageId"] == reply_id
     assert first[-1]["outcome"] == {"type": "success", "pendingToolCallIds": [call_id]}
     assert len(vendor.requests) == 1  # the turn waits for the page
+    # A page that reconnects learns what the thread waits for.
+    resp = await agui_http.post(
+        run_path("chat", "connect"), json={"threadId": "th-tool"}, headers=auth(ROOT)
+    )
+    connected = frames(resp.content)
+    assert connected[-1]["outcome"] == {"type": "success", "pendingToolCallIds": [call_id]}
 
     arguments = "".join(e["delta"] for e in first if e["type"] == "TOOL_CALL_ARGS")
     view = [

@@ -314,30 +314,40 @@ async def _stream(
         await _write(resp, api, [sse(e) for e in translator.feed(events, deltas)])
 
 
+def waiting_for_client(state: SessionState) -> tuple[list[str], list[dict[str, Any]]] | None:
+    """What the running turn waits on the client for, if that is all it waits on: its
+    open client tool calls (nothing else in flight), or its open interrupts."""
+    turn = state.turn
+    if turn is None or state.decision is not None or state.pending:
+        return None
+    if state.interrupts:
+        return [], list(state.interrupts.values())
+    open_calls = [c for c in state.calls.values() if c.turn_id == turn.id]
+    if open_calls and all(c.handler == "client" for c in open_calls):
+        return sorted(c.id for c in open_calls), []
+    return None
+
+
 async def _paused_at(api: ApiState, translator: RunTranslator) -> int | None:
-    """The seq at which the run's turn waits for the client, if it does: nothing in
-    flight but client tool calls (or an open interrupt). The run ends once the client
-    has been sent everything up to there."""
+    """The seq at which the run's turn waits for the client, if it does. The run ends
+    once the client has been sent everything up to there."""
     state = await load_state(api.store, translator.thread_id)
     if state is None or state.turn is None or state.turn.id != translator.turn_id:
         return None
-    open_calls = [c for c in state.calls.values() if c.turn_id == state.turn.id]
-    if state.decision is not None or state.pending:
+    waiting = waiting_for_client(state)
+    if waiting is None:
         return None
-    if state.interrupts:
-        return state.seq
-    if open_calls and all(c.handler == "client" for c in open_calls):
-        translator.open_client_calls = {c.id for c in open_calls}
-        translator.client_calls |= translator.open_client_calls
-        return state.seq
-    return None
+    translator.open_client_calls = set(waiting[0])
+    translator.client_calls |= translator.open_client_calls
+    return state.seq
 
 
 # -- connect ------------------------------------------------------------------------------
 
 
 async def post_connect(request: web.Request) -> web.StreamResponse:
-    """Replay a thread: RUN_STARTED, MESSAGES_SNAPSHOT of its active branch, RUN_FINISHED."""
+    """Replay a thread: RUN_STARTED, MESSAGES_SNAPSHOT of its active branch, RUN_FINISHED
+    (with what the thread's turn waits on the client for, as the run that paused it said)."""
     api = request.app[API]
     body: ConnectBody = validate(ConnectBody, await json_body(request))
     sid = body.threadId
@@ -346,7 +356,8 @@ async def post_connect(request: web.Request) -> web.StreamResponse:
         raise ApiError(404, "unknown_session", f"thread {sid!r} does not exist")
     translator = RunTranslator(sid, body.runId or f"run_{secrets.token_hex(8)}", None)
     events = [*translator.started(), snapshot(path_to(state.nodes, state.head_id))]
-    events += translator.finished_idle()
+    waiting = waiting_for_client(state)
+    events += translator.finished_idle() if waiting is None else translator.paused(*waiting)
     resp = web.StreamResponse(headers=SSE_HEADERS)
     await resp.prepare(request)
     await resp.write(b"".join(sse(e) for e in events))

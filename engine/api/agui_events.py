@@ -10,7 +10,7 @@ client's next run continues it instead of branching it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -231,7 +231,7 @@ class RunTranslator:
         return out
 
     def paused(
-        self, pending_calls: list[str], interrupts: list[Mapping[str, Any]]
+        self, pending_calls: list[str], interrupts: Sequence[Mapping[str, Any]]
     ) -> list[BaseEvent]:
         """The turn waits for the client: its tool calls' results, or an interrupt's
         answer. The run ends; the client's next run resumes the same turn."""
