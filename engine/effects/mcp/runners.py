@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from mcp_types import CallToolResult
@@ -60,8 +60,36 @@ def _failure(effect: RunConnectorSync | RunMcpCall, trouble: McpTrouble, path: s
     return CallAnswered(effect.call_id, effect.attempt, error=error, retryable=trouble.retryable)
 
 
-def _timeout(effect: RunConnectorSync | RunMcpCall, runner: EffectRunner) -> float | None:
-    return None if effect.deadline is None else max((effect.deadline - runner.now_ms()) / 1000, 0)
+def _start(
+    runner: EffectRunner,
+    state: SessionState,
+    effect: RunConnectorSync | RunMcpCall,
+    path: str,
+    doing: str,
+    work: Callable[[], Awaitable[Input]],
+    done: Done,
+    tasks: Tasks,
+) -> None:
+    """Run `work` under the attempt's deadline; a trouble or the deadline is the answer."""
+    timeout = None if effect.deadline is None else (effect.deadline - runner.now_ms()) / 1000
+
+    async def bounded() -> Input:
+        try:
+            async with asyncio.timeout(None if timeout is None else max(timeout, 0)):
+                return await work()
+        except McpTrouble as trouble:
+            return _failure(effect, trouble, path)
+        except TimeoutError:
+            late = Fault.DEADLINE
+            error = late.error(f"{path} did not {doing} before the deadline")
+            return CallAnswered(
+                effect.call_id, effect.attempt, error=error, retryable=late.retryable
+            )
+
+    def failed(error: dict[str, Any], retryable: bool) -> Input:
+        return CallAnswered(effect.call_id, effect.attempt, error=error, retryable=retryable)
+
+    runner.run(state.session_id, f"{path}: {doing}", lambda: bounded, failed, done, tasks)
 
 
 def run_sync(
@@ -70,33 +98,14 @@ def run_sync(
     call = state.calls[effect.call_id]
     path, force = call.name or "", bool(call.params.get("force"))
 
-    def prepare() -> Any:
-        async def sync() -> Input:
-            try:
-                async with asyncio.timeout(_timeout(effect, runner)):
-                    tools = await runner.connectors.get(path).list_tools(force=force)
-            except McpTrouble as trouble:
-                return _failure(effect, trouble, path)
-            except TimeoutError:
-                late = Fault.DEADLINE
-                return CallAnswered(
-                    effect.call_id,
-                    effect.attempt,
-                    error=late.error(f"{path} did not list its tools before the deadline"),
-                    retryable=late.retryable,
-                )
-            conn = runner.connectors.get(path)
-            listed: dict[str, Any] = {"tools": tools}
-            if conn.block.prefix_tools:
-                listed["prefix"] = prefix_of(path)
-            return CallAnswered(effect.call_id, effect.attempt, result=listed)
+    async def sync() -> Input:
+        conn = runner.connectors.get(path)
+        listed: dict[str, Any] = {"tools": await conn.list_tools(force=force)}
+        if conn.block.prefix_tools:
+            listed["prefix"] = prefix_of(path)
+        return CallAnswered(effect.call_id, effect.attempt, result=listed)
 
-        return sync
-
-    def failed(error: dict[str, Any], retryable: bool) -> Input:
-        return CallAnswered(effect.call_id, effect.attempt, error=error, retryable=retryable)
-
-    runner.run(state.session_id, f"sync of {path}", prepare, failed, done, tasks)
+    _start(runner, state, effect, path, "list its tools", sync, done, tasks)
 
 
 def run_call(
@@ -107,43 +116,23 @@ def run_call(
     synced = next(
         (t for t in state.connectors.get(path, {}).get("tools") or () if t["name"] == tool), None
     )
+    checked = validate_input(synced, call.arguments or "")  # before any await: as committed
 
-    def prepare() -> Any:
-        checked = validate_input(synced, call.arguments or "")
+    async def send() -> Input:
+        if checked["status"] != "valid":  # the model is told; the server is never asked
+            error = {
+                "message": f"the input of {call.name} does not fit its schema: {checked['error']}",
+                "code": "handler_error",
+                "detail": {"connector": path},
+            }
+            return CallAnswered(effect.call_id, effect.attempt, error=error, retryable=False)
+        arguments = checked["value"]
+        result = await runner.connectors.get(path).request(
+            lambda session: session.call_tool(tool, arguments)
+        )
+        return CallAnswered(effect.call_id, effect.attempt, result=stored_result(result))
 
-        async def send() -> Input:
-            if checked["status"] != "valid":  # the model is told; the server is never asked
-                error = {
-                    "message": f"the input of {call.name} does not fit its schema: "
-                    f"{checked['error']}",
-                    "code": "handler_error",
-                    "detail": {"connector": path},
-                }
-                return CallAnswered(effect.call_id, effect.attempt, error=error, retryable=False)
-            arguments = checked["value"]
-            try:
-                async with asyncio.timeout(_timeout(effect, runner)):
-                    result = await runner.connectors.get(path).request(
-                        lambda session: session.call_tool(tool, arguments)
-                    )
-            except McpTrouble as trouble:
-                return _failure(effect, trouble, path)
-            except TimeoutError:
-                late = Fault.DEADLINE
-                return CallAnswered(
-                    effect.call_id,
-                    effect.attempt,
-                    error=late.error(f"{path} did not answer {tool} before the deadline"),
-                    retryable=late.retryable,
-                )
-            return CallAnswered(effect.call_id, effect.attempt, result=stored_result(result))
-
-        return send
-
-    def failed(error: dict[str, Any], retryable: bool) -> Input:
-        return CallAnswered(effect.call_id, effect.attempt, error=error, retryable=retryable)
-
-    runner.run(state.session_id, f"call of {path} {tool}", prepare, failed, done, tasks)
+    _start(runner, state, effect, path, f"answer {tool}", send, done, tasks)
 
 
 def stored_result(result: CallToolResult) -> dict[str, Any]:
