@@ -141,10 +141,14 @@ class Client:
         result: Any = None,
         error: str | None = None,
         retryable: bool = False,
+        message_id: str | None = None,
         timeout: float = 30.0,
     ) -> dict[str, Any]:
-        """End an async worker tool call (or a client tool call) from outside (SPEC §6)."""
-        settled = CallSettled(call_id, attempt, result=result, error=error, retryable=retryable)
+        """End an async worker tool call (or a client tool call) from outside (SPEC §6);
+        `message_id` names the tool message it records."""
+        settled = CallSettled(
+            call_id, attempt, result=result, error=error, retryable=retryable, message_id=message_id
+        )
         return await self._request(session_id, input_to_json(settled), timeout)
 
     async def interrupt(

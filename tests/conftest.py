@@ -17,7 +17,7 @@ from engine.store.store import connect
 from tests.engine_helpers import EngineProcess, project_toml
 from tests.fakes.llm_vendor import FakeVendor
 
-pytest_plugins = ["tests.workers"]  # the test_worker fixture
+pytest_plugins = ["tests.workers", "tests.agui_helpers"]  # test_worker; the agui_* fixtures
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from aiohttp import web
 
+from engine.api import agui
 from engine.api.admin import (
     admin_dead_letters,
     admin_events,
@@ -93,6 +94,7 @@ def make_app(
     r.add_get("/api/admin/sessions", admin_sessions)
     r.add_get("/api/admin/sessions/{sid}/events", admin_events)
     r.add_get("/api/admin/dead-letters", admin_dead_letters)
+    agui.install(app)  # the AG-UI channel and its chat page
     r.add_get("/healthz", get_healthz)
     r.add_get("/metrics", get_metrics)
     return app

@@ -22,6 +22,9 @@ log = logging.getLogger("subs.api")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _OPEN_PATHS = frozenset({"/healthz"})
+# Slack signs its own requests; the chat page's files hold nothing a key protects (the
+# page asks for the key and sends it with each run).
+_OPEN_PREFIXES = ("/slack/", "/console/chat/")
 
 
 @web.middleware
@@ -83,9 +86,10 @@ async def preflight(request: web.Request, handler: Handler) -> web.StreamRespons
 
 @web.middleware
 async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Everything but /healthz (and Slack's routes) needs a key when any exist."""
+    """Everything but /healthz (and Slack's routes, the chat page's files) needs a key
+    when any exist."""
     api = request.app[API]
-    if request.path in _OPEN_PATHS or request.path.startswith("/slack/"):  # Slack signs its own
+    if request.path in _OPEN_PATHS or request.path.startswith(_OPEN_PREFIXES):
         return await handler(request)
     principal = api.keys.authenticate(request.headers.get("Authorization"))
     if principal is None:

@@ -91,7 +91,7 @@ def start_tool_call(st: Step, action: dict[str, Any], unrunnable: list[tuple[Cal
     arguments = action.get("arguments")
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments if arguments is not None else {}, separators=(",", ":"))
-    tool = find_tool(st.s.agent, name) or connectors.call_params(st.s, name)
+    tool = find_tool(st.s.agent, name, st.s.turn_tools) or connectors.call_params(st.s, name)
     handler = (tool or {}).get("handler") or "worker"
     kind = kinds.of("tool", handler)
     requested: ev.ToolCallRequested = {
@@ -514,8 +514,10 @@ def call_failed(
     at_once: bool = False,
     policy: dict[str, Any] | None = None,
     counted: bool = True,
+    message_id: str | None = None,
 ) -> None:
-    """Retry under the call's policy (or `policy`), or end it for good.
+    """Retry under the call's policy (or `policy`), or end it for good (its tool message
+    recorded under `message_id` when given).
 
     An attempt lost with its engine is not `counted` against max_attempts: the
     call did not fail, the engine did. The total timeout still bounds it.
@@ -563,7 +565,7 @@ def call_failed(
             }
             decisions.decide(st, trigger, {"actions": [{"type": "fail", "error": error}]})
         else:
-            tool_finished(st, call, None, error)
+            tool_finished(st, call, None, error, message_id=message_id)
         return
     next_attempt = call.attempt + 1
     if nxt.due <= st.now:
@@ -639,20 +641,26 @@ def call_deadline(st: Step, inp: CallDeadline) -> None:
 
 
 def settle_tool(
-    st: Step, call: Call, result: dict[str, Any] | None, error: str | None, retryable: bool
+    st: Step,
+    call: Call,
+    result: dict[str, Any] | None,
+    error: str | None,
+    retryable: bool,
+    message_id: str | None = None,
 ) -> None:
     """A tool attempt ended: check the output, retry a retryable error, or finish."""
     if error is None:
         assert result is not None
-        mismatch = check_output(find_tool(st.s.agent, call.name or ""), result)
+        mismatch = check_output(find_tool(st.s.agent, call.name or "", st.s.turn_tools), result)
         if mismatch is not None:
             bad = Fault.BAD_OUTPUT
             call_failed(st, call, bad.error(mismatch), bad.retryable, None)
             return
         st.emit({"type": ev.TOOL_CALL_COMPLETED, "id": call.id, "result": result})
-        tool_finished(st, call, result, None)
+        tool_finished(st, call, result, None, message_id=message_id)
         return
-    call_failed(st, call, {"message": error, "code": "handler_error"}, retryable, None)
+    error_info = {"message": error, "code": "handler_error"}
+    call_failed(st, call, error_info, retryable, None, message_id=message_id)
 
 
 def tool_finished(
@@ -662,15 +670,18 @@ def tool_finished(
     error: dict[str, Any] | None,
     *,
     trigger: dict[str, Any] | None = None,
+    message_id: str | None = None,
 ) -> None:
-    """`tool.finished` (or `subagent.finished`): record the tool message; re-prompt
-    once no other call is open."""
+    """`tool.finished` (or `subagent.finished`): record the tool message (under
+    `message_id` when the client named it); re-prompt once no other call is open."""
     if result is not None:
         content = result_text(result)
     else:
         assert error is not None  # a tool ends with a result or an error
         content = f"Error: {error['message']}"
     message = {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": content}
+    if message_id is not None:
+        message["id"] = message_id
     if trigger is None:
         trigger = {
             "type": "tool.finished",
@@ -715,11 +726,15 @@ def client_settles_tool(st: Step, body: dict[str, Any]) -> None:
 def api_settles_call(st: Step, inp: CallSettled) -> None:
     """The settle API: ends an async (waiting) worker call or a client call."""
     call = settleable(st, inp.call_id, inp.attempt, client_input=False)
+    if inp.message_id is not None and inp.message_id in st.s.nodes:
+        raise MachineError(
+            "duplicate_message_id", f"message {inp.message_id!r} is already recorded"
+        )
     if inp.error is None:
         result = tool_result_of(inp.result, inp.content)
-        settle_tool(st, call, result, None, False)
+        settle_tool(st, call, result, None, False, inp.message_id)
     else:
-        settle_tool(st, call, None, inp.error, inp.retryable)
+        settle_tool(st, call, None, inp.error, inp.retryable, inp.message_id)
     st.out.reply = {
         "session_id": st.session_id,
         "call_id": call.id,

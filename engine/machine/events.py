@@ -167,6 +167,8 @@ class TurnStarted(TypedDict):
     type: str
     turn_id: str
     parent: NotRequired[JSON]  # {session_id, call_id} when a parent's call runs it
+    # The client's per-submit tools (`client.tools`, handler "client"): offered this turn only.
+    client_tools: NotRequired[list[JSON]]
 
 
 @with_config(_STRICT)

@@ -156,6 +156,9 @@ class CallSettled:
     content: list[dict[str, Any]] | None = None
     error: str | None = None
     retryable: bool = False
+    # The id the tool message is recorded under: a client that already shows the
+    # result (an AG-UI tool message) keeps its id, so its next view matches the tree.
+    message_id: str | None = None
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,15 @@ _MODE_HELP = {
 }
 
 
+def _offered(tool: dict[str, Any]) -> dict[str, Any]:
+    """One declared tool (or a turn's per-submit client tool) as the model sees it."""
+    offered = {"name": tool["name"], "description": tool.get("description") or ""}
+    for key in ("input", "output", "defer"):
+        if tool.get(key) is not None:
+            offered[key] = tool[key]
+    return offered
+
+
 def _subagent_input(configured: str | None) -> dict[str, Any]:
     """The subagent tool's input: `message`, `session?`, and a `mode` choice when the
     configured mode leaves the call one (a `wait` call sends no message)."""
@@ -60,24 +69,20 @@ def _subagent_input(configured: str | None) -> dict[str, Any]:
 def offered_tools(state: SessionState) -> list[dict[str, Any]]:
     """The agent's tools as the model sees them (LlmTool): its own, then one per
     subagent while the session is above the depth limit (SPEC §9), then its
-    connections' (connectors.py)."""
+    connections' (connectors.py), then the running turn's per-submit client tools
+    (SPEC §6: they hold their names against a connection's)."""
     agent = state.agent or {}
     tools = declared_tools(agent, len(state.ancestry))
-    taken = connectors.own_names(agent)
+    turn_tools = [_offered(tool) for tool in state.turn_tools]
+    taken = connectors.own_names(agent) | {t["name"] for t in turn_tools}
     for tool in connectors.tools_of(state, taken).values():
         tools.append({k: tool[k] for k in ("name", "description", "input")})
-    return tools
+    return tools + turn_tools
 
 
 def declared_tools(agent: dict[str, Any], depth: int) -> list[dict[str, Any]]:
     """The agent's own tools and its subagents' as LlmTools."""
-    tools = []
-    for tool in agent.get("tools") or ():
-        offered = {"name": tool["name"], "description": tool.get("description") or ""}
-        for key in ("input", "output", "defer"):
-            if tool.get(key) is not None:
-                offered[key] = tool[key]
-        tools.append(offered)
+    tools = [_offered(tool) for tool in agent.get("tools") or ()]
     limit = agent.get("max_subagent_depth")
     if depth < (5 if limit is None else limit):
         for sub in agent.get("subagents") or ():
@@ -256,7 +261,7 @@ def execute_request(state: SessionState, call: Call) -> dict[str, Any]:
     """
     deadline = None if call.deadline is None else iso(call.deadline)
     if call.kind == "tool":
-        tool = find_tool(state.agent, call.name or "")
+        tool = find_tool(state.agent, call.name or "", state.turn_tools)
         tool_input = validate_input(tool, call.arguments or "")
         trigger: dict[str, Any] = {
             "type": "tool.execute",

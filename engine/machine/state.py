@@ -84,6 +84,7 @@ class Turn:
     usage: dict[str, int] = field(default_factory=lambda: dict(ZERO_USAGE))
     cost: str = "0"
     parent: dict[str, Any] | None = None  # {session_id, call_id} when a parent's call runs it
+    tools: list[dict[str, Any]] | None = None  # the client's per-submit tools, this turn only
 
 
 @dataclass
@@ -124,6 +125,11 @@ class SessionState:
     held: dict[str, Any] | None = None  # the turn's first {trigger, proposed}, waiting on syncs
 
     @property
+    def turn_tools(self) -> list[dict[str, Any]]:
+        """The running turn's per-submit client tools (SPEC §6 `client.tools`)."""
+        return (self.turn.tools or []) if self.turn is not None else []
+
+    @property
     def status(self) -> str:
         if self.interrupts:
             return "interrupted"
@@ -133,6 +139,17 @@ class SessionState:
 def state_to_json(s: SessionState) -> dict[str, Any]:
     """The snapshot form. Key order is fixed so equal states serialise equally."""
     turn = s.turn
+    turn_json: dict[str, Any] | None = None
+    if turn is not None:
+        turn_json = {
+            "id": turn.id,
+            "started_at": turn.started_at,
+            "usage": turn.usage,
+            "cost": turn.cost,
+            "parent": turn.parent,
+        }
+        if turn.tools:  # only then: a snapshot of any other turn is spelled as before
+            turn_json["tools"] = turn.tools
     return {
         "fold_version": FOLD_VERSION,
         "session_id": s.session_id,
@@ -145,15 +162,7 @@ def state_to_json(s: SessionState) -> dict[str, Any]:
         "worker_state": s.worker_state,
         "nodes": [[nid, n.message, n.parent_id] for nid, n in s.nodes.items()],
         "head_id": s.head_id,
-        "turn": None
-        if turn is None
-        else {
-            "id": turn.id,
-            "started_at": turn.started_at,
-            "usage": turn.usage,
-            "cost": turn.cost,
-            "parent": turn.parent,
-        },
+        "turn": turn_json,
         "queue": s.queue,
         "turns": s.turns,
         "last_turn": s.last_turn,

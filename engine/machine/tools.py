@@ -7,17 +7,47 @@ jsonschema is a pure computation, so it may live in the core.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from itertools import chain
 from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 
-def find_tool(agent: dict[str, Any] | None, name: str) -> dict[str, Any] | None:
-    for tool in (agent or {}).get("tools") or ():
+def find_tool(
+    agent: dict[str, Any] | None, name: str, client_tools: Iterable[dict[str, Any]] = ()
+) -> dict[str, Any] | None:
+    """The contract of tool `name`: the agent's, else one of the turn's per-submit tools."""
+    for tool in chain((agent or {}).get("tools") or (), client_tools):
         if tool.get("name") == name:
             found: dict[str, Any] = tool
             return found
+    return None
+
+
+_TOOL_KEYS = ("name", "description", "input", "output", "defer")
+
+
+def submitted_tools(client: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A submit's `client.tools` as its turn records them: each forced to `handler:
+    "client"` (SPEC §6), fields left unset left out."""
+    tools = []
+    for tool in (client or {}).get("tools") or ():
+        kept = {k: tool[k] for k in _TOOL_KEYS if tool.get(k) is not None}
+        tools.append({**kept, "handler": "client"})
+    return tools
+
+
+def client_tool_clash(tools: list[dict[str, Any]], offered: set[str]) -> tuple[int, str] | None:
+    """The first per-submit tool whose name the model is already `offered`, or that an
+    earlier one in the list took: its index and why."""
+    taken = dict.fromkeys(offered, "the agent")
+    for i, tool in enumerate(tools):
+        name = tool["name"]
+        if name in taken:
+            return i, f"tool {name!r} is already offered by {taken[name]}"
+        taken[name] = "an earlier tool of this input"
     return None
 
 

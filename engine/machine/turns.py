@@ -27,6 +27,7 @@ from .inputs import (
     SubagentStarted,
 )
 from .state import ZERO_USAGE
+from .tools import client_tool_clash, submitted_tools
 from .tree import id_clash, match_view, path_to
 
 TURN_STARTS = ("client.message", "client.messages", "client.append", "client.action")
@@ -58,6 +59,7 @@ def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> N
             f"session {st.session_id} is paused at interrupt {iid!r}: resume it first",
             interrupt_id=iid,
         )
+    _check_client_tools(st, inp)
     clash = id_clash(_drafts(st, body), _recorded_or_queued(st))
     if clash is not None:
         raise MachineError("duplicate_message_id", clash, status=409)
@@ -107,6 +109,24 @@ def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> N
         start_turn(st, turn_id, body, start_config=inp.agent_config or {})
     else:
         start_turn(st, turn_id, body)
+
+
+def _check_client_tools(st: Step, inp: ClientSubmitted) -> None:
+    """A per-submit tool may not take a name the model is already offered (SPEC §6): an
+    agent tool, a subagent, a connection's tool as last synced."""
+    tools = submitted_tools(inp.input.get("client"))
+    if not tools:
+        return
+    s = st.state
+    agent = s.agent if s is not None else inp.agent_config
+    offered = connectors.own_names(agent)
+    if s is not None:
+        offered |= set(connectors.tools_of(s, offered))
+    clash = client_tool_clash(tools, offered)
+    if clash is not None:
+        index, why = clash
+        param = f"input.client.tools.{index}.name"
+        raise MachineError("invalid_input", f"{param}: {why}", status=422, param=param)
 
 
 def _fresh(st: Step, drafts: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -180,6 +200,9 @@ def start_turn(
     st: Step, turn_id: str, body: dict[str, Any], start_config: dict[str, Any] | None = None
 ) -> None:
     started: ev.TurnStarted = {"type": ev.TURN_STARTED, "turn_id": turn_id}
+    tools = submitted_tools(body.get("client"))
+    if tools:
+        started["client_tools"] = tools
     if body.get("parent"):
         started["parent"] = body["parent"]
         parent = body["parent"]
@@ -246,16 +269,24 @@ def _messages_trigger(st: Step, body: dict[str, Any]) -> tuple[dict[str, Any], d
             "path_to": st.s.head_id,
             "messages": new,
             "new_from": len(path),
-            "client": body.get("client") or {},
+            "client": _client_context(body),
         }
         return trigger, {"messages": new, "actions": [LLM_CALL]}
     trigger = {
         "type": "client.messages",
         "messages": view,
         "new_from": new_from,
-        "client": body.get("client") or {},
+        "client": _client_context(body),
     }
     return trigger, {"messages": new, "actions": [LLM_CALL]}
+
+
+def _client_context(body: dict[str, Any]) -> dict[str, Any]:
+    """The input's ClientContext as a worker gets it: its tools as the turn runs them."""
+    client: dict[str, Any] = body.get("client") or {}
+    if client.get("tools"):
+        client = {**client, "tools": submitted_tools(client)}
+    return client
 
 
 def record_messages(st: Step, drafts: list[dict[str, Any]]) -> None:

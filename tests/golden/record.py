@@ -49,6 +49,8 @@ SCENARIOS = {
     "worker_state_branch_backoff": "tests/golden/scenarios.py::"
     "test_worker_state_channels_a_backoff_and_a_branch",
     "subagent_fails": "tests/golden/scenarios.py::test_a_child_whose_turn_fails",
+    "engine_per_submit_tool_waits": "tests/golden/scenarios.py::"
+    "test_a_turn_waits_on_a_per_submit_client_tool",
     "connectors": "tests/golden/scenarios.py::"
     "test_connectors_a_sync_a_call_and_a_server_that_is_not_installed",
 }

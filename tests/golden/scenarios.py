@@ -162,3 +162,37 @@ async def test_connectors_a_sync_a_call_and_a_server_that_is_not_installed(redis
         await engine.stop()
     for kind in ("decision.held", "connector.synced", "connector.sync.errored"):
         assert payloads(events, kind), kind
+
+
+async def test_a_turn_waits_on_a_per_submit_client_tool(redis, vendor, tmp_path):
+    """Left waiting for the client: the fold keeps the turn's per-submit tools."""
+    vendor.push(ToolCalls([("pick_color", {})], text="Let me ask."))
+    engine = await _engine(
+        redis,
+        tmp_path,
+        f"""\
+        [llm.openai]
+        type = "openai"
+        base_url = "{vendor.url}/v1"
+
+        [agent.chat]
+        llm = "openai"
+        model = "gpt-4.1-mini"
+        """,
+    )
+    try:
+        client = Client(engine.store)
+        tool = {"name": "pick_color", "description": "Pick", "input": {"type": "object"}}
+        reply = await client.submit(
+            {
+                "type": "client.append",
+                "agent_id": "chat",
+                "messages": [{"id": "u1", "role": "user", "content": "pick one"}],
+                "client": {"tools": [tool]},
+            }
+        )
+        sid = reply["session_id"]
+        await wait_for_event(client, sid, lambda e: e["payload"]["type"] == "tool.call.dispatched")
+        await assert_consistent(engine.store, sid)
+    finally:
+        await engine.stop()
