@@ -262,15 +262,15 @@ class Handoff:
 class Leases:
     """Reads every partition's lease in a loop; times how long a dead owner's take to move."""
 
-    def __init__(self, redis: Any, partitions: int) -> None:
+    def __init__(self, redis: Any, store: Store) -> None:
         self.redis = redis
-        self.partitions = partitions
+        self.store = store
         self.handoffs: list[Handoff] = []
 
     async def owners(self) -> dict[int, str]:
         async with self.redis.pipeline(transaction=False) as pipe:
-            for p in range(self.partitions):
-                pipe.get(Store.lease_key(p))
+            for p in range(self.store.partitions):
+                pipe.get(self.store.lease_key(p))
             values = await pipe.execute()
         return {p: v.decode().rsplit(":", 1)[0] for p, v in enumerate(values) if v}
 
@@ -657,7 +657,7 @@ async def chaos_run(
         config = run.tmp / "subs.toml"
         config.write_text(project_toml(vendor.url, worker.url))
         run.store = await Store.open(run.redis)
-        run.leases = Leases(run.redis, run.store.partitions)
+        run.leases = Leases(run.redis, run.store)
         logs = run.tmp / "logs"
         logs.mkdir()
         run.serves = [Serve(i, config, server.url, logs, args.lease_ms) for i in range(args.serves)]

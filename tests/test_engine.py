@@ -14,6 +14,7 @@ from tests.engine_helpers import (
     ENV,
     assert_consistent,
     make_project,
+    on_both_redis,
     payloads,
     turn_ended,
     wait_for_event,
@@ -41,6 +42,7 @@ def say(agent: str, text: str, **extra) -> dict:
     }
 
 
+@on_both_redis
 @pytest.mark.parametrize("agent", ["ops_openai", "ops_anthropic"])
 async def test_client_tool_round_trip_streamed(engine, vendor, agent):
     vendor.push(

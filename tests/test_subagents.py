@@ -199,7 +199,7 @@ async def test_sigkill_between_the_spawn_and_the_childs_first_step(
     async def balanced() -> dict[int, str] | None:
         owners = {}
         for p in range(store.partitions):
-            value = await redis.get(Store.lease_key(p))
+            value = await redis.get(store.lease_key(p))
             if value:
                 owners[p] = value.decode().rsplit(":", 1)[0]
         return owners if sorted(Counter(owners.values()).values()) == [8, 8] else None

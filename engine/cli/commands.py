@@ -426,10 +426,12 @@ async def _serve(args: argparse.Namespace) -> int:
         url = await stack.enter_async_context(_redis_url(project, args.redis))
         # Two pools on one server: whatever the API and the bots wait on (submits, event
         # streams), the engine's leases, commits and timers always find a connection.
-        engine_redis = await stack.enter_async_context(
-            connect(url, name="subs-engine", socket_timeout=_engine_socket_timeout(project))
+        engine_redis = connect(
+            url, name="subs-engine", socket_timeout=_engine_socket_timeout(project)
         )
-        api_redis = await stack.enter_async_context(connect(url, name="subs-api"))
+        stack.push_async_callback(engine_redis.aclose)
+        api_redis = connect(url, name="subs-api")
+        stack.push_async_callback(api_redis.aclose)
         await _reachable(engine_redis, url, project)
         metrics = Metrics()
         engine = Engine(project, engine_redis, lease_ms=_lease_ms(), metrics=metrics)
