@@ -176,9 +176,14 @@ class EngineProcess:
             stderr=asyncio.subprocess.PIPE,
         )
         assert self.proc.stderr is not None
-        async with asyncio.timeout(20):
-            line = (await self.proc.stderr.readline()).decode()
-        assert line.startswith("subs: engine "), line
+        try:
+            async with asyncio.timeout(20):
+                line = (await self.proc.stderr.readline()).decode()
+            assert line.startswith("subs: engine "), line
+        except BaseException:
+            self.proc.kill()  # a start that fails leaves no process behind
+            await self.proc.wait()
+            raise
         self.owner = line.split()[2]
         self.api = line.split("; api ")[1].split(";")[0]
         self._drain = asyncio.create_task(self._read_stderr(self.proc.stderr))

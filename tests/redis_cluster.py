@@ -19,7 +19,7 @@ from pathlib import Path
 from redis import Redis as SyncRedis
 from redis.exceptions import RedisError
 
-from engine.store.embedded import find_redis_server
+from engine.store.embedded import die_with_parent, find_redis_server
 
 NODE_TIMEOUT_MS = 1000
 
@@ -121,11 +121,17 @@ class LocalCluster:
             # A replica cut off from its master for long still takes over when it dies.
             "--cluster-replica-validity-factor", "0",
             "--appendonly", "yes",
+            "--appendfsync", "always",  # what the engine asks by default ([store] fsync)
             "--save", "",
             "--daemonize", "no",
             "--logfile", str(node.dir / "redis.log"),
         ]  # fmt: skip
-        node.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        node.proc = subprocess.Popen(
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=die_with_parent(),  # a killed test run leaves no node behind
+        )
 
     def stop(self) -> None:
         for node in self.nodes:

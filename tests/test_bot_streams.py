@@ -20,7 +20,7 @@ from bot.threads.routing import session_id_for
 from bot.threads.store import Checkpoints, checkpoint_keys
 from engine.config import parse_project
 from tests.bot_helpers import AGENT, World, serve_bots
-from tests.engine_helpers import poll_until, project_toml, turn_ended, wait_for_event
+from tests.engine_helpers import on_both_redis, poll_until, project_toml, turn_ended, wait_for_event
 from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
 from tests.fakes.slack import FakeSlack, Message, SlackError
 from tests.workers import TestWorker, WorkerFactory
@@ -154,6 +154,7 @@ async def test_a_native_stream_left_open_is_stopped_and_finished_by_edits(native
     assert len(fake.calls("chat.startStream")) == 1
 
 
+@on_both_redis
 async def test_a_bot_closed_mid_stream_hands_its_turn_to_the_next(world: World) -> None:
     fake = world.fake
     world.vendor.push(Text(ANSWER, chunks=20, chunk_delay=0.1))

@@ -108,6 +108,7 @@ async def test_missing_api_key_fails_the_turn_naming_the_variable(redis, vendor,
         await eng.stop()
 
 
+@on_both_redis
 async def test_busy_session_refuses_queues_and_dedupes(engine, vendor):
     vendor.push(Text("one", chunk_delay=0.05, chunks=4), Text("two"), Text("three"))
     client = Client(engine.store)

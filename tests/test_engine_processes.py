@@ -11,6 +11,7 @@ from engine.store.store import Store
 from tests.engine_helpers import (
     LEASE_MS,
     assert_consistent,
+    on_both_redis,
     payloads,
     poll_until,
     turn_ended,
@@ -33,6 +34,7 @@ def say(text: str, **extra) -> dict:
     return {"type": "client.message", "agent_id": "ops_openai", "message": message, **extra}
 
 
+@on_both_redis
 async def test_sigkill_mid_stream_then_a_new_engine_completes_the_turn(
     redis, vendor, serve_processes
 ):
@@ -70,6 +72,7 @@ async def test_sigkill_mid_stream_then_a_new_engine_completes_the_turn(
     assert len(vendor.requests) == 2
 
 
+@on_both_redis
 async def test_two_engines_share_partitions_and_take_over_a_dead_ones(
     redis, vendor, serve_processes
 ):

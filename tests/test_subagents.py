@@ -18,6 +18,7 @@ from tests.engine_helpers import (
     ENV,
     EngineProcess,
     assert_consistent,
+    on_both_redis,
     payloads,
     poll_until,
     turn_ended,
@@ -37,6 +38,7 @@ def last_role(body: dict) -> str:
     return body["messages"][-1]["role"]
 
 
+@on_both_redis
 async def test_a_parent_delegates_to_a_worker_child_and_an_engine_child_at_once(
     redis, vendor, test_worker, tmp_path: Path
 ):

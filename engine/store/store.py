@@ -643,12 +643,12 @@ class Store:
                     for entry_id, fields in entries:
                         cursors[key] = entry_id
                         yield kind, orjson.loads(fields[fields.index(field) + 1])
-        except BaseException as err:
+        except Exception as err:  # the read failed (a fault): the connection goes
             failure = err
             raise
         finally:
-            # Read in flight (a cancel, a close): its answer may still come, so the
-            # connection cannot be reused.
+            # A cancel in the read: its answer may still come, so the connection cannot
+            # be reused. Closed between reads (at a yield), it can.
             if reading and failure is None:
                 failure = asyncio.CancelledError()
             await self._put_back(conn, failure)
