@@ -516,7 +516,10 @@ class Run:
         master = self.rng.choice(cluster.masters())
         killed = len(self.redis_back_after) % 2 == 1
         started = time.monotonic()
-        await asyncio.to_thread(cluster.kill if killed else cluster.failover, master)
+        if killed:
+            await cluster.kill(master)
+        else:
+            await asyncio.to_thread(cluster.failover, master)
         self.redis_back_after.append(time.monotonic() - started)
         how = "SIGKILL master" if killed else "CLUSTER FAILOVER of master"
         took = self.redis_back_after[-1]

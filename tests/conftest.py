@@ -60,6 +60,7 @@ def redis_url(request: pytest.FixtureRequest, redis_server: str) -> str:
     node of the session's cluster (healthy again after any failover, emptied)."""
     if getattr(request, "param", "single") == "cluster":
         cluster: LocalCluster = request.getfixturevalue("redis_cluster")
+        cluster.revive()
         cluster.wait_healthy()
         cluster.flush()
         return cluster.url

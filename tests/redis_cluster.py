@@ -7,6 +7,7 @@ wait polls the cluster's own view (CLUSTER INFO / CLUSTER NODES), never a fixed 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -198,7 +199,28 @@ class LocalCluster:
         roles = self.topology()
         masters = [p for p, (role, _) in roles.items() if role == "master"]
         replicas = [m for role, m in roles.values() if role == "replica"]
-        return len(masters) == 3 and sorted(replicas) == sorted(masters)
+        if len(masters) != 3 or sorted(replicas) != sorted(masters):
+            return False
+        return all(
+            self._in_sync(n) for n in self.live() if roles.get(n.port, ("",))[0] == "replica"
+        )
+
+    @staticmethod
+    def _in_sync(replica: Node) -> bool:
+        """The replica's link to its master is up and its initial sync is done."""
+        try:
+            with replica.client() as c:
+                info = c.info("replication")
+        except (RedisError, OSError):
+            return False
+        return info.get("master_link_status") == "up" and not info.get("master_sync_in_progress")
+
+    def revive(self) -> None:
+        """Start again any node that is not running (a test killed it, say)."""
+        for node in self.nodes:
+            if node.proc is None or node.proc.poll() is not None:
+                self._spawn(node, find_redis_server())
+                _poll(node.answers, 10, f"redis-server {node.port} again")
 
     def wait_healthy(self, timeout: float = 30) -> None:
         _poll(self.healthy, timeout, "the cluster to be ok with 3 masters and 3 replicas")
@@ -215,25 +237,37 @@ class LocalCluster:
     def failover(self, master: Node) -> Node:
         """A graceful CLUSTER FAILOVER of `master` to its replica; returns the new master."""
         replica = self.replica_of(master)
-        with replica.client() as c:
-            c.execute_command("CLUSTER", "FAILOVER")
-        _poll(
-            lambda: self.topology().get(replica.port, ("", None))[0] == "master",
-            30,
-            f"replica {replica.port} to take over from {master.port}",
-        )
+
+        def promoted() -> bool:
+            return self.topology().get(replica.port, ("", None))[0] == "master"
+
+        # A manual failover Redis gives up on (it waits for the replica to catch up, for
+        # at most a few seconds) is asked for again, up to 30 s in all.
+        deadline = time.monotonic() + 30
+        while True:
+            with replica.client() as c:
+                c.execute_command("CLUSTER", "FAILOVER")
+            try:
+                _poll(promoted, 6, f"replica {replica.port} to take over from {master.port}")
+                break
+            except AssertionError:
+                if time.monotonic() > deadline:
+                    raise
         self.wait_healthy()
         return replica
 
-    def kill(self, master: Node) -> Node:
+    async def kill(self, master: Node) -> Node:
         """SIGKILL `master`, wait for its replica's promotion, start it again (it comes back
-        as the replica); returns the new master."""
+        as the replica); returns the new master. The waits run in a thread (the caller's
+        loop keeps serving); the restart is made from the caller's thread, as a thread
+        that ends takes the children it started with it (die_with_parent)."""
         replica = self.replica_of(master)
         assert master.proc is not None
         os.kill(master.proc.pid, signal.SIGKILL)
-        master.proc.wait()
+        await asyncio.to_thread(master.proc.wait)
         master.proc = None
-        _poll(
+        await asyncio.to_thread(
+            _poll,
             lambda: (
                 self.topology().get(replica.port, ("", None))[0] == "master"
                 and replica.info("cluster").get("cluster_state") == "ok"
@@ -242,8 +276,8 @@ class LocalCluster:
             f"replica {replica.port} to be promoted after master {master.port} was killed",
         )
         self._spawn(master, find_redis_server())
-        _poll(master.answers, 10, f"redis-server on port {master.port} again")
-        self.wait_healthy()
+        await asyncio.to_thread(_poll, master.answers, 10, f"redis-server {master.port} again")
+        await asyncio.to_thread(self.wait_healthy)
         return replica
 
 

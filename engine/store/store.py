@@ -28,11 +28,13 @@ from redis.exceptions import (
     AskError,
     BusyLoadingError,
     ClusterDownError,
+    ClusterError,
     MovedError,
     NoScriptError,
     ReadOnlyError,
     RedisError,
     ResponseError,
+    SlotNotCoveredError,
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -65,6 +67,7 @@ _LEGACY_SESSIONS = "subs:sessions"
 META = "subs:meta"
 SLOTS = 16384  # Redis Cluster's hash slots
 CLUSTER_PROBE_SECONDS = 5.0
+FOLLOW_FAULTS = 12  # reads in a row a follow retries on a cluster failing over (~8 s)
 
 
 def cluster_enabled(url: str) -> bool:
@@ -89,6 +92,51 @@ def cluster_enabled(url: str) -> bool:
     finally:
         probe.close()
     return str(info.get("cluster_enabled", 0)) == "1"
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    """What `subs check` says of a Redis Cluster, as one of its nodes sees it."""
+
+    state: str  # CLUSTER INFO's cluster_state: ok | fail
+    masters: int  # masters holding slots, not failing
+    replicas: int  # replicas not failing
+    slots: int  # slots a live master serves, of 16384
+    failing: int  # nodes flagged fail
+
+
+def cluster_shape(url: str) -> ClusterShape | None:
+    """The cluster behind `url` (CLUSTER INFO and CLUSTER NODES); None when not a cluster."""
+    if not cluster_enabled(url):
+        return None
+    with SyncRedis.from_url(
+        url, socket_timeout=CLUSTER_PROBE_SECONDS, socket_connect_timeout=CLUSTER_PROBE_SECONDS
+    ) as probe:
+        info = cast(bytes, probe.execute_command("CLUSTER", "INFO"))
+        nodes = cast(bytes, probe.execute_command("CLUSTER", "NODES"))
+    state = dict(line.split(":", 1) for line in _text(info).splitlines() if ":" in line).get(
+        "cluster_state", "?"
+    )
+    masters = replicas = slots = failing = 0
+    for row in (line.split() for line in _text(nodes).splitlines() if line.strip()):
+        flags = row[2].split(",")
+        if "fail" in flags:
+            failing += 1
+            continue
+        if "slave" in flags:
+            replicas += 1
+        elif "master" in flags and len(row) > 8:
+            masters += 1
+            for spec in row[8:]:
+                if spec.startswith("["):  # a slot being imported or migrated: counted once
+                    continue
+                first, _, last = spec.partition("-")
+                slots += int(last or first) - int(first) + 1
+    return ClusterShape(state.strip(), masters, replicas, slots, failing)
+
+
+def _text(reply: Any) -> str:
+    return reply.decode() if isinstance(reply, bytes) else str(reply)
 
 
 def connect(
@@ -136,6 +184,8 @@ def connect(
 STORE_FAULTS: tuple[type[Exception], ...] = (
     MovedError,
     AskError,
+    SlotNotCoveredError,  # a cluster mid-failover: no master serves the slot yet
+    ClusterError,  # redirected too often (the slot map kept changing)
     RedisConnectionError,
     RedisTimeoutError,
     BusyLoadingError,
@@ -471,9 +521,11 @@ class Store:
             evalsha = [b"EVALSHA", self._commit.sha, *args]
             try:
                 try:
-                    *_, result = await self._ask(conn, [*before, evalsha])
-                except NoScriptError:  # `before` ran: only the script is sent again
-                    _, result = await self._ask(conn, [[b"SCRIPT", b"LOAD", _COMMIT], evalsha])
+                    result = await self._run_commit(conn, before, evalsha)
+                except MovedError as moved:  # nothing ran: sent once more, to the new master
+                    await self._put_back(conn, moved)
+                    conn = await self._connection(self.log_key(sid))
+                    result = await self._run_commit(conn, before, evalsha)
                 if self.replicas is not None and result >= 0:
                     (acked,) = await self._ask(conn, [self.replicas.command()])
                     self.replicas.record(int(acked), sid)
@@ -482,6 +534,17 @@ class Store:
                 raise
             self._lines[p] = conn
             return result
+
+    async def _run_commit(
+        self, conn: AbstractConnection, before: list[list[Any]], evalsha: list[Any]
+    ) -> Any:
+        """`before`, then the script; a server without the script (restarted, or a replica
+        just promoted) is given it."""
+        try:
+            *_, result = await self._ask(conn, [*before, evalsha])
+        except NoScriptError:  # `before` ran: only the script is sent again
+            _, result = await self._ask(conn, [[b"SCRIPT", b"LOAD", _COMMIT], evalsha])
+        return result
 
     async def _connection(self, key: str) -> AbstractConnection:
         """A connection of our own to the server holding `key`: the pool's, or on a cluster
@@ -632,12 +695,24 @@ class Store:
         conn = await self._connection(self.log_key(session_id))
         reading = False
         failure: BaseException | None = None
+        faults = 0  # in a row: a cluster failing over is waited out, for a while
         try:
             while True:
                 read = [b"XREAD", b"BLOCK", block_ms, b"STREAMS", *cursors, *cursors.values()]
                 reading = True
-                (reply,) = await self._ask(conn, [read])
+                try:
+                    (reply,) = await self._ask(conn, [read])
+                except Exception as err:
+                    if not self._failing_over(err) or faults >= FOLLOW_FAULTS:
+                        raise
+                    reading = False
+                    await self._put_back(conn, err)
+                    await asyncio.sleep(min(0.05 * 2**faults, 1.0))  # the backoff
+                    faults += 1
+                    conn = await self._connection(self.log_key(session_id))
+                    continue
                 reading = False
+                faults = 0
                 for key, entries in reply.items() if isinstance(reply, dict) else reply or ():
                     kind, field = ("event", b"e") if key == log_key else ("delta", b"d")
                     for entry_id, fields in entries:
@@ -652,6 +727,14 @@ class Store:
             if reading and failure is None:
                 failure = asyncio.CancelledError()
             await self._put_back(conn, failure)
+
+    def _failing_over(self, err: Exception) -> bool:
+        """On a cluster: the slot moved or its master went (a failover); the read is sent
+        again to the slot's master, once the slot map says which it is."""
+        if self.cluster is None:
+            return False
+        unblocked = isinstance(err, ResponseError) and str(err).startswith("UNBLOCKED")
+        return unblocked or isinstance(err, STORE_FAULTS)
 
     async def list_sessions(self, offset: int = 0, limit: int = 50) -> list[str]:
         """Session ids, newest first, merged from every partition's index.
