@@ -196,6 +196,12 @@ STORE_FAULTS: tuple[type[Exception], ...] = (
 )
 
 
+def unblocked(err: BaseException) -> bool:
+    """A blocking read its server ended on becoming a replica (a failover): it took
+    nothing, and the same read at the slot's new master can go on."""
+    return isinstance(err, ResponseError) and str(err).startswith("UNBLOCKED")
+
+
 async def unreachable(client: RedisClient, timeout: float) -> str | None:
     """Why `client`'s server does not answer a PING within `timeout` s; None when it does."""
     try:
@@ -565,7 +571,7 @@ class Store:
         be left unread on it); on a cluster a fault also marks the slot map stale."""
         if err is not None:
             await conn.disconnect(nowait=True)
-            if self.cluster is not None and isinstance(err, STORE_FAULTS):
+            if self.cluster is not None and (isinstance(err, STORE_FAULTS) or unblocked(err)):
                 self._stale = True
         if self.cluster is None:
             await self._pool().release(conn)
@@ -609,11 +615,23 @@ class Store:
         await self.redis.ping()
 
     async def wait_reply(self, reply_to: str, timeout: float) -> bytes | None:
-        """The engine's answer pushed on `reply_to` (see `enqueue`); None after `timeout` s."""
-        answer = cast(
-            tuple[bytes, bytes] | None, await self.redis.blpop([reply_to], timeout=timeout)
-        )
-        return None if answer is None else answer[1]
+        """The engine's answer pushed on `reply_to` (see `enqueue`); None after `timeout` s.
+
+        A wait its master ended by becoming a replica (a failover) popped nothing: it
+        waits on, at the slot's new master, for the time left."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            try:
+                answer = cast(
+                    tuple[bytes, bytes] | None,
+                    await self.redis.blpop([reply_to], timeout=max(deadline - loop.time(), 0.01)),
+                )
+            except ResponseError as err:
+                if not unblocked(err) or loop.time() >= deadline:
+                    raise
+                continue
+            return None if answer is None else answer[1]
 
     async def last_seq(self, session_id: str) -> int:
         """The seq of the session's newest event; 0 for a session not yet created."""
@@ -667,7 +685,12 @@ class Store:
             streams[log_key] = log_at
             owners[delta_key.encode()] = (sid, "delta")
             owners[log_key.encode()] = (sid, "event")
-        reply = cast(StreamsReply | None, await self.redis.xread(streams, block=block_ms))
+        try:
+            reply = cast(StreamsReply | None, await self.redis.xread(streams, block=block_ms))
+        except ResponseError as err:
+            if not unblocked(err):
+                raise
+            return []  # a failover ended the read: the caller reads again from its cursors
         out = []
         for key, entries in reply or ():
             sid, kind = owners[key]
@@ -731,10 +754,7 @@ class Store:
     def _failing_over(self, err: Exception) -> bool:
         """On a cluster: the slot moved or its master went (a failover); the read is sent
         again to the slot's master, once the slot map says which it is."""
-        if self.cluster is None:
-            return False
-        unblocked = isinstance(err, ResponseError) and str(err).startswith("UNBLOCKED")
-        return unblocked or isinstance(err, STORE_FAULTS)
+        return self.cluster is not None and (unblocked(err) or isinstance(err, STORE_FAULTS))
 
     async def list_sessions(self, offset: int = 0, limit: int = 50) -> list[str]:
         """Session ids, newest first, merged from every partition's index.
@@ -838,6 +858,8 @@ class Store:
             (reply,) = await self._ask(conn, [command])
         except BaseException as err:
             await self._put_back(conn, err)
+            if unblocked(err):  # a failover ended the read, handing out nothing
+                return []
             raise
         self._readers[p] = conn
         streams = reply.values() if isinstance(reply, dict) else [e for _, e in reply or ()]
