@@ -21,12 +21,14 @@ from redis.crc import key_slot
 from bot.threads.checkpoint import Checkpoint
 from bot.threads.store import BUCKETS, Checkpoints, seen_key
 from engine.client import Client
+from engine.config import parse_project
 from engine.runtime.engine import Engine
 from engine.store.store import Commit, Store, cluster_enabled, connect, spread_tags
 from tests.engine_helpers import (
     ENV,
     assert_consistent,
     make_project,
+    project_toml,
     subs,
     turn_ended,
     wait_for_event,
@@ -158,17 +160,30 @@ async def test_every_script_runs_on_the_cluster_with_keys_on_every_master(
 
 
 @on_cluster
-async def test_partitions_land_on_every_master(redis_url: str, redis_cluster: LocalCluster) -> None:
+async def test_partitions_land_on_every_master(
+    redis_url: str, vendor, tmp_path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`[store] partitions = 48` on 3 masters: 16 each. A later engine configured
+    otherwise keeps the stored count, and says so."""
+    text = project_toml(vendor.url) + "\n[store]\npartitions = 48\n"
     redis = connect(redis_url)
+    engine = Engine(parse_project(text, str(tmp_path / "subs.toml"), env={}), redis, env=ENV)
+    await engine.start()
     try:
-        store = await Store.open(redis, 48)
         assert isinstance(redis, RedisCluster)
         owners = Counter(
-            redis.get_node_from_key(store.work_key(p)).name for p in range(store.partitions)
+            redis.get_node_from_key(engine.store.work_key(p)).name
+            for p in range(engine.store.partitions)
         )
+        assert sorted(owners.values()) == [16, 16, 16]
+        later = Engine(make_project(tmp_path, vendor.url), redis, env=ENV)
+        await later.start()
+        await later.stop()
+        assert later.store.partitions == 48
+        assert "this Redis keeps 48 partitions" in caplog.text
     finally:
+        await engine.stop()
         await redis.aclose()
-    assert sorted(owners.values()) == [16, 16, 16]
 
 
 @on_cluster
