@@ -15,7 +15,7 @@ and the vendor, so the figure says what the cluster costs here, not how it scale
 across machines.
 
     .venv/bin/python bench/cluster.py [--redis single|cluster] [--serves 3]
-        [--sessions 30] [--turns 10] [--wait-replicas 0] [--repeat 3]
+        [--sessions 30] [--turns 10] [--wait-replicas 0] [--partitions 16] [--repeat 3]
 """
 
 from __future__ import annotations
@@ -73,7 +73,9 @@ async def measure(
     args: argparse.Namespace, url: str, vendor: str, worker: str, tmp: Path
 ) -> list[float]:
     config = tmp / "subs.toml"
-    store_block = f"\n[store]\nwait_replicas = {args.wait_replicas}\n"
+    store_block = (
+        f"\n[store]\nwait_replicas = {args.wait_replicas}\npartitions = {args.partitions}\n"
+    )
     config.write_text(project_toml(vendor, worker) + store_block)
     logs = tmp / "logs"
     logs.mkdir()
@@ -111,6 +113,7 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=30)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--wait-replicas", type=int, default=0)
+    parser.add_argument("--partitions", type=int, default=16, help="[store] partitions")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="subs-cluster-bench-"))
@@ -132,7 +135,8 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)
     print(
         f"{args.redis}: {args.serves} serves, {args.sessions} sessions x {args.turns} turns, "
-        f"wait_replicas {args.wait_replicas}: median {statistics.median(rates):.0f} turns/s "
+        f"{args.partitions} partitions, wait_replicas {args.wait_replicas}: "
+        f"median {statistics.median(rates):.0f} turns/s "
         f"(runs: {', '.join(f'{r:.0f}' for r in rates)})"
     )
     return 0
