@@ -247,3 +247,14 @@ async def test_check_reports_the_clusters_shape(redis_url: str, config) -> None:
     # No URL, or one that is not a cluster: nothing is said of Redis.
     code, out, err = await subs("check", "-c", str(config))
     assert (code, out) == (0, ""), err
+
+
+async def test_a_store_from_before_spread_tags_keeps_its_keys(redis) -> None:
+    """A Redis whose first engine predates spread tags (a count, no scheme) keeps `{p}`;
+    a new one gets the spread tags, on one server as on a cluster."""
+    await redis.hset("subs:meta", "partitions", 8)
+    old = await Store.open(redis, 16)
+    assert old.partitions == 8 and old.log_key("s") == f"subs:{{{old.partition_of('s')}}}:log:s"
+    await redis.delete("subs:meta")
+    new = await Store.open(redis, 16)
+    assert new.tags == spread_tags(16) and (await redis.hget("subs:meta", "tags")) == b"spread"
