@@ -17,7 +17,7 @@ from bot.rendering.reply import STAMP, stamp
 from bot.threads.checkpoint import Checkpoint, LeaseLost
 from bot.threads.follower import BUSY, GAVE_UP, MAX_FAILURES
 from bot.threads.routing import session_id_for
-from bot.threads.store import Checkpoints, checkpoint_keys
+from bot.threads.store import LEGACY_TURNS, Checkpoints, checkpoint_keys
 from engine.config import parse_project
 from tests.bot_helpers import AGENT, World, serve_bots
 from tests.engine_helpers import on_both_redis, poll_until, project_toml, turn_ended, wait_for_event
@@ -550,3 +550,15 @@ async def test_a_tool_call_shows_in_the_reply(
         assert [b["text"] for b in reply.blocks if b["type"] == "markdown"] == [
             "Disk is at **91%**."
         ]
+
+
+async def test_a_checkpoint_a_bot_before_the_buckets_left_moves_to_its_bucket(redis) -> None:
+    cp = _bare_checkpoint()
+    await redis.hset(LEGACY_TURNS, mapping={cp.key: cp.dumps(), "junk": "{not json"})
+    checkpoints = Checkpoints(redis, "me", 60_000)
+    assert [c.key for c in await checkpoints.open()] == [cp.key]
+    assert await redis.hget(checkpoint_keys(cp)[0], cp.key) == cp.dumps().encode()
+    assert await redis.hkeys(LEGACY_TURNS) == [b"junk"]  # unreadable: left, and logged
+    assert await checkpoints.claim(cp) is not None
+    await checkpoints.drop(cp)
+    assert [c.key for c in await checkpoints.open()] == []

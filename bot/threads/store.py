@@ -12,7 +12,7 @@ import zlib
 from bot.threads.checkpoint import Checkpoint, LeaseLost
 from engine.store.store import RedisClient, lua_script
 
-__all__ = ["BUCKETS", "Checkpoints", "checkpoint_keys", "seen_key", "turns_key"]
+__all__ = ["BUCKETS", "LEGACY_TURNS", "Checkpoints", "checkpoint_keys", "seen_key", "turns_key"]
 
 log = logging.getLogger(__name__)
 
@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 # writes them together, also on Redis Cluster), and a Slack retry of an input (same
 # channel) finds its dedupe key in the same bucket.
 BUCKETS = 16
+LEGACY_TURNS = "subs:slack:turns"  # where bots before the buckets kept every checkpoint
 
 
 def _tag(channel: str) -> str:
@@ -92,10 +93,21 @@ class Checkpoints:
             raise LeaseLost(cp.key)
 
     async def open(self) -> list[Checkpoint]:
-        """Every open turn's checkpoint; one that cannot be read is logged and skipped."""
+        """Every open turn's checkpoint; one that cannot be read is logged and skipped.
+
+        Checkpoints a bot from before the buckets left in `subs:slack:turns` move to
+        their bucket first (one by one: two slots), so their turns resume too."""
+        for key, raw in (await self.redis.hgetall(LEGACY_TURNS)).items():
+            try:
+                cp = Checkpoint.loads(raw)
+            except (ValueError, TypeError):
+                continue  # left there, and said below with the others
+            await self.redis.hsetnx(checkpoint_keys(cp)[0], key, raw)
+            await self.redis.hdel(LEGACY_TURNS, key)
         async with self.redis.pipeline(transaction=False) as pipe:
             for bucket in range(BUCKETS):
                 pipe.hgetall(turns_key(bucket))
+            pipe.hgetall(LEGACY_TURNS)
             buckets = await pipe.execute()
         found = []
         for key, raw in (item for turns in buckets for item in turns.items()):
