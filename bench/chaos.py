@@ -9,6 +9,12 @@ HTTP API of a random live serve. Meanwhile it SIGKILLs a random serve at random
 intervals (N kills, default 100; each killed serve is started again at once) and
 SIGKILLs and restarts the redis-server R times (default 3) on the same AOF.
 
+With `--cluster` the serves run on a Redis Cluster instead (3 masters + 3 replicas of
+the same redis-server on loopback ports), and each of the R Redis events is a master
+failing over to its replica: a graceful CLUSTER FAILOVER, then a SIGKILL of a master
+(its replica promoted, the killed one started again as the replica), in turn. At the
+end every master must hold session keys (the partitions spread over them).
+
 Then it waits (bounded) for every submitted turn to end, reads every session's log
 from Redis and prints one line per figure: turns submitted, completed, failed (by
 error code), lost (never ended), duplicated (a turn started or ended twice, a seq
@@ -18,7 +24,7 @@ a kill to the moment other engines hold every partition the dead one held). Exit
 status 1 when anything was lost, duplicated or inconsistent; 130 on Ctrl-C.
 
     .venv/bin/python bench/chaos.py [--serves 3] [--sessions 20] [--kills 100]
-        [--redis-restarts 3] [--quick] [--seed N] [--keep]
+        [--redis-restarts 3] [--cluster] [--quick] [--seed N] [--keep]
 """
 
 from __future__ import annotations
@@ -60,6 +66,7 @@ from engine.store.embedded import EmbeddedRedis, die_with_parent
 from engine.store.store import Store, connect
 from tests.engine_helpers import ENV, ROOT
 from tests.fakes.llm_vendor import FakeVendor, Text
+from tests.redis_cluster import LocalCluster
 from tests.workers import TestWorker
 
 AGENTS = ("engine_decided", "worker_decided")
@@ -262,15 +269,15 @@ class Handoff:
 class Leases:
     """Reads every partition's lease in a loop; times how long a dead owner's take to move."""
 
-    def __init__(self, redis: Any, partitions: int) -> None:
+    def __init__(self, redis: Any, store: Store) -> None:
         self.redis = redis
-        self.partitions = partitions
+        self.store = store
         self.handoffs: list[Handoff] = []
 
     async def owners(self) -> dict[int, str]:
         async with self.redis.pipeline(transaction=False) as pipe:
-            for p in range(self.partitions):
-                pipe.get(Store.lease_key(p))
+            for p in range(self.store.partitions):
+                pipe.get(self.store.lease_key(p))
             values = await pipe.execute()
         return {p: v.decode().rsplit(":", 1)[0] for p, v in enumerate(values) if v}
 
@@ -360,7 +367,9 @@ def _difference(folded: Any, stored: Any, path: str) -> str | None:
 class Run:
     """Everything one chaos run starts, counts and reads back."""
 
-    def __init__(self, args: argparse.Namespace, redis_server: EmbeddedRedis, tmp: Path) -> None:
+    def __init__(
+        self, args: argparse.Namespace, redis_server: EmbeddedRedis | LocalCluster, tmp: Path
+    ) -> None:
         self.args = args
         self.rng = random.Random(args.seed)
         self.server = redis_server
@@ -491,6 +500,9 @@ class Run:
             self.say(f"serve {serve.slot} did not come back: {str(err).splitlines()[0]}")
 
     async def restart_redis(self, n: int, of: int) -> None:
+        if isinstance(self.server, LocalCluster):
+            await self.fail_over(self.server, n, of)
+            return
         assert self.server.pid is not None
         killed_at = time.monotonic()
         os.kill(self.server.pid, signal.SIGKILL)
@@ -498,6 +510,36 @@ class Run:
         await asyncio.to_thread(self.server.start, 60.0)
         self.redis_back_after.append(time.monotonic() - killed_at)
         self.say(f"{n}/{of}: SIGKILL redis-server; back after {self.redis_back_after[-1]:.2f} s")
+
+    async def fail_over(self, cluster: LocalCluster, n: int, of: int) -> None:
+        """A master fails over to its replica: gracefully, or (every other time) SIGKILLed."""
+        master = self.rng.choice(cluster.masters())
+        killed = len(self.redis_back_after) % 2 == 1
+        started = time.monotonic()
+        if killed:
+            await cluster.kill(master)
+        else:
+            await asyncio.to_thread(cluster.failover, master)
+        self.redis_back_after.append(time.monotonic() - started)
+        how = "SIGKILL master" if killed else "CLUSTER FAILOVER of master"
+        took = self.redis_back_after[-1]
+        self.say(f"{n}/{of}: {how} {master.port}; cluster ok again after {took:.2f} s")
+
+    async def masters_with_sessions(self) -> tuple[int, int]:
+        """How many masters hold session logs, of how many masters."""
+        assert isinstance(self.server, LocalCluster)
+        cluster = self.server
+
+        def count() -> tuple[int, int]:
+            masters = cluster.masters()
+            holding = 0
+            for node in masters:
+                with node.client() as c:
+                    logs = c.scan_iter(match="subs:*:log:*", count=1000)
+                    holding += next(iter(logs), None) is not None
+            return holding, len(masters)
+
+        return await asyncio.to_thread(count)
 
     # -- reading it back --
 
@@ -583,9 +625,10 @@ class Run:
         answered = sum(t.turn_id is not None for t in self.turns)
         unanswered = len(self.turns) - answered
         a = self.args
+        redis_events = "master failovers on a cluster" if a.cluster else "redis restarts"
         print(
             f"chaos: {a.serves} serves, {a.sessions} sessions, {a.kills} serve kills, "
-            f"{a.redis_restarts} redis restarts, lease {a.lease_ms} ms, seed {a.seed}, "
+            f"{a.redis_restarts} {redis_events}, lease {a.lease_ms} ms, seed {a.seed}, "
             f"{elapsed:.0f} s"
         )
         print(f"turns submitted: {answered}")
@@ -621,8 +664,14 @@ class Run:
             f"{self.kills_skipped} skipped with no serve up)"
         )
         back = self.redis_back_after
+        spread_ok = True
+        if isinstance(self.server, LocalCluster):
+            holding, masters = await self.masters_with_sessions()
+            spread_ok = holding == masters
+            print(f"masters holding sessions: {holding} of {masters}")
         print(
-            f"redis restarts: {len(back)}"
+            f"{'master failovers' if isinstance(self.server, LocalCluster) else 'redis restarts'}"
+            f": {len(back)}"
             + (
                 f", answering again after median {statistics.median(back):.2f} s, "
                 f"max {max(back):.2f} s"
@@ -637,7 +686,7 @@ class Run:
             + (f": {worker['schema_errors']}" if worker.get("schema_errors") else "")
             + f"); serves that did not restart: {len(self.serve_start_failures)}"
         )
-        return lost == 0 and sum(dups.values()) == 0 and mismatched == 0
+        return lost == 0 and sum(dups.values()) == 0 and mismatched == 0 and spread_ok
 
     async def aclose(self) -> None:
         for serve in self.serves:
@@ -648,7 +697,10 @@ class Run:
 
 
 async def chaos_run(
-    args: argparse.Namespace, server: EmbeddedRedis, vendor: ChildServer, worker: ChildServer
+    args: argparse.Namespace,
+    server: EmbeddedRedis | LocalCluster,
+    vendor: ChildServer,
+    worker: ChildServer,
 ) -> bool:
     interrupts = Interrupts()
     run = Run(args, server, Path(args.dir))
@@ -657,7 +709,7 @@ async def chaos_run(
         config = run.tmp / "subs.toml"
         config.write_text(project_toml(vendor.url, worker.url))
         run.store = await Store.open(run.redis)
-        run.leases = Leases(run.redis, run.store.partitions)
+        run.leases = Leases(run.redis, run.store)
         logs = run.tmp / "logs"
         logs.mkdir()
         run.serves = [Serve(i, config, server.url, logs, args.lease_ms) for i in range(args.serves)]
@@ -705,6 +757,7 @@ def main() -> int:
     parser.add_argument("--pause-ms", type=float, default=100.0, help="between a session's turns")
     parser.add_argument("--chunk-delay-ms", type=float, default=10.0, help="vendor pace")
     parser.add_argument("--max-seconds", type=float, default=1200.0, help="bound on the chaos")
+    parser.add_argument("--cluster", action="store_true", help="on a 3+3 Redis Cluster")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (serve logs, AOF)")
     args = parser.parse_args()
@@ -712,7 +765,11 @@ def main() -> int:
         if getattr(args, key) is None:
             setattr(args, key, value)
     args.dir = tempfile.mkdtemp(prefix="subs-chaos-")
-    server = EmbeddedRedis(Path(args.dir) / "redis")
+    server: EmbeddedRedis | LocalCluster
+    if args.cluster:
+        server = LocalCluster(Path(args.dir) / "cluster")
+    else:
+        server = EmbeddedRedis(Path(args.dir) / "redis")
     vendor = ChildServer(functools.partial(_vendor_child, args.chunk_delay_ms / 1000))
     worker = ChildServer(_worker_child)
     try:

@@ -95,12 +95,15 @@ class StoreConfig:
 
     `fsync` is the embedded server's `appendfsync` (and the level an external
     server is checked against); `wait_replicas` > 0 makes each commit wait for
-    that many replicas to acknowledge it, for at most `wait_timeout_ms`.
+    that many replicas to acknowledge it, for at most `wait_timeout_ms`. `partitions`
+    is how many partitions a new store gets (the first engine on a Redis fixes it;
+    README "Redis Cluster" says how to choose it).
     """
 
     fsync: Fsync = DEFAULT_FSYNC
     wait_replicas: int = 0
     wait_timeout_ms: int = 1000
+    partitions: int = 16
 
 
 @dataclass(frozen=True)
@@ -376,6 +379,7 @@ class _Store(_Model):
     fsync: Fsync = DEFAULT_FSYNC
     wait_replicas: UInt32 = 0
     wait_timeout_ms: Annotated[int, Field(ge=1, le=_UINT32_MAX)] = 1000
+    partitions: Annotated[int, Field(ge=1, le=16384)] = 16  # at most one a cluster slot
 
 
 class _Llm(_Model):
@@ -887,6 +891,7 @@ def _build(root: _Root, path: str) -> Project:
             fsync=root.store.fsync,
             wait_replicas=root.store.wait_replicas,
             wait_timeout_ms=root.store.wait_timeout_ms,
+            partitions=root.store.partitions,
         ),
         mcp={
             mid: McpBlock(

@@ -16,6 +16,7 @@ from engine.store.embedded import EmbeddedRedis
 from engine.store.store import connect
 from tests.engine_helpers import EngineProcess, project_toml
 from tests.fakes.llm_vendor import FakeVendor
+from tests.redis_cluster import LocalCluster, running_cluster
 
 pytest_plugins = ["tests.workers", "tests.agui_helpers"]  # test_worker; the agui_* fixtures
 
@@ -46,9 +47,23 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A Redis Cluster (3 masters, 3 replicas) built once per session, when a test asks."""
+    with running_cluster(tmp_path_factory.mktemp("cluster")) as cluster:
+        yield cluster
+
+
 @pytest.fixture
-def redis_url(redis_server: str) -> str:
-    """The session server's url, emptied before the test."""
+def redis_url(request: pytest.FixtureRequest, redis_server: str) -> str:
+    """The session server's url, emptied before the test; with `on_both_redis`, also a
+    node of the session's cluster (healthy again after any failover, emptied)."""
+    if getattr(request, "param", "single") == "cluster":
+        cluster: LocalCluster = request.getfixturevalue("redis_cluster")
+        cluster.revive()
+        cluster.wait_healthy()
+        cluster.flush()
+        return cluster.url
     with SyncRedis.from_url(redis_server) as client:
         client.flushall()
     return redis_server

@@ -12,11 +12,17 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from engine.client import Client
 from engine.config import Project, parse_project
 from engine.machine import fold, state_to_json
 from engine.store.snapshots import state_of
 from engine.store.store import Store
+
+# Runs a scenario test on a single redis-server and on a Redis Cluster (the `redis_url`
+# fixture, and those built on it, follow the parameter).
+on_both_redis = pytest.mark.parametrize("redis_url", ["single", "cluster"], indirect=True)
 
 ENV = {"OPENAI_API_KEY": "test-openai", "ANTHROPIC_API_KEY": "test-anthropic"}
 LEASE_MS = 1500  # short, for tests that kill engines on purpose
@@ -170,9 +176,14 @@ class EngineProcess:
             stderr=asyncio.subprocess.PIPE,
         )
         assert self.proc.stderr is not None
-        async with asyncio.timeout(20):
-            line = (await self.proc.stderr.readline()).decode()
-        assert line.startswith("subs: engine "), line
+        try:
+            async with asyncio.timeout(20):
+                line = (await self.proc.stderr.readline()).decode()
+            assert line.startswith("subs: engine "), line
+        except BaseException:
+            self.proc.kill()  # a start that fails leaves no process behind
+            await self.proc.wait()
+            raise
         self.owner = line.split()[2]
         self.api = line.split("; api ")[1].split(";")[0]
         self._drain = asyncio.create_task(self._read_stderr(self.proc.stderr))

@@ -30,7 +30,7 @@ from tests.api_helpers import (
     serve,
     stream_path,
 )
-from tests.engine_helpers import ENV, make_project, poll_until
+from tests.engine_helpers import ENV, make_project, on_both_redis, poll_until
 from tests.fakes.llm_vendor import Text, ToolCalls
 
 MAX_BODY = 64 * 1024
@@ -510,6 +510,7 @@ async def test_cancel_ends_the_running_turn_and_the_queued_one_runs(http, vendor
     assert gone.status_code == 404 and gone.json()["code"] == "unknown_session"
 
 
+@on_both_redis
 async def test_delete_removes_an_idle_session_and_all_its_keys(http, vendor, engine):
     vendor.push(ToolCalls([("confirm", {"question": "sure?"})]))
     reply = await submit(http, say("start"))
@@ -538,6 +539,7 @@ async def test_delete_removes_an_idle_session_and_all_its_keys(http, vendor, eng
     assert again.status_code == 404 and again.json()["code"] == "unknown_session"
 
 
+@on_both_redis
 async def test_admin_lists_newest_first_and_pages_events(http, vendor):
     vendor.default = Text("ok")
     sids = []
@@ -585,6 +587,7 @@ async def test_health_and_metrics(http, vendor, metrics):
 # --- event streams --------------------------------------------------------------------------
 
 
+@on_both_redis
 async def test_catch_up_then_live_with_after_seq_and_last_event_id(http, vendor):
     vendor.push(Text("first answer"), Text("second answer"))
     first = await submit(http, say("one", turn_id="T1"))
@@ -655,6 +658,7 @@ def assert_call_streamed(frames, call_id: str, text: str) -> None:
     assert kinds[completed - len(deltas) : completed] == ["llm.token.delta"] * len(deltas)
 
 
+@on_both_redis
 async def test_deltas_interleave_and_a_reconnect_gets_the_missed_ones(http, vendor):
     text = " ".join(f"w{i}" for i in range(24))
     vendor.push(Text(text, chunks=24, chunk_delay=0.03))  # a model call of about 0.7 s

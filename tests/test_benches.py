@@ -78,6 +78,13 @@ TINY: dict[str, tuple[str, list[str]]] = {
             rf"lease handoff after a serve kill: median {NUMBER} s",
         ],
     ),
+    "cluster.py": (
+        "--redis cluster --serves 2 --sessions 2 --turns 2 --repeat 1 --wait-replicas 1",
+        [
+            rf"cluster: 2 serves, 2 sessions x 2 turns, 16 partitions, wait_replicas 1: "
+            rf"median {NUMBER} turns/s"
+        ],
+    ),
     "vs_langgraph.py": (
         "--sessions 2 --turns 2 --repeat 1",
         [

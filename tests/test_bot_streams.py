@@ -17,10 +17,10 @@ from bot.rendering.reply import STAMP, stamp
 from bot.threads.checkpoint import Checkpoint, LeaseLost
 from bot.threads.follower import BUSY, GAVE_UP, MAX_FAILURES
 from bot.threads.routing import session_id_for
-from bot.threads.store import TURNS, Checkpoints
+from bot.threads.store import LEGACY_TURNS, Checkpoints, checkpoint_keys
 from engine.config import parse_project
 from tests.bot_helpers import AGENT, World, serve_bots
-from tests.engine_helpers import poll_until, project_toml, turn_ended, wait_for_event
+from tests.engine_helpers import on_both_redis, poll_until, project_toml, turn_ended, wait_for_event
 from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
 from tests.fakes.slack import FakeSlack, Message, SlackError
 from tests.workers import TestWorker, WorkerFactory
@@ -50,6 +50,11 @@ async def world(redis, vendor: FakeVendor, tmp_path: Path) -> AsyncIterator[Worl
 
 def _replies(fake: FakeSlack, msg: Message) -> list[Message]:
     return [m for m in fake.thread(msg.channel, msg.thread_ts or msg.ts) if m.bot_id]
+
+
+async def open_turns(redis) -> int:
+    """How many turns have a checkpoint, over every bucket."""
+    return len(await Checkpoints(redis, "probe", 1).open())
 
 
 async def _mention(world: World, text: str) -> Message:
@@ -94,7 +99,7 @@ async def test_native_streaming_writes_one_message_through_the_stream_methods(
     assert not fake.calls("chat.update") and not fake.calls("chat.postMessage")
     visible = [v.text for v in fake.edits(reply.channel, reply.ts)]
     assert len(set(visible)) > 1 and all(ANSWER.startswith(t) for t in visible)
-    assert await native.client.store.redis.hlen(TURNS) == 0
+    assert await open_turns(native.client.store.redis) == 0
 
 
 async def test_an_expired_stream_falls_back_to_editing_the_same_message(native: World) -> None:
@@ -149,13 +154,14 @@ async def test_a_native_stream_left_open_is_stopped_and_finished_by_edits(native
     assert len(fake.calls("chat.startStream")) == 1
 
 
+@on_both_redis
 async def test_a_bot_closed_mid_stream_hands_its_turn_to_the_next(world: World) -> None:
     fake = world.fake
     world.vendor.push(Text(ANSWER, chunks=20, chunk_delay=0.1))
     mention = await _mention(world, "are the replicas ok?")
     await fake.until(lambda: _replies(fake, mention) or None, timeout=10)
     await world.bots.aclose()  # mid-stream: the checkpoint stays, the lease is released
-    assert await world.client.store.redis.hlen(TURNS) == 1
+    assert await open_turns(world.client.store.redis) == 1
 
     async with world.successor() as successor:
         await _turn_ended(world, mention)
@@ -163,7 +169,7 @@ async def test_a_bot_closed_mid_stream_hands_its_turn_to_the_next(world: World) 
     [reply] = _replies(fake, mention)
     assert [b["text"] for b in reply.blocks if b["type"] == "markdown"] == [ANSWER]
     assert len([c for c in fake.calls("chat.postMessage") if c.args.get("thread_ts")]) == 1
-    assert await world.client.store.redis.hlen(TURNS) == 0
+    assert await open_turns(world.client.store.redis) == 0
 
 
 async def test_a_resumed_turn_finds_the_reply_a_dead_bot_posted_by_its_stamp(
@@ -195,13 +201,13 @@ async def test_a_resumed_turn_finds_the_reply_a_dead_bot_posted_by_its_stamp(
             "bot_id": None,
         },
     )
-    await world.client.store.redis.hset(TURNS, lost.key, lost.dumps())
+    await world.client.store.redis.hset(checkpoint_keys(lost)[0], lost.key, lost.dumps())
     async with world.successor() as successor:
         await successor.idle()
     assert [m.ts for m in _replies(fake, mention)] == [reply.ts]
     assert len(fake.calls("chat.postMessage")) == posts
     assert fake.calls("conversations.replies")[-1].args.get("include_all_metadata")
-    assert await world.client.store.redis.hlen(TURNS) == 0
+    assert await open_turns(world.client.store.redis) == 0
     assert len(await world.turns(mention.channel, mention.ts)) == 1
 
 
@@ -340,11 +346,11 @@ async def test_a_turn_whose_followers_keep_failing_is_given_up_and_says_so(
         trigger=asked.ts,
         since=asked.ts,
     )
-    await world.client.store.redis.hset(TURNS, doomed.key, doomed.dumps())
+    await world.client.store.redis.hset(checkpoint_keys(doomed)[0], doomed.key, doomed.dumps())
     async with world.successor(lease_ms=300, retry_s=RETRY) as successor:
 
         async def dropped() -> bool:
-            return await world.client.store.redis.hlen(TURNS) == 0
+            return await open_turns(world.client.store.redis) == 0
 
         await poll_until(dropped, timeout=15, what="the checkpoint to be given up")
         await successor.idle()
@@ -380,7 +386,7 @@ async def test_a_button_clicked_while_the_thread_is_busy_says_so_and_starts_noth
     await world.bots.idle()
     names = [r["trigger"].get("name") for r in worker.requests]
     assert "page_again" not in names
-    assert await world.client.store.redis.hlen(TURNS) == 0
+    assert await open_turns(world.client.store.redis) == 0
 
 
 # -- one turn per message -------------------------------------------------------------
@@ -403,7 +409,7 @@ async def test_the_same_message_under_a_new_event_id_starts_no_second_turn(world
     await world.bots.idle()
     assert len(_replies(fake, mention)) == 1
     assert len(await world.turns(mention.channel, mention.ts)) == 1
-    assert await world.client.store.redis.hlen(TURNS) == 0
+    assert await open_turns(world.client.store.redis) == 0
 
 
 def _bare_checkpoint() -> Checkpoint:
@@ -433,7 +439,7 @@ async def test_checkpoint_writes_are_fenced_by_the_followers_lease(redis) -> Non
         await mine.drop(cp)
     await theirs.drop(taken)
     assert await theirs.claim(cp) is None  # finished: a stale copy cannot bring it back
-    assert await redis.hlen(TURNS) == 0
+    assert await open_turns(redis) == 0
 
 
 async def test_a_resumed_command_finds_the_root_message_a_dead_bot_posted(world: World) -> None:
@@ -456,7 +462,7 @@ async def test_a_resumed_command_finds_the_root_message_a_dead_bot_posted(world:
         payload={"type": "client.action", "name": "oncall", "args": args},
         since=since,
     )
-    await world.client.store.redis.hset(TURNS, lost.key, lost.dumps())
+    await world.client.store.redis.hset(checkpoint_keys(lost)[0], lost.key, lost.dumps())
     async with world.successor() as successor:
         await successor.idle()
     roots = [m for m in fake.history(fake.general.id) if m.bot_id]
@@ -466,14 +472,15 @@ async def test_a_resumed_command_finds_the_root_message_a_dead_bot_posted(world:
     sid = session_id_for(AGENT, fake.general.id, root["ts"])
     kinds = [e["payload"]["type"] for e in await world.client.events(sid)]
     assert kinds.count("turn.started") == 1 and "turn.completed" in kinds
-    assert await world.client.store.redis.hlen(TURNS) == 0
+    assert await open_turns(world.client.store.redis) == 0
 
 
 async def test_an_unreadable_checkpoint_is_skipped_and_an_older_one_still_read(redis) -> None:
     checkpoints = Checkpoints(redis, "me", 60_000)
     cp = _bare_checkpoint()
     older = {**json.loads(cp.dumps()), "resumes": 2}  # a field an earlier bot wrote
-    await redis.hset(TURNS, mapping={cp.key: json.dumps(older), "junk": "{not json"})
+    turns = checkpoint_keys(cp)[0]
+    await redis.hset(turns, mapping={cp.key: json.dumps(older), "junk": "{not json"})
     assert [c.key for c in await checkpoints.open()] == [cp.key]
 
 
@@ -543,3 +550,15 @@ async def test_a_tool_call_shows_in_the_reply(
         assert [b["text"] for b in reply.blocks if b["type"] == "markdown"] == [
             "Disk is at **91%**."
         ]
+
+
+async def test_a_checkpoint_a_bot_before_the_buckets_left_moves_to_its_bucket(redis) -> None:
+    cp = _bare_checkpoint()
+    await redis.hset(LEGACY_TURNS, mapping={cp.key: cp.dumps(), "junk": "{not json"})
+    checkpoints = Checkpoints(redis, "me", 60_000)
+    assert [c.key for c in await checkpoints.open()] == [cp.key]
+    assert await redis.hget(checkpoint_keys(cp)[0], cp.key) == cp.dumps().encode()
+    assert await redis.hkeys(LEGACY_TURNS) == [b"junk"]  # unreadable: left, and logged
+    assert await checkpoints.claim(cp) is not None
+    await checkpoints.drop(cp)
+    assert [c.key for c in await checkpoints.open()] == []

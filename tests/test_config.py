@@ -290,6 +290,8 @@ BROKEN = [
     ("store fsync", '[store]\nfsync = "no"\n', "store.fsync", "one of 'always' or 'everysec'"),
     ("store typo", "[store]\nwait_replica = 1\n", "store.wait_replica", "did you mean"),
     ("wait_replicas sign", "[store]\nwait_replicas = -1\n", "store.wait_replicas", "0 or more"),
+    ("partitions", "[store]\npartitions = 0\n", "store.partitions", "1 or more"),
+    ("partitions max", "[store]\npartitions = 20000\n", "store.partitions", "16384"),
     ("wait_timeout_ms 0", "[store]\nwait_timeout_ms = 0\n", "store.wait_timeout_ms", "1 or more"),
     (
         "literal api key",
@@ -528,13 +530,17 @@ def test_defaults(tmp_path: Path):
         "fsync": "always",
         "wait_replicas": 0,
         "wait_timeout_ms": 1000,
+        "partitions": 16,
     }
 
 
 def test_store_settings(tmp_path: Path):
-    text = '[store]\nfsync = "everysec"\nwait_replicas = 2\nwait_timeout_ms = 250\n'
+    text = (
+        '[store]\nfsync = "everysec"\nwait_replicas = 2\nwait_timeout_ms = 250\npartitions = 48\n'
+    )
     store = load(tmp_path, text).store
     assert (store.fsync, store.wait_replicas, store.wait_timeout_ms) == ("everysec", 2, 250)
+    assert store.partitions == 48
 
 
 def test_explicit_llm_settings_win(tmp_path: Path):

@@ -14,6 +14,7 @@ from tests.engine_helpers import (
     ENV,
     assert_consistent,
     make_project,
+    on_both_redis,
     payloads,
     turn_ended,
     wait_for_event,
@@ -41,6 +42,7 @@ def say(agent: str, text: str, **extra) -> dict:
     }
 
 
+@on_both_redis
 @pytest.mark.parametrize("agent", ["ops_openai", "ops_anthropic"])
 async def test_client_tool_round_trip_streamed(engine, vendor, agent):
     vendor.push(
@@ -106,6 +108,7 @@ async def test_missing_api_key_fails_the_turn_naming_the_variable(redis, vendor,
         await eng.stop()
 
 
+@on_both_redis
 async def test_busy_session_refuses_queues_and_dedupes(engine, vendor):
     vendor.push(Text("one", chunk_delay=0.05, chunks=4), Text("two"), Text("three"))
     client = Client(engine.store)

@@ -11,6 +11,7 @@ from engine.store.store import Store
 from tests.engine_helpers import (
     LEASE_MS,
     assert_consistent,
+    on_both_redis,
     payloads,
     poll_until,
     turn_ended,
@@ -19,10 +20,10 @@ from tests.engine_helpers import (
 from tests.fakes.llm_vendor import Text
 
 
-async def lease_owners(redis, partitions: int) -> dict[int, str]:
+async def lease_owners(redis, store: Store) -> dict[int, str]:
     owners = {}
-    for p in range(partitions):
-        value = await redis.get(Store.lease_key(p))
+    for p in range(store.partitions):
+        value = await redis.get(store.lease_key(p))
         if value:
             owners[p] = value.decode().rsplit(":", 1)[0]
     return owners
@@ -33,6 +34,7 @@ def say(text: str, **extra) -> dict:
     return {"type": "client.message", "agent_id": "ops_openai", "message": message, **extra}
 
 
+@on_both_redis
 async def test_sigkill_mid_stream_then_a_new_engine_completes_the_turn(
     redis, vendor, serve_processes
 ):
@@ -70,6 +72,7 @@ async def test_sigkill_mid_stream_then_a_new_engine_completes_the_turn(
     assert len(vendor.requests) == 2
 
 
+@on_both_redis
 async def test_two_engines_share_partitions_and_take_over_a_dead_ones(
     redis, vendor, serve_processes
 ):
@@ -79,7 +82,7 @@ async def test_two_engines_share_partitions_and_take_over_a_dead_ones(
     store = await Store.open(redis)
 
     async def balanced() -> dict[int, str] | None:
-        owners = await lease_owners(redis, store.partitions)
+        owners = await lease_owners(redis, store)
         counts = Counter(owners.values())
         fair = store.partitions // 2
         if len(owners) == store.partitions and counts[a.owner] == counts[b.owner] == fair:
@@ -113,7 +116,7 @@ async def test_two_engines_share_partitions_and_take_over_a_dead_ones(
     killed_at = asyncio.get_running_loop().time()
 
     async def all_on_b() -> bool:
-        owners = await lease_owners(redis, store.partitions)
+        owners = await lease_owners(redis, store)
         return len(owners) == store.partitions and set(owners.values()) == {b.owner}
 
     await poll_until(all_on_b, 10, "the survivor to own every partition")

@@ -11,7 +11,14 @@ from engine.client import Client, ClientError
 from engine.config import parse_project
 from engine.effects.runner import EngineConfigError
 from engine.runtime.engine import Engine
-from tests.engine_helpers import ENV, assert_consistent, payloads, turn_ended, wait_for_event
+from tests.engine_helpers import (
+    ENV,
+    assert_consistent,
+    on_both_redis,
+    payloads,
+    turn_ended,
+    wait_for_event,
+)
 from tests.fakes.llm_vendor import Text, ToolCalls
 from tests.workers import Json, Reply, echo_proposed
 
@@ -63,6 +70,7 @@ async def run_turn(engine: Engine, text: str, sid: str | None = None) -> tuple[s
     return reply["session_id"], end
 
 
+@on_both_redis
 async def test_a_worker_that_echoes_proposals_is_a_complete_agent(
     redis, vendor, test_worker, tmp_path
 ):
@@ -257,6 +265,7 @@ async def test_interrupt_pauses_until_resumed(redis, vendor, test_worker, tmp_pa
     assert resumed_req["trigger"]["payload"] == {"value": "yes"}
 
 
+@on_both_redis
 async def test_message_send_reaches_the_other_session_once(redis, vendor, test_worker, tmp_path):
     async def decide(request):
         if request["trigger"]["type"] == "client.messages" and request["session_id"] == "from":

@@ -146,8 +146,8 @@ class CommittingStore(Store):
     before each cut and each catch-up page it reads: every watcher joins while the log
     grows, on both sides of its seam (before its cut: read twice; after: read live only)."""
 
-    def __init__(self, redis: Redis, partitions: int, writer: Writer) -> None:
-        super().__init__(redis, partitions)
+    def __init__(self, redis: Redis, opened: Store, writer: Writer) -> None:
+        super().__init__(redis, opened.partitions, tags=opened.tags)
         self.writer = writer
 
     async def read_cut(self, session_id: str):
@@ -165,7 +165,7 @@ async def test_each_watcher_gets_each_event_once_in_order_while_the_log_grows(
     sid, end = await finished_turn(engine, vendor)
     plain = await Store.open(api_redis)
     writer = Writer(redis, plain, sid, end)
-    store = CommittingStore(api_redis, plain.partitions, writer)
+    store = CommittingStore(api_redis, plain, writer)
     # Small catch-up pages: a long catch-up, with events committed between its reads.
     app = make_app(Client(store), store, keys=ApiKeys.from_env(KEYS_ENV), sse=SseLimits(page=3))
     final: list[int] = []  # the last event's seq, noted before it is committed

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.threads.store import TURNS
+from bot.threads.store import Checkpoints
 from engine.store.store import connect
 from tests.engine_helpers import poll_until
 from tests.fakes.llm_vendor import FakeVendor, Text
@@ -63,7 +63,7 @@ async def test_a_serve_killed_mid_stream_leaves_one_complete_reply(
         try:
 
             async def checkpoint_dropped() -> bool:
-                return await redis.hlen(TURNS) == 0
+                return not await Checkpoints(redis, "probe", 1).open()
 
             await poll_until(checkpoint_dropped, timeout=20, what="the turn's checkpoint to go")
         finally:

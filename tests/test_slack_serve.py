@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from bot.rendering.mrkdwn import to_mrkdwn
+from tests.engine_helpers import on_both_redis
 from tests.fakes.llm_vendor import FakeVendor, Text
 from tests.fakes.slack import FakeSlack, Message
 from tests.slack_serve_helpers import TRANSPORTS, SlackServe, of_type, slack_serve
@@ -70,6 +71,7 @@ async def sentinel(app: SlackServe, vendor: FakeVendor) -> Message:
 # -- mentions ---------------------------------------------------------------------------
 
 
+@on_both_redis
 async def test_a_mention_streams_one_reply_in_the_thread(
     served: SlackServe, vendor: FakeVendor
 ) -> None:
@@ -312,6 +314,7 @@ async def test_forged_and_stale_requests_are_refused_and_start_nothing(
     assert not fake.calls("conversations.replies")
 
 
+@on_both_redis
 async def test_a_replayed_event_starts_no_second_turn(
     served: SlackServe, vendor: FakeVendor
 ) -> None:

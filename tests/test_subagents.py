@@ -18,6 +18,7 @@ from tests.engine_helpers import (
     ENV,
     EngineProcess,
     assert_consistent,
+    on_both_redis,
     payloads,
     poll_until,
     turn_ended,
@@ -37,6 +38,7 @@ def last_role(body: dict) -> str:
     return body["messages"][-1]["role"]
 
 
+@on_both_redis
 async def test_a_parent_delegates_to_a_worker_child_and_an_engine_child_at_once(
     redis, vendor, test_worker, tmp_path: Path
 ):
@@ -199,7 +201,7 @@ async def test_sigkill_between_the_spawn_and_the_childs_first_step(
     async def balanced() -> dict[int, str] | None:
         owners = {}
         for p in range(store.partitions):
-            value = await redis.get(Store.lease_key(p))
+            value = await redis.get(store.lease_key(p))
             if value:
                 owners[p] = value.decode().rsplit(":", 1)[0]
         return owners if sorted(Counter(owners.values()).values()) == [8, 8] else None

@@ -7,24 +7,42 @@ to Redis. What a checkpoint is and why it is fenced: `bot/threads/checkpoint.py`
 from __future__ import annotations
 
 import logging
-
-from redis.asyncio import Redis
+import zlib
 
 from bot.threads.checkpoint import Checkpoint, LeaseLost
-from engine.store.store import lua_script
+from engine.store.store import RedisClient, lua_script
 
-__all__ = ["LEASE", "TURNS", "Checkpoints", "seen_key"]
+__all__ = ["BUCKETS", "LEGACY_TURNS", "Checkpoints", "checkpoint_keys", "seen_key", "turns_key"]
 
 log = logging.getLogger(__name__)
 
-TURNS = "subs:slack:turns"  # hash: "<agent> <channel> <turn id>" -> checkpoint JSON
-LEASE = "subs:slack:lease:"  # + checkpoint key -> the follower's owner id
-SEEN = "subs:slack:seen:"  # + kind:key -> 1 while a Slack input is remembered (dedupe)
+# The bot's keys are spread over buckets by channel, each bucket one hash tag: a turn's
+# checkpoint, its follower's lease and its input's dedupe keys share a slot (one script
+# writes them together, also on Redis Cluster), and a Slack retry of an input (same
+# channel) finds its dedupe key in the same bucket.
+BUCKETS = 16
+LEGACY_TURNS = "subs:slack:turns"  # where bots before the buckets kept every checkpoint
+
+
+def _tag(channel: str) -> str:
+    return f"subs:slack:{{slack.{zlib.crc32(channel.encode()) % BUCKETS}}}:"
+
+
+def turns_key(bucket: int) -> str:
+    """A bucket's hash of open turns: "<agent> <channel> <turn id>" -> checkpoint JSON."""
+    return f"subs:slack:{{slack.{bucket}}}:turns"
+
+
+def checkpoint_keys(cp: Checkpoint) -> tuple[str, str]:
+    """The turn's bucket's hash of checkpoints, and its follower's lease."""
+    tag = _tag(cp.channel)
+    return tag + "turns", tag + "lease:" + cp.key
 
 
 def seen_key(kind: str, key: str) -> str:
-    """The dedupe key of one Slack input (`event`, `command`, `action`) or recorded turn."""
-    return f"{SEEN}{kind}:{key}"
+    """The dedupe name of one Slack input (`event`, `command`, `action`) or recorded turn,
+    kept in its channel's bucket while the input is remembered."""
+    return f"seen:{kind}:{key}"
 
 
 _START = lua_script(__package__, "start.lua")
@@ -38,7 +56,7 @@ _RELEASE = lua_script("engine.store", "release.lua")
 class Checkpoints:
     """The open turns' checkpoints and their followers' leases."""
 
-    def __init__(self, redis: Redis, owner: str, lease_ms: int) -> None:
+    def __init__(self, redis: RedisClient, owner: str, lease_ms: int) -> None:
         self.redis = redis
         self.owner = owner
         self.lease_ms = lease_ms
@@ -50,7 +68,8 @@ class Checkpoints:
 
     async def start(self, dedupe: list[str], ttl_s: int, cp: Checkpoint) -> bool:
         """Record `cp`, leased to us; False when a dedupe key was seen or the turn is known."""
-        keys = [TURNS, LEASE + cp.key, *dedupe]
+        tag = _tag(cp.channel)
+        keys = [*checkpoint_keys(cp), *(tag + name for name in dedupe)]
         args: list[str | int] = [cp.key, cp.dumps(), self.owner, self.lease_ms, ttl_s]
         return bool(await self._start(keys=keys, args=args))
 
@@ -60,9 +79,8 @@ class Checkpoints:
         Raises:
             LeaseLost: another follower took the turn over.
         """
-        if not await self._write(
-            keys=[TURNS, LEASE + cp.key], args=[cp.key, self.owner, cp.dumps()]
-        ):
+        keys = list(checkpoint_keys(cp))
+        if not await self._write(keys=keys, args=[cp.key, self.owner, cp.dumps()]):
             raise LeaseLost(cp.key)
 
     async def drop(self, cp: Checkpoint) -> None:
@@ -71,13 +89,28 @@ class Checkpoints:
         Raises:
             LeaseLost: another follower took the turn over.
         """
-        if not await self._write(keys=[TURNS, LEASE + cp.key], args=[cp.key, self.owner]):
+        if not await self._write(keys=list(checkpoint_keys(cp)), args=[cp.key, self.owner]):
             raise LeaseLost(cp.key)
 
     async def open(self) -> list[Checkpoint]:
-        """Every open turn's checkpoint; one that cannot be read is logged and skipped."""
+        """Every open turn's checkpoint; one that cannot be read is logged and skipped.
+
+        Checkpoints a bot from before the buckets left in `subs:slack:turns` move to
+        their bucket first (one by one: two slots), so their turns resume too."""
+        for key, raw in (await self.redis.hgetall(LEGACY_TURNS)).items():
+            try:
+                cp = Checkpoint.loads(raw)
+            except (ValueError, TypeError):
+                continue  # left there, and said below with the others
+            await self.redis.hsetnx(checkpoint_keys(cp)[0], key, raw)
+            await self.redis.hdel(LEGACY_TURNS, key)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for bucket in range(BUCKETS):
+                pipe.hgetall(turns_key(bucket))
+            pipe.hgetall(LEGACY_TURNS)
+            buckets = await pipe.execute()
         found = []
-        for key, raw in (await self.redis.hgetall(TURNS)).items():
+        for key, raw in (item for turns in buckets for item in turns.items()):
             try:
                 found.append(Checkpoint.loads(raw))
             except (ValueError, TypeError) as err:
@@ -87,13 +120,14 @@ class Checkpoints:
     async def claim(self, cp: Checkpoint) -> Checkpoint | None:
         """Take the lease on following `cp`: its checkpoint as it is now, or None when the
         turn finished meanwhile or another live follower holds it."""
-        keys = [TURNS, LEASE + cp.key]
+        keys = list(checkpoint_keys(cp))
         raw = await self._claim(keys=keys, args=[cp.key, self.owner, self.lease_ms])
         return Checkpoint.loads(raw) if raw is not None else None
 
     async def renew(self, cp: Checkpoint) -> bool:
         """Extend our lease; False when it lapsed and is no longer ours."""
-        return bool(await self._renew(keys=[LEASE + cp.key], args=[self.owner, self.lease_ms]))
+        lease = checkpoint_keys(cp)[1]
+        return bool(await self._renew(keys=[lease], args=[self.owner, self.lease_ms]))
 
     async def release(self, cp: Checkpoint) -> None:
-        await self._release(keys=[LEASE + cp.key], args=[self.owner])
+        await self._release(keys=[checkpoint_keys(cp)[1]], args=[self.owner])

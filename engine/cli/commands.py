@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import getpass
@@ -37,7 +38,14 @@ from engine.redact import Redactor, env_secrets, project_secrets, redact_url
 from engine.runtime.engine import Engine, new_event_loop
 from engine.runtime.metrics import Metrics
 from engine.store.embedded import EmbeddedRedis, EmbeddedRedisError, supervise
-from engine.store.store import RedisClient, RedisError, Store, connect, unreachable
+from engine.store.store import (
+    RedisClient,
+    RedisError,
+    Store,
+    cluster_shape,
+    connect,
+    unreachable,
+)
 
 # Masks secrets in every log record (installed by `run_command`) and in the errors it prints.
 REDACTOR = Redactor()
@@ -426,10 +434,12 @@ async def _serve(args: argparse.Namespace) -> int:
         url = await stack.enter_async_context(_redis_url(project, args.redis))
         # Two pools on one server: whatever the API and the bots wait on (submits, event
         # streams), the engine's leases, commits and timers always find a connection.
-        engine_redis = await stack.enter_async_context(
-            connect(url, name="subs-engine", socket_timeout=_engine_socket_timeout(project))
+        engine_redis = connect(
+            url, name="subs-engine", socket_timeout=_engine_socket_timeout(project)
         )
-        api_redis = await stack.enter_async_context(connect(url, name="subs-api"))
+        stack.push_async_callback(engine_redis.aclose)
+        api_redis = connect(url, name="subs-api")
+        stack.push_async_callback(api_redis.aclose)
         await _reachable(engine_redis, url, project)
         metrics = Metrics()
         engine = Engine(project, engine_redis, lease_ms=_lease_ms(), metrics=metrics)
@@ -491,20 +501,33 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    """Exit 1 when the file is wrong or an environment variable it needs is missing."""
+    """Exit 1 when the file is wrong or an environment variable it needs is missing.
+
+    With a Redis URL configured (--redis, SUBS_REDIS, `redis`) that names a node of a
+    Redis Cluster, it also says the cluster's shape; a Redis it cannot reach is not an
+    error here (check validates the file, and runs where Redis may not be reachable)."""
     project = _load(args)
     missing = project.missing_env(os.environ)
     off = connectors_off(project)
+    shape = _cluster_shape(args.redis or project.redis)
     if sys.stdout.isatty():
         agents = ", ".join(
             f"{a.id} ({'worker' if a.worker else 'engine'})" for a in project.agents.values()
         )
         print(f"{project.path}: ok; agents: {agents or 'none'}")
+        if shape is not None:
+            print(
+                f"redis: cluster {shape['state']}: {shape['masters']} masters, "
+                f"{shape['replicas']} replicas, {shape['slots']} of 16384 slots served, "
+                f"{shape['failing']} nodes failing"
+            )
         for m in missing:
             print(f"missing {m.var}: needed by {m.needed_by} ({m.why})")
         for path, why in off.items():
             print(f"{path} is off: {why}; its agents run without its tools")
     else:
+        if shape is not None:
+            print(json.dumps({"redis_cluster": shape}))
         for m in missing:
             print(json.dumps({"missing": m.var, "needed_by": m.needed_by, "why": m.why}))
         for path, why in off.items():
@@ -517,6 +540,17 @@ def connectors_off(project: Project) -> dict[str, str]:
     base = os.path.dirname(project.path)
     reasons = {b.path: b.off_reason(os.environ, base) for b in project.mcp.values()}
     return {path: why for path, why in reasons.items() if why is not None}
+
+
+def _cluster_shape(url: str | None) -> dict[str, Any] | None:
+    """The shape of the cluster `url` names; None when it names none (or no URL is set)."""
+    if url is None:
+        return None
+    try:
+        shape = cluster_shape(url)
+    except (RedisError, OSError):
+        return None
+    return None if shape is None else dataclasses.asdict(shape)
 
 
 def _manifest(args: argparse.Namespace) -> int:

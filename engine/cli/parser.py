@@ -108,12 +108,15 @@ subs chat oncall --session ses_0123""",
         sub,
         "check",
         "validate subs.toml and list missing env vars",
-        "Exits 1 when the file is wrong or a variable it needs is unset.",
+        "Exits 1 when the file is wrong or a variable it needs is unset. When the Redis "
+        "URL names a node of a Redis Cluster, also says its shape (masters, replicas, "
+        "slots served).",
         """
 subs check
-subs check -c deploy/subs.toml""",
+subs check -c deploy/subs.toml
+subs check --redis redis://10.0.0.5:7000""",
     )
-    _project(check, redis=False)
+    _project(check)
 
     sessions = _command(
         sub,

@@ -129,10 +129,17 @@ class Engine:
         durability = self.project.store
         self.store = await Store.open(
             self.redis,
-            self._want_partitions,
+            self._want_partitions or durability.partitions,
             wait_replicas=durability.wait_replicas,
             wait_timeout_ms=durability.wait_timeout_ms,
         )
+        if self._want_partitions is None and self.store.partitions != durability.partitions:
+            log.warning(
+                "this Redis keeps %d partitions (fixed by the first engine on it); "
+                "[store] partitions = %d applies to a new store only",
+                self.store.partitions,
+                durability.partitions,
+            )
         await check_server(self.redis, durability.fsync)
         self.applier = Applier(
             self.project,

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from engine.config import Fsync
@@ -36,7 +37,7 @@ def _text(value: bytes | str | None) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-async def check_server(redis: aioredis.Redis, fsync: Fsync) -> str | None:
+async def check_server(redis: aioredis.Redis | RedisCluster, fsync: Fsync) -> str | None:
     """Log (and return) one line when the server is weaker than `fsync`; None when not."""
     try:
         raw = await redis.config_get("append*")
@@ -83,9 +84,13 @@ class ReplicaWait:
         self.short = 0  # WAITs that ended short since the last line
         self._last_line = -SHORT_WAIT_LOG_EVERY
 
-    async def wait(self, conn: aioredis.Redis, session_id: str) -> int:
-        """WAIT on the connection that made the commit (WAIT counts its writes only)."""
-        acked = int(await conn.wait(self.replicas, self.timeout_ms))
+    def command(self) -> list[bytes | int]:
+        """The WAIT to send on the connection that made the commit (WAIT counts the writes
+        of its own connection only)."""
+        return [b"WAIT", self.replicas, self.timeout_ms]
+
+    def record(self, acked: int, session_id: str) -> None:
+        """A WAIT's answer: how many replicas acknowledged the commit of `session_id`."""
         if acked < self.replicas:
             self.short += 1
             now = self.clock()
@@ -102,4 +107,3 @@ class ReplicaWait:
                 )
                 self.short = 0
                 self._last_line = now
-        return acked

@@ -19,18 +19,27 @@ from typing import Any, NewType, cast
 import orjson
 import redis.asyncio as aioredis
 from hiredis import pack_command
-from redis.asyncio.connection import AbstractConnection
+from redis import Redis as SyncRedis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import AbstractConnection, Connection
+from redis.backoff import NoBackoff
+from redis.crc import key_slot
 from redis.exceptions import (
+    AskError,
     BusyLoadingError,
     ClusterDownError,
+    ClusterError,
+    MovedError,
     NoScriptError,
     ReadOnlyError,
     RedisError,
     ResponseError,
+    SlotNotCoveredError,
     TryAgainError,
 )
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.retry import Retry
 from redis.typing import KeyT, StreamIdT
 
 from engine.errors import SubsError
@@ -41,8 +50,9 @@ SessionId = NewType("SessionId", str)
 
 # This module is the engine's only way to Redis (tests/test_import_rules.py): the rest of
 # the engine holds a client as an opaque handle, and names Redis's failures by
-# `RedisError` (imported above) and `STORE_FAULTS`.
-RedisClient = aioredis.Redis
+# `RedisError` (imported above) and `STORE_FAULTS`. A URL naming a node of a Redis
+# Cluster gives redis-py's cluster client; any other, the plain one.
+RedisClient = aioredis.Redis | RedisCluster
 
 # The shapes of the replies this module reads. The client is made with
 # decode_responses off, so Redis strings arrive as bytes; redis-py's stubs type each
@@ -54,6 +64,79 @@ GROUP = "engine"
 DEFAULT_PARTITIONS = 16
 DELTA_CAP = 2000
 _LEGACY_SESSIONS = "subs:sessions"
+META = "subs:meta"
+SLOTS = 16384  # Redis Cluster's hash slots
+CLUSTER_PROBE_SECONDS = 5.0
+FOLLOW_FAULTS = 12  # reads in a row a follow retries on a cluster failing over (~8 s)
+
+
+def cluster_enabled(url: str) -> bool:
+    """Whether `url` names a node of a Redis Cluster (its INFO says `cluster_enabled:1`).
+
+    Asked once, when a client is made, with a short timeout: a server that does not
+    answer is taken as a single one (the caller's reachability check names it then).
+    A unix socket is never a cluster node (the cluster bus is TCP).
+    """
+    if url.startswith("unix:"):
+        return False
+    probe = SyncRedis.from_url(
+        url,
+        socket_timeout=CLUSTER_PROBE_SECONDS,
+        socket_connect_timeout=CLUSTER_PROBE_SECONDS,
+        retry=Retry(NoBackoff(), 0),
+    )
+    try:
+        info = cast(dict[str, Any], probe.info("cluster"))
+    except (RedisError, OSError):
+        return False
+    finally:
+        probe.close()
+    return str(info.get("cluster_enabled", 0)) == "1"
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    """What `subs check` says of a Redis Cluster, as one of its nodes sees it."""
+
+    state: str  # CLUSTER INFO's cluster_state: ok | fail
+    masters: int  # masters holding slots, not failing
+    replicas: int  # replicas not failing
+    slots: int  # slots a live master serves, of 16384
+    failing: int  # nodes flagged fail
+
+
+def cluster_shape(url: str) -> ClusterShape | None:
+    """The cluster behind `url` (CLUSTER INFO and CLUSTER NODES); None when not a cluster."""
+    if not cluster_enabled(url):
+        return None
+    with SyncRedis.from_url(
+        url, socket_timeout=CLUSTER_PROBE_SECONDS, socket_connect_timeout=CLUSTER_PROBE_SECONDS
+    ) as probe:
+        info = cast(bytes, probe.execute_command("CLUSTER", "INFO"))
+        nodes = cast(bytes, probe.execute_command("CLUSTER", "NODES"))
+    state = dict(line.split(":", 1) for line in _text(info).splitlines() if ":" in line).get(
+        "cluster_state", "?"
+    )
+    masters = replicas = slots = failing = 0
+    for row in (line.split() for line in _text(nodes).splitlines() if line.strip()):
+        flags = row[2].split(",")
+        if "fail" in flags:
+            failing += 1
+            continue
+        if "slave" in flags:
+            replicas += 1
+        elif "master" in flags and len(row) > 8:
+            masters += 1
+            for spec in row[8:]:
+                if spec.startswith("["):  # a slot being imported or migrated: counted once
+                    continue
+                first, _, last = spec.partition("-")
+                slots += int(last or first) - int(first) + 1
+    return ClusterShape(state.strip(), masters, replicas, slots, failing)
+
+
+def _text(reply: Any) -> str:
+    return reply.decode() if isinstance(reply, bytes) else str(reply)
 
 
 def connect(
@@ -62,8 +145,11 @@ def connect(
     name: str | None = None,
     *,
     socket_timeout: float | None = None,
-) -> aioredis.Redis:
+) -> RedisClient:
     """A client with its own connection pool; `name` labels its connections in CLIENT LIST.
+
+    On a Redis Cluster node, redis-py's cluster client: it learns the other nodes and
+    the slot map from the one named, and follows MOVED/ASK and failovers by itself.
 
     No socket read timeout by default: blocking reads wait on purpose (redis-py's
     default of 5 s would cut them off). A pool whose longest wait is known (the
@@ -72,6 +158,14 @@ def connect(
     A blocking pool: each waiting submit and each partition's event-stream reader
     holds a connection, and past the cap a caller should wait for one, not fail.
     """
+    if cluster_enabled(url):
+        return RedisCluster.from_url(
+            url,
+            max_connections=max_connections,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=10,
+            client_name=name,
+        )
     pool = aioredis.BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,
@@ -84,8 +178,14 @@ def connect(
 
 
 # What Redis going away (a restart, a failover, a partition) looks like to a caller: the
-# command may or may not have run, and the same call can succeed later.
+# command may or may not have run, and the same call can succeed later. MOVED and ASK
+# reach a caller only from the commands packed here (redis-py's cluster client follows
+# them itself): the slot moved (a failover, a resharding), the command did not run.
 STORE_FAULTS: tuple[type[Exception], ...] = (
+    MovedError,
+    AskError,
+    SlotNotCoveredError,  # a cluster mid-failover: no master serves the slot yet
+    ClusterError,  # redirected too often (the slot map kept changing)
     RedisConnectionError,
     RedisTimeoutError,
     BusyLoadingError,
@@ -94,6 +194,12 @@ STORE_FAULTS: tuple[type[Exception], ...] = (
     ClusterDownError,
     OSError,
 )
+
+
+def unblocked(err: BaseException) -> bool:
+    """A blocking read its server ended on becoming a replica (a failover): it took
+    nothing, and the same read at the slot's new master can go on."""
+    return isinstance(err, ResponseError) and str(err).startswith("UNBLOCKED")
 
 
 async def unreachable(client: RedisClient, timeout: float) -> str | None:
@@ -177,88 +283,126 @@ class WorkItem:
     deltas: tuple[dict[str, Any], ...] = ()  # a call's last token deltas, written with its end
 
 
+def spread_tags(partitions: int) -> list[str]:
+    """Each partition's hash tag, chosen so partition p's slot falls in the p-th equal
+    share of the cluster's 16384 slots: a cluster whose masters hold equal slot ranges
+    (as `redis-cli --cluster create` makes them) gets an equal share of partitions on
+    each. The tag is `<p>.<k>`, k the first that lands there (a few dozen tries)."""
+    if partitions > SLOTS:
+        raise SubsError(f"at most {SLOTS} partitions (one a slot), got {partitions}")
+    tags = []
+    for p in range(partitions):
+        k = 0
+        while key_slot(f"{p}.{k}".encode()) * partitions // SLOTS != p:
+            k += 1
+        tags.append(f"{p}.{k}")
+    return tags
+
+
+_META = lua_script(__package__, "meta.lua")
+
+
 class Store:
-    """A thin, typed command layer over one Redis connection pool."""
+    """A thin, typed command layer over one Redis connection pool (or one cluster client).
+
+    Every key of a partition carries the partition's hash tag: on a cluster each
+    partition lives on one master, and every script and multi-key command stays on
+    one slot. `tags` is None for stores made before tags were spread (`{p}`).
+    """
 
     def __init__(
         self,
-        redis: aioredis.Redis,
+        redis: RedisClient,
         partitions: int = DEFAULT_PARTITIONS,
         *,
+        tags: Sequence[str] | None = None,
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
     ) -> None:
         self.redis = redis
         self.partitions = partitions
+        self.tags = list(tags) if tags is not None else [str(p) for p in range(partitions)]
         self.replicas = ReplicaWait(wait_replicas, wait_timeout_ms) if wait_replicas else None
+        self.cluster = redis if isinstance(redis, RedisCluster) else None
+        self._stale = False  # a cluster fault was seen: read the slot map before routing
         self._commit = redis.register_script(_COMMIT)
         self._lines: dict[int, AbstractConnection] = {}  # each partition's commit connection
         self._line_locks: dict[int, asyncio.Lock] = {}
         self._readers: dict[int, AbstractConnection] = {}  # each partition's work reader
         self._acquire = redis.register_script(_ACQUIRE)
-        self._renew = redis.register_script(_RENEW)
         self._release = redis.register_script(_RELEASE)
         self._delete = redis.register_script(_DELETE)
 
     @classmethod
     async def open(
         cls,
-        redis: aioredis.Redis,
+        redis: RedisClient,
         partitions: int | None = None,
         *,
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
     ) -> Store:
-        """Agree on the partition count with whoever set up this Redis first."""
+        """Agree on the partition count (and the partitions' hash tags) with whoever set
+        up this Redis first; on a cluster, learn its slot map now."""
+        if isinstance(redis, RedisCluster):
+            await redis.initialize()
         wanted = partitions or DEFAULT_PARTITIONS
-        await redis.hsetnx("subs:meta", "partitions", wanted)
-        stored = int(cast(bytes, await redis.hget("subs:meta", "partitions")))
-        return cls(redis, stored, wait_replicas=wait_replicas, wait_timeout_ms=wait_timeout_ms)
+        stored, scheme = cast(
+            list[bytes | None], await redis.eval(_META, 1, META, wanted, "spread")
+        )
+        count = int(cast(bytes, stored))
+        tags = spread_tags(count) if scheme == b"spread" else None
+        return cls(
+            redis,
+            count,
+            tags=tags,
+            wait_replicas=wait_replicas,
+            wait_timeout_ms=wait_timeout_ms,
+        )
 
     # -- keys --------------------------------------------------------------------
 
     def partition_of(self, session_id: str) -> int:
         return zlib.crc32(session_id.encode()) % self.partitions
 
+    def _key(self, p: int, name: str) -> str:
+        return f"subs:{{{self.tags[p]}}}:{name}"
+
     def log_key(self, session_id: str) -> str:
-        return f"subs:{{{self.partition_of(session_id)}}}:log:{session_id}"
+        return self._key(self.partition_of(session_id), f"log:{session_id}")
 
     def snap_key(self, session_id: str) -> str:
-        return f"subs:{{{self.partition_of(session_id)}}}:snap:{session_id}"
+        return self._key(self.partition_of(session_id), f"snap:{session_id}")
 
     def delta_key(self, session_id: str) -> str:
-        return f"subs:{{{self.partition_of(session_id)}}}:deltas:{session_id}"
+        return self._key(self.partition_of(session_id), f"deltas:{session_id}")
 
-    @staticmethod
-    def work_key(p: int) -> str:
-        return f"subs:{{{p}}}:work"
+    def work_key(self, p: int) -> str:
+        return self._key(p, "work")
 
-    @staticmethod
-    def lease_key(p: int) -> str:
-        return f"subs:{{{p}}}:lease"
+    def lease_key(self, p: int) -> str:
+        return self._key(p, "lease")
 
-    @staticmethod
-    def timers_key(p: int) -> str:
-        return f"subs:{{{p}}}:timers"
+    def fence_key(self, p: int) -> str:
+        return self._key(p, "fence")
 
-    @staticmethod
-    def inflight_key(p: int) -> str:
-        return f"subs:{{{p}}}:inflight"
+    def timers_key(self, p: int) -> str:
+        return self._key(p, "timers")
 
-    @staticmethod
-    def outbox_key(p: int) -> str:
-        return f"subs:{{{p}}}:outbox"
+    def inflight_key(self, p: int) -> str:
+        return self._key(p, "inflight")
 
-    @staticmethod
-    def sessions_key(p: int) -> str:
-        return f"subs:{{{p}}}:sessions"
+    def outbox_key(self, p: int) -> str:
+        return self._key(p, "outbox")
 
-    @staticmethod
-    def dead_key(p: int) -> str:
-        return f"subs:{{{p}}}:dead"
+    def sessions_key(self, p: int) -> str:
+        return self._key(p, "sessions")
+
+    def dead_key(self, p: int) -> str:
+        return self._key(p, "dead")
 
     def reply_key(self, session_id: str, request_id: str) -> str:
-        return f"subs:{{{self.partition_of(session_id)}}}:reply:{request_id}"
+        return self._key(self.partition_of(session_id), f"reply:{request_id}")
 
     # -- snapshots and logs --------------------------------------------------------
 
@@ -349,25 +493,21 @@ class Store:
             self.sessions_key(p),
             self.dead_key(p),
         ]
-        if self.replicas is None:
-            result = await self._commit_on_line(
-                p, [len(keys), *keys, *args], self._delta_xadds(sid, deltas)
-            )
-        else:
-            if deltas:
-                await self.add_deltas(sid, deltas)
-            # WAIT counts the writes of its own connection: the script and WAIT share one.
-            async with self.redis.client() as conn:
-                result = await self._commit(keys=keys, args=args, client=conn)
-                if result >= 0:
-                    await self.replicas.wait(conn, sid)
+        if deltas and self.replicas is not None:
+            await self.add_deltas(sid, deltas)  # not counted by the commit's WAIT
+            deltas = ()
+        result = await self._commit_on_line(
+            p, sid, [len(keys), *keys, *args], self._delta_xadds(sid, deltas)
+        )
         if result == -1:
             raise StoreConflict(f"lease on partition {p} is no longer ours", lease_lost=True)
         if result == -2:
             raise StoreConflict(f"session {sid} moved past seq {c.expected_seq}", lease_lost=False)
         return int(result)
 
-    async def _commit_on_line(self, p: int, args: list[Any], before: list[list[Any]]) -> Any:
+    async def _commit_on_line(
+        self, p: int, sid: str, args: list[Any], before: list[list[Any]]
+    ) -> Any:
         """EVALSHA of the commit script on the partition's own connection, packed here.
 
         Commits are the hot path: redis-py's command layer (a pool checkout with its
@@ -375,27 +515,81 @@ class Store:
         commit more than this (measured). One partition commits one input at a time,
         so its connection is never shared; any failure drops it (the pool makes a new
         one), and a Redis that lost its scripts (a restart) is given the script again.
-        `before` are commands sent ahead of the script in the same write.
+        `before` are commands sent ahead of the script in the same write. On a cluster
+        the connection is to the master owning the partition's slot. With `wait_replicas`, a
+        WAIT follows on the same connection (WAIT counts its own connection's writes).
         """
         lock = self._line_locks.get(p)
         if lock is None:
             lock = self._line_locks[p] = asyncio.Lock()
         async with lock:
-            conn = self._lines.pop(p, None)
-            if conn is None:
-                conn = await self.redis.connection_pool.get_connection()
+            conn = self._lines.pop(p, None) or await self._connection(self.log_key(sid))
             evalsha = [b"EVALSHA", self._commit.sha, *args]
             try:
                 try:
-                    *_, result = await self._ask(conn, [*before, evalsha])
-                except NoScriptError:  # `before` ran: only the script is sent again
-                    _, result = await self._ask(conn, [[b"SCRIPT", b"LOAD", _COMMIT], evalsha])
-            except BaseException:
-                await conn.disconnect(nowait=True)
-                await self.redis.connection_pool.release(conn)
+                    result = await self._run_commit(conn, before, evalsha)
+                except MovedError as moved:  # nothing ran: sent once more, to the new master
+                    await self._put_back(conn, moved)
+                    conn = await self._connection(self.log_key(sid))
+                    result = await self._run_commit(conn, before, evalsha)
+                if self.replicas is not None and result >= 0:
+                    (acked,) = await self._ask(conn, [self.replicas.command()])
+                    self.replicas.record(int(acked), sid)
+            except BaseException as err:
+                await self._put_back(conn, err)
                 raise
             self._lines[p] = conn
             return result
+
+    async def _run_commit(
+        self, conn: AbstractConnection, before: list[list[Any]], evalsha: list[Any]
+    ) -> Any:
+        """`before`, then the script; a server without the script (restarted, or a replica
+        just promoted) is given it."""
+        try:
+            *_, result = await self._ask(conn, [*before, evalsha])
+        except NoScriptError:  # `before` ran: only the script is sent again
+            _, result = await self._ask(conn, [[b"SCRIPT", b"LOAD", _COMMIT], evalsha])
+        return result
+
+    async def _connection(self, key: str) -> AbstractConnection:
+        """A connection of our own to the server holding `key`: the pool's, or on a cluster
+        one of the master that owns the key's slot (after a fault, the slot map is read
+        again first: the slot may have a new master)."""
+        if self.cluster is None:
+            return await self._pool().get_connection()
+        if self._stale:
+            self._stale = False
+            await self.cluster.nodes_manager.initialize()
+        node = self.cluster.get_node_from_key(key)
+        if node is None:  # pragma: no cover - redis-py raises SlotNotCoveredError first
+            raise ClusterDownError(f"no master holds the slot of {key!r}")
+        return node.acquire_connection()
+
+    async def _put_back(self, conn: AbstractConnection, err: BaseException | None) -> None:
+        """Hand `conn` back to its pool or node. After `err` it is closed first (replies may
+        be left unread on it); on a cluster a fault also marks the slot map stale."""
+        if err is not None:
+            await conn.disconnect(nowait=True)
+            if self.cluster is not None and (isinstance(err, STORE_FAULTS) or unblocked(err)):
+                self._stale = True
+        if self.cluster is None:
+            await self._pool().release(conn)
+            return
+        node = self._node_of(conn)
+        if node is None or not isinstance(conn, Connection):  # gone from the slot map
+            await conn.disconnect(nowait=True)
+        else:
+            node.release(conn)
+
+    def _node_of(self, conn: AbstractConnection) -> ClusterNode | None:
+        assert self.cluster is not None
+        host, port = getattr(conn, "host", None), getattr(conn, "port", None)
+        return self.cluster.get_node(host=host, port=port) if host and port else None
+
+    def _pool(self) -> aioredis.ConnectionPool:
+        assert isinstance(self.redis, aioredis.Redis)
+        return self.redis.connection_pool
 
     @staticmethod
     async def _ask(conn: AbstractConnection, commands: list[list[Any]]) -> list[Any]:
@@ -421,11 +615,23 @@ class Store:
         await self.redis.ping()
 
     async def wait_reply(self, reply_to: str, timeout: float) -> bytes | None:
-        """The engine's answer pushed on `reply_to` (see `enqueue`); None after `timeout` s."""
-        answer = cast(
-            tuple[bytes, bytes] | None, await self.redis.blpop([reply_to], timeout=timeout)
-        )
-        return None if answer is None else answer[1]
+        """The engine's answer pushed on `reply_to` (see `enqueue`); None after `timeout` s.
+
+        A wait its master ended by becoming a replica (a failover) popped nothing: it
+        waits on, at the slot's new master, for the time left."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            try:
+                answer = cast(
+                    tuple[bytes, bytes] | None,
+                    await self.redis.blpop([reply_to], timeout=max(deadline - loop.time(), 0.01)),
+                )
+            except ResponseError as err:
+                if not unblocked(err) or loop.time() >= deadline:
+                    raise
+                continue
+            return None if answer is None else answer[1]
 
     async def last_seq(self, session_id: str) -> int:
         """The seq of the session's newest event; 0 for a session not yet created."""
@@ -479,7 +685,12 @@ class Store:
             streams[log_key] = log_at
             owners[delta_key.encode()] = (sid, "delta")
             owners[log_key.encode()] = (sid, "event")
-        reply = cast(StreamsReply | None, await self.redis.xread(streams, block=block_ms))
+        try:
+            reply = cast(StreamsReply | None, await self.redis.xread(streams, block=block_ms))
+        except ResponseError as err:
+            if not unblocked(err):
+                raise
+            return []  # a failover ended the read: the caller reads again from its cursors
         out = []
         for key, entries in reply or ():
             sid, kind = owners[key]
@@ -504,24 +715,46 @@ class Store:
         if delta_cursor is not None:
             cursors[self.delta_key(session_id).encode()] = delta_cursor.encode()
         cursors[log_key] = f"{after_seq}-0".encode()
-        pool = self.redis.connection_pool
-        conn = await pool.get_connection()
+        conn = await self._connection(self.log_key(session_id))
         reading = False
+        failure: BaseException | None = None
+        faults = 0  # in a row: a cluster failing over is waited out, for a while
         try:
             while True:
                 read = [b"XREAD", b"BLOCK", block_ms, b"STREAMS", *cursors, *cursors.values()]
                 reading = True
-                (reply,) = await self._ask(conn, [read])
+                try:
+                    (reply,) = await self._ask(conn, [read])
+                except Exception as err:
+                    if not self._failing_over(err) or faults >= FOLLOW_FAULTS:
+                        raise
+                    reading = False
+                    await self._put_back(conn, err)
+                    await asyncio.sleep(min(0.05 * 2**faults, 1.0))  # the backoff
+                    faults += 1
+                    conn = await self._connection(self.log_key(session_id))
+                    continue
                 reading = False
+                faults = 0
                 for key, entries in reply.items() if isinstance(reply, dict) else reply or ():
                     kind, field = ("event", b"e") if key == log_key else ("delta", b"d")
                     for entry_id, fields in entries:
                         cursors[key] = entry_id
                         yield kind, orjson.loads(fields[fields.index(field) + 1])
+        except Exception as err:  # the read failed (a fault): the connection goes
+            failure = err
+            raise
         finally:
-            if reading:  # its answer may still come: the connection cannot be reused
-                await conn.disconnect(nowait=True)
-            await pool.release(conn)
+            # A cancel in the read: its answer may still come, so the connection cannot
+            # be reused. Closed between reads (at a yield), it can.
+            if reading and failure is None:
+                failure = asyncio.CancelledError()
+            await self._put_back(conn, failure)
+
+    def _failing_over(self, err: Exception) -> bool:
+        """On a cluster: the slot moved or its master went (a failover); the read is sent
+        again to the slot's master, once the slot map says which it is."""
+        return self.cluster is not None and (unblocked(err) or isinstance(err, STORE_FAULTS))
 
     async def list_sessions(self, offset: int = 0, limit: int = 50) -> list[str]:
         """Session ids, newest first, merged from every partition's index.
@@ -620,13 +853,13 @@ class Store:
         read = [b"COUNT", count, b"BLOCK", block_ms] if not own else []
         command = [b"XREADGROUP", b"GROUP", GROUP, consumer, *read]
         command += [b"STREAMS", self.work_key(p), b"0" if own else b">"]
-        pool = self.redis.connection_pool
-        conn = self._readers.pop(p, None) or await pool.get_connection()
+        conn = self._readers.pop(p, None) or await self._connection(self.work_key(p))
         try:
             (reply,) = await self._ask(conn, [command])
-        except BaseException:
-            await conn.disconnect(nowait=True)
-            await pool.release(conn)
+        except BaseException as err:
+            await self._put_back(conn, err)
+            if unblocked(err):  # a failover ended the read, handing out nothing
+                return []
             raise
         self._readers[p] = conn
         streams = reply.values() if isinstance(reply, dict) else [e for _, e in reply or ()]
@@ -692,7 +925,7 @@ class Store:
 
     async def acquire(self, p: int, owner: str, ttl_ms: int) -> str | None:
         value = await self._acquire(
-            keys=[self.lease_key(p), f"subs:{{{p}}}:fence"], args=[owner, ttl_ms]
+            keys=[self.lease_key(p), self.fence_key(p)], args=[owner, ttl_ms]
         )
         return value.decode() if value else None
 
@@ -700,8 +933,8 @@ class Store:
         """Renew several partitions' leases in one round trip (a busy process still renews
         them all in time); returns the partitions whose lease is no longer ours."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            for p, lease in leases.items():
-                await self._renew(keys=[self.lease_key(p)], args=[lease, ttl_ms], client=pipe)
+            for p, lease in leases.items():  # EVAL, not EVALSHA: a pipeline cannot reload it
+                pipe.eval(_RENEW, 1, self.lease_key(p), lease, ttl_ms)
             renewed = await pipe.execute()
         return [p for p, ok in zip(leases, renewed, strict=True) if not ok]
 
@@ -727,15 +960,13 @@ class Store:
         one of these per batch of tokens, and redis-py's pipeline spent ~60 µs of CPU per
         command encoding them (a call's last deltas held its end back by ~2 ms)."""
         xadds = self._delta_xadds(session_id, deltas)
-        pool = self.redis.connection_pool
-        conn = await pool.get_connection()
+        conn = await self._connection(self.delta_key(session_id))
         try:
             await self._ask(conn, xadds)
-        except BaseException:
-            await conn.disconnect(nowait=True)  # answers may be left unread on it
+        except BaseException as err:
+            await self._put_back(conn, err)  # answers may be left unread on it
             raise
-        finally:
-            await pool.release(conn)
+        await self._put_back(conn, None)
 
     def _delta_xadds(self, session_id: str, deltas: Sequence[dict[str, Any]]) -> list[list[Any]]:
         key = self.delta_key(session_id).encode()
