@@ -269,8 +269,7 @@ def _public_url(value: str) -> str:
     parts = urlsplit(value)
     if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
         raise ValueError(
-            'must be an http(s) URL with no query, like "https://subs.example.com", '
-            f"got {value!r}"
+            f'must be an http(s) URL with no query, like "https://subs.example.com", got {value!r}'
         )
     return value.rstrip("/")
 

@@ -403,7 +403,9 @@ def test_console_links_use_public_url_else_the_serve_address(tmp_path: Path):
     text = '[serve]\npublic_url = "https://subs.example.com/ops/"\n'
     serve = load(tmp_path, text).serve
     assert serve.public_url == "https://subs.example.com/ops"
-    assert serve.console_url("ses 1/x") == "https://subs.example.com/ops/console/sessions/ses%201%2Fx"
+    assert (
+        serve.console_url("ses 1/x") == "https://subs.example.com/ops/console/sessions/ses%201%2Fx"
+    )
     serve = load(tmp_path, '[serve]\nhost = "0.0.0.0"\nport = 9090\n').serve
     assert serve.console_url("ses_1") == "http://127.0.0.1:9090/console/sessions/ses_1"
     serve = load(tmp_path, '[serve]\nhost = "::1"\n').serve
