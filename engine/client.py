@@ -26,7 +26,7 @@ from engine.machine import (
 from engine.machine.events import TURN_FAILED
 from engine.protocol import parse_client_input
 from engine.runtime.apply import new_id
-from engine.store.snapshots import load_state
+from engine.store.snapshots import load_state, load_states
 from engine.store.store import Store
 
 
@@ -92,6 +92,9 @@ def _words(content: Any, limit: int) -> str:
         content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
     text = " ".join(str(content).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+FIND_BATCH = 400  # most sessions a filtered read loads at once: few round trips, bounded memory
 
 
 class Client:
@@ -215,8 +218,7 @@ class Client:
 
     async def _rows(self, ids: list[str]) -> list[dict[str, Any]]:
         states, lasts = await asyncio.gather(
-            asyncio.gather(*(load_state(self.store, sid) for sid in ids)),
-            self.store.last_events(ids),
+            load_states(self.store, ids), self.store.last_events(ids)
         )
         return [
             session_row(state, last)
@@ -232,8 +234,10 @@ class Client:
         many sessions there are); and the offset to go on from, None at the index's end."""
         found: list[dict[str, Any]] = []
         at = offset
+        size = limit  # doubled while matches are sparse: dense ones read little past the page
         while at - offset < scan:
-            batch = min(max(limit, 50), offset + scan - at)
+            batch = min(size, offset + scan - at)
+            size = min(size * 2, FIND_BATCH)
             ids = await self.store.list_sessions(at, batch)
             rows = {row["session_id"]: row for row in await self._rows(ids)}
             for n, sid in enumerate(ids, 1):

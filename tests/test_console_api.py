@@ -212,6 +212,12 @@ async def test_the_list_shows_totals_and_failures_and_filters_by_agent_and_statu
     assert wrong.status_code == 400 and wrong.json()["code"] == "invalid_query"
     assert "status: 'broken' is not one of idle, running, interrupted, failed" in wrong.text
 
+    # A page's snapshots are read together, as each alone reads them (tails included).
+    ids = ["ses-1-ok", "ses-404", "ses-2-bad", "ses-3-other"]
+    together = await engine.store.load_snapshots(ids)
+    assert together == [await engine.store.load_snapshot(sid) for sid in ids]
+    assert together[1] is None and all(snap and snap.tail for snap in together[::2])
+
     # A filtered read stops after `scan` sessions, matches or not, and says where to go on.
     client = Client(engine.store)
     found, next_at = await client.find_rows(0, 10, agent="ops_openai", status=None, scan=1)
