@@ -88,4 +88,13 @@ forget.addEventListener("click", () => {
   route();
 });
 window.addEventListener("popstate", route);
+// A page left for another keeps no stream open (a browser gives a host only a few
+// connections); one shown again from the back/forward cache starts over.
+window.addEventListener("pagehide", () => {
+  leave();
+  leave = () => {};
+});
+window.addEventListener("pageshow", (e) => {
+  if (e.persisted) route();
+});
 route();

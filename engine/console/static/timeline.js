@@ -19,6 +19,7 @@ import {
   stamp,
 } from "./util.js";
 
+const USUAL_FINISH = new Set(["stop", "end_turn", "tool_calls", "tool_use"]); // others are shown
 const TEXT_LIMIT = 4000; // longer inputs and results are cut, with their full length said
 
 export function showSession(main, sid, { fail, setLink }) {
@@ -80,7 +81,7 @@ export function showSession(main, sid, { fail, setLink }) {
       fact("turns", count(totals.turns)),
       fact("tokens", count(totals.tokens)),
       fact("cost", money(totals.cost)),
-      fact("events", count(Math.max(view.seq, lastSeq))),
+      fact("events", h("span", { id: "facts-seq" }, String(lastSeq))),
     );
     cancel.hidden = status !== "running" && status !== "interrupted";
   }
@@ -152,7 +153,7 @@ export function showSession(main, sid, { fail, setLink }) {
       if (row.reply) out.push(block("reply", row.reply, "reply"));
       else if (row.live) out.push(block("typing", row.live, "live"));
       if (row.toolCalls?.length) out.push(h("div", { class: "muted" }, `asks for: ${row.toolCalls.join(", ")}`));
-      if (row.finish && row.finish !== "stop" && row.finish !== "end_turn") out.push(h("div", { class: "muted" }, `finish: ${row.finish}`));
+      if (row.finish && !USUAL_FINISH.has(row.finish)) out.push(h("div", { class: "error" }, `finish: ${row.finish}`));
       return out;
     }, { status: "requested", handler: p.handler, failures: [], state: "pending", id: p.id });
   }
