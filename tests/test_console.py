@@ -253,140 +253,139 @@ class Api:
         await self.http.aclose()
 
 
-async def test_console_lists_sessions_and_shows_a_live_timeline(
-    served: tuple[EngineProcess, Proxy], page: Page
-) -> None:
-    proc, proxy = served
-    api = Api(proc.api)
+@pytest.fixture
+async def api(served: tuple[EngineProcess, Proxy]) -> AsyncIterator[Api]:
+    client = Api(served[0].api)
     try:
-        await api.say("is checkout up?", "ses-healthy")
-        done = await api.settled("ses-healthy", "idle")
-        await api.say("please fail now", "ses-broken")
-        await api.settled("ses-broken", "idle")
-
-        # Keys are set: the page asks for one before it shows anything.
-        await _page(page.open, f"{proxy.url}/console")
-        await _page(page.until, "the key prompt", lambda: page.find("#key-form").is_displayed())
-        assert "API key" in page.find("#key-form").text
-        await _page(lambda: page.find("#key").send_keys(FULL_KEY + "\n"))
-
-        # The list: both sessions, the failed one marked with its reason.
-        row = "#sessions tr[data-session='{}']"
-        await _page(page.until, "the sessions", lambda: page.find(row.format("ses-broken")))
-        healthy = page.find(row.format("ses-healthy")).text
-        assert "oncall" in healthy and "idle" in healthy and "is checkout up?" in healthy
-        broken = page.find(row.format("ses-broken"))
-        assert "failed" in broken.get_attribute("class")
-        assert FAILURE in broken.text
-        rows = [r.get_attribute("data-session") for r in page.all("#sessions tbody tr")]
-        assert rows == ["ses-broken", "ses-healthy"], "newest first"
-        await _page(page.shot, "console-list")
-
-        # Filtered by status: only the failed one.
-        await _page(page.open, f"{proxy.url}/console?status=failed")
-        await _page(page.until, "the filtered list", lambda: page.all("#sessions tbody tr"))
-        assert [r.get_attribute("data-session") for r in page.all("#sessions tbody tr")] == [
-            "ses-broken"
-        ]
-
-        # One session's timeline: the model call with its latency, tokens, cost and reply.
-        await _page(page.open, f"{proxy.url}/console/sessions/ses-healthy")
-        call = "#timeline tr.model-call.ok"
-        await _page(page.until, "the model call", lambda: page.find(call))
-        cells = page.find(call)
-        took = cells.find_element(By.CSS_SELECTOR, "td.took").text
-        assert took.endswith((" ms", " s")), took
-        tokens = cells.find_element(By.CSS_SELECTOR, "td.tokens").text
-        assert " in · " in tokens and tokens.endswith(" out"), tokens
-        assert cells.find_element(By.CSS_SELECTOR, "td.cost").text.startswith("$")
-        assert "gpt-4.1-mini" in cells.text
-        reply = done["messages"][-1]["content"]
-        assert reply in cells.text
-        assert reply in page.find("#path").text  # the active path beside it
-        assert "is checkout up?" in page.find("#path").text
-        assert page.find("#status").text == "idle"
-
-        # A turn started after the page opened appears with no reload.
-        page.driver.execute_script("window.sameDocument = true")
-        await api.say("and payments?", "ses-healthy")
-        await _page(
-            page.until,
-            "the second turn's reply",
-            lambda: (
-                len(page.all(call)) == 2 and "you asked: and payments?" in page.all(call)[1].text
-            ),
-        )
-        assert page.driver.execute_script("return window.sameDocument") is True
-        await _page(page.shot, "console-timeline")
-
-        # The failed turn's reason, on its own row.
-        await _page(page.open, f"{proxy.url}/console/sessions/ses-broken")
-        failed = "#timeline tr.turn-failed"
-        await _page(page.until, "the failure", lambda: FAILURE in page.find(failed).text)
-        assert "failed" in page.find("#timeline tr.model-call").get_attribute("class")
-
-        # Cancel a running turn (it waits on a client tool) from the page.
-        await api.say("wait for my confirm", "ses-waiting")
-        await api.settled("ses-waiting", "running")
-        await _page(page.open, f"{proxy.url}/console/sessions/ses-waiting")
-        await _page(page.until, "the cancel button", lambda: page.find("#cancel").is_displayed())
-        assert page.find("#status").text == "running"
-        assert "Restart checkout?" in page.find("#timeline tr.tool-client").text
-        await _page(lambda: page.find("#cancel").click())
-        await _page(page.until, "the ended turn", lambda: page.find("#status").text == "idle")
-        assert page.all("#timeline tr.turn-failed"), "a cancelled turn ends as failed"
-        assert not page.find("#cancel").is_displayed()
-        await _page(page.shot, "console-cancelled")
-        await api.settled("ses-waiting", "idle")
-        assert not [m for m in page.console_log() if "SEVERE" in m and "401" not in m]
+        yield client
     finally:
-        await api.aclose()
+        await client.aclose()
+
+
+async def test_console_lists_sessions_and_shows_a_live_timeline(
+    served: tuple[EngineProcess, Proxy], page: Page, api: Api
+) -> None:
+    _, proxy = served
+    await api.say("is checkout up?", "ses-healthy")
+    done = await api.settled("ses-healthy", "idle")
+    await api.say("please fail now", "ses-broken")
+    await api.settled("ses-broken", "idle")
+
+    # Keys are set: the page asks for one before it shows anything.
+    await _page(page.open, f"{proxy.url}/console")
+    await _page(page.until, "the key prompt", lambda: page.find("#key-form").is_displayed())
+    assert "API key" in page.find("#key-form").text
+    await _page(lambda: page.find("#key").send_keys(FULL_KEY + "\n"))
+
+    # The list: both sessions, the failed one marked with its reason.
+    row = "#sessions tr[data-session='{}']"
+    await _page(page.until, "the sessions", lambda: page.find(row.format("ses-broken")))
+    healthy = page.find(row.format("ses-healthy")).text
+    assert "oncall" in healthy and "idle" in healthy and "is checkout up?" in healthy
+    broken = page.find(row.format("ses-broken"))
+    assert "failed" in broken.get_attribute("class")
+    assert FAILURE in broken.text
+    rows = [r.get_attribute("data-session") for r in page.all("#sessions tbody tr")]
+    assert rows == ["ses-broken", "ses-healthy"], "newest first"
+    await _page(page.shot, "console-list")
+
+    # Filtered by status: only the failed one.
+    await _page(page.open, f"{proxy.url}/console?status=failed")
+    await _page(page.until, "the filtered list", lambda: page.all("#sessions tbody tr"))
+    assert [r.get_attribute("data-session") for r in page.all("#sessions tbody tr")] == [
+        "ses-broken"
+    ]
+
+    # One session's timeline: the model call with its latency, tokens, cost and reply.
+    await _page(page.open, f"{proxy.url}/console/sessions/ses-healthy")
+    call = "#timeline tr.model-call.ok"
+    await _page(page.until, "the model call", lambda: page.find(call))
+    cells = page.find(call)
+    took = cells.find_element(By.CSS_SELECTOR, "td.took").text
+    assert took.endswith((" ms", " s")), took
+    tokens = cells.find_element(By.CSS_SELECTOR, "td.tokens").text
+    assert " in · " in tokens and tokens.endswith(" out"), tokens
+    assert cells.find_element(By.CSS_SELECTOR, "td.cost").text.startswith("$")
+    assert "gpt-4.1-mini" in cells.text
+    reply = done["messages"][-1]["content"]
+    assert reply in cells.text
+    assert reply in page.find("#path").text  # the active path beside it
+    assert "is checkout up?" in page.find("#path").text
+    assert page.find("#status").text == "idle"
+
+    # A turn started after the page opened appears with no reload.
+    page.driver.execute_script("window.sameDocument = true")
+    await api.say("and payments?", "ses-healthy")
+    await _page(
+        page.until,
+        "the second turn's reply",
+        lambda: len(page.all(call)) == 2 and "you asked: and payments?" in page.all(call)[1].text,
+    )
+    assert page.driver.execute_script("return window.sameDocument") is True
+    await _page(page.shot, "console-timeline")
+
+    # The failed turn's reason, on its own row.
+    await _page(page.open, f"{proxy.url}/console/sessions/ses-broken")
+    failed = "#timeline tr.turn-failed"
+    await _page(page.until, "the failure", lambda: FAILURE in page.find(failed).text)
+    assert "failed" in page.find("#timeline tr.model-call").get_attribute("class")
+
+    # Cancel a running turn (it waits on a client tool) from the page.
+    await api.say("wait for my confirm", "ses-waiting")
+    await api.settled("ses-waiting", "running")
+    await _page(page.open, f"{proxy.url}/console/sessions/ses-waiting")
+    await _page(page.until, "the cancel button", lambda: page.find("#cancel").is_displayed())
+    assert page.find("#status").text == "running"
+    assert "Restart checkout?" in page.find("#timeline tr.tool-client").text
+    await _page(lambda: page.find("#cancel").click())
+    await _page(page.until, "the ended turn", lambda: page.find("#status").text == "idle")
+    assert page.all("#timeline tr.turn-failed"), "a cancelled turn ends as failed"
+    assert not page.find("#cancel").is_displayed()
+    await _page(page.shot, "console-cancelled")
+    await api.settled("ses-waiting", "idle")
+    assert not [m for m in page.console_log() if "SEVERE" in m and "401" not in m]
 
 
 async def test_a_read_only_key_sees_but_cannot_cancel_and_the_stream_resumes(
-    served: tuple[EngineProcess, Proxy], page: Page
+    served: tuple[EngineProcess, Proxy], page: Page, api: Api
 ) -> None:
-    proc, proxy = served
-    api = Api(proc.api)
-    try:
-        await api.say("wait for my confirm", "ses-held")
-        await api.settled("ses-held", "running")
-        await _page(page.open, f"{proxy.url}/console/sessions/ses-held")
-        await _page(page.until, "the key prompt", lambda: page.find("#key-form").is_displayed())
-        await _page(lambda: page.find("#key").send_keys(READ_KEY + "\n"))
-        await _page(page.until, "the tool call", lambda: page.find("#timeline tr.tool-client"))
-        await _page(lambda: page.find("#cancel").click())
-        await _page(page.until, "the refusal", lambda: "read-only" in page.find("#notice").text)
-        assert "cancel refused" in page.find("#notice").text
-        assert (await api.settled("ses-held", "running"))["status"] == "running"
+    _, proxy = served
+    await api.say("wait for my confirm", "ses-held")
+    await api.settled("ses-held", "running")
+    await _page(page.open, f"{proxy.url}/console/sessions/ses-held")
+    await _page(page.until, "the key prompt", lambda: page.find("#key-form").is_displayed())
+    await _page(lambda: page.find("#key").send_keys(READ_KEY + "\n"))
+    await _page(page.until, "the tool call", lambda: page.find("#timeline tr.tool-client"))
+    await _page(lambda: page.find("#cancel").click())
+    await _page(page.until, "the refusal", lambda: "read-only" in page.find("#notice").text)
+    assert "cancel refused" in page.find("#notice").text
+    assert (await api.settled("ses-held", "running"))["status"] == "running"
 
-        # The network drops under the page; it reconnects and misses nothing.
-        await _page(page.until, "a live stream", lambda: "live" in page.find("#conn").text)
-        await api.say("status of search?", "ses-live")
-        await api.settled("ses-live", "idle")
-        await _page(page.open, f"{proxy.url}/console/sessions/ses-live")
-        await _page(page.until, "the first reply", lambda: page.find("#timeline tr.model-call.ok"))
-        await _page(page.until, "a live stream", lambda: "live" in page.find("#conn").text)
-        seen = len(page.all("#timeline tbody tr"))
-        assert proxy.cut() >= 1
-        await api.say("and the index?", "ses-live")
-        await _page(
-            page.until,
-            "the turn sent while disconnected",
-            lambda: "you asked: and the index?" in page.find("#timeline").text,
-        )
-        assert "live" in page.find("#conn").text
-        view = await api.settled("ses-live", "idle")
-        await _page(
-            page.until,
-            "one row per step, none twice",
-            lambda: len(page.all("#timeline tr[data-seq]")) > seen,
-        )
-        seqs = [int(r.get_attribute("data-seq")) for r in page.all("#timeline tr[data-seq]")]
-        assert len(seqs) == len(set(seqs)) and max(seqs) <= view["seq"]
-        assert len(page.all("#timeline tr.turn")) == 2
-    finally:
-        await api.aclose()
+    # The network drops under the page; it reconnects and misses nothing.
+    await _page(page.until, "a live stream", lambda: "live" in page.find("#conn").text)
+    await api.say("status of search?", "ses-live")
+    await api.settled("ses-live", "idle")
+    await _page(page.open, f"{proxy.url}/console/sessions/ses-live")
+    await _page(page.until, "the first reply", lambda: page.find("#timeline tr.model-call.ok"))
+    await _page(page.until, "a live stream", lambda: "live" in page.find("#conn").text)
+    seen = len(page.all("#timeline tbody tr"))
+    assert proxy.cut() >= 1
+    await api.say("and the index?", "ses-live")
+    await _page(
+        page.until,
+        "the turn sent while disconnected",
+        lambda: "you asked: and the index?" in page.find("#timeline").text,
+    )
+    assert "live" in page.find("#conn").text
+    view = await api.settled("ses-live", "idle")
+    await _page(
+        page.until,
+        "one row per step, none twice",
+        lambda: len(page.all("#timeline tr[data-seq]")) > seen,
+    )
+    seqs = [int(r.get_attribute("data-seq")) for r in page.all("#timeline tr[data-seq]")]
+    assert len(seqs) == len(set(seqs)) and max(seqs) <= view["seq"]
+    assert len(page.all("#timeline tr.turn")) == 2
 
 
 GOLDEN = sorted((ROOT / "tests" / "golden").glob("*.jsonl"))

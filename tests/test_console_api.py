@@ -17,23 +17,12 @@ from engine.api.middleware import CONSOLE_POLICY
 from engine.client import Client
 from engine.runtime.engine import Engine
 from tests.api_helpers import INPUT, ROOT, auth, read_stream, serve
-from tests.engine_helpers import ENV, make_project, poll_until
+from tests.engine_helpers import poll_until
 from tests.fakes.llm_vendor import HttpError, Text, ToolCalls
 
 READER = "reader-key"
 KEYS = f"{ROOT},{READER}:read"
 STATIC = resources.files("engine.console").joinpath("static")
-
-
-@pytest.fixture
-async def engine(redis, vendor, tmp_path):
-    project = make_project(
-        tmp_path, vendor.url, retry="retry = { llm = { backoff_base_secs = 0 } }"
-    )
-    eng = Engine(project, redis, env=ENV, lease_ms=3000)
-    await eng.start()
-    yield eng
-    await eng.stop()
 
 
 @pytest.fixture
