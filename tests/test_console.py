@@ -275,6 +275,7 @@ async def test_console_lists_sessions_and_shows_a_live_timeline(
     await _page(page.open, f"{proxy.url}/console")
     await _page(page.until, "the key prompt", lambda: page.find("#key-form").is_displayed())
     assert "API key" in page.find("#key-form").text
+    await _page(page.shot, "console-key-prompt")
     await _page(lambda: page.find("#key").send_keys(FULL_KEY + "\n"))
 
     # The list: both sessions, the failed one marked with its reason.
