@@ -323,6 +323,11 @@ async def test_console_lists_sessions_and_shows_a_live_timeline(
         lambda: len(page.all(call)) == 2 and "you asked: and payments?" in page.all(call)[1].text,
     )
     assert page.driver.execute_script("return window.sameDocument") is True
+    await _page(
+        page.until,
+        "the active path's new reply",
+        lambda: "you asked: and payments?" in page.find("#path").text,
+    )
     await _page(page.shot, "console-timeline")
 
     # The failed turn's reason, on its own row.
