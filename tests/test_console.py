@@ -58,6 +58,8 @@ def _model(body: dict[str, Any]) -> Reply:
         return HttpError(400, body={"error": {"message": FAILURE, "type": "invalid_request"}})
     if "wait" in text:
         return ToolCalls([("confirm", {"question": "Restart checkout?"})])
+    if "slowly" in text:  # a slow vendor: its tokens show while they stream
+        return Text("Typing this one slowly, word by word.", chunk_delay=0.15)
     return Text(f"Checkout is healthy (you asked: {text}).")
 
 
@@ -372,7 +374,8 @@ async def test_a_read_only_key_sees_but_cannot_cancel_and_the_stream_resumes(
     await api.say("status of search?", "ses-live")
     await api.settled("ses-live", "idle")
     await _page(page.open, f"{proxy.url}/console/sessions/ses-live")
-    await _page(page.until, "the first reply", lambda: page.find("#timeline tr.model-call.ok"))
+    call = "#timeline tr.model-call.ok"
+    await _page(page.until, "the first reply", lambda: page.find(call))
     await _page(page.until, "a live stream", lambda: "live" in page.find("#conn").text)
     seen = len(page.all("#timeline tbody tr"))
     assert proxy.cut() >= 1
@@ -392,6 +395,18 @@ async def test_a_read_only_key_sees_but_cannot_cancel_and_the_stream_resumes(
     seqs = [int(r.get_attribute("data-seq")) for r in page.all("#timeline tr[data-seq]")]
     assert len(seqs) == len(set(seqs)) and max(seqs) <= view["seq"]
     assert len(page.all("#timeline tr.turn")) == 2
+
+    # The model's tokens show in its row as they stream, then the whole reply.
+    await api.say("answer slowly", "ses-live")
+    typing = "#timeline tr.model-call .block.live"
+    await _page(page.until, "the tokens so far", lambda: "Typing" in page.find(typing).text)
+    assert "word by word." not in page.find(typing).text
+    await _page(
+        page.until,
+        "the whole reply",
+        lambda: "Typing this one slowly, word by word." in page.all(call)[-1].text,
+    )
+    assert not page.all(typing)
 
 
 GOLDEN = sorted((ROOT / "tests" / "golden").glob("*.jsonl"))
