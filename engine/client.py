@@ -234,7 +234,7 @@ class Client:
         many sessions there are); and the offset to go on from, None at the index's end."""
         found: list[dict[str, Any]] = []
         at = offset
-        size = limit  # doubled while matches are sparse: dense ones read little past the page
+        size = max(limit, 50)  # doubled while matches are sparse: dense ones read little more
         while at - offset < scan:
             batch = min(size, offset + scan - at)
             size = min(size * 2, FIND_BATCH)
