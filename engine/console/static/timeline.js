@@ -141,32 +141,42 @@ export function showSession(main, sid, { fail, setLink }) {
       { class: `block ${cls}` },
       h("span", { class: "label" }, label),
       h("pre", {}, shown),
-      full.length > TEXT_LIMIT ? h("span", { class: "muted small" }, `(${count(full.length)} characters, cut)`) : "",
+      full.length > TEXT_LIMIT
+        ? h("span", { class: "muted small" }, `(${count(full.length)} characters, cut)`)
+        : "",
     );
   }
 
+  // A call's failed attempts and its scheduled retry, one line each.
+  function attempts(row) {
+    return [
+      ...row.failures.map((a) =>
+        line("error", `attempt ${a.attempt}: ${errorText(a.error)}${a.final ? "" : " (will retry)"}`),
+      ),
+      row.retry ? line("muted", row.retry) : "",
+    ];
+  }
+
   function modelCall(e, p) {
-    add(e, "model call", (row) => {
-      const out = [h("div", { class: "title" }, `${row.model ?? "model"} · ${row.status}`, row.handler === "worker" ? " · worker" : "")];
-      for (const a of row.failures) out.push(h("div", { class: "error" }, `attempt ${a.attempt}: ${errorText(a.error)}${a.final ? "" : " (will retry)"}`));
-      if (row.retry) out.push(h("div", { class: "muted" }, row.retry));
-      if (row.reply) out.push(block("reply", row.reply, "reply"));
-      else if (row.live) out.push(block("typing", row.live, "live"));
-      if (row.toolCalls?.length) out.push(h("div", { class: "muted" }, `asks for: ${row.toolCalls.join(", ")}`));
-      if (row.finish && !USUAL_FINISH.has(row.finish)) out.push(h("div", { class: "error" }, `finish: ${row.finish}`));
-      return out;
-    }, { status: "requested", handler: p.handler, failures: [], state: "pending", id: p.id });
+    const what = (row) => [
+      line("title", `${row.model ?? "model"} · ${row.status}${row.handler === "worker" ? " · worker" : ""}`),
+      ...attempts(row),
+      row.reply ? block("reply", row.reply, "reply") : row.live ? block("typing", row.live, "live") : "",
+      row.toolCalls?.length ? line("muted", `asks for: ${row.toolCalls.join(", ")}`) : "",
+      row.finish && !USUAL_FINISH.has(row.finish) ? line("error", `finish: ${row.finish}`) : "",
+    ];
+    const state = { status: "requested", handler: p.handler, failures: [], state: "pending" };
+    add(e, "model call", what, { ...state, id: p.id });
   }
 
   function toolCall(e, p) {
-    add(e, `tool ${p.handler}`, (row) => {
-      const out = [h("div", { class: "title" }, `${p.name} · ${row.status}`)];
-      out.push(block("input", pretty(p.arguments), "input"));
-      if (row.result !== undefined) out.push(block(row.isError ? "result (error)" : "result", row.result, "result"));
-      for (const a of row.failures) out.push(h("div", { class: "error" }, `attempt ${a.attempt}: ${errorText(a.error)}${a.final ? "" : " (will retry)"}`));
-      if (row.retry) out.push(h("div", { class: "muted" }, row.retry));
-      return out;
-    }, { status: "requested", failures: [], state: "pending", id: p.id });
+    const what = (row) => [
+      line("title", `${p.name} · ${row.status}`),
+      block("input", pretty(p.arguments), "input"),
+      row.result === undefined ? "" : block(row.isError ? "result (error)" : "result", row.result, "result"),
+      ...attempts(row),
+    ];
+    add(e, `tool ${p.handler}`, what, { status: "requested", failures: [], state: "pending", id: p.id });
   }
 
   function dispatched(e, p) {
@@ -210,7 +220,10 @@ export function showSession(main, sid, { fail, setLink }) {
     lastSeq = e.seq;
     switch (p.type) {
       case "session.created":
-        add(e, "session", text(`created · agent ${p.agent_id} · decided by ${p.decider}${p.ancestry?.length ? ` · child of ${p.ancestry.at(-1)}` : ""}`));
+        add(e, "session", () => [
+          `created · agent ${p.agent_id} · decided by ${p.decider}`,
+          p.ancestry?.length ? ` · child of ${p.ancestry.at(-1)}` : "",
+        ]);
         break;
       case "turn.queued":
         add(e, "turn queued", text(p.turn_id));
@@ -289,10 +302,12 @@ export function showSession(main, sid, { fail, setLink }) {
       case "decision.dispatched": {
         if (p.attempt === 1) {
           const actions = (p.proposed?.actions ?? []).map((a) => a.type).join(", ") || "nothing";
-          add(e, "decision", (row) => [
-            h("div", { class: "title" }, `${p.trigger?.type ?? "?"} → proposed ${actions} · ${row.status}`),
-            ...row.failures.map((a) => h("div", { class: "error" }, `attempt ${a.attempt}: ${errorText(a.error)}`)),
-          ], { status: "asking the worker", failures: [], state: "pending", dispatchedAt: e.occurred_at, id: p.decision_id });
+          const what = (row) => [
+            line("title", `${p.trigger?.type ?? "?"} → proposed ${actions} · ${row.status}`),
+            ...attempts(row),
+          ];
+          const state = { status: "asking the worker", failures: [], state: "pending" };
+          add(e, "decision", what, { ...state, dispatchedAt: e.occurred_at, id: p.decision_id });
         }
         break;
       }
@@ -327,7 +342,7 @@ export function showSession(main, sid, { fail, setLink }) {
         break;
       }
       case "input.rejected":
-        add(e, "rejected", () => h("div", { class: "error" }, `${p.input_kind}: ${errorText(p.error)}`), { state: "failed" });
+        add(e, "rejected", () => line("error", `${p.input_kind}: ${errorText(p.error)}`), { state: "failed" });
         break;
       case "head.moved":
         add(e, "head moved", text(p.head_id ?? "(root)"));
@@ -344,7 +359,8 @@ export function showSession(main, sid, { fail, setLink }) {
         add(e, p.type, text(""));
     }
     drawHead();
-    if (p.type.startsWith("turn.") || p.type === "message.new" || p.type === "head.moved" || p.type.startsWith("session.")) soon();
+    const moves = p.type === "message.new" || p.type === "head.moved";
+    if (moves || p.type.startsWith("turn.") || p.type.startsWith("session.")) soon(); // the path
   }
 
   function onDelta(d) {
@@ -379,6 +395,10 @@ export function showSession(main, sid, { fail, setLink }) {
     stop();
     clearTimeout(refreshTimer);
   };
+}
+
+function line(cls, text) {
+  return h("div", { class: cls }, text);
 }
 
 function fact(label, value) {
