@@ -292,6 +292,16 @@ async def test_console_lists_sessions_and_shows_a_live_timeline(
     assert rows == ["ses-broken", "ses-healthy"], "newest first"
     await _page(page.shot, "console-list")
 
+    # A session started while the list is open shows up in it, on top, with no reload.
+    page.driver.execute_script("window.sameDocument = true")
+    await api.say("is search up?", "ses-newer")
+    await _page(
+        page.until,
+        "the new session on top",
+        lambda: page.all("#sessions tbody tr")[0].get_attribute("data-session") == "ses-newer",
+    )
+    assert page.driver.execute_script("return window.sameDocument") is True
+
     # Filtered by status: only the failed one.
     await _page(page.open, f"{proxy.url}/console?status=failed")
     await _page(page.until, "the filtered list", lambda: page.all("#sessions tbody tr"))
