@@ -23,10 +23,11 @@ from engine.machine import (
     SessionState,
     input_to_json,
 )
+from engine.machine.events import TURN_FAILED
 from engine.machine.turns import TURN_STARTS
 from engine.protocol import parse_client_input
 from engine.runtime.apply import new_id
-from engine.store.snapshots import load_state
+from engine.store.snapshots import load_state, load_states
 from engine.store.store import Store
 
 
@@ -55,8 +56,12 @@ def validate_client_input(data: Any) -> None:
 
 
 def session_row(state: SessionState, last: dict[str, Any] | None) -> dict[str, Any]:
-    """A session as a listing shows it; `last` is its newest event."""
+    """A session as a listing shows it; `last` is its newest event. `failed` says its last
+    turn failed, with the reason when that failure is the newest event."""
     first = next((n.message for n in state.nodes.values() if n.message["role"] == "user"), None)
+    failed = state.last_turn is not None and state.turns.get(state.last_turn) == "failed"
+    payload = last["payload"] if last else {}
+    error = payload.get("error") if payload.get("type") == TURN_FAILED else None
     return {
         "session_id": state.session_id,
         "agent_id": state.agent_id,
@@ -66,7 +71,20 @@ def session_row(state: SessionState, last: dict[str, Any] | None) -> dict[str, A
         "last_activity_at": last["occurred_at"] if last else None,
         "turns": len(state.turns),
         "first_message": _words(first["content"], 80) if first else None,
+        "tokens": state.usage.get("total", 0),
+        "cost": state.cost,
+        "failed": failed,
+        "error": _words(error.get("message", ""), 160) if isinstance(error, dict) else None,
     }
+
+
+def row_matches(row: dict[str, Any], agent: str | None, status: str | None) -> bool:
+    """A listing filter: `status` is a session status, or `failed` (its last turn failed)."""
+    if agent is not None and row["agent_id"] != agent:
+        return False
+    if status == "failed":
+        return bool(row["failed"])
+    return status is None or row["status"] == status
 
 
 def _words(content: Any, limit: int) -> str:
@@ -75,6 +93,9 @@ def _words(content: Any, limit: int) -> str:
         content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
     text = " ".join(str(content).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+FIND_BATCH = 400  # most sessions a filtered read loads at once: few round trips, bounded memory
 
 
 class Client:
@@ -204,16 +225,42 @@ class Client:
     async def session_rows(self, offset: int = 0, limit: int = 50) -> tuple[list[dict], bool]:
         """Listing rows (`session_row`), newest first; and whether more may follow."""
         ids = await self.store.list_sessions(offset, limit)
+        return await self._rows(ids), len(ids) == limit
+
+    async def _rows(self, ids: list[str]) -> list[dict[str, Any]]:
         states, lasts = await asyncio.gather(
-            asyncio.gather(*(load_state(self.store, sid) for sid in ids)),
-            self.store.last_events(ids),
+            load_states(self.store, ids), self.store.last_events(ids)
         )
-        rows = [
+        return [
             session_row(state, last)
             for state, last in zip(states, lasts, strict=True)
             if state is not None  # indexed, then lost with its snapshot: nothing to show
         ]
-        return rows, len(ids) == limit
+
+    async def find_rows(
+        self, offset: int, limit: int, *, agent: str | None, status: str | None, scan: int
+    ) -> tuple[list[dict[str, Any]], int | None]:
+        """Up to `limit` rows matching the filter (`row_matches`), newest first, from index
+        position `offset` on, reading at most `scan` sessions (the work stays O(scan) however
+        many sessions there are); and the offset to go on from, None at the index's end."""
+        found: list[dict[str, Any]] = []
+        at = offset
+        size = max(limit, 50)  # doubled while matches are sparse: dense ones read little more
+        while at - offset < scan:
+            batch = min(size, offset + scan - at)
+            size = min(size * 2, FIND_BATCH)
+            ids = await self.store.list_sessions(at, batch)
+            rows = {row["session_id"]: row for row in await self._rows(ids)}
+            for n, sid in enumerate(ids, 1):
+                row = rows.get(sid)
+                if row is not None and row_matches(row, agent, status):
+                    found.append(row)
+                    if len(found) == limit:
+                        return found, at + n
+            at += len(ids)
+            if len(ids) < batch:
+                return found, None
+        return found, at
 
     async def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
         """Inputs the engine could not apply (each failed its turn), newest first."""

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
@@ -83,6 +83,19 @@ class ServeConfig:
     port: int = 8080
     cors_origins: tuple[str, ...] = ()  # browser origins the API answers; none: no CORS
     max_streams_per_key: int = 100  # event streams one API key (or address) may hold open
+    public_url: str | None = None  # where people reach this API; links to the console use it
+
+    def console_url(self, session_id: str) -> str:
+        """The session's console page: at `public_url`, else where serve listens."""
+        base = self.public_url or f"http://{_url_host(self.host)}:{self.port}"
+        return f"{base}/console/sessions/{quote(session_id, safe='')}"
+
+
+def _url_host(host: str) -> str:
+    """A bind address as a URL's host: a wildcard becomes loopback, IPv6 gets brackets."""
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 Fsync = Literal["always", "everysec"]
@@ -330,6 +343,16 @@ def _origin(value: str) -> str:
     return f"{scheme}://{host}:{port}"
 
 
+def _public_url(value: str) -> str:
+    """An http(s) URL with no query or fragment, its trailing slash dropped."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise ValueError(
+            f'must be an http(s) URL with no query, like "https://subs.example.com", got {value!r}'
+        )
+    return value.rstrip("/")
+
+
 def _json_schema(value: dict[str, Any]) -> dict[str, Any]:
     try:
         Draft202012Validator.check_schema(value)
@@ -360,6 +383,7 @@ EnvName = Annotated[str, AfterValidator(_env_name)]
 HttpUrl = Annotated[str, AfterValidator(_http_url)]
 RedisUrl = Annotated[str, AfterValidator(_redis_url)]
 Origin = Annotated[str, AfterValidator(_origin)]
+PublicUrl = Annotated[str, AfterValidator(_public_url)]
 JsonSchema = Annotated[dict[str, Any], AfterValidator(_json_schema)]
 UInt32 = Annotated[int, Field(ge=0, le=_UINT32_MAX)]
 
@@ -373,6 +397,7 @@ class _Serve(_Model):
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
     cors_origins: list[Origin] = Field(default_factory=list)
     max_streams_per_key: Annotated[int, Field(ge=1)] = 100
+    public_url: PublicUrl | None = None
 
 
 class _Store(_Model):
@@ -884,6 +909,7 @@ def _build(root: _Root, path: str) -> Project:
             port=root.serve.port,
             cors_origins=tuple(dict.fromkeys(root.serve.cors_origins)),
             max_streams_per_key=root.serve.max_streams_per_key,
+            public_url=root.serve.public_url,
         ),
         llm=llm,
         agents=agents,

@@ -12,9 +12,10 @@ from redis.asyncio import Redis as AsyncRedis
 
 from engine.machine import core
 from engine.machine.events import parse_event
+from engine.runtime.engine import Engine
 from engine.store.embedded import EmbeddedRedis
 from engine.store.store import connect
-from tests.engine_helpers import EngineProcess, project_toml
+from tests.engine_helpers import ENV, EngineProcess, make_project, project_toml
 from tests.fakes.llm_vendor import FakeVendor
 from tests.redis_cluster import LocalCluster, running_cluster
 
@@ -84,6 +85,19 @@ async def vendor() -> AsyncIterator[FakeVendor]:
     """A scripted LLM vendor on a real port (OpenAI, OpenRouter and Anthropic routes)."""
     async with FakeVendor() as fake:
         yield fake
+
+
+@pytest.fixture
+async def engine(redis: AsyncRedis, vendor: FakeVendor, tmp_path: Path) -> AsyncIterator[Engine]:
+    """An engine in the test's process on the test's Redis: project_toml's agents, model
+    calls retried at once."""
+    project = make_project(
+        tmp_path, vendor.url, retry="retry = { llm = { backoff_base_secs = 0 } }"
+    )
+    eng = Engine(project, redis, env=ENV, lease_ms=3000)
+    await eng.start()
+    yield eng
+    await eng.stop()
 
 
 @pytest.fixture

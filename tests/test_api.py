@@ -30,21 +30,10 @@ from tests.api_helpers import (
     serve,
     stream_path,
 )
-from tests.engine_helpers import ENV, make_project, on_both_redis, poll_until
+from tests.engine_helpers import on_both_redis, poll_until
 from tests.fakes.llm_vendor import Text, ToolCalls
 
 MAX_BODY = 64 * 1024
-
-
-@pytest.fixture
-async def engine(redis, vendor, tmp_path):
-    project = make_project(
-        tmp_path, vendor.url, retry="retry = { llm = { backoff_base_secs = 0 } }"
-    )
-    eng = Engine(project, redis, env=ENV, lease_ms=3000)
-    await eng.start()
-    yield eng
-    await eng.stop()
 
 
 @pytest.fixture

@@ -108,6 +108,22 @@ TINY: dict[str, tuple[str, list[str]]] = {
             ),
         ],
     ),
+    "console_list.py": (
+        "--sessions 12 --repeat 1",
+        [
+            r"console list: 12 sessions made in [\d.]+ s; median of 1 requests each",
+            *(
+                rf"  {what} +{NUMBER} ms  {rows} rows  \d+ bytes"
+                for what, rows in (
+                    ("first page", 12),
+                    ("agent filter", 6),
+                    ("status=failed", 2),
+                    ("status=running", 0),
+                )
+            ),
+            rf"  /console +{NUMBER} ms  \d+ bytes",
+        ],
+    ),
     "history.py": (
         "--turns 6 --tool-every 3",
         [

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -186,6 +187,31 @@ async def test_a_failed_turn_ends_its_message_with_the_error(world: World) -> No
     first_line = failed["error"]["message"].split("\n")[0].strip()
     assert reply.text.startswith(":warning: ") and first_line[:40] in reply.text
     assert reply.blocks[-1]["type"] == "context"
+
+
+async def test_a_failed_turn_links_its_console_page_when_serve_has_a_public_url(
+    redis, vendor: FakeVendor, tmp_path: Path
+) -> None:
+    text = project_toml(vendor.url, retry="retry = { llm = { backoff_base_secs = 0 } }")
+    text += f'\n[agent.{AGENT}.slack]\nanswers = "both"\n'
+    text += '\n[serve]\npublic_url = "https://subs.example.com"\n'
+    project = parse_project(text, str(tmp_path / "subs.toml"), env={})
+    async with serve_bots(redis, vendor, project, AGENT) as world:
+        fake = world.fake
+        vendor.push(HttpError(400), Text("Fine again."))
+        dm = fake.post_as_user(fake.dm, "hello")
+        await fake.send_event(world.url, fake.event_for(dm))
+        reply = await world.reply_to(dm)
+        sid = session_id_for(AGENT, fake.dm.id, dm.ts)
+        page = f"https://subs.example.com/console/sessions/{quote(sid, safe='')}"
+        [failure] = [e["text"] for e in reply.blocks[-1]["elements"]]
+        assert failure.startswith(":warning: ")
+        assert failure.endswith(f" · <{page}|open in the console>")
+        # A turn that does not fail carries no link.
+        again = fake.post_as_user(fake.dm, "and now?", thread_ts=dm.ts)
+        await fake.send_event(world.url, fake.event_for(again))
+        answer = await world.reply_to(dm, nth=2)
+        assert answer.text == "Fine again." and "console" not in str(answer.blocks)
 
 
 async def test_a_message_the_engine_cannot_store_is_answered_once_not_retried(

@@ -25,6 +25,8 @@ async def test_run_streams_the_reply_and_continues_the_session(config, vendor):
     assert out.strip() == "Nothing is paging right now."
     sid = session_of(err)
     assert f'subs run ops_openai "..." --session {sid}' in err
+    # Where serve would show it (the file sets no [serve]: its default address).
+    assert f"console: http://127.0.0.1:8080/console/sessions/{sid}\n" in err
     assert (config.parent / ".subs" / "appendonly.aof").exists() or list(
         (config.parent / ".subs").glob("appendonly*")
     )

@@ -45,6 +45,12 @@ BROKEN = [
     ("port type", '[serve]\nport = "80"\n', "serve.port", "expected an integer, got a string"),
     ("port range", "[serve]\nport = 70000\n", "serve.port", "65535 or less"),
     (
+        "public_url not a URL",
+        '[serve]\npublic_url = "subs.example.com"\n',
+        "serve.public_url",
+        "must be an http(s) URL with no query",
+    ),
+    (
         "cors not a list",
         '[serve]\ncors_origins = "https://a.example"\n',
         "serve.cors_origins",
@@ -493,6 +499,19 @@ def test_cors_origins_as_a_browser_sends_them(tmp_path: Path):
     )
     assert project.serve.port == 9000
     assert load(tmp_path, "").serve.cors_origins == ()
+
+
+def test_console_links_use_public_url_else_the_serve_address(tmp_path: Path):
+    text = '[serve]\npublic_url = "https://subs.example.com/ops/"\n'
+    serve = load(tmp_path, text).serve
+    assert serve.public_url == "https://subs.example.com/ops"
+    assert (
+        serve.console_url("ses 1/x") == "https://subs.example.com/ops/console/sessions/ses%201%2Fx"
+    )
+    serve = load(tmp_path, '[serve]\nhost = "0.0.0.0"\nport = 9090\n').serve
+    assert serve.console_url("ses_1") == "http://127.0.0.1:9090/console/sessions/ses_1"
+    serve = load(tmp_path, '[serve]\nhost = "::1"\n').serve
+    assert serve.console_url("ses_1") == "http://[::1]:8080/console/sessions/ses_1"
 
 
 def test_defaults(tmp_path: Path):

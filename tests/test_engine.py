@@ -11,7 +11,6 @@ from engine.client import Client, ClientError
 from engine.runtime.engine import Engine
 from engine.store.store import GROUP
 from tests.engine_helpers import (
-    ENV,
     assert_consistent,
     make_project,
     on_both_redis,
@@ -20,17 +19,6 @@ from tests.engine_helpers import (
     wait_for_event,
 )
 from tests.fakes.llm_vendor import HttpError, Text, ToolCalls
-
-
-@pytest.fixture
-async def engine(redis, vendor, tmp_path):
-    project = make_project(
-        tmp_path, vendor.url, retry="retry = { llm = { backoff_base_secs = 0 } }"
-    )
-    eng = Engine(project, redis, env=ENV, lease_ms=3000)
-    await eng.start()
-    yield eng
-    await eng.stop()
 
 
 def say(agent: str, text: str, **extra) -> dict:

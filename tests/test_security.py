@@ -463,7 +463,7 @@ BAD_KEYS = [
     (":own", "SUBS_API_KEYS entry 1: empty key before ':own'", []),
     (
         "rootkey-1, adminkey-7:admin",
-        "SUBS_API_KEYS entry 2: unknown suffix ':admin' (use KEY or KEY:own)",
+        "SUBS_API_KEYS entry 2: unknown suffix ':admin' (use KEY, KEY:own or KEY:read)",
         ["rootkey-1", "adminkey-7"],
     ),
     (
@@ -478,7 +478,7 @@ BAD_KEYS = [
     ),
     (
         "abc-secret:def-secret",
-        "SUBS_API_KEYS entry 1: unknown suffix after ':' (use KEY or KEY:own)",
+        "SUBS_API_KEYS entry 1: unknown suffix after ':' (use KEY, KEY:own or KEY:read)",
         ["abc-secret", "def-secret"],
     ),
     (" ", "SUBS_API_KEYS entry 1: empty (separate keys with single commas)", []),

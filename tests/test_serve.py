@@ -143,6 +143,7 @@ async def test_the_cli_drives_a_remote_engine_with_url(serve_processes, vendor):
     assert code == 0, err
     assert out.strip() == "Remote answer."
     sid = session_of(err)
+    assert f"console: {proc.api}/console/sessions/{sid}\n" in err
     code, out, _ = await subs("sessions", "list", "--url", proc.api)
     rows = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and [(r["session_id"], r["first_message"]) for r in rows] == [(sid, "hello")]

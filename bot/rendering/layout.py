@@ -73,9 +73,11 @@ def message(
     view: Any,
     status: str | None,
     limit: int = DEFAULT_LIMIT,
+    console: str | None = None,
 ) -> Rendered:
     """One turn's message: tool lines, the answer's first piece (the rest as continuations),
-    the failure, then the `channels.slack` view blocks; `limit` caps the answer per message.
+    the failure (with a link to `console`, the session's page), then the `channels.slack` view
+    blocks; `limit` caps the answer per message.
 
     Raises:
         ValueError: when `limit` does not fit a `markdown` block.
@@ -91,7 +93,8 @@ def message(
     elif done and not failed:
         blocks.append(context("_No reply._"))
     if failed:
-        blocks.append(context(f":warning: {escape(failed)}"))
+        link = f" · <{console}|open in the console>" if console else ""
+        blocks.append(context(f":warning: {escape(failed)}{link}"))
     if isinstance(view, list):
         blocks += [b for b in view if isinstance(b, dict)][: BLOCKS_LIMIT - len(blocks)]
     return Rendered(

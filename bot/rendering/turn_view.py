@@ -79,8 +79,9 @@ class _Llm:
 class TurnView:
     """The fold of one turn's events and deltas. `apply_*` mutate; `render` only reads."""
 
-    def __init__(self, turn_id: str) -> None:
+    def __init__(self, turn_id: str, *, console: str | None = None) -> None:
         self.turn_id = turn_id
+        self.console = console  # the session's console page, linked when the turn fails
         self._order: list[str] = []  # answer segments (model calls, recorded messages) in order
         self._shown: set[str] = set()
         self._llm: dict[str, _Llm] = {}
@@ -273,6 +274,7 @@ class TurnView:
             view=self._slack.get("view"),
             status=self.status,
             limit=limit,
+            console=self.console,
         )
 
     @property

@@ -56,13 +56,17 @@ class Bots:
         owner: str | None = None,
         lease_ms: int = LEASE_MS,
         retry_s: float = RETRY_SECONDS,
+        console: Callable[[str], str] | None = None,
     ) -> None:
+        """`console` gives a session's console page, linked from failed turns' messages."""
         self.paced = Paced(governor or RateGovernor(), _send)
         checkpoints = Checkpoints(
             client.store.redis, owner or f"bot-{secrets.token_hex(6)}", lease_ms
         )
         self.bots: dict[str, Bot] = {}
-        self.followers = Followers(client, self.paced, checkpoints, self.bots, retry_s)
+        self.followers = Followers(
+            client, self.paced, checkpoints, self.bots, retry_s, console=console
+        )
         self.listeners = Listeners(self.followers)
         self._sockets: list[AsyncSocketModeHandler] = []
         self._connecting: list[asyncio.Task[None]] = []
@@ -222,9 +226,12 @@ def start_bots(
     """A bot for each agent with a Slack block whose bot token is set, and an app token
     (Socket Mode) or a signing secret (HTTP). Call `Bots.start()` to connect Socket Mode.
 
-    `api_url` (else `SLACK_API_URL`) is the Web API base, for a fake Slack in tests.
+    `api_url` (else `SLACK_API_URL`) is the Web API base, for a fake Slack in tests. A
+    failed turn's message links to its console page when `[serve] public_url` is set (an
+    address only this machine reaches would be a dead link in Slack).
     """
-    bots = Bots(client, governor, lease_ms=lease_ms, owner=owner, retry_s=retry_s)
+    console = project.serve.console_url if project.serve.public_url else None
+    bots = Bots(client, governor, lease_ms=lease_ms, owner=owner, retry_s=retry_s, console=console)
     api_url = api_url or env.get("SLACK_API_URL") or None
     for agent in project.agents.values():
         if agent.slack is None:

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from bot.rendering.indicator import Indicator
@@ -51,8 +51,11 @@ class Followers:
         checkpoints: Checkpoints,
         bots: Mapping[str, Bot],
         retry_s: float = RETRY_SECONDS,
+        *,
+        console: Callable[[str], str] | None = None,
     ) -> None:
         self.client = client
+        self.console = console  # a session's console page, for failed turns' messages
         self.paced = paced
         self.checkpoints = checkpoints
         self.bots = bots
@@ -121,7 +124,8 @@ class Followers:
         assert task is not None
         self._following[cp.key] = (cp, task)
         bot = self.bots[cp.agent]
-        view = TurnView(cp.turn_id)
+        console = self.console(cp.session_id) if self.console else None
+        view = TurnView(cp.turn_id, console=console)
         reply = Reply(cp, view, bot.web, self.paced, self.checkpoints.save, native=bot.native)
         working: Indicator | None = None
         try:

@@ -26,12 +26,31 @@ def _full_access(request: web.Request) -> None:
         )
 
 
+FILTER_SCAN = 1000  # sessions one filtered page reads at most, matches or not
+STATUSES = ("idle", "running", "interrupted", "failed")
+
+
 async def admin_sessions(request: web.Request) -> web.Response:
+    """Newest first, paged. `agent` and `status` filter; a filtered page reads at most
+    `FILTER_SCAN` sessions, so it may hold fewer rows than asked, with `next_offset` to go on."""
     _full_access(request)
     offset = int_query(request, "offset", 0, lo=0, hi=2**31)
     limit = int_query(request, "limit", 50, lo=1, hi=500)
-    sessions, more = await request.app[API].client.session_rows(offset, limit)
-    body = {"sessions": sessions, "next_offset": offset + limit if more else None}
+    agent = request.query.get("agent") or None
+    status = request.query.get("status") or None
+    if status is not None and status not in STATUSES:
+        raise ApiError(
+            400, "invalid_query", f"status: {status!r} is not one of {', '.join(STATUSES)}"
+        )
+    client = request.app[API].client
+    if agent is None and status is None:
+        sessions, more = await client.session_rows(offset, limit)
+        next_offset = offset + limit if more else None
+    else:
+        sessions, next_offset = await client.find_rows(
+            offset, limit, agent=agent, status=status, scan=FILTER_SCAN
+        )
+    body = {"sessions": sessions, "next_offset": next_offset}
     return web.json_response(body, dumps=compact_json)
 
 

@@ -16,8 +16,15 @@ from engine.api.admin import (
     get_metrics,
 )
 from engine.api.auth import ApiKeys
+from engine.api.console import add_console_routes
 from engine.api.fanout import Hub
-from engine.api.middleware import authenticate, cors_headers, preflight, render_errors
+from engine.api.middleware import (
+    authenticate,
+    console_headers,
+    cors_headers,
+    preflight,
+    render_errors,
+)
 from engine.api.sessions import (
     delete_session,
     get_session,
@@ -81,6 +88,7 @@ def make_app(
         max_streams_per_key=max_streams_per_key,
     )
     app.on_response_prepare.append(cors_headers)
+    app.on_response_prepare.append(console_headers)
     app.on_shutdown.append(_stop_streams)
     app.on_cleanup.append(_close_hub)
     r = app.router
@@ -97,4 +105,5 @@ def make_app(
     agui.install(app)  # the AG-UI channel and its chat page
     r.add_get("/healthz", get_healthz)
     r.add_get("/metrics", get_metrics)
+    add_console_routes(r)
     return app

@@ -20,6 +20,7 @@ class Principal:
 
     key_id: str | None
     full: bool
+    read_only: bool = False  # a `KEY:read` key: sees every session, changes nothing
 
     def owns(self, identity: Mapping[str, Any] | None) -> bool:
         """Full access owns everything; a scoped key owns what its first input created."""
@@ -42,6 +43,7 @@ class ApiKey:
     digest: bytes = field(repr=False)  # sha256 of the key: compared instead, so lengths never leak
     key_id: str
     scoped: bool
+    read_only: bool = False
 
 
 class ApiKeysError(SubsError):
@@ -60,7 +62,8 @@ class ApiKeys:
 
     @classmethod
     def parse(cls, text: str) -> ApiKeys:
-        """Comma-separated entries: `KEY` (full access) or `KEY:own` (own sessions only).
+        """Comma-separated entries: `KEY` (full access), `KEY:own` (own sessions only) or
+        `KEY:read` (reads everything, changes nothing: an operator's console).
 
         Empty text configures no key. Otherwise every entry must be good: one that is not
         would otherwise leave the API with fewer keys than meant, or open.
@@ -92,7 +95,10 @@ class ApiKeys:
                 found = key
         if found is None or scheme.lower() != "bearer":
             return None
-        return Principal(found.key_id, full=not found.scoped)
+        return Principal(found.key_id, full=not found.scoped, read_only=found.read_only)
+
+
+_SCOPES = frozenset({"own", "read"})
 
 
 def _api_key(entry: str, position: int) -> ApiKey:
@@ -102,16 +108,16 @@ def _api_key(entry: str, position: int) -> ApiKey:
     secret, sep, scope = entry.rpartition(":")
     if not sep:
         secret, scope = entry, ""
-    elif scope != "own":
+    elif scope not in _SCOPES:
         # A word after ':' is a suffix typo; anything else may be part of the key: not shown.
         shown = f"':{scope}'" if scope.isalpha() and len(scope) <= 12 else "after ':'"
-        raise ApiKeysError(f"{where}: unknown suffix {shown} (use KEY or KEY:own)")
+        raise ApiKeysError(f"{where}: unknown suffix {shown} (use KEY, KEY:own or KEY:read)")
     if not secret:
-        raise ApiKeysError(f"{where}: empty key before ':own'")
+        raise ApiKeysError(f"{where}: empty key before ':{scope}'")
     if any(c.isspace() for c in secret):
         raise ApiKeysError(f"{where}: whitespace inside the key")
     digest = hashlib.sha256(secret.encode()).digest()
-    return ApiKey(digest, digest.hex()[:12], scoped=scope == "own")
+    return ApiKey(digest, digest.hex()[:12], scoped=scope == "own", read_only=scope == "read")
 
 
 def _is_loopback(host: str) -> bool:
@@ -150,3 +156,10 @@ def unauthorized(authorization: str | None) -> str:
     if scheme.lower() != "bearer":
         return f"the Authorization header is not a Bearer key: {fix}"
     return f"unknown API key: {fix}"
+
+
+def read_only_refusal(method: str, path: str) -> str:
+    """Why a `KEY:read` key may not send this request, or "" when it may (it may read)."""
+    if method in ("GET", "HEAD", "OPTIONS"):
+        return ""
+    return f"{method} {path}: this key is read-only (a KEY:read entry in SUBS_API_KEYS)"

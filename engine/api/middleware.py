@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from engine.api.auth import unauthorized
+from engine.api.auth import read_only_refusal, unauthorized
 from engine.api.errors import INTERNAL, STORE_DOWN, ApiError, error_response, http_error
 from engine.api.state import API, PRINCIPAL
 from engine.errors import SubsError
@@ -21,10 +21,17 @@ log = logging.getLogger("subs.api")
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-_OPEN_PATHS = frozenset({"/healthz"})
-# Slack signs its own requests; the chat page's files hold nothing a key protects (the
-# page asks for the key and sends it with each run).
-_OPEN_PREFIXES = ("/slack/", "/console/chat/")
+_OPEN_PATHS = frozenset({"/healthz", "/console"})
+# Slack signs its own requests; the console's and the chat page's files hold nothing a
+# key protects (each page asks for the key and sends it with its calls).
+_OPEN_PREFIXES = ("/slack/", "/console/")
+# The console's pages run only the package's own files: no inline script or style, no
+# other origin, never framed. Its JS reaches the API on the same origin.
+CONSOLE_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'"
+)
 
 
 @web.middleware
@@ -86,16 +93,28 @@ async def preflight(request: web.Request, handler: Handler) -> web.StreamRespons
 
 @web.middleware
 async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Everything but /healthz (and Slack's routes, the chat page's files) needs a key
-    when any exist."""
+    """Everything but /healthz, Slack's routes (Slack signs its own) and the console's
+    and chat page's files (a page holds no data: it asks for a key, then calls the API
+    with it) needs a key when any exist. A read-only key may only read."""
     api = request.app[API]
     if request.path in _OPEN_PATHS or request.path.startswith(_OPEN_PREFIXES):
         return await handler(request)
     principal = api.keys.authenticate(request.headers.get("Authorization"))
     if principal is None:
         raise ApiError(401, "unauthorized", unauthorized(request.headers.get("Authorization")))
+    if principal.read_only and (refusal := read_only_refusal(request.method, request.path)):
+        raise ApiError(403, "forbidden", refusal)
     request[PRINCIPAL] = principal
     return await handler(request)
+
+
+async def console_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """The strict policy on every console answer (its pages, scripts and refusals), unless
+    the handler set a stricter one of its own (the chat page's)."""
+    if request.path == "/console" or request.path.startswith("/console/"):
+        response.headers.setdefault("Content-Security-Policy", CONSOLE_POLICY)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "no-referrer")
 
 
 async def cors_headers(request: web.Request, response: web.StreamResponse) -> None:

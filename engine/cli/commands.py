@@ -22,7 +22,7 @@ import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from aiohttp import web
 
@@ -233,6 +233,15 @@ def _client_input(args: argparse.Namespace) -> dict[str, Any]:
     return payload
 
 
+def _console_link(args: argparse.Namespace) -> Callable[[str], str]:
+    """A session's console page: on the `--url` engine, else where this project's serve
+    listens (`[serve] public_url`, or its host and port)."""
+    if getattr(args, "url", None):
+        base = _http_url(args.url).rstrip("/")
+        return lambda sid: f"{base}/console/sessions/{quote(sid, safe='')}"
+    return _load(args).serve.console_url
+
+
 async def _run(args: argparse.Namespace) -> int:
     if args.input:
         payload = _client_input(args)
@@ -241,11 +250,13 @@ async def _run(args: argparse.Namespace) -> int:
     else:
         raise Usage('give a message or --input, e.g. subs run oncall "what\'s paging?"')
     printer = Printer(sys.stdout, _jsonl(args.output), sys.stderr)
+    console = _console_link(args)
 
     def announce(sid: str, queued: bool) -> None:
         if not printer.jsonl:
             waiting = " (queued behind the running turn)" if queued else ""
-            print(f"session {sid}{waiting}", file=sys.stderr, flush=True)
+            print(f"session {sid}{waiting}", file=sys.stderr)
+            print(f"console: {console(sid)}", file=sys.stderr, flush=True)
 
     async with _session_client(args) as client:
         if args.session:

@@ -220,6 +220,21 @@ class StoreConflict(SubsError):
         self.lease_lost = lease_lost
 
 
+def _assemble(seq: bytes, state: bytes, at: bytes | None, entries: Entries) -> Snapshot:
+    """A snapshot hash's fields and the log entries after its `at`, as a Snapshot."""
+    head = int(seq)
+    raw = [fields[b"e"] for _, fields in entries]
+    since = head if at is None else int(at)  # no `at`: written before tails existed
+    return Snapshot(
+        head,
+        since,
+        orjson.loads(state),
+        len(state),
+        [orjson.loads(r) for r in raw],
+        sum(map(len, raw)),
+    )
+
+
 def lua_script(package: str, name: str) -> str:
     """A store's Redis script, kept as a .lua file in its package's `lua/` so it reads
     (and lints) as Lua. The engine's `renew.lua`/`release.lua` serve any key a holder
@@ -426,6 +441,30 @@ class Store:
             return None
         return await self._snapshot(session_id, seq, state, at)
 
+    async def load_snapshots(self, session_ids: Sequence[str]) -> list[Snapshot | None]:
+        """`load_snapshot` for many sessions in two round trips (the hashes, then the tails
+        that are not empty), not two each: a listing page reads a page of them."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for sid in session_ids:
+                pipe.hmget(self.snap_key(sid), "seq", "state", "at")
+            heads = cast(list[list[bytes | None]], await pipe.execute())
+        tails: dict[int, Entries] = {}
+        wanted = [
+            (n, sid, int(seq), int(at or seq))
+            for n, (sid, (seq, state, at)) in enumerate(zip(session_ids, heads, strict=True))
+            if seq is not None and state is not None and int(at or seq) < int(seq)
+        ]
+        if wanted:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for _, sid, head, since in wanted:
+                    pipe.xrange(self.log_key(sid), min=f"({since}-0", max=f"{head}-0")
+                replies = await pipe.execute()
+            tails = {n: entries for (n, *_), entries in zip(wanted, replies, strict=True)}
+        return [
+            None if seq is None or state is None else _assemble(seq, state, at, tails.get(n, []))
+            for n, (seq, state, at) in enumerate(heads)
+        ]
+
     async def _snapshot(
         self, session_id: str, seq: bytes, state: bytes, at: bytes | None
     ) -> Snapshot:
@@ -433,8 +472,7 @@ class Store:
         log entries up to `seq` never change, so a commit in between adds nothing to it."""
         head = int(seq)
         since = head if at is None else int(at)  # no `at`: written before tails existed
-        tail: list[dict[str, Any]] = []
-        tail_bytes = 0
+        entries: Entries = []
         if since < head:
             entries = cast(
                 Entries,
@@ -442,11 +480,7 @@ class Store:
                     self.log_key(session_id), min=f"({since}-0", max=f"{head}-0"
                 ),
             )
-            for _, fields in entries:
-                raw = fields[b"e"]
-                tail_bytes += len(raw)
-                tail.append(orjson.loads(raw))
-        return Snapshot(head, since, orjson.loads(state), len(state), tail, tail_bytes)
+        return _assemble(seq, state, at, entries)
 
     async def commit(
         self, p: int, lease: str, c: Commit, deltas: Sequence[dict[str, Any]] = ()

@@ -1,0 +1,108 @@
+// The sessions list: newest first, a page at a time, filtered by agent and status,
+// refreshed every few seconds while it is open. Failed sessions are marked with the reason.
+
+import { call } from "./api.js";
+import { ago, clip, count, h, money, stamp } from "./util.js";
+
+const PAGE = 50;
+const REFRESH_MS = 5000;
+const STATUSES = ["", "running", "interrupted", "idle", "failed"];
+
+export function showList(main, params, go, fail) {
+  const agent = params.get("agent") ?? "";
+  const status = params.get("status") ?? "";
+  const offset = Number(params.get("offset") ?? 0) || 0;
+
+  const agentInput = h("input", { name: "agent", value: agent, placeholder: "any agent" });
+  const statusSelect = h(
+    "select",
+    { name: "status" },
+    STATUSES.map((s) => h("option", { value: s, selected: s === status }, s || "any status")),
+  );
+  const form = h(
+    "form",
+    { class: "filters", onsubmit: (e) => { e.preventDefault(); apply(0); } },
+    h("label", {}, "agent ", agentInput),
+    h("label", {}, "status ", statusSelect),
+    h("button", { type: "submit" }, "filter"),
+  );
+  statusSelect.addEventListener("change", () => apply(0));
+  const body = h("tbody");
+  const pager = h("nav", { class: "pager" });
+  const note = h("p", { class: "muted", id: "list-note" });
+  main.replaceChildren(
+    form,
+    h(
+      "table",
+      { class: "sessions", id: "sessions" },
+      h(
+        "thead",
+        {},
+        h("tr", {}, ["session", "agent", "status", "last activity", "turns", "tokens", "cost"]
+          .map((c) => h("th", {}, c))),
+      ),
+      body,
+    ),
+    note,
+    pager,
+  );
+
+  function apply(at) {
+    const q = new URLSearchParams();
+    if (agentInput.value.trim()) q.set("agent", agentInput.value.trim());
+    if (statusSelect.value) q.set("status", statusSelect.value);
+    if (at) q.set("offset", String(at));
+    go(`/console${q.size ? `?${q}` : ""}`);
+  }
+
+  async function load() {
+    const q = new URLSearchParams({ offset: String(offset), limit: String(PAGE) });
+    if (agent) q.set("agent", agent);
+    if (status) q.set("status", status);
+    const page = await call("GET", `/api/admin/sessions?${q}`);
+    body.replaceChildren(...page.sessions.map(row));
+    note.textContent = page.sessions.length
+      ? `${page.sessions.length} sessions, from #${offset + 1}; refreshed ${new Date().toISOString().slice(11, 19)}Z`
+      : agent || status ? "no session matches this filter on this page" : "no sessions yet";
+    pager.replaceChildren(
+      offset > 0 ? h("a", { href: "#", onclick: (e) => { e.preventDefault(); apply(0); } }, "« newest") : "",
+      page.next_offset !== null
+        ? h("a", { href: "#", id: "older", onclick: (e) => { e.preventDefault(); apply(page.next_offset); } }, "older »")
+        : "",
+    );
+  }
+
+  let timer = null;
+  const tick = async () => {
+    try {
+      await load();
+      timer = setTimeout(tick, REFRESH_MS);
+    } catch (err) {
+      fail(err);
+    }
+  };
+  tick();
+  return () => clearTimeout(timer);
+}
+
+function row(s) {
+  const href = `/console/sessions/${encodeURIComponent(s.session_id)}`;
+  const state = s.failed ? "failed" : s.status;
+  return h(
+    "tr",
+    { class: `session ${s.failed ? "failed" : ""}`, "data-session": s.session_id },
+    h(
+      "td",
+      {},
+      h("a", { href, "data-nav": "" }, s.session_id),
+      s.first_message ? h("div", { class: "first" }, clip(s.first_message, 90)) : "",
+      s.failed && s.error ? h("div", { class: "reason" }, `✗ ${s.error}`) : "",
+    ),
+    h("td", {}, s.agent_id),
+    h("td", {}, h("span", { class: `badge ${state}` }, state)),
+    h("td", { title: stamp(s.last_activity_at) }, ago(s.last_activity_at), h("div", { class: "muted small" }, stamp(s.last_activity_at))),
+    h("td", { class: "num" }, count(s.turns)),
+    h("td", { class: "num" }, count(s.tokens)),
+    h("td", { class: "num" }, money(s.cost)),
+  );
+}
