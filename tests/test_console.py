@@ -428,6 +428,7 @@ SHOWN = {
     "engine_vendor_retries": ["model call", "(will retry)"],
     "subagents.1": ["subagent"],
     "engine_cancel": ["turn failed", "cancelled"],
+    "connectors": ["mcp tools", "mcp.clock", "tools: ", "mcp.gone", "is off", "tool server"],
 }
 
 
@@ -468,6 +469,8 @@ async def test_every_golden_log_draws_a_timeline_with_no_unknown_step_or_script_
         assert not errors, f"{log.stem}: {errors}"
         if log.stem == "worker_tool":
             await _page(page.shot, "console-timeline-worker")
+        if log.stem == "connectors":
+            await _page(page.shot, "console-timeline-mcp")
 
 
 async def _store_log(store: Store, events: list[dict[str, Any]]) -> None:
@@ -483,3 +486,53 @@ async def _store_log(store: Store, events: list[dict[str, Any]]) -> None:
         pipe.hset(store.snap_key(sid), mapping=snapshot)
         pipe.zadd(store.sessions_key(store.partition_of(sid)), {sid: state.created_at})
         await pipe.execute()
+
+
+async def test_the_chat_page_talks_to_an_agent_answers_its_tool_and_shows_the_thread_again(
+    served: tuple[EngineProcess, Proxy], page: Page, api: Api
+) -> None:
+    """/console/chat/<agent> over the AG-UI endpoint: the key asked for on the first
+    refusal, a reply, a client tool answered from the page, the thread shown again."""
+    _, proxy = served
+    await _page(page.open, f"{proxy.url}/console/chat/oncall")
+    await _page(page.until, "the composer", lambda: page.find("#text").is_displayed())
+    assert page.find("#title").text == "oncall"
+
+    def say(text: str) -> None:
+        page.find("#text").send_keys(text + "\n")
+
+    await _page(say, "is checkout ok?")
+    await _page(page.until, "the key prompt", lambda: page.find("#key-form").is_displayed())
+    assert "This API needs a key." in page.find("#status").text
+    # Refused, nothing was said: the text is back in the box, to send with the key.
+    assert page.find("#text").get_attribute("value") == "is checkout ok?"
+    assert not page.all("#log .msg")
+    await _page(lambda: page.find("#key").send_keys(FULL_KEY + "\n"))
+    assert not page.find("#key-form").is_displayed()  # asked once, then out of the way
+    await _page(lambda: page.find("#text").send_keys("\n"))
+    reply = "Checkout is healthy (you asked: is checkout ok?)."
+    await _page(page.until, "the reply", lambda: page.text_shown(reply))
+
+    # A client tool: the run ends waiting; what is typed next is the tool's result.
+    await _page(say, "please wait for me")
+    await _page(page.until, "the question", lambda: "the tool confirm" in page.find("#status").text)
+    await _page(say, "yes, go ahead")
+    done = "Confirmed; restarting checkout now."
+    await _page(page.until, "the answer after the tool", lambda: page.text_shown(done))
+    await _page(page.shot, "chat-page")
+    shown = [m.text for m in page.all("#log .msg")]
+    assert shown[0] == "is checkout ok?" and shown[-1] == done
+    assert any("confirm" in m for m in shown) and "→ yes, go ahead" in shown
+
+    # The thread is the session: its history comes back on a fresh load of the page.
+    thread = page.driver.execute_script("return location.hash.slice(1)")
+    await _page(page.open, "about:blank")
+    await _page(page.open, f"{proxy.url}/console/chat/oncall#{thread}")
+    await _page(page.until, "the thread again", lambda: page.text_shown(done))
+    assert [m.text for m in page.all("#log .msg")] == shown
+    view = await api.settled(thread, "idle")
+    assert [m["content"] for m in view["messages"] if m["role"] == "user"] == [
+        "is checkout ok?",
+        "please wait for me",
+    ]
+    assert not [entry for entry in page.console_log() if "SEVERE" in entry]

@@ -483,7 +483,6 @@ async def _serve(args: argparse.Namespace) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        await bots.start()  # Socket Mode connects in the background, retrying
         deciders = ", ".join(
             f"{a.id} ({'worker ' + redact_url(a.worker) if a.worker else 'engine'})"
             for a in project.agents.values()
@@ -506,6 +505,9 @@ async def _serve(args: argparse.Namespace) -> int:
         warning = bind_warning(host, keys)
         if warning:
             print(f"subs: {warning}", file=sys.stderr, flush=True)
+        # After the start line: a Socket Mode app that cannot connect logs its first
+        # retry at once, and the start line is what a supervisor reads first.
+        await bots.start()  # Socket Mode connects in the background, retrying
         await stop.wait()
         print("subs: stopping", file=sys.stderr, flush=True)
     return 0

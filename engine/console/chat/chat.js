@@ -107,7 +107,16 @@ async function send(text) {
   status.textContent = "…";
   $("send").disabled = true;
   body.messages = messages.filter((m) => m.role !== "reasoning");
-  await follow("run", body);
+  if (!(await follow("run", body))) {
+    // Refused before it ran (no key, a bad one...): nothing was said; the text comes back
+    // to the box, to send again.
+    for (const message of answers) {
+      messages.splice(messages.indexOf(message), 1);
+      shown.get(message.id)?.remove();
+      shown.delete(message.id);
+    }
+    $("text").value = text;
+  }
   $("send").disabled = false;
 }
 

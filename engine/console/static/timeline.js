@@ -179,6 +179,16 @@ export function showSession(main, sid, { fail, setLink }) {
     add(e, `tool ${p.handler}`, what, { status: "requested", failures: [], state: "pending", id: p.id });
   }
 
+  // An MCP connection's tool list, fetched at a turn's start (or asked for afresh).
+  function connectorSync(e, p) {
+    const what = (row) => [
+      line("title", `${p.name}${p.params?.force ? " (afresh)" : ""} · ${row.status}`),
+      row.listed ? line("muted", row.listed) : "",
+      ...attempts(row),
+    ];
+    add(e, "mcp tools", what, { status: "listing", failures: [], state: "pending", id: p.id });
+  }
+
   function dispatched(e, p) {
     const row = calls.get(p.id);
     if (!row) return;
@@ -270,7 +280,23 @@ export function showSession(main, sid, { fail, setLink }) {
         break;
       case "llm.call.dispatched":
       case "tool.call.dispatched":
+      case "connector.sync.dispatched":
         dispatched(e, p);
+        break;
+      case "connector.sync.requested":
+        connectorSync(e, p);
+        break;
+      case "connector.synced": {
+        const row = calls.get(p.id);
+        if (row) {
+          const names = (p.tools ?? []).map((t) => t.name);
+          row.listed = p.tools ? `${names.length} tools: ${names.join(", ")}` : "unchanged";
+          ended(e, row, "ok", "listed");
+        }
+        break;
+      }
+      case "connector.sync.errored":
+        callErrored(e, p);
         break;
       case "tool.call.waiting": {
         const row = calls.get(p.id);
@@ -354,6 +380,8 @@ export function showSession(main, sid, { fail, setLink }) {
       case "worker.state.updated":
       case "channels.updated":
       case "decision.queued":
+      case "decision.held": // the turn's first decision waits for its MCP tool lists
+      case "decision.released":
         break; // configuration and bookkeeping: the state, not a step
       default:
         add(e, p.type, text(""));
