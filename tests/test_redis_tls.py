@@ -57,9 +57,11 @@ class TlsRedis:
         self.binary.symlink_to(DEBIAN_REDIS)
         self.cert, self.key = folder / "cert.pem", folder / "key.pem"
         subprocess.run(
-            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
-            + ["-keyout", str(self.key), "-out", str(self.cert), "-subj", "/CN=localhost"]
-            + ["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+            [
+                *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
+                *("-keyout", str(self.key), "-out", str(self.cert), "-subj", "/CN=localhost"),
+                *("-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+            ],
             check=True,
             capture_output=True,
         )
