@@ -265,10 +265,12 @@ kinds.register(
         in_flight=True,
         settle=settle_sync,
         failed=sync_failed,
+        # An attempt includes starting a stdio server, and `npx -y` fetches its package on
+        # first use: a minute before it counts as failed.
         retry_defaults={
             "queue_timeout_secs": None,
-            "run_timeout_secs": 30,
-            "total_timeout_secs": 120,
+            "run_timeout_secs": 60,
+            "total_timeout_secs": 240,
             "max_attempts": 3,
             "backoff_base_secs": 1,
             "backoff_max_secs": 10,

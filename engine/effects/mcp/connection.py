@@ -34,7 +34,7 @@ from engine.errors import SubsError
 
 log = logging.getLogger("subs.mcp")
 
-OPEN_TIMEOUT_SECS = 20.0  # starting a child (npx may fetch) or reaching a server, and initialize
+OPEN_TIMEOUT_SECS = 55.0  # starting a child (npx may fetch) or reaching a server, and initialize
 BACKOFF_BASE_SECS = 0.5
 BACKOFF_MAX_SECS = 30.0
 # A connected server is pinged this often: a local child that died is restarted within
