@@ -262,6 +262,12 @@ class Project:
     store: StoreConfig = StoreConfig()
     mcp: dict[str, McpBlock] = dataclasses.field(default_factory=dict)
 
+    def connections_off(self, env: Mapping[str, str]) -> dict[str, str]:
+        """The MCP connections that cannot start here, and why (McpBlock.off_reason)."""
+        base = os.path.dirname(self.path)
+        reasons = {b.path: b.off_reason(env, base) for b in self.mcp.values()}
+        return {path: why for path, why in reasons.items() if why is not None}
+
     def missing_env(self, env: Mapping[str, str]) -> list[MissingEnv]:
         """Environment variables the project needs that are unset or empty."""
         found: dict[str, MissingEnv] = {}

@@ -62,7 +62,9 @@ async def slow(flag: str) -> str:
     if log:
         with open(log, "a") as f:
             f.write(f"slow {os.getpid()}\n")
-    while not Path(flag).exists():
+    while not Path(
+        flag
+    ).exists():  # the test's signal, a file: polled (the call's deadline bounds it)
         await asyncio.sleep(0.02)
     return "slow is done"
 

@@ -114,6 +114,13 @@ async def harness(redis, vendor, tmp_path):
     await h.stop()
 
 
+async def lines(path: Path, n: int) -> list[str]:
+    """The file's lines once it has `n` of them (else none): the test server appends one a
+    call (MCP_CALLS_LOG) or a start (MCP_PIDS_LOG); a `poll_until` predicate."""
+    found = path.read_text().splitlines() if path.exists() else []
+    return found if len(found) >= n else []
+
+
 def offered(vendor: FakeVendor, i: int) -> list[str]:
     """The tool names the model was offered in request `i` (OpenAI body)."""
     return [t["function"]["name"] for t in vendor.requests[i].body.get("tools") or ()]
@@ -334,13 +341,9 @@ async def test_a_server_killed_mid_call_is_a_recorded_tool_error_then_the_call_r
     )
     sid, turn_id = await harness.say("run the slow thing")
 
-    async def sent(n: int) -> list[str]:
-        lines = calls_log.read_text().splitlines() if calls_log.exists() else []
-        return lines if len(lines) >= n else []
-
-    [first] = await poll_until(lambda: sent(1), 20, "the first slow call to reach the server")
+    [first] = await poll_until(lambda: lines(calls_log, 1), 20, "the first call to reach it")
     os.kill(int(first.split()[1]), 9)  # the server dies in the middle of the call
-    second = await poll_until(lambda: sent(2), 30, "the call to be sent again")
+    second = await poll_until(lambda: lines(calls_log, 2), 30, "the call to be sent again")
     assert second[1].split()[1] != first.split()[1]  # to a restarted server
     flag.touch()
     end = await wait_for_event(harness.client, sid, turn_ended(turn_id), timeout=60)
@@ -364,13 +367,12 @@ async def test_a_stdio_server_that_dies_between_calls_is_restarted_and_stopped_w
     )
     sid, _ = await harness.turn("one")
 
-    async def started(n: int) -> list[int]:
-        found = [int(p) for p in pids_log.read_text().split()] if pids_log.exists() else []
-        return found if len(found) >= n else []
-
-    [first] = await started(1)
+    [first] = [int(pid) for pid in await lines(pids_log, 1)]
     os.kill(first, 9)  # no request out: the engine finds out by itself
-    restarted = await poll_until(lambda: started(2), 20, "the server to be started again")
+    restarted = [
+        int(pid)
+        for pid in await poll_until(lambda: lines(pids_log, 2), 20, "the server to start again")
+    ]
     _, end = await harness.turn("two", sid)
     assert end["payload"]["type"] == "turn.completed"
     events = await assert_consistent(harness.engine.store, sid)
@@ -449,17 +451,15 @@ async def test_an_engine_killed_during_a_call_sends_it_again_once_and_the_turn_e
         )
         sid, turn_id = reply["session_id"], reply["turn_id"]
 
-        async def sent(n: int) -> list[str]:
-            lines = calls_log.read_text().splitlines() if calls_log.exists() else []
-            return lines if len(lines) >= n else []
-
-        await poll_until(lambda: sent(1), 30, "the call to reach the server")
+        await poll_until(lambda: lines(calls_log, 1), 30, "the call to reach the server")
         engines[0].kill()  # SIGKILL, mid-call
         assert await engines[0].stop() == -9
         engines.append(EngineProcess(config, redis_url))
         await engines[1].start()
-        lines = await poll_until(lambda: sent(2), 30, "the next engine to send the call again")
-        servers = [int(line.split()[1]) for line in lines]
+        sent = await poll_until(
+            lambda: lines(calls_log, 2), 30, "the next engine to send the call again"
+        )
+        servers = [int(line.split()[1]) for line in sent]
         flag.touch()
         end = await wait_for_event(client, sid, turn_ended(turn_id), timeout=60)
         assert end["payload"]["type"] == "turn.completed"
@@ -569,11 +569,7 @@ async def test_a_call_past_its_deadline_is_a_recorded_retryable_error_never_a_ha
     await harness.start(text)
     sid, turn_id = await harness.say("run the slow thing")
 
-    async def sent(n: int) -> list[str]:
-        lines = calls_log.read_text().splitlines() if calls_log.exists() else []
-        return lines if len(lines) >= n else []
-
-    await poll_until(lambda: sent(2), 30, "the call to time out and be sent again")
+    await poll_until(lambda: lines(calls_log, 2), 30, "the call to time out and be sent again")
     flag.touch()
     end = await wait_for_event(harness.client, sid, turn_ended(turn_id), timeout=60)
     assert end["payload"]["type"] == "turn.completed"

@@ -490,7 +490,7 @@ async def _serve(args: argparse.Namespace) -> int:
         where = redact_url(configured) if configured else "embedded redis under .subs/"
         missing = ", ".join(m.var for m in project.missing_env(os.environ)) or "none"
         slack = ", ".join(bots.describe()) or "none"
-        off = connectors_off(project)
+        off = project.connections_off(os.environ)
         mcp = ", ".join(
             f"{p} (off)" if p in off else p for p in (b.path for b in project.mcp.values())
         )
@@ -521,7 +521,7 @@ def _check(args: argparse.Namespace) -> int:
     error here (check validates the file, and runs where Redis may not be reachable)."""
     project = _load(args)
     missing = project.missing_env(os.environ)
-    off = connectors_off(project)
+    off = project.connections_off(os.environ)
     shape = _cluster_shape(args.redis or project.redis)
     if sys.stdout.isatty():
         agents = ", ".join(
@@ -546,13 +546,6 @@ def _check(args: argparse.Namespace) -> int:
         for path, why in off.items():
             print(json.dumps({"off": path, "why": why}))
     return 1 if missing else 0
-
-
-def connectors_off(project: Project) -> dict[str, str]:
-    """The MCP connections that cannot start here, and why (README "MCP")."""
-    base = os.path.dirname(project.path)
-    reasons = {b.path: b.off_reason(os.environ, base) for b in project.mcp.values()}
-    return {path: why for path, why in reasons.items() if why is not None}
 
 
 def _cluster_shape(url: str | None) -> dict[str, Any] | None:

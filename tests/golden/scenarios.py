@@ -8,6 +8,7 @@ import json
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 from engine.client import Client
 from engine.config import parse_project
@@ -24,6 +25,22 @@ async def _engine(redis, tmp_path: Path, text: str) -> Engine:
     engine = Engine(project, redis, env={**ENV, "HELPER_SECRET": SECRET}, lease_ms=3000)
     await engine.start()
     return engine
+
+
+async def _one_turn(engine: Engine, agent: str, text: str) -> list[dict[str, Any]]:
+    """One message to `agent` whose turn completes; its session's log. Stops the engine."""
+    try:
+        client = Client(engine.store)
+        message = {"role": "user", "content": text}
+        reply = await client.submit(
+            {"type": "client.message", "agent_id": agent, "message": message}
+        )
+        sid = reply["session_id"]
+        end = await wait_for_event(client, sid, turn_ended(reply["turn_id"]), timeout=30)
+        assert end["payload"]["type"] == "turn.completed"
+        return await assert_consistent(engine.store, sid)
+    finally:
+        await engine.stop()
 
 
 async def test_worker_state_channels_a_backoff_and_a_branch(redis, vendor, test_worker, tmp_path):
@@ -104,21 +121,7 @@ async def test_a_child_whose_turn_fails(redis, vendor, tmp_path):
         description = "Checks things."
         """,
     )
-    try:
-        client = Client(engine.store)
-        reply = await client.submit(
-            {
-                "type": "client.message",
-                "agent_id": "lead",
-                "message": {"role": "user", "content": "go"},
-            }
-        )
-        sid = reply["session_id"]
-        end = await wait_for_event(client, sid, turn_ended(reply["turn_id"]), timeout=30)
-        assert end["payload"]["type"] == "turn.completed"
-        events = await assert_consistent(engine.store, sid)
-    finally:
-        await engine.stop()
+    events = await _one_turn(engine, "lead", "go")
     assert payloads(events, "subagent.errored")
 
 
@@ -145,21 +148,7 @@ async def test_connectors_a_sync_a_call_and_a_server_that_is_not_installed(redis
         mcp = ["mcp.clock", "mcp.gone"]
         """,
     )
-    try:
-        client = Client(engine.store)
-        reply = await client.submit(
-            {
-                "type": "client.message",
-                "agent_id": "oncall",
-                "message": {"role": "user", "content": "echo hi"},
-            }
-        )
-        sid = reply["session_id"]
-        end = await wait_for_event(client, sid, turn_ended(reply["turn_id"]), timeout=30)
-        assert end["payload"]["type"] == "turn.completed"
-        events = await assert_consistent(engine.store, sid)
-    finally:
-        await engine.stop()
+    events = await _one_turn(engine, "oncall", "echo hi")
     for kind in ("decision.held", "connector.synced", "connector.sync.errored"):
         assert payloads(events, kind), kind
 

@@ -34,8 +34,7 @@ class Connectors:
         base = os.path.dirname(project.path)
         self.by_path = {b.path: McpConnection(b, env, base) for b in project.mcp.values()}
         # Connections that cannot start here (`subs serve` and `subs check` say why).
-        reasons = {b.path: b.off_reason(env, base) for b in project.mcp.values()}
-        self.off = {path: why for path, why in reasons.items() if why is not None}
+        self.off = project.connections_off(env)
 
     def get(self, path: str) -> McpConnection:
         conn = self.by_path.get(path)
