@@ -24,6 +24,7 @@ from engine.machine import (
     input_to_json,
 )
 from engine.machine.events import TURN_FAILED
+from engine.machine.tree import path_to
 from engine.machine.turns import TURN_STARTS
 from engine.protocol import parse_client_input
 from engine.runtime.apply import new_id
@@ -75,6 +76,26 @@ def session_row(state: SessionState, last: dict[str, Any] | None) -> dict[str, A
         "cost": state.cost,
         "failed": failed,
         "error": _words(error.get("message", ""), 160) if isinstance(error, dict) else None,
+    }
+
+
+def session_view(state: SessionState) -> dict[str, Any]:
+    """A session as a client reads it (`GET /api/client/sessions/{id}`): status, the running
+    turn, open interrupts, the active path and the whole message tree."""
+    return {
+        "session_id": state.session_id,
+        "agent_id": state.agent_id,
+        "status": state.status,
+        "turn_id": state.turn.id if state.turn else None,
+        "seq": state.seq,
+        "interrupts": list(state.interrupts.values()),
+        "messages": path_to(state.nodes, state.head_id),
+        "message_tree": {
+            "nodes": [
+                {"message": n.message, "parent_id": n.parent_id} for n in state.nodes.values()
+            ],
+            "head_id": state.head_id,
+        },
     }
 
 
@@ -261,6 +282,11 @@ class Client:
             if len(ids) < batch:
                 return found, None
         return found, at
+
+    async def session(self, session_id: str) -> dict[str, Any] | None:
+        """The session as a client reads it (`session_view`); None when there is none."""
+        state = await load_state(self.store, session_id)
+        return session_view(state) if state is not None else None
 
     async def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
         """Inputs the engine could not apply (each failed its turn), newest first."""

@@ -9,10 +9,10 @@ from typing import Any
 
 from aiohttp import web
 
-from bot.rendering.indicator import SET_STATUS
-from bot.slack.app import Bots, start_bots
+from bot.app import Bots, start_bots
 from bot.slack.governor import TIERS, RateGovernor
-from bot.threads.routing import session_id_for
+from bot.slack.indicator import SET_STATUS
+from bot.turns.routing import session_id_for
 from engine.client import Client
 from engine.config import Project, slack_env_suffix
 from engine.runtime.engine import Engine
@@ -50,7 +50,14 @@ class World:
         """A second bot process's worth of apps on the same engine and Slack, started (so
         resuming what is open), closed afterwards."""
         assert self.project is not None
-        bots = start_bots(self.project, self.client, self.env, governor=RateGovernor(FAST), **kw)
+        bots = start_bots(
+            self.project,
+            self.client,
+            self.client.store.redis,
+            self.env,
+            governor=RateGovernor(FAST),
+            **kw,
+        )
         await bots.start()
         await bots.connected()
         try:
@@ -99,7 +106,7 @@ async def serve_bots(
             env[f"SLACK_SIGNING_SECRET_{suffix}"] = fake.signing_secret
         fast = RateGovernor(FAST)
         client = Client(engine.store)
-        bots = start_bots(project, client, env, governor=fast)
+        bots = start_bots(project, client, client.store.redis, env, governor=fast)
         assert list(bots.bots) == [agent]  # no other agent has a Slack block
         await bots.start()
         await bots.connected()

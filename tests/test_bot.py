@@ -12,7 +12,7 @@ from urllib.parse import quote
 import pytest
 
 from bot.rendering.mrkdwn import to_mrkdwn
-from bot.threads.routing import missed_messages, session_id_for, strip_mention, wants_turn
+from bot.turns.routing import missed_messages, session_id_for, strip_mention, wants_turn
 from engine.config import parse_project
 from tests.bot_helpers import AGENT, World, serve_bots
 from tests.engine_helpers import project_toml

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from bot.rendering.reply import STAMP, stamp
-from bot.threads.checkpoint import Checkpoint, LeaseLost
-from bot.threads.follower import BUSY, GAVE_UP, MAX_FAILURES
-from bot.threads.routing import session_id_for
-from bot.threads.store import LEGACY_TURNS, Checkpoints, checkpoint_keys
+from bot.slack.reply import STAMP, stamp
+from bot.turns.checkpoint import Checkpoint, LeaseLost
+from bot.turns.follower import BUSY, GAVE_UP, MAX_FAILURES
+from bot.turns.routing import session_id_for
+from bot.turns.store import LEGACY_TURNS, Checkpoints, checkpoint_keys
 from engine.config import parse_project
 from tests.bot_helpers import AGENT, World, serve_bots
 from tests.engine_helpers import on_both_redis, poll_until, project_toml, turn_ended, wait_for_event

@@ -42,7 +42,7 @@ STORE_MODULES = {
     "engine/store/store.py",
     "engine/store/embedded.py",
     "engine/store/durability.py",
-    "bot/threads/store.py",
+    "bot/turns/store.py",
 }
 
 
@@ -169,3 +169,119 @@ def test_importing_the_cli_loads_no_engine_bot_or_redis() -> None:
 def test_the_machine_rule_sees_every_spelling(source: str, expected: list[str]) -> None:
     """The checker itself, on a module inside the machine."""
     assert impure(imported(source, "engine.machine.probe")) == expected
+
+
+# The bot's layers (README "Architecture"), longest prefix first wins: what each may import
+# of `bot` and `engine`, and the outside packages it may not. Pure rendering knows nothing of
+# Slack I/O or of following turns; Slack I/O knows nothing of turns; following turns reaches
+# the engine only through its client (its own checkpoint store aside).
+BOT_LAYERS: dict[str, tuple[set[str], set[str]]] = {
+    "bot": (set(), set()),  # the package, and any folder not given a layer: nothing of ours
+    "bot.rendering": (
+        {"bot.rendering", "engine.machine.events"},
+        {"slack_sdk", "slack_bolt", "aiohttp", "asyncio", *REDIS},
+    ),
+    "bot.slack": ({"bot.rendering", "bot.slack", "engine.errors", "engine.config"}, set(REDIS)),
+    "bot.turns": (
+        {"bot.rendering", "bot.slack", "bot.turns", "engine.client", "engine.errors"},
+        set(REDIS),
+    ),
+    "bot.turns.store": ({"bot.turns.checkpoint", "engine.store.store"}, set()),
+    "bot.app": (
+        {"bot", "engine.client", "engine.config", "engine.errors", "engine.store.store"},
+        set(REDIS),
+    ),
+}
+
+
+def _covers(prefix: str, name: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def layer_violations(module: str, names: list[str]) -> list[str]:
+    """What `module` imports that its layer of `BOT_LAYERS` does not allow."""
+    rows = [p for p in BOT_LAYERS if _covers(p, module)]
+    allowed, banned = BOT_LAYERS[max(rows, key=len)]
+    return [
+        n
+        for n in names
+        if n.split(".")[0] in banned
+        or (n.split(".")[0] in {"bot", "engine"} and not any(_covers(a, n) for a in allowed))
+    ]
+
+
+def test_every_bot_module_keeps_to_its_layer() -> None:
+    found = {
+        _module_of(p): bad
+        for p in _sources("bot")
+        if (bad := layer_violations(_module_of(p).removesuffix(".__init__"), imports(p)))
+    }
+    assert not found, f"bot modules importing past their layer (BOT_LAYERS): {found}"
+
+
+@pytest.mark.parametrize(
+    ("module", "source"),
+    [
+        ("bot.rendering.probe", "from bot.slack.webapi import call"),
+        ("bot.rendering.probe", "import slack_sdk"),
+        ("bot.rendering.probe", "def f():\n    import asyncio"),
+        ("bot.rendering.probe", "from engine.client import Client"),
+        ("bot.slack.probe", "from bot.turns.checkpoint import Checkpoint"),
+        ("bot.slack.probe", "from ..turns import follower"),
+        ("bot.turns.probe", "from engine.store.snapshots import load_state"),
+        ("bot.turns.probe", "import redis"),
+        ("bot.turns.probe", "from bot.app import Bots"),
+    ],
+)
+def test_the_layer_rule_sees_each_breach(module: str, source: str) -> None:
+    assert layer_violations(module, imported(source, module))
+
+
+def test_the_layer_rule_lets_each_layer_use_those_below() -> None:
+    allowed = {
+        "bot.rendering.probe": "from bot.rendering.mrkdwn import escape\nimport re",
+        "bot.slack.probe": "from bot.rendering.layout import clip\nimport slack_sdk",
+        "bot.turns.probe": "from bot.slack.reply import Reply\nfrom engine.client import Client",
+        "bot.turns.store": "from engine.store.store import lua_script",
+        "bot.app": "from bot.turns.listeners import Listeners",
+    }
+    for module, source in allowed.items():
+        assert layer_violations(module, imported(source, module)) == [], module
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each cycle of the module graph (module -> modules it imports), once, as a path."""
+    cycles: list[list[str]] = []
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> None:
+        if node in path:
+            cycle = path[path.index(node) :]
+            if not any(set(cycle) == set(c) for c in cycles):
+                cycles.append([*cycle, node])
+            return
+        if node in done:
+            return
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt, [*path, node])
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node, [])
+    return cycles
+
+
+def _bot_graph() -> dict[str, set[str]]:
+    modules = {_module_of(p).removesuffix(".__init__"): p for p in _sources("bot")}
+    return {m: {n for n in imports(p) if n in modules and n != m} for m, p in modules.items()}
+
+
+def test_no_import_cycles_between_bot_modules() -> None:
+    assert import_cycles(_bot_graph()) == []
+
+
+def test_the_cycle_rule_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(graph) == [["a", "b", "c", "a"]]
+    broken = {**_bot_graph(), "bot.slack.reply": {"bot.turns.follower"}}
+    assert import_cycles(broken), "a reply writer importing a follower would be a cycle"

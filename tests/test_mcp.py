@@ -520,7 +520,7 @@ async def test_mcp_server_time_from_pypi_answers_through_subs_run(vendor, tmp_pa
 async def test_in_slack_a_refused_credential_asks_with_a_retry_button_that_resumes(
     redis, vendor, http_server, tmp_path
 ):
-    from bot.threads.routing import session_id_for
+    from bot.turns.routing import session_id_for
     from tests.bot_helpers import serve_bots
     from tests.engine_helpers import project_toml
 

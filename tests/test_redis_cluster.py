@@ -18,8 +18,8 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
-from bot.threads.checkpoint import Checkpoint
-from bot.threads.store import BUCKETS, Checkpoints, seen_key
+from bot.turns.checkpoint import Checkpoint
+from bot.turns.store import BUCKETS, Checkpoints, seen_key
 from engine.client import Client
 from engine.config import parse_project
 from engine.runtime.engine import Engine
@@ -38,7 +38,7 @@ from tests.redis_cluster import LocalCluster
 
 on_cluster = pytest.mark.parametrize("redis_url", ["cluster"], indirect=True)
 
-SCRIPT_DIRS = ("engine.store", "bot.threads")
+SCRIPT_DIRS = ("engine.store", "bot.turns")
 
 
 def _scripts() -> dict[str, str]:

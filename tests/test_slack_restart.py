@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.threads.store import Checkpoints
+from bot.turns.store import Checkpoints
 from engine.store.store import connect
 from tests.engine_helpers import poll_until
 from tests.fakes.llm_vendor import FakeVendor, Text

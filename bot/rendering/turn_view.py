@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import engine.machine.events as ev
 from bot.rendering.layout import DEFAULT_LIMIT, Line, Rendered, clip, message, message_content
 from bot.rendering.split import close_fence
-from engine.machine import events as ev
 
 _ERROR_LIMIT = 300
 

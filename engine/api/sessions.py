@@ -19,10 +19,9 @@ from engine.api.parsing import (
 )
 from engine.api.state import API, principal_of
 from engine.api.stream import SseStream, read_cut, session_feed
-from engine.client import validate_client_input
+from engine.client import session_view, validate_client_input
 from engine.jsonedge import compact_json
 from engine.machine import SessionState
-from engine.machine.tree import path_to
 from engine.protocol import InterruptPayload, WorkerIdentity
 from engine.store.snapshots import load_state
 
@@ -68,21 +67,7 @@ async def post_input(request: web.Request) -> web.Response:
 
 async def get_session(request: web.Request) -> web.Response:
     state = await _owned_state(request, request.match_info["sid"])
-    view = {
-        "session_id": state.session_id,
-        "agent_id": state.agent_id,
-        "status": state.status,
-        "turn_id": state.turn.id if state.turn else None,
-        "seq": state.seq,
-        "interrupts": list(state.interrupts.values()),
-        "messages": path_to(state.nodes, state.head_id),
-        "message_tree": {
-            "nodes": [
-                {"message": n.message, "parent_id": n.parent_id} for n in state.nodes.values()
-            ],
-            "head_id": state.head_id,
-        },
-    }
+    view = session_view(state)
     return web.json_response(view, dumps=compact_json)
 
 

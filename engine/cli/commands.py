@@ -424,7 +424,7 @@ async def _serve(args: argparse.Namespace) -> int:
     The API answers as soon as the engine runs; Slack connects in the background (with
     retries), so an unreachable Slack never holds up the API or the stop.
     """
-    from bot.slack.app import start_bots  # the Slack stack: only serve needs it
+    from bot.app import start_bots  # the Slack stack: only serve needs it
 
     project = _load(args)
     host = args.host or project.serve.host
@@ -459,7 +459,9 @@ async def _serve(args: argparse.Namespace) -> int:
         store = await Store.open(api_redis)
         client = Client(store)
         # The agents whose Slack tokens are set; a dead serve's turns move after one lease.
-        bots = start_bots(project, client, os.environ, lease_ms=_lease_ms(), owner=engine.owner)
+        bots = start_bots(
+            project, client, api_redis, os.environ, lease_ms=_lease_ms(), owner=engine.owner
+        )
         stack.push_async_callback(bots.aclose)
         app = make_app(
             client,

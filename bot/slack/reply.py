@@ -15,7 +15,7 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
@@ -24,9 +24,8 @@ from bot.rendering.layout import DEFAULT_LIMIT, Rendered
 from bot.rendering.turn_view import TurnView
 from bot.slack.governor import Paced, RateLimited
 from bot.slack.webapi import call, governed, slack_error, thread_messages
-from bot.threads.checkpoint import Checkpoint
 
-__all__ = ["STAMP", "Reply", "stamp", "stamped_parts"]
+__all__ = ["STAMP", "Reply", "ReplyState", "stamp", "stamped_parts"]
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +35,24 @@ START_WAIT = 1.0  # seconds a reply's first text may wait for a stream slot; els
 STARTING = "starting"  # Checkpoint.streaming while chat.startStream is under way
 _TASK_STATUS = {"running": "in_progress", "ok": "complete", "error": "error"}
 
-Save = Callable[[Checkpoint], Awaitable[None]]
+
+class ReplyState(Protocol):
+    """Where a reply goes and what of it landed: the turn's checkpoint (bot/turns/), which
+    this layer writes through and never builds."""
+
+    team: str
+    channel: str
+    thread_ts: str
+    turn_id: str
+    user: str
+    since: str  # ts the turn began at: its messages in the thread come after it
+    bot_id: str  # this app's bot id, to know its own unstamped messages
+    quiet: bool  # no "No reply." message when there is nothing to say
+    posted: dict[str, str]  # reply part -> message ts
+    streaming: str  # ts of a native stream not known to be stopped
+
+
+Save = Callable[[], Awaitable[None]]  # make what `ReplyState` holds durable
 
 
 def stamp(turn_id: str, part: str) -> dict[str, Any]:
@@ -59,7 +75,7 @@ class Reply:
 
     def __init__(
         self,
-        cp: Checkpoint,
+        cp: ReplyState,
         view: TurnView,
         web: AsyncWebClient,
         paced: Paced,
@@ -117,7 +133,7 @@ class Reply:
                 found.setdefault("reply", cp.streaming)
         cp.posted = {**found, **cp.posted}
         self.native = self.native and "reply" not in cp.posted
-        await self._save(cp)
+        await self._save()
 
     async def close_stale_stream(self) -> None:
         """A resumed turn's native stream: stop it (its text is unknown), then edit it whole."""
@@ -135,13 +151,13 @@ class Reply:
         cp = self.cp
         if part in cp.posted:
             return cp.posted[part]
-        await self._save(cp)
+        await self._save()
         args = {"channel": cp.channel, **content, "metadata": stamp(cp.turn_id, part)}
         if thread:
             args["thread_ts"] = cp.thread_ts
         answer = await self._call("chat.postMessage", args)
         cp.posted[part] = str(answer["ts"])
-        await self._save(cp)
+        await self._save()
         return cp.posted[part]
 
     def update(self, ts: str, content: dict[str, Any]) -> asyncio.Future[None]:
@@ -263,7 +279,7 @@ class Reply:
             return False
         governor.record(cp.team, "chat.startStream", slot)  # booked before anything awaits
         cp.streaming = STARTING  # a resumer looks for the message if we die in the call
-        await self._save(cp)
+        await self._save()
         await asyncio.sleep(max(0.0, slot - loop.time()))
         tasks = self._task_chunks()
         args: dict[str, Any] = {
@@ -284,7 +300,7 @@ class Reply:
         self._sent, self._streamed = text, True
         self._sent_tasks(tasks)
         cp.posted["reply"] = cp.streaming = str(answer["ts"])
-        await self._save(cp)
+        await self._save()
         return True
 
     def _task_chunks(self) -> list[dict[str, Any]]:
@@ -370,7 +386,7 @@ class Reply:
             log.info("slack stream %s was over already: %s", ts, slack_error(err))
             stopped = False
         self.cp.streaming = ""
-        await self._save(self.cp)
+        await self._save()
         return stopped
 
     async def _call(self, method: str, args: dict[str, Any]) -> Any:

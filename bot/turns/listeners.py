@@ -2,7 +2,7 @@
 on interrupt prompts.
 
 A mention, a DM, a slash command or a custom button (`channels.slack`) becomes a checkpoint
-the followers record and follow (bot/threads/follower.py): a slash command posts a root
+the followers record and follow (bot/turns/follower.py): a slash command posts a root
 message and runs as a `client.action` in its thread, as a button does in its own. A prompt
 click resumes the interrupt with the option the engine recorded (read from the session
 snapshot, so a click cannot inject a value), then rewrites the prompt to say who answered.
@@ -22,10 +22,10 @@ from slack_bolt.async_app import AsyncBoltContext
 from bot.rendering.prompts import option_of, parse_interrupt_action, prompt_for, resolved_prompt
 from bot.slack.agent_app import Bot
 from bot.slack.webapi import call
-from bot.threads.checkpoint import Checkpoint
-from bot.threads.follower import Followers
-from bot.threads.routing import session_id_for, thread_ts_of, wants_turn
-from bot.threads.store import seen_key
+from bot.turns.checkpoint import Checkpoint
+from bot.turns.follower import Followers
+from bot.turns.routing import session_id_for, thread_ts_of, wants_turn
+from bot.turns.store import seen_key
 from engine.client import ClientError
 
 log = logging.getLogger(__name__)

@@ -2,8 +2,8 @@
 message, and resumed by another follower when this one dies or fails.
 
 Every turn gets a turn id of the bot's choosing and a checkpoint in Redis, written with the
-input's dedupe keys before the input is submitted (bot/threads/checkpoint.py). Its follower
-holds a lease on it, writes the turn into one Slack message (bot/rendering/reply.py) and
+input's dedupe keys before the input is submitted (bot/turns/checkpoint.py). Its follower
+holds a lease on it, writes the turn into one Slack message (bot/slack/reply.py) and
 drops the checkpoint once the reply is whole. Leases are renewed in a loop that also takes
 over turns whose lease lapsed; a turn whose followers keep failing is given up.
 """
@@ -12,24 +12,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
-from bot.rendering.indicator import Indicator
 from bot.rendering.mrkdwn import escape
 from bot.rendering.prompts import prompt_for
-from bot.rendering.reply import Reply, stamped_parts
 from bot.rendering.turn_view import TurnView
 from bot.slack.agent_app import Bot
 from bot.slack.governor import Paced
+from bot.slack.indicator import Indicator
+from bot.slack.reply import Reply, stamped_parts
 from bot.slack.webapi import every_message, governed, thread_messages
-from bot.threads.checkpoint import Checkpoint, LeaseLost
-from bot.threads.routing import missed_messages, strip_mention
-from bot.threads.store import Checkpoints, seen_key
+from bot.turns.checkpoint import Checkpoint, LeaseLost
+from bot.turns.routing import missed_messages, strip_mention
+from bot.turns.store import Checkpoints, seen_key
 from engine.client import Client, ClientError
-from engine.store.snapshots import load_state
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +126,8 @@ class Followers:
         bot = self.bots[cp.agent]
         console = self.console(cp.session_id) if self.console else None
         view = TurnView(cp.turn_id, console=console)
-        reply = Reply(cp, view, bot.web, self.paced, self.checkpoints.save, native=bot.native)
+        save = functools.partial(self.checkpoints.save, cp)
+        reply = Reply(cp, view, bot.web, self.paced, save, native=bot.native)
         working: Indicator | None = None
         try:
             if not cp.thread_ts:
@@ -279,7 +280,8 @@ class Followers:
         """Say so where the reply was going (best effort: that is what kept failing), then
         forget the turn."""
         bot = self.bots[cp.agent]
-        reply = Reply(cp, TurnView(cp.turn_id), bot.web, self.paced, self.checkpoints.save)
+        save = functools.partial(self.checkpoints.save, cp)
+        reply = Reply(cp, TurnView(cp.turn_id), bot.web, self.paced, save)
         try:
             await reply.give_up(GAVE_UP)
         except Exception as err:
@@ -304,8 +306,8 @@ class Followers:
 
     async def open_interrupts(self, sid: str) -> dict[str, dict[str, Any]]:
         """The session's open interrupts as the engine recorded them, by id."""
-        state = await load_state(self.client.store, sid)
-        return dict(state.interrupts) if state else {}
+        view = await self.client.session(sid)
+        return {i["interrupt_id"]: i for i in view["interrupts"]} if view else {}
 
     async def tell(self, bot: Bot, team: str, ephemeral: dict[str, Any]) -> None:
         """A message only its user sees: why their input started nothing."""

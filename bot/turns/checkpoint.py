@@ -20,7 +20,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from bot.threads.routing import session_id_for
+from bot.turns.routing import session_id_for
 from engine.errors import SubsError
 
 __all__ = ["Checkpoint", "LeaseLost"]

@@ -1,7 +1,7 @@
 """The bot's own state in Redis: the open turns' checkpoints and their followers' leases.
 
 The bot's store module, as `engine/store/store.py` is the engine's: nothing else in `bot/` talks
-to Redis. What a checkpoint is and why it is fenced: `bot/threads/checkpoint.py`.
+to Redis. What a checkpoint is and why it is fenced: `bot/turns/checkpoint.py`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import zlib
 
-from bot.threads.checkpoint import Checkpoint, LeaseLost
+from bot.turns.checkpoint import Checkpoint, LeaseLost
 from engine.store.store import RedisClient, lua_script
 
 __all__ = ["BUCKETS", "LEGACY_TURNS", "Checkpoints", "checkpoint_keys", "seen_key", "turns_key"]

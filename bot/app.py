@@ -1,12 +1,16 @@
-"""The Slack bot's wiring: one Bolt app per agent, over Socket Mode or the HTTP Events API.
+"""The Slack bot's composition: every agent's Slack app wired to the turn machinery.
 
 SPEC §14. `start_bots` builds a `Bots` for every agent with a `[agent.<id>.slack]` block whose
 bot token is in the environment, with either an app token (Socket Mode: no public URL needed;
 `Bots.start()` connects) or a signing secret (`Bots.routes()` serves it at
 `POST /slack/<agent>/events` on any aiohttp app; `subs serve` shares its own;
 bot/slack/intake.py checks Slack's signature before anything reads the body). Bolt acks; the
-turn runs in a task of ours afterwards, so Slack never waits on it. What each input does:
-bot/slack/listeners.py; how its turn is followed and resumed: bot/threads/follower.py.
+turn runs in a task of ours afterwards, so Slack never waits on it.
+
+The layers it joins: `bot/rendering/` (pure: what a turn looks like in Slack), `bot/slack/`
+(Slack I/O: Bolt apps, paced Web API calls, the reply writers) and `bot/turns/` (following
+turns: what each input does, the followers and their checkpoints), which reaches the engine
+only through its client.
 """
 
 from __future__ import annotations
@@ -18,31 +22,25 @@ import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
-from slack_bolt.async_app import AsyncApp, AsyncBoltContext
+from slack_bolt.async_app import AsyncBoltContext
 from slack_bolt.context.ack.async_ack import AsyncAck
-from slack_sdk.errors import SlackClientError
-from slack_sdk.signature import SignatureVerifier
-from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.rendering.prompts import ACTION_PREFIX
-from bot.slack.agent_app import Bot
+from bot.slack.agent_app import Bot, connect_socket_mode, new_bot, socket_mode
 from bot.slack.governor import Paced, RateGovernor
 from bot.slack.intake import events_handler
-from bot.slack.listeners import Listeners
-from bot.threads.follower import LEASE_MS, RETRY_SECONDS, Followers
-from bot.threads.store import Checkpoints
+from bot.turns.follower import LEASE_MS, RETRY_SECONDS, Followers
+from bot.turns.listeners import Listeners
+from bot.turns.store import Checkpoints
 from engine.client import Client
 from engine.config import Project, slack_env_suffix
-from engine.errors import describe
+from engine.store.store import RedisClient
 
 __all__ = ["Bot", "Bots", "start_bots"]
 
 log = logging.getLogger(__name__)
-CONNECT_RETRY_FIRST = 1.0  # seconds before the second Socket Mode try; doubles up to the max
-CONNECT_RETRY_MAX = 30.0
 
 
 class Bots:
@@ -51,6 +49,7 @@ class Bots:
     def __init__(
         self,
         client: Client,
+        redis: RedisClient,
         governor: RateGovernor | None = None,
         *,
         owner: str | None = None,
@@ -58,11 +57,10 @@ class Bots:
         retry_s: float = RETRY_SECONDS,
         console: Callable[[str], str] | None = None,
     ) -> None:
-        """`console` gives a session's console page, linked from failed turns' messages."""
+        """`redis` keeps the bot's checkpoints (bot/turns/store.py); `console` gives a
+        session's console page, linked from failed turns' messages."""
         self.paced = Paced(governor or RateGovernor(), _send)
-        checkpoints = Checkpoints(
-            client.store.redis, owner or f"bot-{secrets.token_hex(6)}", lease_ms
-        )
+        checkpoints = Checkpoints(redis, owner or f"bot-{secrets.token_hex(6)}", lease_ms)
         self.bots: dict[str, Bot] = {}
         self.followers = Followers(
             client, self.paced, checkpoints, self.bots, retry_s, console=console
@@ -83,25 +81,11 @@ class Bots:
         app_token: str | None = None,
         stream: str = "edit",
     ) -> None:
-        """One agent's app: Socket Mode with `app_token`, else HTTP with `signing_secret`."""
-        # No SDK retries: a post resent after a dropped connection could show twice; a failed
-        # call fails the follower, and its successor looks for what landed (the stamps).
-        web_client = AsyncWebClient(
-            token=token, base_url=api_url or AsyncWebClient.BASE_URL, retry_handlers=[]
+        """One agent's app, its inputs handed to the listeners."""
+        bot = new_bot(
+            agent, answers, token, signing_secret, api_url, app_token=app_token, stream=stream
         )
-        app = AsyncApp(
-            client=web_client,
-            signing_secret=signing_secret or "",
-            request_verification_enabled=app_token is None,  # Socket Mode has no signatures
-            # Ack after the listener: an event is acked once its turn is recorded in Redis,
-            # so a crash before that leaves it unacked, and Slack delivers it again.
-            process_before_response=True,
-        )
-        http = app_token is None and signing_secret
-        verifier = SignatureVerifier(signing_secret) if http and signing_secret else None
-        bot = Bot(
-            agent, answers, app, web_client, app_token, native=stream == "native", verifier=verifier
-        )
+        app = bot.app
 
         async def on_event(body: dict[str, Any], context: AsyncBoltContext) -> None:
             await self.listeners.event(bot, body, context)
@@ -149,9 +133,9 @@ class Bots:
         for bot in self.bots.values():
             if bot.app_token is None:
                 continue
-            handler = AsyncSocketModeHandler(bot.app, bot.app_token, web_client=bot.web)
+            handler = socket_mode(bot)
             self._sockets.append(handler)
-            connect = self._connect(bot, bot.app_token, handler)
+            connect = connect_socket_mode(bot, handler)
             task = asyncio.create_task(connect, name=f"slack-{bot.agent}")
             self._connecting.append(task)
         if self.bots:
@@ -160,33 +144,6 @@ class Bots:
     async def connected(self) -> None:
         """Wait until every Socket Mode bot has connected."""
         await asyncio.gather(*self._connecting)
-
-    async def _connect(self, bot: Bot, app_token: str, handler: AsyncSocketModeHandler) -> None:
-        """Open the bot's Socket Mode URL until Slack gives one, one log line a try.
-
-        Asked here rather than by the SDK, which retries forever, logging a traceback
-        each time; once Slack answers, the SDK connects to the URL and keeps it up.
-        """
-        delay = CONNECT_RETRY_FIRST
-        while True:
-            try:
-                opened = await bot.web.apps_connections_open(app_token=app_token)
-                handler.client.wss_uri = opened["url"]
-                await handler.connect_async()
-            except (SlackClientError, aiohttp.ClientError, OSError, TimeoutError) as err:
-                log.warning(
-                    "slack: agent %s: cannot connect Socket Mode (%s); retrying in %g s",
-                    bot.agent,
-                    describe(err),
-                    delay,
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, CONNECT_RETRY_MAX)
-                continue
-            # Said as loudly as the failures were, so whoever saw those sees this.
-            level = logging.INFO if delay == CONNECT_RETRY_FIRST else logging.WARNING
-            log.log(level, "slack: agent %s: connected (Socket Mode)", bot.agent)
-            return
 
     async def idle(self) -> None:
         """Wait until every turn started or resumed so far (and since) has ended."""
@@ -215,6 +172,7 @@ async def _send(team: str, method: str, send: Callable[[], Awaitable[Any]]) -> N
 def start_bots(
     project: Project,
     client: Client,
+    redis: RedisClient,
     env: Mapping[str, str],
     api_url: str | None = None,
     *,
@@ -231,7 +189,9 @@ def start_bots(
     address only this machine reaches would be a dead link in Slack).
     """
     console = project.serve.console_url if project.serve.public_url else None
-    bots = Bots(client, governor, lease_ms=lease_ms, owner=owner, retry_s=retry_s, console=console)
+    bots = Bots(
+        client, redis, governor, lease_ms=lease_ms, owner=owner, retry_s=retry_s, console=console
+    )
     api_url = api_url or env.get("SLACK_API_URL") or None
     for agent in project.agents.values():
         if agent.slack is None:
