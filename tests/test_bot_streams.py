@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from bot.slack.reply import STAMP, stamp
+from bot.slack.parts import STAMP, stamp
 from bot.turns.checkpoint import Checkpoint, LeaseLost
 from bot.turns.follower import BUSY, GAVE_UP, MAX_FAILURES
 from bot.turns.routing import session_id_for

@@ -24,7 +24,8 @@ from bot.rendering.turn_view import TurnView
 from bot.slack.agent_app import Bot
 from bot.slack.governor import Paced
 from bot.slack.indicator import Indicator
-from bot.slack.reply import Reply, stamped_parts
+from bot.slack.parts import stamped_parts
+from bot.slack.reply import Reply
 from bot.slack.webapi import every_message, governed, thread_messages
 from bot.turns.checkpoint import Checkpoint, LeaseLost
 from bot.turns.routing import missed_messages, strip_mention
