@@ -40,6 +40,11 @@ PURE_OUTSIDE = {"engine.errors"}
 # check its settings (embedded.py, durability.py).
 STORE_MODULES = {
     "engine/store/store.py",
+    "engine/store/connection.py",
+    "engine/store/keys.py",
+    "engine/store/log.py",
+    "engine/store/streams.py",
+    "engine/store/work.py",
     "engine/store/embedded.py",
     "engine/store/durability.py",
     "bot/turns/store.py",
