@@ -123,7 +123,7 @@ class StoreConfig:
 class LlmBlock:
     id: str
     type: str  # anthropic | openai | openrouter | worker
-    api_key_env: str | None  # None for worker
+    api_key_env: str | None  # None for worker, and for a server that takes no key (auth = "none")
     base_url: str | None  # None for worker
     format: str | None  # worker only: openai | anthropic | None (neutral)
 
@@ -285,6 +285,8 @@ class Project:
             users = [a.id for a in self.agents.values() if a.llm == block.id]
             if block.api_key_env and users:
                 why = f"{block.type} API key, used by {', '.join(users)}"
+                if block.base_url != LLM_DEFAULTS[block.type][1]:
+                    why += '; a server of your own that takes no key: auth = "none"'
                 need(block.api_key_env, f"llm.{block.id}", why)
         for agent in self.agents.values():
             if agent.signing_secret_env:
@@ -415,6 +417,7 @@ class _Store(_Model):
 
 class _Llm(_Model):
     type: Literal["anthropic", "openai", "openrouter", "worker"]
+    auth: Literal["key", "none"] = "key"  # "none": a server of your own that takes no key
     api_key_env: EnvName | None = None
     base_url: HttpUrl | None = None
     format: Literal["openai", "anthropic"] | None = None
@@ -731,8 +734,8 @@ def _check(root: _Root, file: str) -> None:
     """The rules that span keys (pydantic has checked each key alone)."""
     for lid, block in root.llm.items():
         if block.type == "worker":
-            for key in ("api_key_env", "base_url"):
-                if getattr(block, key) is not None:
+            for key in ("auth", "api_key_env", "base_url"):
+                if key in block.model_fields_set:
                     raise ConfigError(
                         file,
                         f"llm.{lid}.{key}",
@@ -740,6 +743,17 @@ def _check(root: _Root, file: str) -> None:
                     )
         elif block.format is not None:
             raise ConfigError(file, f"llm.{lid}.format", 'only allowed with type = "worker"')
+        elif block.auth == "none" and block.api_key_env is not None:
+            raise ConfigError(
+                file, f"llm.{lid}.api_key_env", 'not allowed with auth = "none": no key is sent'
+            )
+        elif block.auth == "none" and block.base_url is None:
+            raise ConfigError(
+                file,
+                f"llm.{lid}.base_url",
+                f'required with auth = "none": the {block.type} API itself takes a key, '
+                "so name the server that needs none",
+            )
     for mid, conn in root.mcp.items():
         _check_mcp(file, mid, conn)
     for aid, agent in root.agent.items():
@@ -870,7 +884,9 @@ def _build(root: _Root, path: str) -> Project:
         lid: LlmBlock(
             id=lid,
             type=b.type,
-            api_key_env=b.api_key_env or LLM_DEFAULTS.get(b.type, (None, None))[0],
+            api_key_env=None
+            if b.auth == "none"
+            else b.api_key_env or LLM_DEFAULTS.get(b.type, (None, None))[0],
             base_url=b.base_url or LLM_DEFAULTS.get(b.type, (None, None))[1],
             format=b.format,
         )

@@ -9,7 +9,6 @@ import asyncio
 import json
 import os
 import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from tests.agui_helpers import run_path
 from tests.api_helpers import ROOT
 from tests.engine_helpers import payloads
 from tests.fakes.llm_vendor import Text, ToolCalls
+from tests.npm_helpers import npm_install
 
 PACKAGES = ("@ag-ui/client@1.0.0", "@ag-ui/core@1.0.0")
 SCRIPT = Path(__file__).with_name("agui_client.cjs")
@@ -40,22 +40,15 @@ def node_exe() -> str:
 @pytest.fixture(scope="module")
 def node_modules(node_exe: str) -> Path:
     """`@ag-ui/client` installed with npm once per version into a folder kept between
-    runs; no npm on the machine skips (saying so), a failed install fails."""
+    runs; no npm on the machine, or no registry in reach, skips (saying so), a failed
+    install fails."""
     npm = shutil.which("npm")
     if npm is None:
         pytest.skip("npm is needed to install @ag-ui/client (not on PATH)")
     folder = Path(tempfile.gettempdir()) / "subs-tests-agui-client-1.0.0"
     modules = folder / "node_modules"
     if not (modules / "@ag-ui" / "client" / "package.json").exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(
-            [npm, "install", "--no-audit", "--no-fund", "--prefix", str(folder), *PACKAGES],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if done.returncode != 0:
-            pytest.fail(f"npm install {' '.join(PACKAGES)} failed:\n{done.stderr[-2000:]}")
+        npm_install(npm, folder, *PACKAGES)
     return modules
 
 

@@ -135,6 +135,25 @@ BROKEN = [
         "the worker makes the call",
     ),
     (
+        "auth on worker",
+        '[llm.byo]\ntype = "worker"\nauth = "none"\n',
+        "llm.byo.auth",
+        "the worker makes the call",
+    ),
+    ("llm bad auth", LLM + 'auth = "token"\n', "llm.openrouter.auth", "must be one of"),
+    (
+        "auth none with a key variable",
+        LLM + 'auth = "none"\nbase_url = "http://localhost:11434/v1"\napi_key_env = "K"\n',
+        "llm.openrouter.api_key_env",
+        'not allowed with auth = "none"',
+    ),
+    (
+        "auth none at the vendor's own URL",
+        '[llm.o]\ntype = "openai"\nauth = "none"\n',
+        "llm.o.base_url",
+        'required with auth = "none": the openai API itself takes a key',
+    ),
+    (
         "bad base_url",
         LLM + 'base_url = "openrouter.ai"\n',
         "llm.openrouter.base_url",
@@ -560,6 +579,24 @@ def test_store_settings(tmp_path: Path):
     store = load(tmp_path, text).store
     assert (store.fsync, store.wait_replicas, store.wait_timeout_ms) == ("everysec", 2, 250)
     assert store.partitions == 48
+
+
+def test_a_server_that_takes_no_key_needs_no_variable(tmp_path: Path):
+    text = (
+        '[llm.local]\ntype = "openai"\nbase_url = "http://localhost:11434/v1"\nauth = "none"\n'
+        '[llm.proxy]\ntype = "openai"\nbase_url = "http://localhost:4000"\n'
+        '[agent.a]\nllm = "local"\nmodel = "m"\n[agent.b]\nllm = "proxy"\nmodel = "m"\n'
+    )
+    project = load(tmp_path, text)
+    assert project.llm["local"].api_key_env is None
+    # A server of your own that does take a key: the hint names the way out.
+    assert project.missing_env({}) == [
+        MissingEnv(
+            "OPENAI_API_KEY",
+            "llm.proxy",
+            'openai API key, used by b; a server of your own that takes no key: auth = "none"',
+        )
+    ]
 
 
 def test_explicit_llm_settings_win(tmp_path: Path):

@@ -1,9 +1,11 @@
 """The example workers of docs/workers.md, run as a reader would run them.
 
-docs/examples/worker.py (with this interpreter) and docs/examples/worker.mjs (with `node`)
-each serve one real turn of a real `subs serve`: the model (the only fake part) calls the
-worker tool `runbook`, the worker answers it, the model answers. Each must refuse a request
-that is not signed with the agent's secret. worker.ts is not run (Node 20 runs no
+The commands in docs/workers.md are run as they are written, from the repository's root:
+docs/examples/worker.py and docs/examples/worker.mjs each serve one real turn of a real
+`subs serve` on docs/examples/worker.toml (the file the page shows), sent by the page's
+`subs run`: the model (the only fake part) calls the worker tool `runbook`, the worker
+answers it, the model answers. Each must refuse a request that is not signed with the
+agent's secret, and stop quietly on Ctrl-C. worker.ts is not run (Node 20 runs no
 TypeScript); `test_worker_ts_is_worker_mjs_with_types` holds it to its JavaScript twin.
 """
 
@@ -11,84 +13,107 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
-import shutil
+import shlex
+import signal
 import sys
-import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from engine.cli.remote import HttpClient
+from engine.config import load_project
 from engine.effects.delivery import sign
 from tests.engine_helpers import ROOT, EngineProcess
 from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
 from tests.workers import RESPONSE_SCHEMA, schema_errors
 
 EXAMPLES = ROOT / "docs" / "examples"
+WORKERS_MD = ROOT / "docs" / "workers.md"
 SECRET = "example-worker-secret"
 RUNBOOK = "kubectl rollout restart deploy/checkout"  # what the examples' runbook says
+EXAMPLE_WORKER_URL = "http://127.0.0.1:8787/"  # where worker.toml sends the requests
 
 
-def worker_command(kind: str) -> list[str]:
-    if kind == "python":
-        return [sys.executable, str(EXAMPLES / "worker.py")]
-    node = shutil.which("node")
-    assert node is not None, "node is not on PATH: the JavaScript example cannot run"
-    return [node, str(EXAMPLES / "worker.mjs")]
+def page_commands() -> dict[str, str]:
+    """The commands docs/workers.md gives: each example's (by file name), `serve`, `run`."""
+    text = WORKERS_MD.read_text()
+    found = dict(re.findall(r"^\| \[`examples/(worker\.\w+)`\].*\| `([^`]+)` \|$", text, re.M))
+    for block in re.findall(r"^```sh\n(.*?)\n```", text, re.M | re.S):
+        words = block.split()
+        subcommand = next(words[i + 1] for i, w in enumerate(words) if w.endswith("bin/subs"))
+        found[subcommand] = block
+    return found
 
 
-@pytest.fixture
-async def example_worker(request: pytest.FixtureRequest) -> AsyncIterator[str]:
-    """The example worker of the kind the test names, on a port of its own; yields its URL."""
+def as_written(command: str) -> tuple[dict[str, str], list[str]]:
+    """A command of the page as a shell runs it from the repository's root: its leading
+    `VAR=value` words (`...`, the page's placeholder, as the test's secret) and its argv.
+    The page's `.venv/bin/` is the README's venv; a suite run from another one uses its own."""
+    words = shlex.split(command)
+    env = {}
+    while "=" in words[0] and re.fullmatch(r"[A-Z_][A-Z0-9_]*", words[0].split("=")[0]):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = SECRET if value == "..." else value
+    if words[0].startswith(".venv/bin/") and not (ROOT / words[0]).exists():
+        words[0] = str(Path(sys.executable).parent / words[0].removeprefix(".venv/bin/"))
+    return env, words
+
+
+async def start_example(kind: str) -> tuple[asyncio.subprocess.Process, str]:
+    """The page's command for the example worker of `kind` on a port of its own, in a
+    process group of its own (as a terminal runs it); returns it and its URL."""
+    env, argv = as_written(page_commands()[kind])
+    assert env.keys() == {"ONCALL_WORKER_SECRET"}, env
     proc = await asyncio.create_subprocess_exec(
-        *worker_command(request.param),
-        env={"PATH": "/usr/bin:/bin", "ONCALL_WORKER_SECRET": SECRET, "PORT": "0"},
+        *argv,
+        cwd=ROOT,
+        env={"PATH": os.environ["PATH"], **env, "PORT": "0"},
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
+        start_new_session=True,
     )
+    assert proc.stdout is not None and proc.stderr is not None
     try:
-        assert proc.stdout is not None and proc.stderr is not None
         async with asyncio.timeout(20):
             line = (await proc.stdout.readline()).decode()
         match = re.search(r"listening on (http://\S+)", line)
         assert match, f"the worker did not say where it listens: {line!r}" + (
             (await proc.stderr.read()).decode() if proc.returncode is not None else ""
         )
-        yield match.group(1)
-    finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                async with asyncio.timeout(10):
-                    await proc.wait()
-            except TimeoutError:
-                proc.kill()
+    except BaseException:
+        await stop(proc)
+        raise
+    return proc, match.group(1)
+
+
+async def stop(proc: asyncio.subprocess.Process) -> None:
+    if proc.returncode is None:
+        proc.terminate()
+        try:
+            async with asyncio.timeout(10):
                 await proc.wait()
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
 
 
-def worker_toml(vendor_url: str, worker_url: str) -> str:
-    """docs/workers.md's agent: engine-run model calls, the worker decides and runs `runbook`."""
-    return textwrap.dedent(
-        f"""\
-        [llm.openrouter]
-        type = "openai"
-        base_url = "{vendor_url}/v1"
-
-        [agent.oncall]
-        llm = "openrouter"
-        model = "anthropic/claude-sonnet-4-5"
-        system = "You are the on-call assistant."
-        worker = "{worker_url}"
-        signing_secret_env = "ONCALL_WORKER_SECRET"
-        tools = [{{ name = "runbook", description = "The runbook of a service", input = {{ type = "object", properties = {{ service = {{ type = "string" }} }}, required = ["service"] }} }}]
-        """  # noqa: E501
-    )
+@pytest.fixture
+async def example_worker(request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """The example worker the test names, started as the page says; yields its URL."""
+    proc, url = await start_example(request.param)
+    try:
+        yield url
+    finally:
+        await stop(proc)
 
 
-@pytest.mark.parametrize("example_worker", ["python", "node"], indirect=True)
+EXAMPLES_RUN = pytest.mark.parametrize("example_worker", ["worker.py", "worker.mjs"], indirect=True)
+
+
+@EXAMPLES_RUN
 async def test_the_example_worker_serves_a_turn(
     example_worker: str, tmp_path: Path, redis_url: str
 ) -> None:
@@ -97,38 +122,70 @@ async def test_the_example_worker_serves_a_turn(
         for headers in ({}, {"X-Substructure-Signature": sign("another-secret", body)}):
             async with http.post(example_worker, data=body, headers=headers) as response:
                 assert response.status == 401, await response.text()
+    commands = page_commands()
+    serve_env, serve_argv = as_written(commands["serve"])
+    config = ROOT / serve_argv[serve_argv.index("-c") + 1]
+    # The page's serve command sets exactly what the file needs (what `subs check` lists).
+    assert serve_env.keys() == {m.var for m in load_project(config, env={}).missing_env({})}
     async with FakeVendor() as vendor:
         vendor.push(
             ToolCalls([("runbook", {"service": "checkout"})]),
             Text("Restart checkout with a rollout restart."),
         )
-        config = tmp_path / "subs.toml"
-        config.write_text(worker_toml(vendor.url, example_worker))
-        serve = await EngineProcess(config, redis_url, {"ONCALL_WORKER_SECRET": SECRET}).start()
-        client = HttpClient(serve.api)
+        text = config.read_text().replace(EXAMPLE_WORKER_URL, example_worker)
+        text = text.replace(
+            'type = "openrouter"', f'type = "openrouter"\nbase_url = "{vendor.openrouter_base()}"'
+        )
+        assert example_worker in text and vendor.openrouter_base() in text
+        (tmp_path / "subs.toml").write_text(text)
+        serve = await EngineProcess(tmp_path / "subs.toml", redis_url, serve_env).start()
         try:
-            message = {"role": "user", "content": "Checkout is paging."}
-            reply = await client.submit(
-                {"type": "client.message", "agent_id": "oncall", "message": message}
+            env, argv = as_written(commands["run"].replace("http://127.0.0.1:8080", serve.api))
+            assert serve.api in argv
+            run = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=ROOT,
+                env={**os.environ, **env},
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
             )
-            sid, turn_id = reply["session_id"], reply["turn_id"]
-            async with asyncio.timeout(30):
-                events = [
-                    item
-                    async for kind, item in client.follow(sid, turn_id=turn_id)
-                    if kind == "event"
-                ]
+            async with asyncio.timeout(60):
+                out, err = await run.communicate()
         finally:
-            await client.aclose()
             await serve.stop()
-        kinds = [e["payload"]["type"] for e in events]
+        assert run.returncode == 0, f"{err.decode()}\n{serve.log_tail()}"
+        events = [json.loads(line) for line in out.decode().splitlines()]
+        kinds = [e["payload"]["type"] for e in events if "payload" in e]
         assert kinds[-1] == "turn.completed", f"{kinds}\n{serve.log_tail()}"
         assert "decision.errored" not in kinds, serve.log_tail()
-        [done] = [e["payload"] for e in events if e["payload"]["type"] == "tool.call.completed"]
+        [done] = [
+            e["payload"]
+            for e in events
+            if e.get("payload", {}).get("type") == "tool.call.completed"
+        ]
         assert RUNBOOK in json.dumps(done["result"])
         assert RUNBOOK in json.dumps(vendor.requests[1].body["messages"][-1])
-        decisions = [e for e in events if e["payload"]["type"] == "decision.completed"]
-        assert decisions, "the worker decided nothing"
+        assert "decision.completed" in kinds, "the worker decided nothing"
+
+
+@pytest.mark.parametrize("kind", ["worker.py", "worker.mjs"])
+async def test_ctrl_c_stops_the_example_worker_quietly(kind: str) -> None:
+    proc, _ = await start_example(kind)
+    try:
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends
+        async with asyncio.timeout(10):
+            _, err = await proc.communicate()
+    finally:
+        await stop(proc)
+    # 0, or ended by the signal itself (a shell says 130), as `node` is by default
+    assert proc.returncode in (0, 130, -signal.SIGINT), (proc.returncode, err.decode())
+    assert err.decode() == "", f"{kind} wrote on Ctrl-C:\n{err.decode()}"
+
+
+def test_the_page_shows_the_example_config_whole() -> None:
+    """The TOML of "Set one up" is docs/examples/worker.toml, the file the commands use."""
+    [shown] = re.findall(r"^```toml\n(.*?)^```", WORKERS_MD.read_text(), re.M | re.S)
+    assert shown == (EXAMPLES / "worker.toml").read_text()
 
 
 def test_the_answers_shown_in_workers_md_are_valid_decision_responses() -> None:

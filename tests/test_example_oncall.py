@@ -27,6 +27,7 @@ from tests.engine_helpers import (
     wait_for_event,
 )
 from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
+from tests.npm_helpers import npm_install
 
 FILESYSTEM = "@modelcontextprotocol/server-filesystem@2026.8.31"
 
@@ -56,21 +57,14 @@ def git_repo(path: Path) -> Path:
     return path
 
 
-def npm_install(folder: Path) -> None:
+def install_filesystem_server(folder: Path) -> None:
     """The filesystem server, installed where npx finds it without the registry."""
-    if shutil.which("npm") is None:
+    npm = shutil.which("npm")
+    if npm is None:
         pytest.fail(
             "npm is needed for the filesystem MCP server (Node.js 20: apt install nodejs npm)"
         )
-    done = subprocess.run(
-        ["npm", "install", "--silent", "--no-audit", "--no-fund", FILESYSTEM],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert done.returncode == 0, f"npm install {FILESYSTEM} failed: {done.stderr[-2000:]}"
+    npm_install(npm, folder, FILESYSTEM, timeout=240)
 
 
 async def test_the_example_agent_reads_a_runbook_and_recent_changes(
@@ -78,7 +72,7 @@ async def test_the_example_agent_reads_a_runbook_and_recent_changes(
 ):
     (tmp_path / "project").mkdir()
     config = example(tmp_path / "project", vendor)
-    await asyncio.to_thread(npm_install, config.parent)
+    await asyncio.to_thread(install_filesystem_server, config.parent)
     repo = git_repo(tmp_path / "app")
     # mcp-server-git is a test dependency, next to this Python
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")

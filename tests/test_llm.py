@@ -396,6 +396,19 @@ async def test_missing_key_sends_nothing(vendor, http, kind, key):
 
 
 @each_vendor
+@both
+async def test_a_server_that_takes_no_key_gets_none(vendor, http, kind, stream):
+    vendor.push(Text("Hello from a local model."))
+    local = dataclasses.replace(target(vendor, kind, None), api_key_env=None)
+    response = await complete(http, local, ask(), stream=stream)
+    assert response["content"] == "Hello from a local model."
+    [sent] = vendor.requests
+    assert not {"authorization", "x-api-key"} & sent.headers.keys(), sent.headers
+    if kind == "anthropic":
+        assert sent.headers["anthropic-version"]
+
+
+@each_vendor
 async def test_connection_refused_is_retryable(http, kind):
     async with FakeVendor() as gone:
         where = dataclasses.replace(target(gone, kind), block="mine")

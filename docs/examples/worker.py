@@ -1,18 +1,11 @@
 """A minimal subs worker in Python (aiohttp): it checks each request's signature, runs the
 agent's one worker tool (`runbook`) and accepts the engine's plan for everything else.
+From the repository's root, with the project installed in .venv (README, Run it):
 
-    ONCALL_WORKER_SECRET=... python docs/examples/worker.py    # PORT=8787 by default
+    ONCALL_WORKER_SECRET=... .venv/bin/python docs/examples/worker.py    # PORT=8787 by default
 
-and in subs.toml:
-
-    [agent.oncall]
-    worker = "http://127.0.0.1:8787/"
-    signing_secret_env = "ONCALL_WORKER_SECRET"
-    tools = [{ name = "runbook", description = "The runbook of a service",
-               input = { type = "object", properties = { service = { type = "string" } },
-                         required = ["service"] } }]
-
-See docs/workers.md for what each trigger expects back.
+Its subs.toml is worker.toml beside it. Ctrl-C or SIGTERM stops it. See docs/workers.md for
+what each trigger expects back.
 """
 
 from __future__ import annotations
@@ -22,6 +15,7 @@ import hashlib
 import hmac
 import json
 import os
+import signal
 from typing import Any
 
 from aiohttp import web
@@ -60,6 +54,9 @@ async def decide(request: web.Request) -> web.Response:
 
 
 async def main() -> None:
+    stop = asyncio.Event()  # set by Ctrl-C or SIGTERM: the server closes, the process exits 0
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
     app = web.Application()
     app.router.add_post("/", decide)
     runner = web.AppRunner(app)
@@ -69,7 +66,7 @@ async def main() -> None:
     host, port = runner.addresses[0][:2]
     print(f"worker listening on http://{host}:{port}/", flush=True)
     try:
-        await asyncio.Event().wait()  # until Ctrl-C or SIGTERM
+        await stop.wait()
     finally:
         await runner.cleanup()
 

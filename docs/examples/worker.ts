@@ -5,7 +5,7 @@
 //
 //   ONCALL_WORKER_SECRET=... node docs/examples/worker.mjs    # PORT=8787 by default
 //
-// subs.toml and the triggers: see worker.py and docs/workers.md.
+// Its subs.toml is worker.toml beside it; the triggers: docs/workers.md.
 import { createServer } from "node:http";
 import { createHmac, timingSafeEqual } from "node:crypto";
 import type { IncomingMessage, ServerResponse } from "node:http";

@@ -261,11 +261,11 @@ class EffectRunner:
                 code=Fault.UNROUTABLE.code,
                 retryable=Fault.UNROUTABLE.retryable,
             )
-        assert block.base_url is not None and block.api_key_env is not None
+        assert block.base_url is not None
         return LlmTarget(
             type=block.type,
             base_url=block.base_url,
-            api_key=self.env.get(block.api_key_env) or None,
+            api_key=(self.env.get(block.api_key_env) or None) if block.api_key_env else None,
             api_key_env=block.api_key_env,
             block=block.id,
         )

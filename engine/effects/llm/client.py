@@ -38,14 +38,15 @@ class LlmTarget:
         base_url: e.g. https://api.openai.com/v1, https://openrouter.ai/api/v1,
             https://api.anthropic.com.
         api_key: the key, resolved by the caller from the environment.
-        api_key_env: the variable's name, for the error when the key is missing.
+        api_key_env: the variable's name, for the error when the key is missing; None for
+            a server that takes no key (`auth = "none"`): the call is sent without one.
         block: the `[llm.<id>]` block's id, named in connection errors with the URL.
     """
 
     type: str
     base_url: str
     api_key: str | None
-    api_key_env: str
+    api_key_env: str | None
     block: str = ""
 
 
@@ -65,11 +66,16 @@ class _Adapter:
     parse: Callable[[Any], dict[str, Any]]
     accumulator: Callable[[], _Accumulator]
     parse_error: Callable[[int, Mapping[str, str], bytes], ProviderError]
-    auth: Callable[[str], dict[str, str]]
+    auth: Callable[[str | None], dict[str, str]]  # the headers for a key (None: no key)
 
 
-def _bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
+def _bearer(key: str | None) -> dict[str, str]:
+    return {} if key is None else {"Authorization": f"Bearer {key}"}
+
+
+def _anthropic_auth(key: str | None) -> dict[str, str]:
+    version = {"anthropic-version": ANTHROPIC_VERSION}
+    return version if key is None else {"x-api-key": key, **version}
 
 
 def _openai_shaped(provider: str) -> _Adapter:
@@ -98,7 +104,7 @@ _ADAPTERS = {
         parse=anthropic.parse_response,
         accumulator=anthropic.StreamAccumulator,
         parse_error=anthropic.parse_error,
-        auth=lambda key: {"x-api-key": key, "anthropic-version": ANTHROPIC_VERSION},
+        auth=_anthropic_auth,
     ),
 }
 
@@ -131,15 +137,16 @@ async def complete(
 
     Raises:
         ProviderError: for every failure; `retryable` says whether to try again.
-            A missing key fails before any request is sent.
+            A missing key fails before any request is sent (unless the target takes none).
     """
     adapter = _ADAPTERS.get(target.type)
     if adapter is None:
         raise ProviderError(f"Unknown LLM type {target.type!r}.", param="type")
-    if not target.api_key:
+    if target.api_key_env is not None and not target.api_key:
         raise ProviderError(f"{target.api_key_env} is not set.", param=target.api_key_env)
     url = target.base_url.rstrip("/") + adapter.path
-    headers = {"Content-Type": "application/json", **adapter.auth(target.api_key)}
+    key = None if target.api_key_env is None else target.api_key
+    headers = {"Content-Type": "application/json", **adapter.auth(key)}
     if kept is None:
         body = compact_json(adapter.build(request, stream=stream)).encode()
     else:
