@@ -6,7 +6,9 @@ input against the tool's schema, sends `tools/call` under the attempt's deadline
 answers the result as the log keeps tool results (machine/tools.py): content blocks a
 worker can read (text, blob, link; images and audio as `data:` URIs),
 `structuredContent` and `isError`. A down, slow or garbled server is a retryable
-failed attempt; a refused credential is not retryable and names the connection.
+failed attempt; a refused credential is not retryable and names the connection. A
+connection that is off here (`Project.connections_off`) answers its sync as `off`, with
+the reason and no tools: not a failure.
 """
 
 from __future__ import annotations
@@ -98,6 +100,9 @@ def run_sync(
     path, force = call.name or "", bool(call.params.get("force"))
 
     async def sync() -> Input:
+        off = runner.connectors.off.get(path)
+        if off is not None:  # an answer, not a failed attempt: the turn runs without it
+            return CallAnswered(effect.call_id, effect.attempt, result={"tools": [], "off": off})
         conn = runner.connectors.get(path)
         listed: dict[str, Any] = {"tools": await conn.list_tools(force=force)}
         if conn.block.prefix_tools:
