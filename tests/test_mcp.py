@@ -209,6 +209,24 @@ async def test_an_off_connection_is_a_note_once_not_a_failed_attempt_and_comes_b
     assert "changes__now" in offered(vendor, 3)
 
 
+async def test_subs_chat_says_an_off_connection_once_as_a_note(vendor, tmp_path):
+    from tests.engine_helpers import subs
+
+    vendor.push(Text("One."), Text("Two."), Text("Three."))
+    config = tmp_path / "subs.toml"
+    config.write_text(toml(vendor, blocks=off_block(), mcp='["mcp.changes"]'))
+    code, out, err = await subs(
+        "chat", "oncall", "-c", str(config), stdin=b"one\ntwo\nthree\n", timeout=60
+    )
+    assert code == 0, err
+    note = (
+        "· mcp.changes is off: its command names CHANGES_DIR, which is not set; "
+        "the agent runs without its tools"
+    )
+    assert out.count(note) == 1, out  # once in the session, not every turn
+    assert "✗" not in out + err and "One." in out and "Three." in out
+
+
 async def test_a_stdio_server_that_exits_at_start_says_why_in_the_failed_attempt(
     harness, vendor, caplog
 ):
