@@ -429,6 +429,11 @@ SHOWN = {
     "subagents.1": ["subagent"],
     "engine_cancel": ["turn failed", "cancelled"],
     "connectors": ["mcp tools", "mcp.clock", "tools: ", "mcp.gone", "is off", "tool server"],
+    "connector_off": [
+        "mcp.changes · off",
+        "off: its command names CHANGES_REPO, which is not set; the agent runs without its tools",
+        "still off: its command names CHANGES_REPO",
+    ],
 }
 
 
@@ -471,6 +476,14 @@ async def test_every_golden_log_draws_a_timeline_with_no_unknown_step_or_script_
             await _page(page.shot, "console-timeline-worker")
         if log.stem == "connectors":
             await _page(page.shot, "console-timeline-mcp")
+        if log.stem == "connector_off":  # a note on each turn's sync, never a red row
+            assert not page.all("#timeline tr.failed")
+            notes = page.all("#timeline tr.note")
+            assert [n.find_element(By.CSS_SELECTOR, "td.kind").text for n in notes] == [
+                "mcp tools",
+                "mcp tools",
+            ]
+            await _page(page.shot, "console-timeline-mcp-off")
 
 
 async def _store_log(store: Store, events: list[dict[str, Any]]) -> None:

@@ -141,9 +141,15 @@ async def test_without_the_servers_installed_serve_says_which_are_off_and_the_ag
         sid = reply["session_id"]
         end = await wait_for_event(client, sid, turn_ended(reply["turn_id"]), timeout=60)
         assert end["payload"]["type"] == "turn.completed"
-        await assert_consistent(store, sid)
+        events = await assert_consistent(store, sid)
     finally:
         await engine.stop()
+    # Off is a note in the log, once each, never a failed attempt.
+    assert not payloads(events, "connector.sync.errored")
+    assert sorted(p["path"] for p in payloads(events, "connector.synced") if p.get("off")) == [
+        "mcp.changes",
+        "mcp.runbooks",
+    ]
     log = "\n".join(engine.stderr)
     assert "mcp.runbooks is off: 'npx' is not installed (not found on PATH)" in log, log
     assert "mcp.changes is off: its command names ONCALL_REPO, which is not set" in log, log

@@ -10,7 +10,7 @@ import pytest
 from engine.machine import CallAnswered, CallLost, LlmCallSettled, RunLlmCall, build_llm_request
 from engine.machine.connectors import RunConnectorSync, RunMcpCall
 from engine.machine.request import control_request
-from tests.machine_helpers import AGENT, Session, tool_reply
+from tests.machine_helpers import AGENT, Session, text_reply, tool_reply
 from tests.test_machine_worker import REQUEST, WorkerSession
 
 CLOCK_TOOLS = [
@@ -203,3 +203,78 @@ def test_a_worker_sees_connector_tools_and_syncs_and_may_ask_for_one():
     [again] = effects(t, RunConnectorSync)
     assert w.state.calls[again.call_id].params == {"force": True}
     w.check_fold()
+
+
+OFF = "its command names ONCALL_REPO, which is not set"
+
+
+def _turn_with(s: Session, answer: dict) -> tuple[dict | None, list[str]]:
+    """One turn whose one sync gets `answer` and whose model replies: what its
+    `connector.synced` recorded (None: the unchanged form) and the tools offered."""
+    t = s.say("hi")
+    [run] = effects(t, RunConnectorSync)
+    t = s.apply(CallAnswered(run.call_id, run.attempt, result=answer))
+    [synced] = [e["payload"] for e in t.events if e["payload"]["type"] == "connector.synced"]
+    names = offered(s, t)
+    [llm] = effects(t, RunLlmCall)
+    s.apply(LlmCallSettled(llm.call_id, 1, response=text_reply("ok")))
+    assert s.state.status == "idle"
+    kept = {k: v for k, v in synced.items() if k in ("tools", "prefix", "off")}
+    return kept or None, names
+
+
+@pytest.mark.parametrize(
+    ("answers", "recorded"),
+    [
+        # off three turns running: said once, then the unchanged form
+        ([{"off": OFF}] * 3, [{"tools": [], "off": OFF}, None, None]),
+        # the variable set (serve restarted): the tools are recorded again
+        (
+            [{"off": OFF}, {"off": OFF}, {"tools": CLOCK_TOOLS, "prefix": "changes"}],
+            [{"tools": [], "off": OFF}, None, {"tools": CLOCK_TOOLS, "prefix": "changes"}],
+        ),
+        # on, then off, then on with the same list: each change recorded
+        (
+            [{"tools": CLOCK_TOOLS}, {"off": OFF}, {"tools": CLOCK_TOOLS}],
+            [{"tools": CLOCK_TOOLS}, {"tools": [], "off": OFF}, {"tools": CLOCK_TOOLS}],
+        ),
+        # another reason is another note; back on with no tools is not "off"
+        (
+            [{"off": OFF}, {"off": "'git' is not installed"}, {"tools": []}],
+            [
+                {"tools": [], "off": OFF},
+                {"tools": [], "off": "'git' is not installed"},
+                {"tools": []},
+            ],
+        ),
+        # an off answer that lists tools anyway offers none
+        ([{"off": OFF, "tools": CLOCK_TOOLS}], [{"tools": [], "off": OFF}]),
+    ],
+)
+def test_an_off_connection_is_recorded_once_as_a_note_and_again_when_it_changes(answers, recorded):
+    s = Session(agent=agent("mcp.changes"))
+    turns = [_turn_with(s, answer) for answer in answers]
+    assert [seen for seen, _ in turns] == recorded
+    for answer, (_, names) in zip(answers, turns, strict=True):
+        mcp_names = [n for n in names if n.startswith("changes__") or n in ("now", "echo")]
+        assert bool(mcp_names) == bool(answer.get("tools") and not answer.get("off"))
+    assert "connector.sync.errored" not in s.types()  # off is an answer, never a failed attempt
+    assert s.state.connectors["mcp.changes"] == [r for r in recorded if r][-1]
+    s.check_fold()
+
+
+def test_an_off_connection_offers_no_tools_and_the_turn_goes_on():
+    s = Session(agent=agent("mcp.clock", "mcp.changes"))
+    t = s.say("hi")
+    clock, changes = effects(t, RunConnectorSync)
+    s.apply(CallAnswered(clock.call_id, 1, result={"tools": CLOCK_TOOLS, "prefix": "clock"}))
+    t = s.apply(CallAnswered(changes.call_id, 1, result={"off": OFF}))
+    assert s.types(t)[:2] == ["connector.synced", "decision.released"]
+    assert s.state.connectors["mcp.changes"] == {"tools": [], "off": OFF}
+    assert [n for n in offered(s, t) if "__" in n] == [
+        "clock__now",
+        "clock__echo",
+        "clock__reset",
+        "clock__confirm",
+    ]
+    s.check_fold()

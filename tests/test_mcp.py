@@ -167,6 +167,103 @@ async def test_a_stdio_server_started_from_command_answers_the_models_tool_call(
     assert types.index("tool.call.dispatched") < types.index("tool.call.completed")
 
 
+def off_block(var: str = "CHANGES_DIR") -> str:
+    """`mcp.changes`, the test server started in `${var}`: off while `var` is unset."""
+    return textwrap.dedent(
+        f"""\
+        [mcp.changes]
+        command = [{json.dumps(sys.executable)}, {json.dumps(SERVER)}]
+        cwd = "${{{var}}}"
+        """
+    )
+
+
+async def test_an_off_connection_is_a_note_once_not_a_failed_attempt_and_comes_back_on(
+    harness, vendor, tmp_path
+):
+    vendor.push(Text("One."), Text("Two."), Text("Three."), Text("Four."))
+    text = toml(vendor, blocks=stdio_block() + off_block(), mcp='["mcp.clock", "mcp.changes"]')
+    await harness.start(text)
+    sid, end = await harness.turn("one")
+    for word in ("two", "three"):
+        _, end = await harness.turn(word, sid)
+        assert end["payload"]["type"] == "turn.completed"
+    events = await assert_consistent(harness.engine.store, sid)
+    assert not payloads(events, "connector.sync.errored")  # not one failed attempt
+    changes = [p for p in payloads(events, "connector.synced") if p["path"] == "mcp.changes"]
+    assert len(changes) == 3  # one sync a turn, answered at once
+    off = "its command names CHANGES_DIR, which is not set"
+    assert changes[0]["tools"] == [] and changes[0]["off"] == off
+    assert all("tools" not in p and "off" not in p for p in changes[1:])  # said once
+    assert all(not [n for n in offered(vendor, i) if n.startswith("changes__")] for i in range(3))
+    assert "clock__now" in offered(vendor, 2)
+
+    # The variable set, serve restarted: the next sync records the tools again.
+    await harness.stop()
+    await harness.start(text, env={"CHANGES_DIR": str(tmp_path)})
+    _, end = await harness.turn("four", sid)
+    assert end["payload"]["type"] == "turn.completed"
+    events = await assert_consistent(harness.engine.store, sid)
+    last = [p for p in payloads(events, "connector.synced") if p["path"] == "mcp.changes"][-1]
+    assert "off" not in last and {t["name"] for t in last["tools"]} >= {"now", "echo"}
+    assert "changes__now" in offered(vendor, 3)
+
+
+async def test_subs_chat_says_an_off_connection_once_as_a_note(vendor, tmp_path):
+    from tests.engine_helpers import subs
+
+    vendor.push(Text("One."), Text("Two."), Text("Three."))
+    config = tmp_path / "subs.toml"
+    config.write_text(toml(vendor, blocks=off_block(), mcp='["mcp.changes"]'))
+    code, out, err = await subs(
+        "chat", "oncall", "-c", str(config), stdin=b"one\ntwo\nthree\n", timeout=60
+    )
+    assert code == 0, err
+    note = (
+        "· mcp.changes is off: its command names CHANGES_DIR, which is not set; "
+        "the agent runs without its tools"
+    )
+    assert out.count(note) == 1, out  # once in the session, not every turn
+    assert "✗" not in out + err and "One." in out and "Three." in out
+
+
+async def test_a_stdio_server_that_exits_at_start_says_why_in_the_failed_attempt(
+    harness, vendor, caplog
+):
+    """Its exit code and the last lines of its stderr, in the recorded error (which the CLI
+    and the console show) and once in serve's log; a secret it prints is masked."""
+    crash = (
+        "import os, sys; print('starting up', file=sys.stderr); "
+        "print('token is ' + os.environ['BROKEN_TOKEN'], file=sys.stderr); "
+        "print('fatal: /nope is not a git repository', file=sys.stderr); sys.exit(3)"
+    )
+    blocks = textwrap.dedent(
+        f"""\
+        [mcp.broken]
+        command = [{json.dumps(sys.executable)}, "-c", {json.dumps(crash)}]
+        env_from = ["BROKEN_TOKEN"]
+        """
+    )
+    vendor.push(Text("Without it, then."))
+    await harness.start(
+        toml(vendor, blocks=blocks, mcp='["mcp.broken"]'), env={"BROKEN_TOKEN": "tok-9f8e7d6c"}
+    )
+    with caplog.at_level("WARNING", logger="subs.mcp"):
+        sid, end = await harness.turn("one")
+    assert end["payload"]["type"] == "turn.completed"  # the turn runs without its tools
+    events = await assert_consistent(harness.engine.store, sid)
+    errors = payloads(events, "connector.sync.errored")
+    assert len(errors) == 3  # the connector policy's 3 attempts
+    for error in errors:
+        message = error["error"]["message"]
+        assert message.startswith("mcp.broken: its server exited with code 3"), message
+        assert "fatal: /nope is not a git repository" in message, message
+        assert "starting up" in message and "token is ***" in message, message
+        assert "tok-9f8e7d6c" not in json.dumps(error)
+    said = [r.getMessage() for r in caplog.records if "exited with code 3" in r.getMessage()]
+    assert len(said) == 1, said  # once, not every attempt
+
+
 async def test_a_tool_error_content_blocks_and_structured_content_are_recorded(harness, vendor):
     vendor.push(
         ToolCalls(

@@ -78,6 +78,8 @@ def test_the_secrets_a_project_and_its_environment_name(tmp_path) -> None:
         '[agent.a]\nllm = "o"\nmodel = "m"\n'
         '[agent.w]\nworker = "http://u:wpw@w/d?token=wtok"\nsigning_secret_env = "W_SIGN"\n'
         '[agent.w2]\nllm = "c"\nmodel = "m"\n'
+        '[mcp.t]\nurl = "http://t/mcp"\ntoken_env = "T_TOKEN"\n'
+        '[mcp.s]\ncommand = ["srv"]\nenv_from = ["GH_TOKEN"]\n'
     )
     env = {
         "OPENAI_API_KEY": "openai-key",
@@ -89,6 +91,8 @@ def test_the_secrets_a_project_and_its_environment_name(tmp_path) -> None:
         "SUBS_API_KEYS": " k-one , k-two:own,,",
         "SUBS_API_KEY": "client-key",
         "HOME": "/home/me",
+        "T_TOKEN": "mcp-bearer",
+        "GH_TOKEN": "gh-handed-on",
     }
     project = parse_project(text, str(tmp_path / "subs.toml"), env=env)
     found = set(env_secrets(env)) | set(project_secrets(project, env, "redis://:argpw@h"))
@@ -106,6 +110,8 @@ def test_the_secrets_a_project_and_its_environment_name(tmp_path) -> None:
         "argpw",
         "wpw",
         "wtok",
+        "mcp-bearer",
+        "gh-handed-on",
     }
     assert expected <= found
     assert "/home/me" not in found and "u" not in found

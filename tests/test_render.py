@@ -386,6 +386,33 @@ def test_unknown_event_types_are_errors_but_every_engine_type_is_known() -> None
         view.apply_event(ev(kind, 0, turn="other"))  # known types of another turn: skipped
 
 
+def test_an_off_mcp_connection_shows_nothing_in_slack() -> None:
+    """The note is for the CLI and the console; the channel sees the reply only."""
+    off = "its command names ONCALL_REPO, which is not set"
+    _, r = run(
+        [
+            ev("decision.held", 0, trigger={}, proposed={}),
+            ev(
+                "connector.sync.requested",
+                0,
+                id="s1",
+                name="mcp.changes",
+                handler="server",
+                retry={},
+            ),
+            ev("connector.sync.dispatched", 0, id="s1", attempt=1, deadline_ms=None),
+            ev("connector.synced", 0, id="s1", path="mcp.changes", tools=[], off=off),
+            ev("decision.released", 0),
+            *llm("c1"),
+            assistant("c1", "Check the pool."),
+            completed(),
+        ]
+    )
+    assert answer_of(r) == "Check the pool."
+    assert not [t for t in context_of(r) if "mcp" in t or "off" in t]
+    assert "mcp" not in r.text
+
+
 def test_render_refuses_a_limit_a_markdown_block_cannot_take() -> None:
     with pytest.raises(ValueError):
         TurnView(TURN).render(limit=12_001)

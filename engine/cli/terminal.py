@@ -125,6 +125,8 @@ class Printer:
             self.line(f"✗ {p['error']['message']}", "31")
         elif kind in (ev.LLM_CALL_ERRORED, ev.DECISION_ERRORED) and not p.get("final"):
             self.line(f"… retrying: {p['error']['message']}", "33")
+        elif kind == ev.CONNECTOR_SYNCED and p.get("off"):  # recorded once while it stays off
+            self.line(f"· {p['path']} is off: {p['off']}; the agent runs without its tools", "2")
         elif kind == ev.CONNECTOR_SYNC_ERRORED:  # final: the turn goes on without its tools
             final = p.get("final")
             self.line(f"{'✗' if final else '… retrying:'} {p['error']['message']}", "33")

@@ -8,6 +8,10 @@ recorded (`connector.synced`) and the turn's first decision waits for it
 (`decision.held` ... `decision.released`). The model then sees the surviving tools as
 `<prefix>__<tool>`, and a call to one runs on the engine (handler `server`).
 
+A connection that cannot start on this engine (`Project.connections_off`: its program
+is not installed, a variable its command names is unset) answers its sync as `off`, with
+the reason: recorded once, as a note, while it stays off; the turn runs without it.
+
 A sync that fails for want of a credential stops the turn with an interrupt naming the
 connection (`auth_failure = "interrupt"`, the default), and resuming it syncs again; with
 `"degrade"`, or for any other failure, the turn goes on without those tools.
@@ -151,19 +155,26 @@ def start_sync(st: Step, path: str, *, force: bool, agent: dict[str, Any] | None
 
 
 def settle_sync(st: Step, call: Call, inp: CallAnswered) -> None:
-    """The runner's answer: the list (recorded), or a failed attempt."""
+    """The runner's answer: the list (recorded), an `off` connection (recorded as such,
+    with no tools: an answer, not a failed attempt), or a failed attempt."""
     if inp.error is not None:
         calls.call_failed(st, call, inp.error, inp.retryable, inp.retry_after)
         return
     listed = inp.result if isinstance(inp.result, dict) else {}
-    path = call.name or ""
-    tools, prefix = list(listed.get("tools") or ()), listed.get("prefix")
-    now: dict[str, Any] = {"tools": tools, "prefix": prefix} if prefix else {"tools": tools}
+    path, off, prefix = call.name or "", listed.get("off"), listed.get("prefix")
+    tools = [] if off else list(listed.get("tools") or ())
+    now: dict[str, Any] = {"tools": tools}
+    if prefix:
+        now["prefix"] = prefix
+    if off:
+        now["off"] = off
     synced: ev.ConnectorSynced = {"type": ev.CONNECTOR_SYNCED, "id": call.id, "path": path}
     if st.s.connectors.get(path) != now:  # recorded when it changes: a turn adds no list
         synced["tools"] = tools
         if prefix:
             synced["prefix"] = prefix
+        if off:
+            synced["off"] = off
     st.emit(synced)
     release(st)
 

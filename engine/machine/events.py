@@ -225,13 +225,16 @@ class ConnectorSyncRequested(TypedDict):
 @with_config(_STRICT)
 class ConnectorSynced(TypedDict):
     """The connection's tools as the server listed them: the session's list from now on.
-    Without `tools` the list is the one recorded before (a list is recorded when it changes)."""
+    Without `tools` the list is the one recorded before (a list is recorded when it changes).
+    With `off`, the connection cannot start on this engine (why, in words): no tools, and
+    not a failure (a note for the person, recorded once while it stays off)."""
 
     type: str
     id: str
     path: str
     tools: NotRequired[list[JSON]]  # {name, description?, input?, annotations?}
     prefix: NotRequired[str]  # the model sees `<prefix>__<name>`; absent: the raw names
+    off: NotRequired[str]  # why the connection is off (`tools` is then empty)
 
 
 @with_config(_STRICT)

@@ -281,6 +281,8 @@ def _connector_synced(s: SessionState, e: Event, p: ev.ConnectorSynced) -> None:
     synced: dict[str, Any] = {"tools": p["tools"]}
     if p.get("prefix"):
         synced["prefix"] = p["prefix"]
+    if p.get("off"):
+        synced["off"] = p["off"]
     s.connectors[p["path"]] = synced
 
 

@@ -120,7 +120,7 @@ class SessionState:
     # child -> {agent_id, call_id (the call it is busy with), mode?, detached? (the call
     # a detached turn runs for), last? (a detached turn's outcome, for `wait`)}
     children: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # Each connection's tool list as last synced: path -> {tools, prefix?} (connectors.py).
+    # Each connection's tool list as last synced: path -> {tools, prefix?, off?} (connectors.py).
     connectors: dict[str, dict[str, Any]] = field(default_factory=dict)
     held: dict[str, Any] | None = None  # the turn's first {trigger, proposed}, waiting on syncs
 

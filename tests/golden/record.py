@@ -53,6 +53,7 @@ SCENARIOS = {
     "test_a_turn_waits_on_a_per_submit_client_tool",
     "connectors": "tests/golden/scenarios.py::"
     "test_connectors_a_sync_a_call_and_a_server_that_is_not_installed",
+    "connector_off": "tests/golden/scenarios.py::test_an_off_connection_over_two_turns",
 }
 
 

@@ -1,6 +1,7 @@
 """Engine runs recorded only as golden logs (see record.py), for the event kinds the
 suite's own tests do not leave in a log: worker state and channels, a backoff timer, a
-branch, a child whose turn fails, connectors. Not collected by the suite (no `test_` file name)."""
+branch, a child whose turn fails, connectors, one of them off. Not collected by the
+suite (no `test_` file name)."""
 
 from __future__ import annotations
 
@@ -151,6 +152,52 @@ async def test_connectors_a_sync_a_call_and_a_server_that_is_not_installed(redis
     events = await _one_turn(engine, "oncall", "echo hi")
     for kind in ("decision.held", "connector.synced", "connector.sync.errored"):
         assert payloads(events, kind), kind
+
+
+async def test_an_off_connection_over_two_turns(redis, vendor, tmp_path):
+    """`mcp.changes` names a variable that is unset: its sync is answered `off` (recorded
+    once, with the reason), then the unchanged form on the next turn."""
+    vendor.push(Text("Without the changes."), Text("Still without them."))
+    engine = await _engine(
+        redis,
+        tmp_path,
+        f"""\
+        [llm.openai]
+        type = "openai"
+        base_url = "{vendor.url}/v1"
+
+        [mcp.clock]
+        command = [{json.dumps(sys.executable)}, {json.dumps(MCP_SERVER)}]
+
+        [mcp.changes]
+        command = [{json.dumps(sys.executable)}, {json.dumps(MCP_SERVER)}]
+        cwd = "${{CHANGES_REPO}}"
+
+        [agent.oncall]
+        llm = "openai"
+        model = "gpt-4.1-mini"
+        system = "You help."
+        mcp = ["mcp.clock", "mcp.changes"]
+        """,
+    )
+    try:
+        client = Client(engine.store)
+        sid = None
+        for text in ("what changed?", "and now?"):
+            message = {"role": "user", "content": text}
+            reply = await client.submit(
+                {"type": "client.message", "agent_id": "oncall", "message": message},
+                session_id=sid,
+            )
+            sid = reply["session_id"]
+            end = await wait_for_event(client, sid, turn_ended(reply["turn_id"]), timeout=30)
+            assert end["payload"]["type"] == "turn.completed"
+        events = await assert_consistent(engine.store, sid)
+    finally:
+        await engine.stop()
+    offs = [p for p in payloads(events, "connector.synced") if p.get("off")]
+    assert [p["path"] for p in offs] == ["mcp.changes"]
+    assert not payloads(events, "connector.sync.errored")
 
 
 async def test_a_turn_waits_on_a_per_submit_client_tool(redis, vendor, tmp_path):

@@ -50,6 +50,7 @@ export function showSession(main, sid, { fail, setLink }) {
   );
 
   const calls = new Map(); // call id -> row state
+  const offs = new Map(); // MCP connection -> why it is off, as last recorded
   const totals = { cost: 0, tokens: 0, turns: 0 };
   let view = null;
   let turnStart = null;
@@ -287,8 +288,18 @@ export function showSession(main, sid, { fail, setLink }) {
         connectorSync(e, p);
         break;
       case "connector.synced": {
+        // An off connection (it cannot start on this engine) is a note, not a failure:
+        // recorded once, then the unchanged form says "as before".
+        if (p.tools) {
+          if (p.off) offs.set(p.path, p.off);
+          else offs.delete(p.path);
+        }
         const row = calls.get(p.id);
-        if (row) {
+        const off = offs.get(p.path);
+        if (row && off !== undefined) {
+          row.listed = `${p.tools ? "off" : "still off"}: ${off}; the agent runs without its tools`;
+          ended(e, row, "note", "off");
+        } else if (row) {
           const names = (p.tools ?? []).map((t) => t.name);
           row.listed = p.tools ? `${names.length} tools: ${names.join(", ")}` : "unchanged";
           ended(e, row, "ok", "listed");

@@ -6,7 +6,8 @@ must be entered and left by one task), and every request of the engine uses that
 session. A server that dies or drops the connection is reconnected on the next request,
 after a backoff that grows with each failure in a row; a stdio server is also restarted
 in the background once it has been up. Its stderr goes to our log under the
-connection's name.
+connection's name, and when it exits before it answers, its exit code and the last lines
+of its stderr are the failed attempt's error (said once in our log, not every attempt).
 
 Two traps of the SDK (README "MCP"): a stdio child gets almost none of our environment
 (only `env` and `env_from` reach it), and an HTTP 401/403 comes back from the SDK as a
@@ -18,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
 from typing import Any, TextIO, cast
@@ -42,6 +44,11 @@ BACKOFF_MAX_SECS = 30.0
 PING_STDIO_SECS = 2.0
 PING_HTTP_SECS = 15.0
 PING_TIMEOUT_SECS = 10.0
+# What a stdio server that exits leaves in its failed attempt's error: its last lines of
+# stderr, each cut to a line's worth, and how long its stderr may stay open after it ended.
+STDERR_TAIL_LINES = 5
+STDERR_LINE_CHARS = 200
+STDERR_DRAIN_SECS = 2.0
 
 
 class McpTrouble(SubsError):
@@ -72,6 +79,8 @@ class McpConnection:
         self._restarting: asyncio.Task[None] | None = None
         self._open_lock = asyncio.Lock()
         self.was_up = False  # connected once: a stdio server that dies is restarted
+        self._errlog: _ErrLog | None = None  # the running stdio server's stderr
+        self._child: Any = None  # its process, as the SDK's transport holds it
 
     @property
     def path(self) -> str:
@@ -116,7 +125,9 @@ class McpConnection:
         """Own the transport and the session until closed or lost."""
         try:
             async with AsyncExitStack() as stack:
-                read, write = await stack.enter_async_context(self._transport(stack))
+                transport = self._transport(stack)
+                read, write = await stack.enter_async_context(transport)
+                self._child = _child_of(transport) if self.block.command else None
                 session = await stack.enter_async_context(
                     ClientSession(read, write, message_handler=self._on_message)
                 )
@@ -131,11 +142,15 @@ class McpConnection:
                 await self._watch(session)
         except BaseException as err:  # reported through `opened`, then re-raised
             self._failed_open()
-            if not opened.done():
-                opened.set_exception(self._trouble(err))
             if isinstance(err, asyncio.CancelledError):
+                if not opened.done():
+                    opened.set_exception(self._trouble(err))
                 raise
-            log.warning("%s: connection ended: %s", self.path, _say(err))
+            trouble = await self._with_last_words(err)
+            if not opened.done():
+                opened.set_exception(trouble)
+            # Said once a run of failures: every attempt after the first is the same story.
+            (log.warning if self.failures == 1 else log.info)("%s", trouble.message)
         finally:
             self.session = None
             self.tools = None
@@ -179,8 +194,8 @@ class McpConnection:
                 return
             try:
                 await self.open()  # waits out the backoff
-            except McpTrouble as err:
-                log.warning("%s: restart failed: %s", self.path, err.message)
+            except McpTrouble as err:  # `_hold` said why, once
+                log.info("%s: restart failed: %s", self.path, err.message)
 
         self._restarting = asyncio.get_running_loop().create_task(restart())
 
@@ -193,7 +208,8 @@ class McpConnection:
                     env[name] = self.env[name]
             argv, cwd = block.argv(self.env), block.workdir(self.env, self.base_dir)
             params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=cwd)
-            return stdio_client(params, errlog=cast(TextIO, _ErrLog(self.path, stack)))
+            self._errlog, self._child = _ErrLog(self.path, stack), None
+            return stdio_client(params, errlog=cast(TextIO, self._errlog))
         headers: dict[str, str] = {}
         if block.token_env:
             token = self.env.get(block.token_env) or ""
@@ -220,6 +236,30 @@ class McpConnection:
             self.tools = None
         elif isinstance(message, Exception):
             log.warning("%s: transport error: %s", self.path, _say(message))
+
+    async def _with_last_words(self, err: BaseException) -> McpTrouble:
+        """The trouble that ended an open; for a stdio server that exited, its exit code
+        and the end of its stderr (read to its end first: the child may still be writing)."""
+        trouble = self._trouble(err)
+        errlog, child = self._errlog, self._child
+        if errlog is None or not self.block.command:
+            return trouble
+        await errlog.drained(STDERR_DRAIN_SECS)
+        leaf = _leaf(err)
+        code = getattr(child, "returncode", None)
+        if isinstance(leaf, MCPError) and _transport_error(leaf) and code is not None:
+            # It closed the connection and is gone: its own exit, not our stopping it.
+            said = f"exited with code {code}" if code >= 0 else f"was ended by signal {-code}"
+            head = f"{self.path}: its server {said}"
+        elif errlog.tail:
+            head = trouble.message
+        else:
+            return trouble
+        tail = " | ".join(errlog.tail)
+        words = f"; its stderr ended: {tail}" if tail else "; it wrote nothing to stderr"
+        return McpTrouble(
+            head + words, retryable=trouble.retryable, unauthorized=trouble.unauthorized
+        )
 
     def _trouble(self, err: BaseException) -> McpTrouble:
         if isinstance(err, McpTrouble):
@@ -327,6 +367,21 @@ def _transport_error(err: MCPError) -> bool:
     return code in (-32000, -32603) or "closed" in str(err).lower()
 
 
+def _leaf(err: BaseException) -> BaseException:
+    """The one error inside nested task-group errors (the SDK's transports wrap theirs)."""
+    while isinstance(err, BaseExceptionGroup) and len(err.exceptions) == 1:
+        err = err.exceptions[0]
+    return err
+
+
+def _child_of(transport: Any) -> Any:
+    """The process the SDK's stdio transport started, for its exit code. The SDK keeps it
+    to itself, a local of its context manager's generator: read there while the transport
+    is open; None if a later SDK hides it otherwise (the error then has no exit code)."""
+    frame = getattr(getattr(transport, "gen", None), "ag_frame", None)
+    return None if frame is None else frame.f_locals.get("process")
+
+
 def _say(err: BaseException) -> str:
     if isinstance(err, BaseExceptionGroup):
         return "; ".join(_say(e) for e in err.exceptions)
@@ -336,10 +391,12 @@ def _say(err: BaseException) -> str:
 
 class _ErrLog:
     """A stdio server's stderr, a line at a time into our log under the connection's name
-    (the SDK hands the child a file: this is a pipe's write end, read by a task)."""
+    (the SDK hands the child a file: this is a pipe's write end, read by a task); its last
+    lines are kept to say why it ended."""
 
     def __init__(self, path: str, stack: AsyncExitStack) -> None:
         self.path = path
+        self.tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         read_fd, self._write_fd = os.pipe()
         self._file = os.fdopen(self._write_fd, "w")
         self._reader = asyncio.get_running_loop().create_task(self._read(read_fd))
@@ -362,6 +419,18 @@ class _ErrLog:
         )
         try:
             while line := await reader.readline():
-                log.info("[%s] %s", self.path, line.decode("utf-8", "replace").rstrip())
+                text = line.decode("utf-8", "replace").rstrip()
+                log.info("[%s] %s", self.path, text)
+                if text.strip():
+                    self.tail.append(_cut(text.strip(), STDERR_LINE_CHARS))
         finally:
             transport.close()
+
+    async def drained(self, timeout: float) -> None:
+        """Until every line is read (the child and ours closed their ends), or `timeout`:
+        a grandchild may hold the pipe open."""
+        await asyncio.wait({self._reader}, timeout=timeout)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

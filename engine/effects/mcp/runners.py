@@ -6,7 +6,9 @@ input against the tool's schema, sends `tools/call` under the attempt's deadline
 answers the result as the log keeps tool results (machine/tools.py): content blocks a
 worker can read (text, blob, link; images and audio as `data:` URIs),
 `structuredContent` and `isError`. A down, slow or garbled server is a retryable
-failed attempt; a refused credential is not retryable and names the connection.
+failed attempt; a refused credential is not retryable and names the connection. A
+connection that is off here (`Project.connections_off`) answers its sync as `off`, with
+the reason and no tools: not a failure.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from engine.machine import CallAnswered, Input, SessionState
 from engine.machine.connectors import AUTH, RunConnectorSync, RunMcpCall, prefix_of
 from engine.machine.retry import Fault
 from engine.machine.tools import validate_input
+from engine.redact import Redactor, env_secrets, project_secrets
 
 
 class Connectors:
@@ -35,6 +38,8 @@ class Connectors:
         self.by_path = {b.path: McpConnection(b, env, base) for b in project.mcp.values()}
         # Connections that cannot start here (`subs serve` and `subs check` say why).
         self.off = project.connections_off(env)
+        # An error's text is recorded: a server's stderr may hold what it was given.
+        self.redactor = Redactor([*env_secrets(env), *project_secrets(project, env)])
 
     def get(self, path: str) -> McpConnection:
         conn = self.by_path.get(path)
@@ -51,11 +56,14 @@ class Connectors:
         await asyncio.gather(*(c.close() for c in self.by_path.values()))
 
 
-def _failure(effect: RunConnectorSync | RunMcpCall, trouble: McpTrouble, path: str) -> Input:
+def _failure(
+    runner: EffectRunner, effect: RunConnectorSync | RunMcpCall, trouble: McpTrouble, path: str
+) -> Input:
     detail: dict[str, Any] = {"connector": path}
     if trouble.unauthorized:
         detail["reason"] = AUTH
-    error = {"message": trouble.message, "code": "handler_error", "detail": detail}
+    message = runner.connectors.redactor.scrub(trouble.message)
+    error = {"message": message, "code": "handler_error", "detail": detail}
     return CallAnswered(effect.call_id, effect.attempt, error=error, retryable=trouble.retryable)
 
 
@@ -77,7 +85,7 @@ def _start(
             async with asyncio.timeout(None if timeout is None else max(timeout, 0)):
                 return await work()
         except McpTrouble as trouble:
-            return _failure(effect, trouble, path)
+            return _failure(runner, effect, trouble, path)
         except TimeoutError:
             late = Fault.DEADLINE
             error = late.error(f"{path} did not {doing} before the deadline")
@@ -98,6 +106,9 @@ def run_sync(
     path, force = call.name or "", bool(call.params.get("force"))
 
     async def sync() -> Input:
+        off = runner.connectors.off.get(path)
+        if off is not None:  # an answer, not a failed attempt: the turn runs without it
+            return CallAnswered(effect.call_id, effect.attempt, result={"tools": [], "off": off})
         conn = runner.connectors.get(path)
         listed: dict[str, Any] = {"tools": await conn.list_tools(force=force)}
         if conn.block.prefix_tools:
