@@ -59,10 +59,10 @@ def missing_page(title: str, detail: str, agents: Sequence[str]) -> str:
     """The page for an address with no chat behind it: what is wrong, then the agents
     there are (escaped text and links only, under the same CSP as the chat page)."""
     if agents:
-        items = "".join(
+        items = "\n".join(
             f'<li><a href="{escape(chat_href(a))}">{escape(a)}</a></li>' for a in agents
         )
-        listing = f'<h2>Agents on this server</h2>\n<ul id="agents">{items}</ul>'
+        listing = f'<h2>Agents on this server</h2>\n<ul id="agents">\n{items}\n</ul>'
     else:
         listing = (
             '<p id="agents">This server runs no agents: declare one in subs.toml '
