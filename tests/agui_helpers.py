@@ -166,6 +166,8 @@ async def agui_engine(redis, vendor, tmp_path, agui_worker) -> AsyncIterator[Eng
 async def agui_http(redis, agui_engine) -> AsyncIterator[httpx.AsyncClient]:
     """The API with keys (ROOT, ALICE, BOB as tests/api_helpers.py sets them)."""
     store = await Store.open(redis)
-    app = make_app(Client(store), store, keys=ApiKeys.from_env(KEYS_ENV), heartbeat=1.0)
+    keys = ApiKeys.from_env(KEYS_ENV)
+    agents = agui_engine.project.agents
+    app = make_app(Client(store), store, keys=keys, heartbeat=1.0, agents=agents)
     async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=20) as client:
         yield client

@@ -299,6 +299,54 @@ async def test_the_chat_page_is_served_with_its_types_and_a_strict_csp(agui_engi
     assert (await agui_http.get("/api/admin/sessions")).status_code == 401  # still closed
 
 
+@pytest.mark.parametrize(
+    ("path", "status", "problem"),
+    [
+        ("/console/chat", 200, "Which agent?"),
+        ("/console/chat/", 200, "Which agent?"),
+        ("/console/chat/nobody", 404, "No agent named &#x27;nobody&#x27;"),
+        (
+            "/console/chat/%3Cimg%20src%3Dx%3E",
+            404,
+            "No agent named &#x27;&lt;img src=x&gt;&#x27;",
+        ),
+    ],
+)
+async def test_a_chat_address_with_no_agent_is_a_page_listing_the_agents(
+    agui_http, path, status, problem
+):
+    """Typed into a browser: an HTML page under the chat page's CSP that says what is
+    wrong and links every agent's chat (and the console), never a JSON 404."""
+    page = await agui_http.get(path)
+    chat = await agui_http.get("/console/chat/chat")
+    assert page.status_code == status
+    assert page.headers["Content-Type"] == "text/html; charset=utf-8"
+    assert page.headers["Content-Security-Policy"] == chat.headers["Content-Security-Policy"]
+    assert page.headers["X-Content-Type-Options"] == "nosniff"
+    html = page.text
+    assert f'<h2 id="problem">{problem}</h2>' in html
+    links = re.findall(r'<a[^>]* href="([^"]+)"', html)
+    assert links == [
+        "/console",
+        "/console/chat/chat",
+        "/console/chat/helper",
+        "/console/chat/planner",
+        "/console/chat/thinker",
+    ]
+    assert "<script" not in html and "<img" not in html
+    assert not re.search(r"\s(style|on\w+)\s*=", html)
+
+
+async def test_api_paths_still_answer_json_404s(agui_http):
+    for path in ("/api/nothing", "/console/chat/assets/secret.py", "/console/chat/chat/more"):
+        resp = await agui_http.get(path, headers=auth(ROOT))
+        assert resp.status_code == 404, path
+        assert resp.json()["code"] == "not_found", path
+    body = run_input("th-missing", "run-1", [user("u1", "hi")])
+    resp = await agui_http.post(run_path("nobody"), json=body, headers=auth(ROOT))
+    assert resp.status_code == 404 and resp.json()["code"] == "unknown_agent"
+
+
 async def test_a_run_open_at_shutdown_ends_with_run_error(agui_engine, redis, vendor):
     """Stopping the server ends each open run at once, saying why, not at a timeout."""
     vendor.push(Text("slow words " * 20, chunk_delay=0.5))

@@ -501,51 +501,148 @@ async def _store_log(store: Store, events: list[dict[str, Any]]) -> None:
         await pipe.execute()
 
 
-async def test_the_chat_page_talks_to_an_agent_answers_its_tool_and_shows_the_thread_again(
+async def test_the_chat_page_sends_the_first_message_once_the_key_is_in_and_asks_the_tool(
     served: tuple[EngineProcess, Proxy], page: Page, api: Api
 ) -> None:
-    """/console/chat/<agent> over the AG-UI endpoint: the key asked for on the first
-    refusal, a reply, a client tool answered from the page, the thread shown again."""
+    """/console/chat/<agent> over the AG-UI endpoint: the first message, refused for want
+    of a key, waits on the page and goes once the key is in (a wrong key first); the
+    session id shows; a client tool's question is shown and answered with a button; the
+    thread shows again on a fresh load."""
     _, proxy = served
     await _page(page.open, f"{proxy.url}/console/chat/oncall")
     await _page(page.until, "the composer", lambda: page.find("#text").is_displayed())
     assert page.find("#title").text == "oncall"
+    assert not page.find("#session-line").is_displayed()  # no session before a run
 
     def say(text: str) -> None:
         page.find("#text").send_keys(text + "\n")
 
     await _page(say, "is checkout ok?")
     await _page(page.until, "the key prompt", lambda: page.find("#key-form").is_displayed())
-    assert "This API needs a key." in page.find("#status").text
-    # Refused, nothing was said: the text is back in the box, to send with the key.
-    assert page.find("#text").get_attribute("value") == "is checkout ok?"
-    assert not page.all("#log .msg")
+    assert "This API needs a key" in page.find("#status").text
+    assert "your message is sent once it is in" in page.find("#status").text
+    # Refused, not lost: the message waits on the page, marked as not sent.
+    assert [m.text for m in page.all("#log .msg.user.pending")] == ["is checkout ok?"]
+    assert page.find("#text").get_attribute("value") == ""
+    assert not page.find("#session-line").is_displayed()
+    await _page(page.shot, "chat-key-prompt")
+    await _page(lambda: page.find("#key").send_keys("not-a-key\n"))
+    await _page(
+        page.until, "the refusal", lambda: "That key was refused" in page.find("#status").text
+    )
+    assert page.find("#key-form").is_displayed()
     await _page(lambda: page.find("#key").send_keys(FULL_KEY + "\n"))
-    assert not page.find("#key-form").is_displayed()  # asked once, then out of the way
-    await _page(lambda: page.find("#text").send_keys("\n"))
     reply = "Checkout is healthy (you asked: is checkout ok?)."
-    await _page(page.until, "the reply", lambda: page.text_shown(reply))
+    await _page(page.until, "the reply, with nothing sent again", lambda: page.text_shown(reply))
+    assert not page.find("#key-form").is_displayed()  # asked for, then out of the way
+    assert [m.text for m in page.all("#log .msg.user")] == ["is checkout ok?"]
+    assert not page.all("#log .msg.pending")
 
-    # A client tool: the run ends waiting; what is typed next is the tool's result.
+    # The session: its id as text to copy, and a link to its console page.
+    thread = page.driver.execute_script("return location.hash.slice(1)")
+    assert page.find("#session-id").text == thread
+    assert page.find("#session-line").is_displayed()
+    assert (
+        page.find("#to-session").get_attribute("href") == f"{proxy.url}/console/sessions/{thread}"
+    )
+
+    # A client tool: the run ends waiting; its question is shown, with yes and no.
     await _page(say, "please wait for me")
-    await _page(page.until, "the question", lambda: "the tool confirm" in page.find("#status").text)
-    await _page(say, "yes, go ahead")
+    await _page(page.until, "the question", lambda: page.find("#questions").is_displayed())
+    asks = page.find("#questions").text
+    assert "Restart checkout?" in asks and "confirm" in asks, asks
+    assert page.find("#questions .question").text == "Restart checkout?"
+    await _page(page.shot, "chat-question")
+    await _page(lambda: page.find("#questions button.yes").click())
     done = "Confirmed; restarting checkout now."
     await _page(page.until, "the answer after the tool", lambda: page.text_shown(done))
+    assert not page.find("#questions").is_displayed()
     await _page(page.shot, "chat-page")
     shown = [m.text for m in page.all("#log .msg")]
     assert shown[0] == "is checkout ok?" and shown[-1] == done
-    assert any("confirm" in m for m in shown) and "→ yes, go ahead" in shown
+    assert any("confirm" in m for m in shown) and "→ yes" in shown
 
-    # The thread is the session: its history comes back on a fresh load of the page.
-    thread = page.driver.execute_script("return location.hash.slice(1)")
-    await _page(page.open, "about:blank")
-    await _page(page.open, f"{proxy.url}/console/chat/oncall#{thread}")
-    await _page(page.until, "the thread again", lambda: page.text_shown(done))
-    assert [m.text for m in page.all("#log .msg")] == shown
     view = await api.settled(thread, "idle")
     assert [m["content"] for m in view["messages"] if m["role"] == "user"] == [
         "is checkout ok?",
         "please wait for me",
     ]
-    assert not [entry for entry in page.console_log() if "SEVERE" in entry]
+    assert [m["content"] for m in view["messages"] if m["role"] == "tool"] == ["yes"]
+
+    # The thread is the session: its history comes back on a fresh load of the page.
+    await _page(page.open, "about:blank")
+    await _page(page.open, f"{proxy.url}/console/chat/oncall#{thread}")
+    await _page(page.until, "the thread again", lambda: page.text_shown(done))
+    assert [m.text for m in page.all("#log .msg")] == shown
+    assert page.find("#session-id").text == thread
+    assert not [entry for entry in page.console_log() if "SEVERE" in entry and "401" not in entry]
+
+
+async def test_the_console_and_the_chat_page_link_to_each_other(
+    served: tuple[EngineProcess, Proxy], page: Page, api: Api
+) -> None:
+    """The console links each agent's chat, and a session's page opens its thread on the
+    chat page (with the key already given, and the open question asked there); the chat
+    page links back; an address with no agent behind it lists the agents."""
+    _, proxy = served
+    await api.say("wait for my confirm", "ses-linked")
+    await api.settled("ses-linked", "running")
+    await _page(page.open, f"{proxy.url}/console")
+    await _page(page.until, "the key prompt", lambda: page.find("#key-form").is_displayed())
+    await _page(lambda: page.find("#key").send_keys(FULL_KEY + "\n"))
+    row = "#sessions tr[data-session='ses-linked'] a.chat"
+    await _page(page.until, "the session's row", lambda: page.find(row))
+    assert page.find(row).get_attribute("href") == f"{proxy.url}/console/chat/oncall"
+    assert page.find("#to-chat").get_attribute("href") == f"{proxy.url}/console/chat"
+    await _page(page.shot, "console-list-chat-links")
+    await _page(page.open, f"{proxy.url}/console?agent=oncall")
+    await _page(page.until, "the filter's chat link", lambda: page.find("#chat-agent"))
+    assert page.find("#chat-agent").text == "chat with oncall"
+    assert page.find("#chat-agent").get_attribute("href") == f"{proxy.url}/console/chat/oncall"
+
+    # A session's page opens its thread on the chat page: no key asked again (the
+    # tab keeps one for both pages), the history and the open question shown.
+    await _page(page.open, f"{proxy.url}/console/sessions/ses-linked")
+    await _page(page.until, "the chat link", lambda: page.find("#open-chat").is_displayed())
+    await _page(page.shot, "console-session-chat-link")
+    await _page(lambda: page.find("#open-chat").click())
+    await _page(page.until, "the thread's question", lambda: page.find("#questions").is_displayed())
+    assert page.driver.current_url == f"{proxy.url}/console/chat/oncall#ses-linked"
+    assert not page.find("#key-form").is_displayed()
+    assert "wait for my confirm" in page.find("#log").text
+    assert page.find("#questions .question").text == "Restart checkout?"
+    assert page.find("#session-id").text == "ses-linked"
+    await _page(page.shot, "chat-from-the-console")
+    await _page(lambda: page.find("#text").send_keys("go ahead\n"))  # typed, not a button
+    done = "Confirmed; restarting checkout now."
+    await _page(page.until, "the turn going on", lambda: page.text_shown(done))
+    view = await api.settled("ses-linked", "idle")
+    assert [m["content"] for m in view["messages"] if m["role"] == "tool"] == ["go ahead"]
+
+    # And back: the session's console page, then the console.
+    await _page(lambda: page.find("#to-session").click())
+    await _page(page.until, "the session's timeline", lambda: page.find("#timeline tr.turn-done"))
+    assert page.driver.current_url == f"{proxy.url}/console/sessions/ses-linked"
+    assert page.find("#status").text == "idle"
+    await _page(page.open, f"{proxy.url}/console/chat/oncall")
+    await _page(lambda: page.find("#to-console").click())
+    await _page(
+        page.until, "the list", lambda: page.find("#sessions tr[data-session='ses-linked']")
+    )
+
+    # No agent in the address, or one the server does not run: a page listing the agents.
+    await _page(lambda: page.find("#to-chat").click())
+    await _page(page.until, "the agents", lambda: page.find("#agents a"))
+    assert page.find("#problem").text == "Which agent?"
+    await _page(page.shot, "chat-which-agent")
+    await _page(lambda: page.find("#agents a").click())
+    await _page(page.until, "the chat page", lambda: page.find("#title").text == "oncall")
+    await _page(page.open, f"{proxy.url}/console/chat/nobody")
+    await _page(page.until, "the missing agent", lambda: page.find("#problem"))
+    assert page.find("#problem").text == "No agent named 'nobody'"
+    assert [a.text for a in page.all("#agents a")] == ["oncall"]
+    assert page.find("#to-console").get_attribute("href") == f"{proxy.url}/console"
+    await _page(page.shot, "chat-no-such-agent")
+    missing = await api.http.get("/console/chat/nobody")
+    assert missing.status_code == 404 and missing.headers["Content-Type"].startswith("text/html")
+    assert not [entry for entry in page.console_log() if "SEVERE" in entry and "401" not in entry]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from pathlib import Path
 from typing import Any
 
 from ag_ui.core import RunAgentInput
@@ -365,44 +364,6 @@ async def post_connect(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-# -- the chat page -----------------------------------------------------------------------
-
-CHAT_FILES = Path(__file__).resolve().parents[1] / "console" / "chat"
-CHAT_ASSETS = {
-    "chat.js": "text/javascript",
-    "agui.js": "text/javascript",
-    "chat.css": "text/css",
-}
-# The page runs only its own files: no inline script or style, no other origin.
-PAGE_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
-        "img-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
-    ),
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-cache",
-}
-
-
-def _file(name: str, content_type: str) -> web.Response:
-    body = (CHAT_FILES / name).read_bytes()
-    return web.Response(body=body, content_type=content_type, charset="utf-8", headers=PAGE_HEADERS)
-
-
-async def get_chat_page(request: web.Request) -> web.Response:
-    """The chat page for one agent (the page reads which from its path)."""
-    return _file("index.html", "text/html")
-
-
-async def get_chat_asset(request: web.Request) -> web.Response:
-    name = request.match_info["name"]
-    content_type = CHAT_ASSETS.get(name)
-    if content_type is None:
-        raise ApiError(404, "not_found", f"no chat page file {name!r}")
-    return _file(name, content_type)
-
-
 RUNS: web.AppKey[set[Watch]] = web.AppKey("subs_agui_runs")
 
 
@@ -414,11 +375,9 @@ async def _end_runs(app: web.Application) -> None:
 
 
 def install(app: web.Application) -> None:
-    """The channel's routes, its chat page, and the hook that ends open runs at shutdown."""
+    """The channel's routes and the hook that ends open runs at shutdown."""
     app[RUNS] = set()
     app.on_shutdown.append(_end_runs)
     router = app.router
     router.add_post(PREFIX + "/run", post_run)
     router.add_post(PREFIX + "/connect", post_connect)
-    router.add_get("/console/chat/assets/{name}", get_chat_asset)
-    router.add_get("/console/chat/{agent_id}", get_chat_page)

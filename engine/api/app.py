@@ -16,6 +16,7 @@ from engine.api.admin import (
     get_metrics,
 )
 from engine.api.auth import ApiKeys
+from engine.api.chat_page import add_chat_routes
 from engine.api.console import add_console_routes
 from engine.api.fanout import Hub
 from engine.api.middleware import (
@@ -62,11 +63,13 @@ def make_app(
     cors_origins: Iterable[str] = (),
     request_timeout: float = 30.0,
     max_streams_per_key: int = 100,
+    agents: Iterable[str] = (),
 ) -> web.Application:
     """The API as an aiohttp app; the caller runs it (and decides where, see `check_bind`).
 
     `cors_origins` are the browser origins (`scheme://host[:port]`) allowed to call it;
-    none, the default, sends no CORS headers and refuses every preflight. `store` should
+    none, the default, sends no CORS headers and refuses every preflight. `agents` are
+    the project's agent ids, each with a chat page (`/console/chat/<agent>`). `store` should
     be on a connection pool of its own, apart from the engine's: the API's waits
     (submits, event-stream readers) must never hold up a lease renewal.
     """
@@ -86,6 +89,7 @@ def make_app(
         request_timeout=request_timeout,
         hub=Hub(store, sse_frame, block_ms=limits.block_ms, buffer=limits.max_pending),
         max_streams_per_key=max_streams_per_key,
+        agents=tuple(sorted(agents)),
     )
     app.on_response_prepare.append(cors_headers)
     app.on_response_prepare.append(console_headers)
@@ -102,7 +106,8 @@ def make_app(
     r.add_get("/api/admin/sessions", admin_sessions)
     r.add_get("/api/admin/sessions/{sid}/events", admin_events)
     r.add_get("/api/admin/dead-letters", admin_dead_letters)
-    agui.install(app)  # the AG-UI channel and its chat page
+    agui.install(app)  # the AG-UI channel
+    add_chat_routes(r)  # its chat page
     r.add_get("/healthz", get_healthz)
     r.add_get("/metrics", get_metrics)
     add_console_routes(r)

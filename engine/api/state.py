@@ -31,6 +31,7 @@ class ApiState:
     request_timeout: float
     hub: Hub
     max_streams_per_key: int
+    agents: tuple[str, ...] = ()  # the project's agents: the chat page has a page for each
     streams: set[SseStream] = field(default_factory=set)
     streams_by_caller: dict[str, int] = field(default_factory=dict)
 

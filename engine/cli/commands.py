@@ -470,6 +470,7 @@ async def _serve(args: argparse.Namespace) -> int:
             metrics=metrics,
             cors_origins=project.serve.cors_origins,
             max_streams_per_key=project.serve.max_streams_per_key,
+            agents=project.agents,
         )
         app.add_routes(bots.routes())  # POST /slack/<agent>/events
         runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=3)

@@ -2,7 +2,7 @@
 // refreshed every few seconds while it is open. Failed sessions are marked with the reason.
 
 import { call } from "./api.js";
-import { ago, clip, count, h, money, stamp } from "./util.js";
+import { ago, chatHref, clip, count, h, money, stamp } from "./util.js";
 
 const PAGE = 50;
 const REFRESH_MS = 5000;
@@ -25,6 +25,7 @@ export function showList(main, params, go, fail) {
     h("label", {}, "agent ", agentInput),
     h("label", {}, "status ", statusSelect),
     h("button", { type: "submit" }, "filter"),
+    agent ? h("a", { id: "chat-agent", href: chatHref(agent) }, `chat with ${agent}`) : "",
   );
   statusSelect.addEventListener("change", () => apply(0));
   const body = h("tbody");
@@ -98,7 +99,7 @@ function row(s) {
       s.first_message ? h("div", { class: "first" }, clip(s.first_message, 90)) : "",
       s.failed && s.error ? h("div", { class: "reason" }, `✗ ${s.error}`) : "",
     ),
-    h("td", {}, s.agent_id),
+    h("td", {}, s.agent_id, " ", h("a", { class: "chat small", href: chatHref(s.agent_id), title: `chat with ${s.agent_id}` }, "chat")),
     h("td", {}, h("span", { class: `badge ${state}` }, state)),
     h("td", { title: stamp(s.last_activity_at) }, ago(s.last_activity_at), h("div", { class: "muted small" }, stamp(s.last_activity_at))),
     h("td", { class: "num" }, count(s.turns)),

@@ -6,6 +6,7 @@
 import { ApiError, call, follow } from "./api.js";
 import {
   between,
+  chatHref,
   clip,
   clock,
   contentText,
@@ -27,10 +28,11 @@ export function showSession(main, sid, { fail, setLink }) {
   const facts = h("div", { class: "facts" });
   const notice = h("p", { class: "notice", id: "notice", hidden: true });
   const cancel = h("button", { id: "cancel", type: "button", hidden: true, onclick: onCancel }, "cancel turn");
+  const chat = h("a", { id: "open-chat", hidden: true }, "open in chat"); // the thread, on the chat page
   const rows = h("tbody", { id: "timeline-rows" });
   const path = h("ol", { class: "path", id: "path" });
   main.replaceChildren(
-    h("section", { class: "head" }, title, facts, h("div", { class: "actions" }, cancel), notice),
+    h("section", { class: "head" }, title, facts, h("div", { class: "actions" }, cancel, " ", chat), notice),
     h(
       "div",
       { class: "split" },
@@ -85,6 +87,8 @@ export function showSession(main, sid, { fail, setLink }) {
       fact("events", h("span", { id: "facts-seq" }, String(lastSeq))),
     );
     cancel.hidden = status !== "running" && status !== "interrupted";
+    chat.href = chatHref(view.agent_id, sid);
+    chat.hidden = false;
   }
 
   async function onCancel() {

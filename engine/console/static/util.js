@@ -16,6 +16,13 @@ export function h(tag, props = {}, ...children) {
   return node;
 }
 
+// The chat page for an agent (engine/api/chat_page.py), on a session's thread if given:
+// the thread id is the session id. It is another page: links to it carry no data-nav.
+export function chatHref(agent, sid) {
+  const page = `/console/chat/${encodeURIComponent(agent)}`;
+  return sid ? `${page}#${encodeURIComponent(sid)}` : page;
+}
+
 // "15:04:05" in UTC: on-call people compare times across zones.
 export function clock(iso) {
   return iso ? iso.slice(11, 19) : "";
