@@ -16,7 +16,7 @@ import re
 import shutil
 import tomllib
 import types
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -24,10 +24,18 @@ from urllib.parse import quote, urlsplit
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+)
 
 from engine.errors import SubsError
-from engine.machine import kinds
+from engine.machine import default_kinds
 from engine.redact import redact_url
 
 LLM_DEFAULTS: dict[str, tuple[str, str]] = {
@@ -369,9 +377,11 @@ def _json_schema(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
-def _tool_handler(value: str) -> str:
-    """Who runs a declared tool: one of the tool kinds registered (machine/kinds.py)."""
-    known = sorted(kinds.tool_handlers())
+def _tool_handler(value: str, info: ValidationInfo) -> str:
+    """Who runs a declared tool: one of the tool handlers of the engine's table of call
+    kinds (`parse_project(tool_handlers=)`; the default table's unless given)."""
+    given = (info.context or {}).get("tool_handlers")
+    known = sorted(default_kinds().tool_handlers() if given is None else given)
     if value not in known:
         raise ValueError(f"must be one of {', '.join(map(repr, known))}, got {value!r}")
     return value
@@ -540,7 +550,12 @@ _MODEL_KEYS = (
 # ---------------------------------------------------------------- loading
 
 
-def load_project(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Project:
+def load_project(
+    path: str | os.PathLike[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    tool_handlers: Collection[str] | None = None,
+) -> Project:
     file = os.fspath(path)
     try:
         raw = Path(file).read_bytes()
@@ -550,10 +565,18 @@ def load_project(path: str | os.PathLike[str], env: Mapping[str, str] | None = N
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(file, "", "not UTF-8 text") from None
-    return parse_project(text, file, env)
+    return parse_project(text, file, env, tool_handlers=tool_handlers)
 
 
-def parse_project(text: str, file: str, env: Mapping[str, str] | None = None) -> Project:
+def parse_project(
+    text: str,
+    file: str,
+    env: Mapping[str, str] | None = None,
+    *,
+    tool_handlers: Collection[str] | None = None,
+) -> Project:
+    """The project `text` (read from `file`) declares. `tool_handlers` are the handlers a
+    tool may name: those of the engine's table of call kinds (the default one's if None)."""
     env = os.environ if env is None else env
     try:
         data = tomllib.loads(text)
@@ -561,7 +584,7 @@ def parse_project(text: str, file: str, env: Mapping[str, str] | None = None) ->
         raise ConfigError(file, "", f"invalid TOML: {e}") from None
     _scan_secrets(data, (), file, data)
     try:
-        root = _Root.model_validate(data)
+        root = _Root.model_validate(data, context={"tool_handlers": tool_handlers})
     except ValidationError as e:
         raise _from_pydantic(file, e) from None
     _check(root, file)

@@ -36,7 +36,7 @@ from .inputs import (
     SubagentStarted,
     TimerFired,
 )
-from .retry import Fault, resolve_policy, run_deadline
+from .retry import Fault, run_deadline
 from .state import Call, SessionState
 from .tools import check_output, find_tool, result_text, tool_result_of
 
@@ -79,7 +79,7 @@ def start_llm_call(st: Step, action: dict[str, Any]) -> None:
             "handler": handler,
             "anchor": st.s.head_id,
             "params": params,
-            "retry": resolve_policy("llm", st.s.agent, action.get("retry")),
+            "retry": st.kinds.policy("llm", st.s.agent, action.get("retry")),
         }
     )
     dispatch(st, st.s.calls[call_id], 1)
@@ -93,14 +93,14 @@ def start_tool_call(st: Step, action: dict[str, Any], unrunnable: list[tuple[Cal
         arguments = json.dumps(arguments if arguments is not None else {}, separators=(",", ":"))
     tool = find_tool(st.s.agent, name, st.s.turn_tools) or connectors.call_params(st.s, name)
     handler = (tool or {}).get("handler") or "worker"
-    kind = kinds.of("tool", handler)
+    kind = st.kinds.of("tool", handler)
     requested: ev.ToolCallRequested = {
         "type": ev.TOOL_CALL_REQUESTED,
         "id": call_id,
         "name": name,
         "arguments": arguments,
         "handler": handler,
-        "retry": resolve_policy(kind.retry if kind else "tool", st.s.agent, action.get("retry")),
+        "retry": st.kinds.policy(kind.retry if kind else "tool", st.s.agent, action.get("retry")),
     }
     if tool is not None and "connector" in tool:
         requested["params"] = {"connector": tool["connector"], "tool": tool["tool"]}
@@ -134,7 +134,7 @@ def dispatch(st: Step, call: Call, attempt: int) -> None:
             "deadline_ms": deadline,
         }
     )
-    kind = kinds.of(call.kind, call.handler)
+    kind = st.kinds.of(call.kind, call.handler)
     if kind is not None and kind.effect is not None:
         st.out.effects.append(kind.effect(call.id, attempt, deadline))
     if call.handler == "subagent" and attempt > 1:
@@ -159,14 +159,14 @@ def live_call(st: Step, call_id: str, attempt: int, kind: str | None) -> Call | 
 
 
 def call_answered(st: Step, inp: CallAnswered) -> None:
-    """A registered kind's runner ended an attempt: the kind settles it (kinds.py)."""
+    """A kind's runner ended an attempt: the kind settles it (kinds.py)."""
     call = live_call(st, inp.call_id, inp.attempt, None)
     if call is None:
         return
     if call.status == "waiting":
         st.ignore(f"call {call.id!r} was already answered (it is async)")
         return
-    kind = kinds.of(call.kind, call.handler)
+    kind = st.kinds.of(call.kind, call.handler)
     settle = kind.settle if kind is not None and kind.settle is not None else answered
     settle(st, call, inp)
     turns.settle_turn(st)
@@ -323,7 +323,7 @@ def start_subagent(st: Step, action: dict[str, Any], unrunnable: list[tuple[Call
             "name": agent_id,
             "arguments": json.dumps(arguments, separators=(",", ":")),
             "handler": "subagent",
-            "retry": resolve_policy("subagent", s.agent, action.get("retry")),
+            "retry": st.kinds.policy("subagent", s.agent, action.get("retry")),
         }
     )
     call = s.calls[call_id]
@@ -552,7 +552,7 @@ def call_failed(
         }
     )
     if final:
-        ending = kinds.of(call.kind, call.handler)
+        ending = st.kinds.of(call.kind, call.handler)
         if ending is not None and ending.failed is not None:
             ending.failed(st, call, error)
         elif call.kind == "llm":
@@ -607,7 +607,7 @@ def call_lost(st: Step, inp: CallLost) -> None:
 def delivery_failed(st: Step, call: Call, error: dict[str, Any], retryable: bool) -> None:
     """The worker was not reached or answered nonsense: retried like a decision
     (SPEC §11, worker decision row), not under the tool's own attempts."""
-    policy = resolve_policy("decision", st.s.agent)
+    policy = st.kinds.policy("decision", st.s.agent)
     call_failed(st, call, error, retryable, None, policy=policy)
 
 
@@ -753,7 +753,7 @@ def settleable(st: Step, call_id: str, attempt: int | None, *, client_input: boo
             "call_not_open",
             f"tool call {call.id!r} runs on the {call.handler}, not the client",
         )
-    kind = kinds.of(call.kind, call.handler)
+    kind = st.kinds.of(call.kind, call.handler)
     if not client_input and call.status != "waiting" and not (kind and kind.outside_settles):
         raise MachineError(
             "call_not_open",

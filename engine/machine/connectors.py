@@ -25,10 +25,9 @@ from typing import Any
 
 from . import calls, decisions, kinds, turns
 from . import events as ev
-from .core import Step
+from .core import CallKind, Step
 from .effects import RunCall
 from .inputs import CallAnswered
-from .retry import resolve_policy
 from .state import Call, SessionState
 
 AUTH = "unauthorized"  # `detail.reason` of a sync or call refused for its credential
@@ -146,7 +145,7 @@ def start_sync(st: Step, path: str, *, force: bool, agent: dict[str, Any] | None
         "id": call_id,
         "name": path,
         "handler": "server",
-        "retry": resolve_policy("connector", agent or st.s.agent),
+        "retry": st.kinds.policy("connector", agent or st.s.agent),
     }
     if force:
         requested["params"] = {"force": True}
@@ -253,8 +252,9 @@ def settle_call(st: Step, call: Call, inp: CallAnswered) -> None:
         calls.settle_tool(st, call, inp.result, None, False)
 
 
-kinds.register(
-    kinds.CallKind(
+# The connector's two kinds, for the table (defaults.py).
+KINDS: tuple[CallKind, ...] = (
+    CallKind(
         kind="tool",
         handler="server",
         retry="tool",
@@ -263,10 +263,8 @@ kinds.register(
         deadline=kinds.backstop(kinds.BACKSTOP_GRACE_MS),
         in_flight=True,  # MCP has no idempotency key: a lost call is sent again
         settle=settle_call,
-    )
-)
-kinds.register(
-    kinds.CallKind(
+    ),
+    CallKind(
         kind="connector",
         handler="server",
         retry="connector",
@@ -287,5 +285,5 @@ kinds.register(
             "backoff_max_secs": 10,
         },
         agent_retry="connector",
-    )
+    ),
 )

@@ -24,7 +24,7 @@ from .inputs import (
     ExecuteAnswered,
     ExecuteFailed,
 )
-from .retry import Fault, resolve_policy, run_deadline
+from .retry import Fault, run_deadline
 from .state import Call, Decision
 from .tools import tool_result_of
 from .tree import id_clash
@@ -50,7 +50,7 @@ def dispatch_decision(
     decision_id = st.ids("dec")
     # Before session.start is answered, the file's config (its proposal) sets the policy.
     agent = st.s.agent if st.s.agent is not None else proposed.get("agent")
-    policy = resolve_policy("decision", agent)
+    policy = st.kinds.policy("decision", agent)
     deadline = run_deadline(policy, st.now)
     st.emit(
         {

@@ -21,7 +21,7 @@ from typing import Any
 
 from . import calls, decisions, turns
 from . import events as ev
-from .core import Ids, MachineError, Step, Transition
+from .core import Ids, Kinds, MachineError, Step, Transition
 from .deadlines import armed, timer_changes
 from .inputs import (
     CallAnswered,
@@ -136,8 +136,11 @@ _DISPATCH: dict[type, Callable[[Step, Any], None]] = {
 }
 
 
-def step(state: SessionState | None, session_id: str, inp: Input, now: int, ids: Ids) -> Transition:
-    """Apply one input. Mutates `state` (when it emits) and returns the transition.
+def step(
+    state: SessionState | None, session_id: str, inp: Input, now: int, ids: Ids, kinds: Kinds
+) -> Transition:
+    """Apply one input by the rules of `kinds`. Mutates `state` (when it emits) and returns
+    the transition.
 
     Raises:
         MachineError: the input is refused; nothing was emitted.
@@ -152,9 +155,9 @@ def step(state: SessionState | None, session_id: str, inp: Input, now: int, ids:
             raise MachineError("unknown_session", f"session {session_id!r} does not exist", 404)
         if not isinstance(inp, ClientSubmitted | ChildSpawned):
             return Transition(state=None, ignored=f"session {session_id!r} does not exist")
-    before = armed(state)
-    st = Step(state, session_id, now, ids)
+    before = armed(state, kinds)
+    st = Step(state, session_id, now, ids, kinds)
     handler(st, inp)
     if st.out.events:
-        st.out.effects += timer_changes(before, armed(st.out.state))
+        st.out.effects += timer_changes(before, armed(st.out.state, kinds))
     return st.out

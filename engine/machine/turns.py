@@ -80,7 +80,7 @@ def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> N
             queued: ev.TurnQueued = {"type": ev.TURN_QUEUED, "turn_id": turn_id, "input": body}
             due = None
             if not body.get("parent"):
-                due = retry.queue_deadline(retry.resolve_policy("turn", s.agent), st.now)
+                due = retry.queue_deadline(st.kinds.policy("turn", s.agent), st.now)
             if due is not None:
                 queued["deadline_ms"] = due
             st.emit(queued, turn_id)
@@ -437,7 +437,7 @@ def queue_deadline(st: Step, inp: QueueDeadline) -> None:
     if queued is None:
         st.ignore(f"turn {inp.turn_id!r} is no longer queued")
         return
-    policy = retry.resolve_policy("turn", st.s.agent)
+    policy = st.kinds.policy("turn", st.s.agent)
     drop_queued(st, inp.turn_id, retry.queue_timeout(f"turn {inp.turn_id}", policy))
 
 
