@@ -23,7 +23,7 @@ from engine.machine import (
     SubagentStarted,
     build_llm_request,
 )
-from engine.machine.calls import spawn_mode
+from engine.machine.spawns import spawn_mode
 from tests.machine_helpers import AGENT, Session, text_reply, tool_reply
 
 

@@ -568,3 +568,44 @@ def test_a_turns_events_stay_the_same_size_as_the_session_grows(w):
         written.append(size)
     w.check_fold()
     assert max(written[1:]) < 1.2 * min(written[1:]), written
+
+
+def test_actions_after_done_do_not_run_in_the_next_queued_turn(w):
+    """`done` ends the turn: the answer's later actions have no turn to act in, and the
+    queued turn starts afterwards with its own first decision, not with them."""
+    w.start()
+    w.answer()  # session.start
+    w.answer({"actions": [{"type": "done"}]})  # the worker is asked `turn.finished`
+    assert w.request()["trigger"]["type"] == "turn.finished"
+    w.say("second", queue=True)
+    t = w.answer({"actions": [{"type": "done"}, {"type": "llm.call"}]})
+    assert w.types(t) == [
+        "decision.completed",
+        "turn.completed",
+        "turn.started",
+        "decision.dispatched",
+    ]
+    assert not effects(t, RunLlmCall)
+    assert w.request()["trigger"]["type"] == "client.messages"
+    w.check_fold()
+
+
+def test_a_call_that_cannot_run_beside_fail_closes_with_the_turn(w):
+    """A call the answer starts that cannot run (a spawn of an agent that is no subagent)
+    and a `fail`: the turn ends and closes the call once; the input is not a crash."""
+    w.start()
+    w.answer()  # session.start
+    spawn = {"type": "subagent.spawn", "agent_id": "ghost", "tool_call_id": "x1"}
+    spawn["message"] = {"role": "user", "content": "hi"}
+    error = {"message": "given up", "code": "handler_error"}
+    t = w.answer({"actions": [spawn, {"type": "fail", "error": error}]})
+    assert w.types(t) == [
+        "decision.completed",
+        "tool.call.requested",
+        "tool.call.errored",
+        "turn.failed",
+    ]
+    [errored] = [e["payload"] for e in t.events if e["payload"]["type"] == "tool.call.errored"]
+    assert errored["error"]["detail"] == {"reason": "turn_ended"}
+    assert w.state.status == "idle"
+    w.check_fold()

@@ -1,5 +1,5 @@
 """The context every rule works in: the state, the events it emits, the effects it asks
-for, and the table of call kinds the step runs by.
+for, the facts it leaves for `advance` (step.py), and the table of call kinds it runs by.
 
 `CallKind` and `Kinds` live here, beside `Step`, because each names the other: a kind's
 hooks are rules of a `Step`, and a step carries its table. The kinds themselves are
@@ -81,6 +81,14 @@ class CallKind:
     failed: Callable[[Step, Call, dict[str, Any]], None] | None = None
     retry_defaults: Mapping[str, Any] | None = None  # a policy of its own, named `retry`
     agent_retry: str | None = None  # the agent's `retry.<block>` over its own policy
+    # The deadline of an attempt dispatched at `now` (ms); None: its policy's run deadline.
+    attempt_deadline: Callable[[Call, int], int | None] | None = None
+    dispatched: Callable[[Step, Call, int], None] | None = None  # after attempt n went out
+    # Its deadline timer fired at `now`: the attempt's error and whether it is retryable;
+    # None: `deadline_exceeded`, retryable.
+    overdue: Callable[[Call, int], tuple[dict[str, Any], bool]] | None = None
+    # It ends before its answer (its turn ended, its deadline passed): whom to tell.
+    stop: Callable[[Step, Call], None] | None = None
 
 
 class Kinds:
@@ -134,11 +142,45 @@ class Kinds:
         )
 
 
+@dataclass(frozen=True)
+class Proposal:
+    """The engine decides (no worker): `proposed` is to be applied as the answer to
+    `trigger` (decisions.apply_decision)."""
+
+    trigger: dict[str, Any]
+    proposed: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Opening:
+    """A turn's first decision, held for its connections' syncs or decided at once;
+    `start_config` is the file's agent config of a session's first turn."""
+
+    trigger: dict[str, Any]
+    proposed: dict[str, Any]
+    start_config: dict[str, Any] | None
+    force: str | None  # a connection the client asked to fetch afresh
+
+
+@dataclass(frozen=True)
+class CannotRun:
+    """A call nothing can run: it fails (`unroutable`), once all its decision's calls are
+    open, so the re-prompt waits for every one of them."""
+
+    call_id: str
+    reason: str
+
+
+Fact = Proposal | Opening | CannotRun
+
+
 class Step:
     """One transition in the making: the context every rule function takes.
 
-    Rules (turns.py, calls.py, decisions.py) are plain functions of a `Step`; it holds
-    what they share and nothing else. Every state change goes through `emit`.
+    Rules are plain functions of a `Step`; it holds what they share and nothing else.
+    Every state change goes through `emit`. A rule does not call what comes next: it
+    records a fact (`record`), and `advance` (step.py) does what the facts and the state
+    call for.
     """
 
     def __init__(
@@ -150,6 +192,9 @@ class Step:
         self.occurred_at = iso(now)
         self.ids = ids
         self.kinds = kinds
+        self.facts: list[Fact] = []
+        # The turn whose worker answered `turn.finished` in this step: it may end.
+        self.finished: str | None = None
         self.out = Transition(state=state)
         # The agent's Slack slash commands, from the client input being applied.
         self.slash_commands: tuple[str, ...] = ()
@@ -180,6 +225,15 @@ class Step:
         self.state = evolve(self.state, event)
         self.out.state = self.state
         self.out.events.append(event)
+
+    def record(self, fact: Fact) -> None:
+        """Leave `fact` for `advance`, after what this rule is doing."""
+        self.facts.append(fact)
+
+    def take_facts(self) -> list[Fact]:
+        """The facts recorded since the last call, oldest first."""
+        facts, self.facts = self.facts, []
+        return facts
 
     def ignore(self, reason: str) -> None:
         self.out.ignored = reason

@@ -3,14 +3,16 @@
 A call's kind is the (`kind`, `handler`) pair its `*.call.requested` recorded:
 ("llm", "server") the engine calls the model; ("llm", "worker") and ("tool", "worker")
 the worker executes; ("tool", "client") the client runs it; ("tool", "subagent") a
-child session does. The rules ask the step's table of kinds (`st.kinds`, core.py
+child session does (subagents.py). The rules ask the step's table of kinds (`st.kinds`, core.py
 `Kinds`) instead of branching on the handler: which retry policy applies, whether the
 session can run the call, the effect that dispatching an attempt starts, the attempt's
 deadline timer, whether a dead engine loses the attempt, and how the kind's runner's
 answer (`CallAnswered`) settles it. Decisions are not calls: they run under the
 "decision" policy.
 
-Adding a kind (connectors.py did, for MCP syncs and calls) touches:
+The built-in kinds are here; subagents.py and connectors.py hold their own, with the
+hooks their rules need. Adding a kind (connectors.py did, for MCP syncs and calls)
+touches:
   1. its own machine module: a `RunCall` subclass for its effect and a `CallKind` value,
      with a `settle` rule if a tool result is not what its answer means;
   2. its own shell module: a runner for its effect, answering with `CallAnswered`
@@ -36,19 +38,6 @@ def backstop(grace_ms: int) -> Deadline:
     return lambda call: None if call.deadline is None else call.deadline + grace_ms
 
 
-def whole_run(call: Call) -> int | None:
-    """A timer at the call's total timeout, counted from its start (a child's run)."""
-    total = call.retry.get("total_timeout_secs")
-    return None if total is None else call.started_at + int(total * 1000)
-
-
-def queue_then_whole_run(call: Call) -> int | None:
-    """A subagent call: its attempt's queue deadline until the child's turn starts (the
-    fold then clears `deadline`), and its total timeout all along."""
-    dues = [d for d in (call.deadline, whole_run(call)) if d is not None]
-    return min(dues) if dues else None
-
-
 def no_deadline(call: Call) -> int | None:
     return None
 
@@ -70,5 +59,4 @@ BUILTIN: tuple[CallKind, ...] = (
     CallKind("llm", "worker", "llm", by_worker, RunExecute, backstop(BACKSTOP_GRACE_MS), True),
     CallKind("tool", "worker", "tool", by_worker, RunExecute, backstop(0), True),
     CallKind("tool", "client", "client_tool", always, None, no_deadline, False, True),
-    CallKind("tool", "subagent", "subagent", always, None, queue_then_whole_run, False, True),
 )

@@ -24,7 +24,8 @@ from engine.config import Project
 from engine.effects.mcp.connection import McpConnection, McpTrouble
 from engine.effects.runner import Done, EffectRunner, Runner, Tasks
 from engine.machine import CallAnswered, Input, SessionState
-from engine.machine.connectors import AUTH, RunConnectorSync, RunMcpCall, prefix_of
+from engine.machine.connections import prefix_of
+from engine.machine.connectors import AUTH, RunConnectorSync, RunMcpCall
 from engine.machine.retry import Fault
 from engine.machine.tools import validate_input
 from engine.redact import Redactor, env_secrets, project_secrets
