@@ -22,9 +22,11 @@ from engine.machine import (
     InterruptRequested,
     SessionState,
     input_to_json,
+    iso,
 )
 from engine.machine.events import TURN_FAILED
 from engine.machine.turns import TURN_STARTS
+from engine.messages import text_of
 from engine.protocol import parse_client_input
 from engine.runtime.apply import new_id
 from engine.store.snapshots import load_state, load_states
@@ -57,41 +59,41 @@ def validate_client_input(data: Any) -> None:
 
 def session_row(state: SessionState, last: dict[str, Any] | None) -> dict[str, Any]:
     """A session as a listing shows it; `last` is its newest event. `failed` says its last
-    turn failed, with the reason when that failure is the newest event."""
-    first = next((n.message for n in state.nodes.values() if n.message["role"] == "user"), None)
+    turn failed (`error`: why, while that failure is the newest event); `status` is the
+    session's, `failed` instead of `idle` then. Times are ISO 8601 UTC text.
+
+    It reads whatever an older version stored: a first message with no text lists as "".
+    """
+    first = next((n.message for n in state.nodes.values() if n.message.get("role") == "user"), None)
     failed = state.last_turn is not None and state.turns.get(state.last_turn) == "failed"
     payload = last["payload"] if last else {}
     error = payload.get("error") if payload.get("type") == TURN_FAILED else None
     return {
         "session_id": state.session_id,
         "agent_id": state.agent_id,
-        "status": state.status,
-        "created_at": state.created_at,
+        "status": "failed" if failed and state.status == "idle" else state.status,
+        "created_at": iso(state.created_at),
         "seq": state.seq,
         "last_activity_at": last["occurred_at"] if last else None,
         "turns": len(state.turns),
-        "first_message": _words(first["content"], 80) if first else None,
+        "first_message": _words(text_of(first.get("content")), 80) if first else None,
         "tokens": state.usage.get("total", 0),
         "cost": state.cost,
         "failed": failed,
-        "error": _words(error.get("message", ""), 160) if isinstance(error, dict) else None,
+        "error": _words(str(error.get("message", "")), 160) if isinstance(error, dict) else None,
     }
 
 
 def row_matches(row: dict[str, Any], agent: str | None, status: str | None) -> bool:
-    """A listing filter: `status` is a session status, or `failed` (its last turn failed)."""
+    """A listing filter on the row's agent and `status` (as `session_row` words it)."""
     if agent is not None and row["agent_id"] != agent:
         return False
-    if status == "failed":
-        return bool(row["failed"])
     return status is None or row["status"] == status
 
 
-def _words(content: Any, limit: int) -> str:
-    """A message's text on one line, cut at `limit` characters."""
-    if isinstance(content, list):
-        content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    text = " ".join(str(content).split())
+def _words(text: str, limit: int) -> str:
+    """Text on one line, cut at `limit` characters."""
+    text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -20,7 +20,7 @@ from ag_ui.core import RunAgentInput
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.api.agui_events import RunTranslator, snapshot, sse, text_of
+from engine.api.agui_events import RunTranslator, snapshot, sse
 from engine.api.errors import ApiError
 from engine.api.fanout import Watch
 from engine.api.parsing import json_body, validate
@@ -29,6 +29,7 @@ from engine.api.stream import PING, SSE_HEADERS
 from engine.client import validate_client_input
 from engine.machine import SessionState
 from engine.machine.tree import match_view, path_to
+from engine.messages import text_of
 from engine.store.snapshots import load_state
 
 PREFIX = "/api/channels/ag-ui/agents/{agent_id}"
