@@ -41,10 +41,12 @@ class ClientError(SubsError):
 
 
 def validate_client_input(data: Any) -> None:
-    """Check a ClientInput as the API does, wherever it comes from (the API, `--input`).
+    """Check a ClientInput against the protocol (`parse_client_input`), wherever it comes
+    from: every `Client.submit` does (the API, AG-UI, the CLI, the Slack bot), and
+    `subs run --input` before it starts anything.
 
     Raises:
-        ClientError: `invalid_input` (422) naming the bad field under `input.`.
+        ClientError: `invalid_input` (400) naming the bad field under `input.`.
     """
     try:
         parse_client_input(data)
@@ -53,7 +55,7 @@ def validate_client_input(data: Any) -> None:
         where = f"input.{err.param}" if err.param else "input"
         message = f"input.{text}" if err.param else f"input: {text}"
         raise ClientError(
-            message, code="invalid_input", status=422, detail={"param": where}
+            message, code="invalid_input", status=400, detail={"param": where}
         ) from None
 
 
@@ -114,6 +116,7 @@ class Client:
         timeout: float = 30.0,
     ) -> dict[str, Any]:
         """Send one ClientInput; returns `{session_id, turn_id, queued}` once committed.
+        One the protocol refuses is a ClientError (`validate_client_input`), sent nowhere.
 
         With `owner`, an existing session must belong to that subject (else 403).
 
@@ -130,13 +133,16 @@ class Client:
     async def _request(self, sid: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         """Put one input on the session's work stream and wait for the owner's answer.
 
-        Whatever a client sends (the API, the CLI, a Slack payload) is checked here,
-        once, before it can reach a commit: a lone surrogate or a NaN would fail there.
+        Whatever a client sends (the API, AG-UI, the CLI, a Slack payload) is checked here,
+        once, before it can reach a commit: JSON any reader can read back (a lone surrogate
+        or a NaN would fail there), then a ClientInput the protocol accepts.
         """
         try:
             check(body)
         except JsonEdgeError as exc:
             raise ClientError(exc.message, code="invalid_json", status=400, detail={}) from None
+        if body["kind"] == "client":
+            validate_client_input(body["input"])
         reply_to = self.store.reply_key(sid, secrets.token_hex(8))
         await self.store.enqueue(sid, body, reply_to)
         answer = await self.store.wait_reply(reply_to, timeout)

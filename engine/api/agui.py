@@ -26,7 +26,6 @@ from engine.api.fanout import Watch
 from engine.api.parsing import json_body, validate
 from engine.api.state import API, ApiState, principal_of
 from engine.api.stream import PING, SSE_HEADERS
-from engine.client import validate_client_input
 from engine.machine import SessionState
 from engine.machine.tree import match_view, path_to
 from engine.messages import text_of
@@ -237,7 +236,6 @@ async def _begin(
             "turn_id": run.run_id,
             "client": client_context(run),
         }
-        validate_client_input(inp)
         principal = principal_of(request)
         identity = principal.identity()
         reply = await api.client.submit(
