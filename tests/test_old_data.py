@@ -15,6 +15,7 @@ import pytest
 
 from engine.api import ApiKeys, make_app
 from engine.client import Client
+from engine.messages import text_of
 from engine.runtime.engine import Engine
 from engine.store.store import Store, connect
 from tests.api_helpers import ROOT, auth, serve
@@ -34,6 +35,24 @@ FIRST_WORDS = {
     "ses-old-failed": "hi",
 }
 assert set(FIRST_WORDS) == {*OLD_FIRST_MESSAGES, "ses-old-failed"}
+
+
+@pytest.mark.parametrize(
+    ("content", "text"),
+    [
+        ("plain", "plain"),
+        (None, ""),
+        ([], ""),
+        ([{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], "ab"),
+        ([{"type": "image_url", "image_url": {"url": "u"}}, {}, "loose", 7], ""),
+        ([{"type": "text", "text": None}, {"type": "text", "text": 3}, {"text": "kept"}], "kept"),
+        ({"text": "an object"}, ""),
+        (42, ""),
+    ],
+)
+def test_a_stored_content_reads_as_text_whatever_it_holds(content: Any, text: str) -> None:
+    """The one reader of a message's text (the lists, AG-UI, the Slack bot's turn view)."""
+    assert text_of(content) == text
 
 
 async def _seed(store: Store) -> None:
