@@ -31,6 +31,7 @@ def _c(config: Path) -> list[str]:
 
 
 CLIENT_INPUT_WITHOUT_MESSAGE = json.dumps({"type": "client.message"})
+USER_MESSAGE_WITHOUT_CONTENT = json.dumps({"type": "client.message", "message": {"role": "user"}})
 
 CASES = [
     Case(
@@ -101,6 +102,19 @@ CASES = [
         lambda cfg, port: ["run", "ops_openai", *_c(cfg), "--input", CLIENT_INPUT_WITHOUT_MESSAGE],
         2,
         ("--input: input.message: required field is missing",),
+    ),
+    Case(
+        "--input whose user message has no content, before --url is reached",
+        lambda cfg, port: [
+            "run",
+            "ops_openai",
+            "--url",
+            f"http://127.0.0.1:{port}",
+            "--input",
+            USER_MESSAGE_WITHOUT_CONTENT,
+        ],
+        2,
+        ("--input: input.message.content: a user message needs content",),
     ),
     Case(
         "--input that is a list",

