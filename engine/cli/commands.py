@@ -21,31 +21,20 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
-from aiohttp import web
-
-from bot.slack.manifest import events_path, manifest, to_yaml
-from engine.api import ApiKeys, ApiKeysError, bind_warning, check_bind, make_app
-from engine.cli.remote import HttpClient
-from engine.cli.terminal import Printer, require_session, short, watch_turn
-from engine.client import Client, ClientError, validate_client_input
-from engine.config import Project, load_project, slack_env_suffix
-from engine.errors import SubsError
-from engine.machine import iso
+from engine.cli.text import short
+from engine.errors import ClientError, SubsError
 from engine.redact import Redactor, env_secrets, project_secrets, redact_url
-from engine.runtime.engine import Engine, new_event_loop
-from engine.runtime.metrics import Metrics
-from engine.store.embedded import EmbeddedRedis, EmbeddedRedisError, supervise
-from engine.store.store import (
-    RedisClient,
-    RedisError,
-    Store,
-    cluster_shape,
-    connect,
-    unreachable,
-)
+
+# The engine, Redis, Slack, MCP and the config's models are imported by the functions
+# that use them: `subs sessions list --url` needs none of them, and would wait for them.
+if TYPE_CHECKING:
+    from engine.cli.remote import HttpClient
+    from engine.client import Client
+    from engine.config import Project
+    from engine.store.store import RedisClient
 
 # Masks secrets in every log record (installed by `run_command`) and in the errors it prints.
 REDACTOR = Redactor()
@@ -82,6 +71,8 @@ async def _redis_url(project: Project, url: str | None) -> AsyncIterator[str]:
     """The configured Redis's URL, or that of a private embedded one under `.subs/`
     beside the file, running (restarted on the same AOF whenever it dies) until the
     block ends."""
+    from engine.store.embedded import EmbeddedRedis, EmbeddedRedisError, supervise
+
     url = url or project.redis
     if url is not None:
         yield url
@@ -106,6 +97,8 @@ async def _redis_url(project: Project, url: str | None) -> AsyncIterator[str]:
 
 async def _reachable(redis: RedisClient, url: str, project: Project) -> None:
     """Fail now, naming the server, when Redis does not answer: not later, in a retry loop."""
+    from engine.store.store import unreachable
+
     why = await unreachable(redis, REDIS_CHECK_SECONDS)
     if why is not None:
         raise SubsError(
@@ -117,6 +110,8 @@ async def _reachable(redis: RedisClient, url: str, project: Project) -> None:
 @contextlib.asynccontextmanager
 async def _redis_for(project: Project, url: str | None) -> AsyncIterator[RedisClient]:
     """One client (one pool) on the configured or embedded Redis."""
+    from engine.store.store import connect
+
     async with _redis_url(project, url) as address, connect(address) as client:
         await _reachable(client, address, project)
         yield client
@@ -124,6 +119,8 @@ async def _redis_for(project: Project, url: str | None) -> AsyncIterator[RedisCl
 
 def _load(args: argparse.Namespace) -> Project:
     """The project, its secrets (and those in `--redis`) known to the redactor from now on."""
+    from engine.config import load_project
+
     redis = getattr(args, "redis", None)
     if redis is not None and urlsplit(redis).scheme not in ("redis", "rediss", "unix"):
         raise Usage(
@@ -160,6 +157,8 @@ def _message(agent: str, text: str) -> dict[str, Any]:
 @contextlib.asynccontextmanager
 async def _remote(url: str) -> AsyncIterator[HttpClient]:
     """A remote engine's HTTP API, with the key from `SUBS_API_KEY`."""
+    from engine.cli.remote import HttpClient
+
     key = os.environ.get("SUBS_API_KEY")
     if key is not None and (not key.isprintable() or " " in key):
         raise Usage("SUBS_API_KEY holds a space or a control character: set it to the key alone")
@@ -203,6 +202,9 @@ async def _session_client(args: argparse.Namespace) -> AsyncIterator[Any]:
 async def _engine_client(project: Project, redis_url: str | None) -> AsyncIterator[Client]:
     """A client with an engine in this process to apply what it submits (another engine
     on the same Redis may answer instead: whichever owns the session's partition)."""
+    from engine.client import Client
+    from engine.runtime.engine import Engine
+
     async with _redis_for(project, redis_url) as redis:
         engine = Engine(project, redis, lease_ms=_lease_ms())
         await engine.start()
@@ -214,6 +216,8 @@ async def _engine_client(project: Project, redis_url: str | None) -> AsyncIterat
 
 def _client_input(args: argparse.Namespace) -> dict[str, Any]:
     """`--input`, checked here as the API would check it: one error naming the field."""
+    from engine.client import validate_client_input
+
     example = (
         """--input '{"type": "client.message", "message": {"role": "user", "content": "hi"}}'"""
     )
@@ -243,6 +247,8 @@ def _console_link(args: argparse.Namespace) -> Callable[[str], str]:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    from engine.cli.terminal import Printer, require_session, watch_turn
+
     if args.input:
         payload = _client_input(args)
     elif args.message is not None:
@@ -304,6 +310,8 @@ def _input(prompt: str) -> str | None:
 
 async def _chat(args: argparse.Namespace) -> int:
     """Talk to an agent; Ctrl-C stops watching a turn (it goes on), Ctrl-D leaves."""
+    from engine.cli.terminal import Printer, require_session, watch_turn
+
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())
     printer = Printer(sys.stdout, False, sys.stderr)
@@ -424,7 +432,14 @@ async def _serve(args: argparse.Namespace) -> int:
     The API answers as soon as the engine runs; Slack connects in the background (with
     retries), so an unreachable Slack never holds up the API or the stop.
     """
+    from aiohttp import web
+
     from bot.slack.app import start_bots  # the Slack stack: only serve needs it
+    from engine.api import ApiKeys, ApiKeysError, bind_warning, check_bind, make_app
+    from engine.client import Client
+    from engine.runtime.engine import Engine
+    from engine.runtime.metrics import Metrics
+    from engine.store.store import Store, connect
 
     project = _load(args)
     host = args.host or project.serve.host
@@ -550,6 +565,8 @@ def _check(args: argparse.Namespace) -> int:
 
 def _cluster_shape(url: str | None) -> dict[str, Any] | None:
     """The shape of the cluster `url` names; None when it names none (or no URL is set)."""
+    from engine.store.store import RedisError, cluster_shape
+
     if url is None:
         return None
     try:
@@ -561,6 +578,9 @@ def _cluster_shape(url: str | None) -> dict[str, Any] | None:
 
 def _manifest(args: argparse.Namespace) -> int:
     """Print the agent's Slack app manifest; the transport follows the environment by default."""
+    from bot.slack.manifest import events_path, manifest, to_yaml
+    from engine.config import slack_env_suffix
+
     project = _load(args)
     agent = project.agents.get(args.agent)
     if agent is None:
@@ -593,6 +613,9 @@ async def _reader(args: argparse.Namespace) -> AsyncIterator[Any]:
         async with _remote(args.url) as client:
             yield client
         return
+    from engine.client import Client
+    from engine.store.store import Store
+
     project = _load(args)
     async with _redis_for(project, args.redis) as redis:
         yield Client(await Store.open(redis))
@@ -664,6 +687,8 @@ def _print_sessions(rows: list[dict[str, Any]], jsonl: bool) -> None:
 
 def _dead_letter_line(letter: dict[str, Any]) -> str:
     """`<time> <session> <input kind> (<n> deliveries): <reason>`: one line to act on."""
+    from engine.machine import iso
+
     when = iso(int(letter.get("at_ms", 0)))
     body = letter.get("input") or {}
     kind = body.get("kind", "?")
@@ -701,6 +726,12 @@ def _log_level() -> str:
     return level
 
 
+def _redis_errors() -> tuple[type[Exception], ...]:
+    """Redis's error class once the store is loaded; none before, when nothing can raise it."""
+    store = sys.modules.get("engine.store.store")
+    return () if store is None else (store.RedisError,)
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Run the parsed command; every failure a person can act on is one line on stderr."""
     REDACTOR.add(env_secrets(os.environ))
@@ -712,13 +743,17 @@ def run_command(args: argparse.Namespace) -> int:
         if args.command == "manifest":
             return _manifest(args)
         runs = {"serve": _serve, "run": _run, "chat": _chat, "sessions": _sessions}
-        loop = new_event_loop if args.command == "serve" else None
+        loop = None
+        if args.command == "serve":
+            from engine.runtime.engine import new_event_loop
+
+            loop = new_event_loop
         with asyncio.Runner(loop_factory=loop) as runner:
             return runner.run(runs[args.command](args))
     except SubsError as err:  # ConfigError and Usage exit 2, the rest 1
         print(f"subs: {REDACTOR.scrub(str(err))}", file=sys.stderr)
         return err.exit_status
-    except RedisError as err:
+    except _redis_errors() as err:
         print(
             f"subs: Redis failed: {REDACTOR.scrub(str(err)) or type(err).__name__}; "
             "check that it runs, then try again",
