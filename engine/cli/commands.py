@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from engine.cli.text import short
-from engine.errors import ClientError, SubsError
+from engine.errors import ClientError, SubsError, describe
 from engine.redact import Redactor, env_secrets, project_secrets, redact_url
 
 # The engine, Redis, Slack, MCP and the config's models are imported by the functions
@@ -185,10 +185,16 @@ def _key_refused(url: str, reason: str, key: str | None) -> str:
 
 @contextlib.asynccontextmanager
 async def _session_client(args: argparse.Namespace) -> AsyncIterator[Any]:
-    """A remote engine's HTTP API with `--url`, else an engine in this process."""
+    """A remote engine's HTTP API with `--url`, else an engine in this process. An
+    agent that is not there is a command-line mistake either way (exit 2)."""
     if getattr(args, "url", None):
-        async with _remote(args.url) as client:
-            yield client
+        try:
+            async with _remote(args.url) as client:
+                yield client
+        except ClientError as err:
+            if err.code != "unknown_agent":
+                raise
+            raise Usage(f"{args.url}: {err.message}") from None
         return
     project = _load(args)
     if args.agent not in project.agents:
@@ -237,13 +243,14 @@ def _client_input(args: argparse.Namespace) -> dict[str, Any]:
     return payload
 
 
-def _console_link(args: argparse.Namespace) -> Callable[[str], str]:
-    """A session's console page: on the `--url` engine, else where this project's serve
-    listens (`[serve] public_url`, or its host and port)."""
+def _console_link(args: argparse.Namespace) -> Callable[[str], str] | None:
+    """A session's console page: on the `--url` engine, else at `[serve] public_url`.
+    None without either: the engine runs in this process, and serves no console."""
     if getattr(args, "url", None):
         base = _http_url(args.url).rstrip("/")
         return lambda sid: f"{base}/console/sessions/{quote(sid, safe='')}"
-    return _load(args).serve.console_url
+    serve = _load(args).serve
+    return serve.console_url if serve.public_url else None
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -262,7 +269,8 @@ async def _run(args: argparse.Namespace) -> int:
         if not printer.jsonl:
             waiting = " (queued behind the running turn)" if queued else ""
             print(f"session {sid}{waiting}", file=sys.stderr)
-            print(f"console: {console(sid)}", file=sys.stderr, flush=True)
+            if console is not None:
+                print(f"console: {console(sid)}", file=sys.stderr, flush=True)
 
     async with _session_client(args) as client:
         if args.session:
@@ -517,6 +525,8 @@ async def _serve(args: argparse.Namespace) -> int:
         )
         for path, why in off.items():
             print(f"subs: {path} is off: {why}; its agents run without its tools", file=sys.stderr)
+        for bot_off in project.slack_off(os.environ):
+            print(f"subs: {bot_off.why}", file=sys.stderr)
         warning = bind_warning(host, keys)
         if warning:
             print(f"subs: {warning}", file=sys.stderr, flush=True)
@@ -529,7 +539,9 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    """Exit 1 when the file is wrong or an environment variable it needs is missing.
+    """Exit 1 when the file is wrong, an environment variable it needs is missing, or a
+    Slack app has some of its variables but not enough (none at all is an API-only set-up:
+    a note, like an MCP connection that is off).
 
     With a Redis URL configured (--redis, SUBS_REDIS, `redis`) that names a node of a
     Redis Cluster, it also says the cluster's shape; a Redis it cannot reach is not an
@@ -537,6 +549,7 @@ def _check(args: argparse.Namespace) -> int:
     project = _load(args)
     missing = project.missing_env(os.environ)
     off = project.connections_off(os.environ)
+    slack = project.slack_off(os.environ)
     shape = _cluster_shape(args.redis or project.redis)
     if sys.stdout.isatty():
         agents = ", ".join(
@@ -553,6 +566,8 @@ def _check(args: argparse.Namespace) -> int:
             print(f"missing {m.var}: needed by {m.needed_by} ({m.why})")
         for path, why in off.items():
             print(f"{path} is off: {why}; its agents run without its tools")
+        for app in slack:
+            print(app.why)
     else:
         if shape is not None:
             print(json.dumps({"redis_cluster": shape}))
@@ -560,7 +575,9 @@ def _check(args: argparse.Namespace) -> int:
             print(json.dumps({"missing": m.var, "needed_by": m.needed_by, "why": m.why}))
         for path, why in off.items():
             print(json.dumps({"off": path, "why": why}))
-    return 1 if missing else 0
+        for app in slack:
+            print(json.dumps({"slack_off": app.agent, "why": app.why, "partial": app.partial}))
+    return 1 if missing or any(app.partial for app in slack) else 0
 
 
 def _cluster_shape(url: str | None) -> dict[str, Any] | None:
@@ -600,10 +617,24 @@ def _manifest(args: argparse.Namespace) -> int:
         if scheme not in ("http", "https") or not base.partition("://")[2]:
             raise Usage(f"--url must be an http(s) URL, got {base!r}")
         if scheme != "https":
-            print("subs: Slack only calls public https URLs; pass --url", file=sys.stderr)
+            print(f"subs: {_not_https(base, given=args.url is not None)}", file=sys.stderr)
         url = base.rstrip("/") + events_path(agent.id)
     print(to_yaml(manifest(agent, socket_mode=socket_mode, request_url=url)), end="")
     return 0
+
+
+def _not_https(base: str, *, given: bool) -> str:
+    """The manifest's request URLs are not https: Slack will refuse them. Says so of
+    the URL the person gave, or of the default they did not choose."""
+    if given:
+        return (
+            f"Slack only calls public https URLs, and --url {base} is not one: "
+            "give the https address that reaches this serve (a proxy or tunnel)"
+        )
+    return (
+        f"the request URLs point at {base} ([serve] host and port), and Slack only calls "
+        "public https URLs: pass --url https://<the address that reaches this serve>"
+    )
 
 
 @contextlib.asynccontextmanager
@@ -715,15 +746,48 @@ def _print_event(event: dict[str, Any], jsonl: bool) -> None:
     )
 
 
-def _log_level() -> str:
-    """`SUBS_LOG`, any case; a level logging does not know is refused by name."""
-    level = os.environ.get("SUBS_LOG", "WARNING").strip().upper()
+def _log_level() -> str | None:
+    """`SUBS_LOG`, any case; None when unset. A level logging does not know is refused."""
+    raw = os.environ.get("SUBS_LOG")
+    if raw is None:
+        return None
+    level = raw.strip().upper()
     if level not in LOG_LEVELS:
         raise Usage(
-            f"SUBS_LOG={os.environ['SUBS_LOG']!r} is not a level; use one of "
-            f"{', '.join(LOG_LEVELS)} (any case)"
+            f"SUBS_LOG={raw!r} is not a level; use one of {', '.join(LOG_LEVELS)} (any case)"
         )
     return level
+
+
+class OneLine(logging.Formatter):
+    """A warning as the CLI says everything else: `subs: <message>`, on one line.
+
+    The default, so a library's or the engine's warning does not break into a command's
+    output as a raw logger line or a traceback; with `SUBS_LOG` set the records are
+    printed in full. An exception's class and message end the line; `scrub` masks them
+    (the redactor scrubs the message itself before the record gets here)."""
+
+    def __init__(self, scrub: Callable[[str], str]) -> None:
+        super().__init__()
+        self.scrub = scrub
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text = f"{text} ({self.scrub(describe(record.exc_info[1]))})"
+        return "subs: " + " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _start_logging() -> None:
+    """Warnings as `subs:` lines on stderr by default; `SUBS_LOG` for full records."""
+    level = _log_level()
+    if level is None:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(OneLine(REDACTOR.scrub))
+        logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    else:
+        logging.basicConfig(level=level, stream=sys.stderr)
+    REDACTOR.install()
 
 
 def _redis_errors() -> tuple[type[Exception], ...]:
@@ -736,8 +800,7 @@ def run_command(args: argparse.Namespace) -> int:
     """Run the parsed command; every failure a person can act on is one line on stderr."""
     REDACTOR.add(env_secrets(os.environ))
     try:
-        logging.basicConfig(level=_log_level(), stream=sys.stderr)
-        REDACTOR.install()
+        _start_logging()
         if args.command == "check":
             return _check(args)
         if args.command == "manifest":
