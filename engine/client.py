@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from engine.errors import ProtocolError, SubsError
+from engine.errors import ClientError, ProtocolError
 from engine.jsonedge import JsonEdgeError, check
 from engine.machine import (
     CallSettled,
@@ -32,13 +32,6 @@ from engine.protocol import parse_client_input
 from engine.runtime.apply import new_id
 from engine.store.snapshots import load_state, load_states
 from engine.store.store import Store
-
-
-class ClientError(SubsError):
-    """The engine refused an input. `status` is the HTTP status it maps to."""
-
-    def __init__(self, message: str, *, code: str, status: int, detail: dict[str, Any]) -> None:
-        super().__init__(message, code=code, status=status, detail=detail)
 
 
 def validate_client_input(data: Any) -> None:

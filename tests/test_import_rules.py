@@ -3,7 +3,8 @@
 - the machine (`engine/machine/`) imports nothing impure: no clock, randomness,
   environment or I/O, and no engine module outside itself but the error model;
 - only the store modules import Redis;
-- `engine/cli/parser.py` parses arguments without importing the engine or the bot.
+- `engine/cli/parser.py` parses arguments without importing the engine or the bot;
+- `subs sessions list --url` loads no engine, Slack, MCP, Redis or config models.
 
 Files are found from this file's location, not the working directory, and each rule
 fails when it finds no files: run from anywhere, it checks something.
@@ -16,7 +17,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
+
+from tests.api_helpers import INPUT, of_type, read_stream
+from tests.fakes.llm_vendor import Text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -153,6 +158,36 @@ def test_importing_the_cli_loads_no_engine_bot_or_redis() -> None:
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "", f"import engine.cli loaded {out.stdout.strip()}"
+
+
+# What `subs sessions list --url` must not wait for: it is an HTTP GET and a table.
+NOT_FOR_A_LISTING = ("bot", "slack_bolt", "slack_sdk", "mcp", "redis", "jsonschema", "pydantic")
+
+
+async def test_listing_a_remote_engine_loads_no_engine_slack_mcp_or_redis(vendor, serve_processes):
+    """Each of these cost the CLI's start (1.1 s in all; bench/cli_start.py): a command
+    imports them inside the function that needs them, and `--url` needs none."""
+    serve = await serve_processes()
+    vendor.push(Text("ok"))
+    message = {"role": "user", "content": "hello"}
+    body = {"input": {"type": "client.message", "agent_id": "ops_openai", "message": message}}
+    async with httpx.AsyncClient(base_url=serve.api, timeout=10) as http:
+        sid = (await http.post(INPUT, json=body)).json()["session_id"]
+        await read_stream(http, sid, key=None, stop=of_type("turn.completed"))
+    probe = (
+        "import sys\nfrom engine.cli import main\n"
+        f"code = main(['sessions', 'list', '--url', {serve.api!r}, '-o', 'pretty'])\n"
+        f"loaded = {{m.split('.')[0] for m in sys.modules}} & set({NOT_FOR_A_LISTING!r})\n"
+        "print(code, ','.join(sorted(loaded)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    *table, last = out.stdout.splitlines()
+    assert any(line.startswith(sid) for line in table), out.stdout  # it did list the session
+    code, loaded = last.split(" ")
+    assert (code, loaded) == ("0", ""), f"subs sessions list --url loaded {loaded}"
 
 
 @pytest.mark.parametrize(
