@@ -246,14 +246,14 @@ async def test_a_logged_warning_is_a_subs_line_unless_subs_log_asks_for_records(
     code, out, err = await subs("run", "-o", "pretty", "oncall", "hi", "-c", str(config))
     assert code == 0, err
     assert out.strip().endswith("Without the tools, then."), out
-    assert "subs: mcp.broken: connection ended" in err, err
+    assert "subs: mcp.broken: its server exited with code 3" in err, err
     assert "WARNING:" not in out + err and "Traceback" not in err, err
 
     code, _, err = await subs(
         "run", "-o", "pretty", "oncall", "hi", "-c", str(config), env={"SUBS_LOG": "INFO"}
     )
     assert code == 0, err
-    assert "WARNING:subs.mcp:mcp.broken: connection ended" in err, err
+    assert "WARNING:subs.mcp:mcp.broken: its server exited with code 3" in err, err
 
 
 def test_a_logged_exception_is_one_scrubbed_line():

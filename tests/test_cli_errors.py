@@ -127,11 +127,11 @@ CASES = [
     ),
     Case(
         "--input whose user message has no content, before --url is reached",
-        lambda cfg, port: [
+        lambda at: [
             "run",
             "ops_openai",
             "--url",
-            f"http://127.0.0.1:{port}",
+            f"http://127.0.0.1:{at.closed_port}",
             "--input",
             USER_MESSAGE_WITHOUT_CONTENT,
         ],
