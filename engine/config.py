@@ -215,6 +215,13 @@ class MissingEnv:
 
 
 @dataclass(frozen=True)
+class SlackOff:
+    agent: str
+    why: str  # one line naming the variables to set
+    partial: bool  # some of its variables are set, not enough: a mistake, not a choice
+
+
+@dataclass(frozen=True)
 class AgentDecl:
     id: str
     llm: str | None
@@ -305,14 +312,32 @@ class Project:
                     need(conn.token_env, agent.id, f"bearer token for {conn.path}")
                 for var in conn.env_from:
                     need(var, agent.id, f"passed to {conn.path}'s server (env_from)")
+        return list(found.values())
+
+    def slack_off(self, env: Mapping[str, str]) -> list[SlackOff]:
+        """The agents with a Slack block whose app cannot start here, and why.
+
+        Slack's variables are not in `missing_env`: the engine and its API run without
+        them. None set is an API-only set-up; some set but not enough is a mistake."""
+        off = []
+        for agent in self.agents.values():
             if agent.slack is None:
                 continue
             suffix = slack_env_suffix(agent.id)
-            need(f"SLACK_BOT_TOKEN_{suffix}", agent.id, "Slack bot token")
-            app, signing = f"SLACK_APP_TOKEN_{suffix}", f"SLACK_SIGNING_SECRET_{suffix}"
-            if not env.get(app) and not env.get(signing):
-                need(app, agent.id, f"Slack app token for Socket Mode (or {signing} for HTTP)")
-        return list(found.values())
+            bot, app = f"SLACK_BOT_TOKEN_{suffix}", f"SLACK_APP_TOKEN_{suffix}"
+            signing = f"SLACK_SIGNING_SECRET_{suffix}"
+            other = next((var for var in (app, signing) if env.get(var)), None)
+            if env.get(bot) and other:
+                continue
+            head = f"Slack app {agent.id} off"
+            if env.get(bot):
+                why = f"{bot} is set, but neither {app} (Socket Mode) nor {signing} (HTTP): set one"
+            elif other:
+                why = f"{other} is set, but {bot} is not: set it too"
+            else:
+                why = f"set {bot} and {app} (Socket Mode) or {signing} (HTTP)"
+            off.append(SlackOff(agent.id, f"{head}: {why}", partial=bool(env.get(bot) or other)))
+        return off
 
 
 def slack_env_suffix(agent_id: str) -> str:

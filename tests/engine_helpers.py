@@ -234,8 +234,14 @@ class EngineProcess:
 
 
 async def subs(*args: str, stdin: bytes = b"", env: dict | None = None, timeout: float = 30):
+    """Run `subs` to its end; one still running after `timeout` is killed, and fails the test."""
     proc = await start_subs(*args, env=env)
-    out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+    except TimeoutError:
+        proc.kill()  # a serve that should have refused to start must not outlive the test
+        await proc.wait()
+        raise AssertionError(f"subs {' '.join(args)} still ran after {timeout} s") from None
     return proc.returncode, out.decode(), err.decode()
 
 

