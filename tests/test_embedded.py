@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import os
 import select
+import shutil
 import signal
 import socket
 import stat
@@ -20,14 +21,10 @@ from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from engine.cli.remote import HttpClient
-from engine.store.embedded import (
-    RESTART_BACKOFF,
-    EmbeddedRedis,
-    EmbeddedRedisError,
-    find_redis_server,
-    supervise,
-)
-from tests.engine_helpers import poll_until, project_toml, start_subs
+from engine.client import ClientError
+from engine.store.embedded import EmbeddedRedis, EmbeddedRedisError, find_redis_server
+from engine.store.supervisor import RESTART_BACKOFF, Supervisor
+from tests.engine_helpers import EngineProcess, poll_until, project_toml, start_subs
 from tests.fakes.llm_vendor import FakeVendor, Text
 
 CHILD = """
@@ -189,7 +186,7 @@ async def test_supervise_backs_off_while_restarts_fail(tmp_path: Path, caplog) -
     broken.chmod(0o755)
     server = EmbeddedRedis(tmp_path / "data")
     real = server.start()
-    supervisor = asyncio.create_task(supervise(server))
+    supervisor = asyncio.create_task(Supervisor(server).run())
     try:
         with Redis.from_url(real) as client:
             client.set("kept", "yes")
@@ -230,7 +227,7 @@ async def test_a_sharer_restarts_the_server_when_its_starter_is_gone(tmp_path: P
     sharer = EmbeddedRedis(tmp_path)
     sharer.start()
     assert not sharer.owned
-    supervisor = asyncio.create_task(supervise(sharer))
+    supervisor = asyncio.create_task(Supervisor(sharer).run())
     try:
         starter.stop()  # as when the `subs` that started it exits
         await poll_until(server_answers(sharer), 10, "the sharer's own server")
@@ -348,3 +345,100 @@ async def _turn_completed(api: HttpClient, reply: dict) -> list[dict]:
                 if end in ("turn.completed", "turn.failed"):
                     assert end == "turn.completed", event
     return await api.events(sid)
+
+
+async def _health(api: str) -> tuple[int, dict]:
+    """/healthz's status and body; fails the test when it takes over 2 s to answer."""
+    async with aiohttp.ClientSession() as http:
+        try:
+            async with (
+                asyncio.timeout(2),
+                http.get(f"{api}/healthz") as response,
+            ):
+                return response.status, await response.json()
+        except TimeoutError:
+            raise AssertionError("/healthz did not answer within 2 s") from None
+
+
+async def test_the_data_folder_removed_under_a_serve_mid_turn_is_written_again_from_memory(
+    tmp_path: Path, vendor: FakeVendor
+) -> None:
+    """`rm -rf .subs` under a running serve: the API goes on answering, the turn ends, the
+    folder is made again with an AOF from the live server's memory, SIGTERM still ends
+    the serve in seconds, and the next serve finds every session."""
+    vendor.default = Text(" ".join(f"w{i}" for i in range(30)), chunk_delay=0.05)
+    config = tmp_path / "subs.toml"
+    config.write_text(project_toml(vendor.url))
+    folder = tmp_path / ".subs"
+    serve = await EngineProcess(config, None).start()
+    pids: list[int] = []
+    api = HttpClient(serve.api)
+    try:
+        pids.append(int((folder / "redis.pid").read_text()))
+        reply = await api.submit(say("before"))
+        await vendor.wait_for_requests(1)
+        shutil.rmtree(folder)  # mid-turn: the model's answer is still streaming
+
+        async def written_again() -> int | None:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                pid = int((folder / "redis.pid").read_text())
+                if pid != pids[0] and _alive(pid):
+                    return pid
+            await _health(serve.api)  # answers throughout (200, or 503 naming the folder)
+            return None
+
+        pids.append(await poll_until(written_again, 20, "a server on the folder made again"))
+        assert _wait_dead(pids[0], 5), "the server on the removed folder still runs"
+        await _turn_ends_though_streams_break(api, reply)
+        assert await _health(serve.api) == (200, {"status": "ok"})
+        said = [line for line in serve.stderr if "was removed" in line]
+        assert len(said) == 2, serve.log_tail()  # one when it is seen, one when it is mended
+        assert "writing it again from memory" in said[0]
+        assert "nothing is lost" in said[1] and str(folder) in said[1], said
+        assert f"pid {pids[1]}, was pid {pids[0]}" in said[1]
+    finally:
+        await api.aclose()
+        try:
+            code = await serve.stop(within=5)
+        finally:
+            for pid in pids:
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+    assert code == 0, serve.log_tail()
+    assert "Traceback" not in "\n".join(serve.stderr), serve.log_tail()
+    assert all(_wait_dead(pid, 5) for pid in pids)
+
+    # The next serve loads the AOF written from memory: the session, and a turn on it.
+    again = await EngineProcess(config, None).start()
+    api = HttpClient(again.api)
+    try:
+        vendor.default = Text("after")
+        after = await api.submit(say("after"), session_id=reply["session_id"])
+        events = await _turn_completed(api, after)
+        users = [
+            e["payload"]["message"]["content"]
+            for e in events
+            if e["payload"]["type"] == "message.new" and e["payload"]["message"]["role"] == "user"
+        ]
+        assert users == ["before", "after"]
+        pid = int((folder / "redis.pid").read_text())
+    finally:
+        await api.aclose()
+        assert await again.stop() == 0, again.log_tail()
+    assert _wait_dead(pid, 5)
+
+
+async def _turn_ends_though_streams_break(api: HttpClient, reply: dict) -> None:
+    """Polls the session's log (a stream open while the server restarts breaks, told to
+    retry) until the turn completed."""
+
+    async def ended() -> str | None:
+        with contextlib.suppress(ClientError):
+            for event in await api.events(reply["session_id"]):
+                if event.get("turn_id") == reply["turn_id"]:
+                    end = event["payload"]["type"]
+                    if end in ("turn.completed", "turn.failed"):
+                        return str(end)
+        return None
+
+    assert await poll_until(ended, 30, "the turn to end") == "turn.completed"

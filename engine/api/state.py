@@ -3,6 +3,7 @@ the caller each request carries (`PRINCIPAL`), and the per-caller count of open 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -31,6 +32,8 @@ class ApiState:
     request_timeout: float
     hub: Hub
     max_streams_per_key: int
+    # Why the store is degraded though it answers (the embedded server's folder removed).
+    store_problem: Callable[[], str | None] = lambda: None
     streams: set[SseStream] = field(default_factory=set)
     streams_by_caller: dict[str, int] = field(default_factory=dict)
 
