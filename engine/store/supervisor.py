@@ -71,6 +71,7 @@ class Supervisor:
         restarts = 0
         up_since = time.monotonic()
         try:
+            await self._hold_control()
             while True:
                 await asyncio.sleep(SUPERVISE_POLL)
                 state = await asyncio.to_thread(self.server.state)
@@ -87,6 +88,7 @@ class Supervisor:
                     restarts = 0
                 restarts, delay = await self._restart(how, restarts)
                 up_since = time.monotonic()
+                await self._hold_control()
                 self._clear()
                 now = (
                     f"restarted it as pid {self.server.pid}"
@@ -150,6 +152,7 @@ class Supervisor:
             old = server.pid
             try:
                 await asyncio.to_thread(server.restart_holding, self._lock_fd)
+                await self._hold_control()
             except (EmbeddedRedisError, OSError) as err:
                 # It stopped, its AOF flushed into the new folder: a plain restart follows.
                 raise _Unrestorable(
@@ -189,8 +192,8 @@ class Supervisor:
             os.close(fd)
 
     async def _hold_control(self) -> None:
-        """A connection to our own server, open from the start: once the socket file is
-        removed it is the only way in."""
+        """A connection to our own server, opened as soon as it runs: once the socket
+        file is removed it is the only way in."""
         if self._control is not None or not self.server.owned:
             return
         control = Redis(
