@@ -177,8 +177,12 @@ class EngineProcess:
         assert self.proc.stderr is not None
         try:
             async with asyncio.timeout(20):
-                line = (await self.proc.stderr.readline()).decode()
-            assert line.startswith("subs: engine "), line
+                # Lines before the start line (a Redis still loading) are kept, in order.
+                while not (line := (await self.proc.stderr.readline()).decode()).startswith(
+                    "subs: engine "
+                ):
+                    assert line, "subs serve exited before its start line:\n" + self.log_tail()
+                    self.stderr.append(line.rstrip("\n"))
         except BaseException:
             self.proc.kill()  # a start that fails leaves no process behind
             await self.proc.wait()

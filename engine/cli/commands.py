@@ -110,8 +110,13 @@ async def _redis_url(project: Project, url: str | None) -> AsyncIterator[tuple[s
 
 
 async def _reachable(redis: RedisClient, url: str, project: Project) -> None:
-    """Fail now, naming the server, when Redis does not answer: not later, in a retry loop."""
-    why = await unreachable(redis, REDIS_CHECK_SECONDS)
+    """Fail now, naming the server, when Redis does not answer: not later, in a retry loop.
+    One that answers LOADING (just restarted, reading its AOF) is waited for: said once."""
+
+    def loading() -> None:
+        print(f"subs: Redis at {redact_url(url)} is loading its data; waiting", file=sys.stderr)
+
+    why = await unreachable(redis, REDIS_CHECK_SECONDS, on_loading=loading)
     if why is not None:
         raise SubsError(
             f"cannot reach Redis at {redact_url(url)} ({why}): start it, or fix --redis, "

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import zlib
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any, NewType, cast
@@ -67,6 +67,7 @@ _LEGACY_SESSIONS = "subs:sessions"
 META = "subs:meta"
 SLOTS = 16384  # Redis Cluster's hash slots
 CLUSTER_PROBE_SECONDS = 5.0
+LOADING_POLL = 0.1  # seconds between two PINGs of a server that answers LOADING
 FOLLOW_FAULTS = 12  # reads in a row a follow retries on a cluster failing over (~8 s)
 
 
@@ -202,14 +203,31 @@ def unblocked(err: BaseException) -> bool:
     return isinstance(err, ResponseError) and str(err).startswith("UNBLOCKED")
 
 
-async def unreachable(client: RedisClient, timeout: float) -> str | None:
-    """Why `client`'s server does not answer a PING within `timeout` s; None when it does."""
-    try:
-        async with asyncio.timeout(timeout):
-            await client.ping()
-    except (RedisError, OSError, TimeoutError) as err:
-        return str(err) or f"no answer within {timeout:g} s"
-    return None
+async def unreachable(
+    client: RedisClient, timeout: float, on_loading: Callable[[], None] = lambda: None
+) -> str | None:
+    """Why `client`'s server does not answer a PING within `timeout` s; None when it does.
+
+    A server that answers LOADING (reading its data after a restart) is waited for as
+    long as it loads, each LOADING answer starting the `timeout` over; `on_loading` is
+    called the first time it says so.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    loading = False
+    while True:
+        try:
+            async with asyncio.timeout(max(deadline - loop.time(), 0.0)):
+                await client.ping()
+            return None
+        except BusyLoadingError:  # before RedisError: it is one
+            if not loading:
+                loading = True
+                on_loading()
+            deadline = loop.time() + timeout
+            await asyncio.sleep(LOADING_POLL)
+        except (RedisError, OSError, TimeoutError) as err:
+            return str(err) or f"no answer within {timeout:g} s"
 
 
 class StoreConflict(SubsError):

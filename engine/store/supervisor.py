@@ -70,9 +70,14 @@ class Supervisor:
         """Until cancelled."""
         restarts = 0
         up_since = time.monotonic()
+        me = asyncio.current_task()
         try:
             await self._hold_control()
             while True:
+                if me is not None and me.cancelling():
+                    # A cancel that lands in a redis-py command (the PING that opens
+                    # the control connection) can be swallowed: the command completes.
+                    raise asyncio.CancelledError
                 await asyncio.sleep(SUPERVISE_POLL)
                 state = await asyncio.to_thread(self.server.state)
                 if state == "running":
