@@ -189,6 +189,8 @@ async def test_serve_and_check_say_the_same_of_slack_apps_without_their_tokens(
     del env["SLACK_BOT_TOKEN_OPS_ANTHROPIC"]  # both off by choice: nothing is wrong
     code, out, err = await subs("check", "-c", str(config), env=env)
     assert code == 0, out + err
+
+
 # Redis answers clients while it loads once per 2 MB read: keys of 2.1 MB, each read
 # KEY_LOAD_DELAY µs slower, make it answer every quarter second, for 7.5 s (6.2 takes
 # no CONFIG SET while loading: the time cannot be cut short once serve said it waits).

@@ -213,6 +213,9 @@ class Supervisor:
         except (RedisError, OSError):
             await control.aclose()
             return
+        except BaseException:  # cancelled mid-PING (subs stopping): close it, or it leaks
+            await asyncio.shield(control.aclose())
+            raise
         self._control = control
 
     async def _drop_control(self) -> None:
