@@ -284,6 +284,11 @@ class Client:
                 return found, None
         return found, at
 
+    async def interrupts(self, session_id: str) -> dict[str, dict[str, Any]]:
+        """The session's open interrupts as recorded, by id; none for no session."""
+        state = await load_state(self.store, session_id)
+        return dict(state.interrupts) if state is not None else {}
+
     async def session(self, session_id: str) -> dict[str, Any] | None:
         """The session as a client reads it (`session_view`); None when there is none."""
         state = await load_state(self.store, session_id)

@@ -267,5 +267,10 @@ def test_a_logged_exception_is_one_scrubbed_line():
         )
     assert redactor.filter(record)
     assert OneLine(redactor.scrub).format(record) == (
+        "subs: sync of *** failed (ValueError: refused *** at the door); "
+        "SUBS_LOG=INFO prints the traceback"
+    )
+    record.levelno = logging.WARNING  # a fault, not a bug: no pointer to a traceback
+    assert OneLine(redactor.scrub).format(record) == (
         "subs: sync of *** failed (ValueError: refused *** at the door)"
     )

@@ -788,6 +788,8 @@ class OneLine(logging.Formatter):
         text = record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:
             text = f"{text} ({self.scrub(describe(record.exc_info[1]))})"
+            if record.levelno >= logging.ERROR:  # a bug: its traceback is one variable away
+                text += "; SUBS_LOG=INFO prints the traceback"
         return "subs: " + " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 

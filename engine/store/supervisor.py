@@ -160,6 +160,9 @@ class Supervisor:
                 await self._hold_control()
             except (EmbeddedRedisError, OSError) as err:
                 # It stopped, its AOF flushed into the new folder: a plain restart follows.
+                # Our copy of the folder's lock goes first, or our own probe of the folder
+                # would read it as a server running there.
+                self._let_go()
                 raise _Unrestorable(
                     f"its data folder was written again, but the server did not start on it ({err})"
                 ) from None
@@ -167,9 +170,7 @@ class Supervisor:
             self._complain(str(why))
             await asyncio.sleep(RESTORE_RETRY)
             return
-        self._let_go()
-        self._said = None
-        self.problem = None
+        self._clear()
         log.warning(
             "the embedded Redis's folder %s was removed under it: made it again, wrote "
             "the live server's data there and restarted it on it (pid %s, was pid %s); "
