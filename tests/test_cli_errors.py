@@ -372,3 +372,21 @@ def test_help_loads_neither_the_slack_stack_nor_the_engine():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_command_leaves_its_imports_out_of_the_collections_at_exit():
+    """The interpreter's collections at exit walk every object the SDKs' imports made:
+    0.5-1 s per `subs` run (a serve's SIGTERM, every CLI call) unless the heap is frozen."""
+    probe = (
+        "import atexit, gc, sys\nfrom engine.cli import main\n"
+        "atexit.register(lambda: print('frozen', gc.get_freeze_count()))\n"
+        "sys.exit(main(['sessions', 'list', '--url', sys.argv[1]]))"
+    )
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"  # nothing listens: exit 1
+    done = subprocess.run(
+        [sys.executable, "-c", probe, url], capture_output=True, text=True, cwd=ROOT, timeout=30
+    )
+    assert done.returncode == 1, done.stderr
+    assert int(done.stdout.split("frozen ")[-1]) > 0, done.stdout  # 0: nothing was frozen
