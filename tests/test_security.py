@@ -635,6 +635,7 @@ async def test_healthz_is_degraded_while_redis_is_away_and_handlers_answer_503(
                 }
                 assert resp.headers["Retry-After"] == "1"
 
+            server = EmbeddedRedis(tmp_path / "own-redis")  # a stopped one is stopped for good
             server.start()
             await poll_until(healthz_is(http, 200), 5, "/healthz to answer 200 again")
             back = await http.get("/api/client/sessions/s", headers=auth(ROOT))
