@@ -63,7 +63,7 @@ async def fill(client: Client, sessions: int) -> float:
 
     async def ended() -> bool:
         rows, _ = await client.session_rows(0, PAGE)
-        return all(row["status"] == "idle" for row in rows)
+        return all(row["status"] in ("idle", "failed") for row in rows)
 
     await poll_until(ended, 120, "the newest sessions' turns to end")
     return time.perf_counter() - started

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from engine.errors import ProtocolError, SubsError
+from engine.errors import ClientError, ProtocolError
 from engine.jsonedge import JsonEdgeError, check
 from engine.machine import (
     CallSettled,
@@ -22,28 +22,25 @@ from engine.machine import (
     InterruptRequested,
     SessionState,
     input_to_json,
+    iso,
 )
 from engine.machine.events import TURN_FAILED
 from engine.machine.tree import path_to
 from engine.machine.turns import TURN_STARTS
+from engine.messages import text_of
 from engine.protocol import parse_client_input
 from engine.runtime.apply import new_id
 from engine.store.snapshots import load_state, load_states
 from engine.store.store import Store
 
 
-class ClientError(SubsError):
-    """The engine refused an input. `status` is the HTTP status it maps to."""
-
-    def __init__(self, message: str, *, code: str, status: int, detail: dict[str, Any]) -> None:
-        super().__init__(message, code=code, status=status, detail=detail)
-
-
 def validate_client_input(data: Any) -> None:
-    """Check a ClientInput as the API does, wherever it comes from (the API, `--input`).
+    """Check a ClientInput against the protocol (`parse_client_input`), wherever it comes
+    from: every `Client.submit` does (the API, AG-UI, the CLI, the Slack bot), and
+    `subs run --input` before it starts anything.
 
     Raises:
-        ClientError: `invalid_input` (422) naming the bad field under `input.`.
+        ClientError: `invalid_input` (400) naming the bad field under `input.`.
     """
     try:
         parse_client_input(data)
@@ -52,30 +49,34 @@ def validate_client_input(data: Any) -> None:
         where = f"input.{err.param}" if err.param else "input"
         message = f"input.{text}" if err.param else f"input: {text}"
         raise ClientError(
-            message, code="invalid_input", status=422, detail={"param": where}
+            message, code="invalid_input", status=400, detail={"param": where}
         ) from None
 
 
 def session_row(state: SessionState, last: dict[str, Any] | None) -> dict[str, Any]:
     """A session as a listing shows it; `last` is its newest event. `failed` says its last
-    turn failed, with the reason when that failure is the newest event."""
-    first = next((n.message for n in state.nodes.values() if n.message["role"] == "user"), None)
+    turn failed (`error`: why, while that failure is the newest event); `status` is the
+    session's, `failed` instead of `idle` then. Times are ISO 8601 UTC text.
+
+    It reads whatever an older version stored: a first message with no text lists as "".
+    """
+    first = next((n.message for n in state.nodes.values() if n.message.get("role") == "user"), None)
     failed = state.last_turn is not None and state.turns.get(state.last_turn) == "failed"
     payload = last["payload"] if last else {}
     error = payload.get("error") if payload.get("type") == TURN_FAILED else None
     return {
         "session_id": state.session_id,
         "agent_id": state.agent_id,
-        "status": state.status,
-        "created_at": state.created_at,
+        "status": "failed" if failed and state.status == "idle" else state.status,
+        "created_at": iso(state.created_at),
         "seq": state.seq,
         "last_activity_at": last["occurred_at"] if last else None,
         "turns": len(state.turns),
-        "first_message": _words(first["content"], 80) if first else None,
+        "first_message": _words(text_of(first.get("content")), 80) if first else None,
         "tokens": state.usage.get("total", 0),
         "cost": state.cost,
         "failed": failed,
-        "error": _words(error.get("message", ""), 160) if isinstance(error, dict) else None,
+        "error": _words(str(error.get("message", "")), 160) if isinstance(error, dict) else None,
     }
 
 
@@ -100,19 +101,15 @@ def session_view(state: SessionState) -> dict[str, Any]:
 
 
 def row_matches(row: dict[str, Any], agent: str | None, status: str | None) -> bool:
-    """A listing filter: `status` is a session status, or `failed` (its last turn failed)."""
+    """A listing filter on the row's agent and `status` (as `session_row` words it)."""
     if agent is not None and row["agent_id"] != agent:
         return False
-    if status == "failed":
-        return bool(row["failed"])
     return status is None or row["status"] == status
 
 
-def _words(content: Any, limit: int) -> str:
-    """A message's text on one line, cut at `limit` characters."""
-    if isinstance(content, list):
-        content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    text = " ".join(str(content).split())
+def _words(text: str, limit: int) -> str:
+    """Text on one line, cut at `limit` characters."""
+    text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -133,6 +130,7 @@ class Client:
         timeout: float = 30.0,
     ) -> dict[str, Any]:
         """Send one ClientInput; returns `{session_id, turn_id, queued}` once committed.
+        One the protocol refuses is a ClientError (`validate_client_input`), sent nowhere.
 
         With `owner`, an existing session must belong to that subject (else 403).
 
@@ -149,13 +147,16 @@ class Client:
     async def _request(self, sid: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         """Put one input on the session's work stream and wait for the owner's answer.
 
-        Whatever a client sends (the API, the CLI, a Slack payload) is checked here,
-        once, before it can reach a commit: a lone surrogate or a NaN would fail there.
+        Whatever a client sends (the API, AG-UI, the CLI, a Slack payload) is checked here,
+        once, before it can reach a commit: JSON any reader can read back (a lone surrogate
+        or a NaN would fail there), then a ClientInput the protocol accepts.
         """
         try:
             check(body)
         except JsonEdgeError as exc:
             raise ClientError(exc.message, code="invalid_json", status=400, detail={}) from None
+        if body["kind"] == "client":
+            validate_client_input(body["input"])
         reply_to = self.store.reply_key(sid, secrets.token_hex(8))
         await self.store.enqueue(sid, body, reply_to)
         answer = await self.store.wait_reply(reply_to, timeout)
@@ -282,6 +283,11 @@ class Client:
             if len(ids) < batch:
                 return found, None
         return found, at
+
+    async def interrupts(self, session_id: str) -> dict[str, dict[str, Any]]:
+        """The session's open interrupts as recorded, by id; none for no session."""
+        state = await load_state(self.store, session_id)
+        return dict(state.interrupts) if state is not None else {}
 
     async def session(self, session_id: str) -> dict[str, Any] | None:
         """The session as a client reads it (`session_view`); None when there is none."""

@@ -16,7 +16,7 @@ import re
 import shutil
 import tomllib
 import types
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -24,10 +24,18 @@ from urllib.parse import quote, urlsplit
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+)
 
 from engine.errors import SubsError
-from engine.machine import kinds
+from engine.machine import default_kinds
 from engine.redact import redact_url
 
 LLM_DEFAULTS: dict[str, tuple[str, str]] = {
@@ -207,6 +215,13 @@ class MissingEnv:
 
 
 @dataclass(frozen=True)
+class SlackOff:
+    agent: str
+    why: str  # one line naming the variables to set
+    partial: bool  # some of its variables are set, not enough: a mistake, not a choice
+
+
+@dataclass(frozen=True)
 class AgentDecl:
     id: str
     llm: str | None
@@ -297,14 +312,32 @@ class Project:
                     need(conn.token_env, agent.id, f"bearer token for {conn.path}")
                 for var in conn.env_from:
                     need(var, agent.id, f"passed to {conn.path}'s server (env_from)")
+        return list(found.values())
+
+    def slack_off(self, env: Mapping[str, str]) -> list[SlackOff]:
+        """The agents with a Slack block whose app cannot start here, and why.
+
+        Slack's variables are not in `missing_env`: the engine and its API run without
+        them. None set is an API-only set-up; some set but not enough is a mistake."""
+        off = []
+        for agent in self.agents.values():
             if agent.slack is None:
                 continue
             suffix = slack_env_suffix(agent.id)
-            need(f"SLACK_BOT_TOKEN_{suffix}", agent.id, "Slack bot token")
-            app, signing = f"SLACK_APP_TOKEN_{suffix}", f"SLACK_SIGNING_SECRET_{suffix}"
-            if not env.get(app) and not env.get(signing):
-                need(app, agent.id, f"Slack app token for Socket Mode (or {signing} for HTTP)")
-        return list(found.values())
+            bot, app = f"SLACK_BOT_TOKEN_{suffix}", f"SLACK_APP_TOKEN_{suffix}"
+            signing = f"SLACK_SIGNING_SECRET_{suffix}"
+            other = next((var for var in (app, signing) if env.get(var)), None)
+            if env.get(bot) and other:
+                continue
+            head = f"Slack app {agent.id} off"
+            if env.get(bot):
+                why = f"{bot} is set, but neither {app} (Socket Mode) nor {signing} (HTTP): set one"
+            elif other:
+                why = f"{other} is set, but {bot} is not: set it too"
+            else:
+                why = f"set {bot} and {app} (Socket Mode) or {signing} (HTTP)"
+            off.append(SlackOff(agent.id, f"{head}: {why}", partial=bool(env.get(bot) or other)))
+        return off
 
 
 def slack_env_suffix(agent_id: str) -> str:
@@ -369,9 +402,11 @@ def _json_schema(value: dict[str, Any]) -> dict[str, Any]:
     return value
 
 
-def _tool_handler(value: str) -> str:
-    """Who runs a declared tool: one of the tool kinds registered (machine/kinds.py)."""
-    known = sorted(kinds.tool_handlers())
+def _tool_handler(value: str, info: ValidationInfo) -> str:
+    """Who runs a declared tool: one of the tool handlers of the engine's table of call
+    kinds (`parse_project(tool_handlers=)`; the default table's unless given)."""
+    given = (info.context or {}).get("tool_handlers")
+    known = sorted(default_kinds().tool_handlers() if given is None else given)
     if value not in known:
         raise ValueError(f"must be one of {', '.join(map(repr, known))}, got {value!r}")
     return value
@@ -540,7 +575,12 @@ _MODEL_KEYS = (
 # ---------------------------------------------------------------- loading
 
 
-def load_project(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Project:
+def load_project(
+    path: str | os.PathLike[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    tool_handlers: Collection[str] | None = None,
+) -> Project:
     file = os.fspath(path)
     try:
         raw = Path(file).read_bytes()
@@ -550,10 +590,18 @@ def load_project(path: str | os.PathLike[str], env: Mapping[str, str] | None = N
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ConfigError(file, "", "not UTF-8 text") from None
-    return parse_project(text, file, env)
+    return parse_project(text, file, env, tool_handlers=tool_handlers)
 
 
-def parse_project(text: str, file: str, env: Mapping[str, str] | None = None) -> Project:
+def parse_project(
+    text: str,
+    file: str,
+    env: Mapping[str, str] | None = None,
+    *,
+    tool_handlers: Collection[str] | None = None,
+) -> Project:
+    """The project `text` (read from `file`) declares. `tool_handlers` are the handlers a
+    tool may name: those of the engine's table of call kinds (the default one's if None)."""
     env = os.environ if env is None else env
     try:
         data = tomllib.loads(text)
@@ -561,7 +609,7 @@ def parse_project(text: str, file: str, env: Mapping[str, str] | None = None) ->
         raise ConfigError(file, "", f"invalid TOML: {e}") from None
     _scan_secrets(data, (), file, data)
     try:
-        root = _Root.model_validate(data)
+        root = _Root.model_validate(data, context={"tool_handlers": tool_handlers})
     except ValidationError as e:
         raise _from_pydantic(file, e) from None
     _check(root, file)

@@ -99,6 +99,16 @@ class ProtocolError(SubsError):
         super().__init__(message, param=param)
 
 
+class ClientError(SubsError):
+    """The engine refused an input. `status` is the HTTP status it maps to.
+
+    Here, not in engine/client.py, so the CLI's HTTP client can raise it without
+    loading the engine (engine.client re-exports it)."""
+
+    def __init__(self, message: str, *, code: str, status: int, detail: dict[str, Any]) -> None:
+        super().__init__(message, code=code, status=status, detail=detail)
+
+
 def describe(err: BaseException) -> str:
     """An exception as one line for a log or an ErrorInfo: its class and its message."""
     text = err.message if isinstance(err, SubsError) else str(err)

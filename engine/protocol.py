@@ -1190,10 +1190,43 @@ def parse_decision_response(data: Any) -> DecisionResponse:
 
 
 def parse_client_input(data: Any) -> ClientInput:
-    """Validate a client's decoded `input`; raises ProtocolError naming the bad field."""
+    """Validate a client's decoded `input`: the schema, then what each message's role needs
+    (`ROLE_NEEDS`). Raises ProtocolError naming the bad field (`messages.1.content`)."""
     if not isinstance(data, dict):
         raise ProtocolError(f"invalid client input: expected a JSON object, got {_json_type(data)}")
     try:
-        return _CLIENT_INPUT.validate_python(data)
+        parsed = _CLIENT_INPUT.validate_python(data)
     except ValidationError as exc:
         raise _protocol_error("client input", exc, data) from None
+    for where, message in _messages_of(parsed):
+        for name in ROLE_NEEDS[message.role]:
+            if getattr(message, name) is None:
+                param = f"{where}.{name}"
+                why = f"a {message.role} message needs {name} ({_NEEDED[name]})"
+                raise ProtocolError(f"invalid client input: {param}: {why}", param)
+    return parsed
+
+
+# What a client's message must hold for its role, beyond the schema (which requires only
+# `role`, as a model's reply may hold neither text nor tool calls): a user or system
+# message is its content, a tool message answers one call. Stored messages are read
+# leniently still (engine/messages.py): older versions took them without.
+ROLE_NEEDS: dict[str, tuple[str, ...]] = {
+    "system": ("content",),
+    "user": ("content",),
+    "assistant": (),
+    "tool": ("tool_call_id", "content"),
+}
+_NEEDED = {
+    "content": "a string or an array of content parts, not null",
+    "tool_call_id": "the id of the tool call it answers",
+}
+
+
+def _messages_of(inp: ClientInput) -> list[tuple[str, DraftMessage]]:
+    """The messages an input carries, each with its path in the input."""
+    if isinstance(inp, ClientMessage):
+        return [("message", inp.message)]
+    if isinstance(inp, ClientMessages | ClientAppend):
+        return [(f"messages.{i}", m) for i, m in enumerate(inp.messages)]
+    return []

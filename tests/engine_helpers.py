@@ -129,7 +129,7 @@ async def poll_until(predicate, timeout: float, what: str):
 
 
 class EngineProcess:
-    """`subs serve` in its own process, on the test's Redis.
+    """`subs serve` in its own process, on the test's Redis (None: the folder's embedded one).
 
     Everything it writes after its start line is read as it comes (into `stderr`, or
     the list given as `sink`): a pipe nobody reads fills up, and a process blocked
@@ -139,7 +139,7 @@ class EngineProcess:
     def __init__(
         self,
         config: Path,
-        redis_url: str,
+        redis_url: str | None,
         env: dict[str, str] | None = None,
         *,
         sink: list[str] | None = None,
@@ -168,8 +168,7 @@ class EngineProcess:
             "serve",
             "-c",
             str(self.config),
-            "--redis",
-            self.redis_url,
+            *(["--redis", self.redis_url] if self.redis_url is not None else []),
             "--port",
             "0",
             env=env,
@@ -178,8 +177,12 @@ class EngineProcess:
         assert self.proc.stderr is not None
         try:
             async with asyncio.timeout(20):
-                line = (await self.proc.stderr.readline()).decode()
-            assert line.startswith("subs: engine "), line
+                # Lines before the start line (a Redis still loading) are kept, in order.
+                while not (line := (await self.proc.stderr.readline()).decode()).startswith(
+                    "subs: engine "
+                ):
+                    assert line, "subs serve exited before its start line:\n" + self.log_tail()
+                    self.stderr.append(line.rstrip("\n"))
         except BaseException:
             self.proc.kill()  # a start that fails leaves no process behind
             await self.proc.wait()
@@ -209,21 +212,21 @@ class EngineProcess:
             except TimeoutError:
                 drain.cancel()
 
-    async def stop(self) -> int:
-        """SIGTERM, and the exit status; a serve still up 15 s later is SIGKILLed (so it
-        cannot take work from the tests after this one) and the test fails with its log."""
+    async def stop(self, within: float = 15) -> int:
+        """SIGTERM, and the exit status; a serve still up `within` s later is SIGKILLed (so
+        it cannot take work from the tests after this one) and the test fails with its log."""
         assert self.proc is not None
         if self.proc.returncode is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
-            async with asyncio.timeout(15):
+            async with asyncio.timeout(within):
                 code = await self.proc.wait()
         except TimeoutError:
             self.proc.kill()
             await self.proc.wait()
             await self.drained()
             raise AssertionError(
-                f"subs serve did not stop within 15 s of SIGTERM; its last lines:\n"
+                f"subs serve did not stop within {within:g} s of SIGTERM; its last lines:\n"
                 f"{self.log_tail()}"
             ) from None
         await self.drained()
@@ -234,8 +237,14 @@ class EngineProcess:
 
 
 async def subs(*args: str, stdin: bytes = b"", env: dict | None = None, timeout: float = 30):
+    """Run `subs` to its end; one still running after `timeout` is killed, and fails the test."""
     proc = await start_subs(*args, env=env)
-    out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(stdin), timeout)
+    except TimeoutError:
+        proc.kill()  # a serve that should have refused to start must not outlive the test
+        await proc.wait()
+        raise AssertionError(f"subs {' '.join(args)} still ran after {timeout} s") from None
     return proc.returncode, out.decode(), err.decode()
 
 

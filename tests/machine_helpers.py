@@ -10,8 +10,10 @@ from engine.machine import (
     ClientSubmitted,
     Event,
     Input,
+    Kinds,
     SessionState,
     Transition,
+    default_kinds,
     fold,
     state_to_json,
     step,
@@ -27,6 +29,10 @@ AGENT = {
     ],
     "retry": {"llm": {"backoff_base_secs": 1, "backoff_max_secs": 5}},
 }
+
+
+# The table of call kinds the pure machine runs by in these tests: the engine's default.
+KINDS = default_kinds()
 
 
 class CountingIds:
@@ -49,10 +55,11 @@ class Session:
     log: list[Event] = field(default_factory=list)
     ids: CountingIds = field(default_factory=CountingIds)
     decider: str = "engine"
+    kinds: Kinds = KINDS
 
     def apply(self, inp: Input) -> Transition:
         self.now += 10
-        t = step(self.state, self.session_id, inp, self.now, self.ids)
+        t = step(self.state, self.session_id, inp, self.now, self.ids, self.kinds)
         self.state = t.state
         self.log.extend(t.events)
         return t

@@ -13,9 +13,10 @@ from httpx_sse import EventSource, aconnect_sse
 
 from engine.api import ApiKeys, ApiKeysError, SseLimits, bind_warning, check_bind, make_app
 from engine.api.stream import sse_frame
-from engine.client import Client
+from engine.client import Client, ClientError
 from engine.runtime.engine import Engine
 from engine.runtime.metrics import Metrics
+from engine.store.store import Store
 from tests.api_helpers import (
     ALICE,
     BOB,
@@ -290,7 +291,7 @@ async def test_statuses(http, vendor):
             "malformed ClientInput",
             "POST",
             INPUT,
-            422,
+            400,
             "invalid_input",
             json={"input": {**say("x"), "message": {"role": "robot", "content": "x"}}},
             check=lambda b: (
@@ -383,6 +384,102 @@ async def test_statuses(http, vendor):
     await read_stream(http, sid, params={"turn_id": queued_turn[-1]})
     resp = await settle(http, sid, {"id": call_id, "result": "again"})
     assert resp.status_code == 409 and resp.json()["code"] == "call_not_open"
+
+
+def _user(**fields: Any) -> dict[str, Any]:
+    return {
+        "type": "client.message",
+        "agent_id": "ops_openai",
+        "message": {"role": "user", **fields},
+    }
+
+
+def _view(*messages: dict[str, Any], kind: str = "client.messages") -> dict[str, Any]:
+    return {"type": kind, "agent_id": "ops_openai", "messages": list(messages)}
+
+
+AGENT = "ops_openai"
+HI = {"role": "user", "content": "hi"}
+CALL = {"id": "call_1", "type": "function", "function": {"name": "confirm", "arguments": "{}"}}
+ASKED = {"id": "m2", "role": "assistant", "tool_calls": [CALL]}
+# Inputs the protocol refuses: (name, input, the field named, words of the error). The
+# first rows are schema-valid; the role's rules refuse them (protocol.ROLE_NEEDS).
+REFUSED = [
+    ("a user message without content", _user(), "input.message.content", "a user message"),
+    ("a user message with content null", _user(content=None), "input.message.content", "null"),
+    (
+        "an appended system message without content",
+        _view(HI, {"role": "system"}, kind="client.append"),
+        "input.messages.1.content",
+        "a system message needs content",
+    ),
+    (
+        "a tool message without tool_call_id",
+        _view({"id": "m1", **HI}, ASKED, {"role": "tool", "content": "yes"}),
+        "input.messages.2.tool_call_id",
+        "the id of the tool call it answers",
+    ),
+    (
+        "a tool message without content",
+        _view({"id": "m1", **HI}, ASKED, {"role": "tool", "tool_call_id": "call_1"}),
+        "input.messages.2.content",
+        "a tool message needs content",
+    ),
+    (
+        "an unknown role",
+        _user() | {"message": {"role": "robot", "content": "x"}},
+        "input.message.role",
+        "'robot'",
+    ),
+    ("content a number", _user(content=7), "input.message.content", "a string or an array"),
+    (
+        "a content part of no known type",
+        _user(content=[{"type": "sticker", "text": "x"}]),
+        "input.message.content.0.type",
+        "'sticker'",
+    ),
+    ("no message", {"type": "client.message", "agent_id": AGENT}, "input.message", "required"),
+    ("an unknown type", {"type": "client.mesage", "agent_id": AGENT}, "input.type", "'client.mes"),
+    (
+        "a tool.error without retryable",
+        {"type": "tool.error", "id": "c", "error": "x"},
+        "input.retryable",
+        "required",
+    ),
+    (
+        "an unknown field",
+        {"type": "interrupt.resume", "interrupt_id": "i", "resume": 1},
+        "input.resume",
+        "unknown field",
+    ),
+]  # fmt: skip
+
+
+async def test_inputs_the_protocol_refuses_are_a_400_naming_the_field(http, vendor):
+    wrong = []
+    for name, inp, param, words in REFUSED:
+        resp = await http.post(INPUT, json={"input": inp}, headers=auth(ROOT))
+        body = resp.json()
+        if (resp.status_code, body.get("code"), body.get("param")) != (400, "invalid_input", param):
+            wrong.append(f"{name}: {resp.status_code} {body}")
+        elif not body["error"].startswith(f"{param}: ") or words not in body["error"]:
+            wrong.append(f"{name}: {body['error']!r} lacks {words!r}")
+    assert not wrong, "\n".join(wrong)
+    # Refused before anything was stored or asked.
+    listed = await http.get("/api/admin/sessions", headers=auth(ROOT))
+    assert listed.json()["sessions"] == [] and vendor.requests == []
+
+
+async def test_every_client_refuses_them_before_sending_anything(redis):
+    """`Client.submit` is the one door of the API, AG-UI, the CLI and the Slack bot: no
+    engine runs here, so an input it let through would wait for an answer, not raise."""
+    store = await Store.open(redis)
+    before = await redis.dbsize()
+    for name, inp, param, _ in REFUSED:
+        with pytest.raises(ClientError) as refused:
+            await Client(store).submit(inp, timeout=5)
+        assert (refused.value.status, refused.value.body()["param"]) == (400, param), name
+    assert await redis.dbsize() == before, "nothing was enqueued"
 
 
 async def test_the_routers_refusals_have_the_error_shape_and_keep_their_headers(http):

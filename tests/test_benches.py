@@ -124,6 +124,21 @@ TINY: dict[str, tuple[str, list[str]]] = {
             rf"  /console +{NUMBER} ms  \d+ bytes",
         ],
     ),
+    "cli_start.py": (
+        "--runs 1",
+        [
+            r"cli start: median of 1 runs, wall ms \(median, slowest\)",
+            *(
+                rf"  {what} +{NUMBER} +{NUMBER}"
+                for what in (
+                    r"python -c pass \(floor\)",
+                    "subs --version",
+                    "subs --help",
+                    r"subs sessions list --url",
+                )
+            ),
+        ],
+    ),
     "history.py": (
         "--turns 6 --tool-every 3",
         [

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import socket
+import sys
 
 import httpx
 
+from engine.cli.commands import OneLine
+from engine.redact import Redactor
 from engine.store.embedded import EmbeddedRedis
 from engine.store.store import Store, connect
 from tests.api_helpers import INPUT, of_type, read_stream
@@ -25,8 +29,8 @@ async def test_run_streams_the_reply_and_continues_the_session(config, vendor):
     assert out.strip() == "Nothing is paging right now."
     sid = session_of(err)
     assert f'subs run ops_openai "..." --session {sid}' in err
-    # Where serve would show it (the file sets no [serve]: its default address).
-    assert f"console: http://127.0.0.1:8080/console/sessions/{sid}\n" in err
+    # No console link: this engine runs in the process, and no serve is known to answer.
+    assert "console:" not in err, err
     assert (config.parent / ".subs" / "appendonly.aof").exists() or list(
         (config.parent / ".subs").glob("appendonly*")
     )
@@ -212,3 +216,61 @@ async def test_sessions_cancel_and_delete_in_process_and_over_http(
     assert code == 0 and sid not in out
     code, _, err = await subs("sessions", "delete", sid, *local)
     assert code == 1 and "does not exist" in err, err
+
+
+async def test_a_run_prints_its_console_link_at_the_public_url_only(config, vendor):
+    """Without --url the engine runs in the process: the link is the one `[serve]
+    public_url` names, or none (the first test of this file checks the none)."""
+    config.write_text(config.read_text() + '\n[serve]\npublic_url = "https://subs.example.com"\n')
+    vendor.push(Text("Quiet."))
+    code, _, err = await subs("run", "-o", "pretty", "ops_openai", "hi", "-c", str(config))
+    assert code == 0, err
+    assert f"console: https://subs.example.com/console/sessions/{session_of(err)}\n" in err
+
+
+def broken_mcp_toml(vendor_url: str) -> str:
+    """An agent whose one MCP server exits at start: its one try logs a warning."""
+    server = json.dumps([sys.executable, "-c", "import sys; sys.exit(3)"])
+    return (
+        f'name = "t"\n[llm.openai]\ntype = "openai"\nbase_url = "{vendor_url}/v1"\n'
+        f"[mcp.broken]\ncommand = {server}\n"
+        '[agent.oncall]\nllm = "openai"\nmodel = "m"\nmcp = ["mcp.broken"]\n'
+        "retry = { connector = { max_attempts = 1 } }\n"
+    )
+
+
+async def test_a_logged_warning_is_a_subs_line_unless_subs_log_asks_for_records(tmp_path, vendor):
+    config = tmp_path / "subs.toml"
+    config.write_text(broken_mcp_toml(vendor.url))
+    vendor.push(Text("Without the tools, then."), Text("Again without."))
+    code, out, err = await subs("run", "-o", "pretty", "oncall", "hi", "-c", str(config))
+    assert code == 0, err
+    assert out.strip().endswith("Without the tools, then."), out
+    assert "subs: mcp.broken: its server exited with code 3" in err, err
+    assert "WARNING:" not in out + err and "Traceback" not in err, err
+
+    code, _, err = await subs(
+        "run", "-o", "pretty", "oncall", "hi", "-c", str(config), env={"SUBS_LOG": "INFO"}
+    )
+    assert code == 0, err
+    assert "WARNING:subs.mcp:mcp.broken: its server exited with code 3" in err, err
+
+
+def test_a_logged_exception_is_one_scrubbed_line():
+    """What a traceback-carrying record (a library's `log.exception`) prints by default."""
+    redactor = Redactor(["s3cr3t-token"])
+    try:
+        raise ValueError("refused s3cr3t-token\nat the door")
+    except ValueError:
+        record = logging.LogRecord(
+            "x", logging.ERROR, __file__, 1, "sync of %s\nfailed", ("s3cr3t-token",), sys.exc_info()
+        )
+    assert redactor.filter(record)
+    assert OneLine(redactor.scrub).format(record) == (
+        "subs: sync of *** failed (ValueError: refused *** at the door); "
+        "SUBS_LOG=INFO prints the traceback"
+    )
+    record.levelno = logging.WARNING  # a fault, not a bug: no pointer to a traceback
+    assert OneLine(redactor.scrub).format(record) == (
+        "subs: sync of *** failed (ValueError: refused *** at the door)"
+    )

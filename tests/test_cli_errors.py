@@ -18,141 +18,261 @@ from tests.engine_helpers import ROOT, subs
 
 
 @dataclass(frozen=True)
+class At:
+    """What a row's command line may name."""
+
+    config: Path  # two agents, ops_openai and ops_anthropic, neither in Slack
+    closed_port: int  # a loopback port nothing listens on
+    api: str  # a running `subs serve`'s URL, for rows with `serve` set; else ""
+
+
+@dataclass(frozen=True)
 class Case:
     name: str
-    args: Callable[[Path, int], list[str]]  # (config, a closed port) -> argv
+    args: Callable[[At], list[str]]
     status: int
     words: tuple[str, ...]  # each must appear in the output
     env: dict[str, str] = field(default_factory=dict)
+    absent: tuple[str, ...] = ()  # none may appear in the output
+    serve: bool = False  # start a `subs serve` on the test's Redis for it
+    stderr_lines: int | None = None  # default: one for a failure, any for a success
 
 
 def _c(config: Path) -> list[str]:
     return ["-c", str(config)]
 
 
+EXAMPLE = ["-c", str(ROOT / "subs.toml")]  # the shipped example: oncall, with a Slack block
+NO_SLACK = {f"SLACK_{v}_ONCALL": "" for v in ("BOT_TOKEN", "APP_TOKEN", "SIGNING_SECRET")}
+
+
 CLIENT_INPUT_WITHOUT_MESSAGE = json.dumps({"type": "client.message"})
+USER_MESSAGE_WITHOUT_CONTENT = json.dumps({"type": "client.message", "message": {"role": "user"}})
 
 CASES = [
     Case(
         "run --url to a closed port",
-        lambda cfg, port: ["run", "ops_openai", "hi", "--url", f"http://127.0.0.1:{port}"],
+        lambda at: ["run", "ops_openai", "hi", "--url", f"http://127.0.0.1:{at.closed_port}"],
         1,
         ("cannot reach http://127.0.0.1:", "is an engine serving there"),
     ),
     Case(
         "--url without http://",
-        lambda cfg, port: ["run", "ops_openai", "hi", "--url", "127.0.0.1:8080"],
+        lambda at: ["run", "ops_openai", "hi", "--url", "127.0.0.1:8080"],
         2,
         ("--url must start with http://", "--url http://127.0.0.1:8080"),
     ),
     Case(
         "sessions list --url without http://",
-        lambda cfg, port: ["sessions", "list", "--url", "localhost:8080"],
+        lambda at: ["sessions", "list", "--url", "localhost:8080"],
         2,
         ("--url must start with http://",),
     ),
     Case(
         "serve with --redis pointing nowhere",
-        lambda cfg, port: [
+        lambda at: [
             "serve",
-            *_c(cfg),
+            *_c(at.config),
             "--port",
             "0",
             "--redis",
-            f"redis://127.0.0.1:{port}",
+            f"redis://127.0.0.1:{at.closed_port}",
         ],
         1,
         ("cannot reach Redis at redis://127.0.0.1:", "start it, or fix --redis"),
     ),
     Case(
         "serve with --redis that is no URL",
-        lambda cfg, port: ["serve", *_c(cfg), "--port", "0", "--redis", "nowhere"],
+        lambda at: ["serve", *_c(at.config), "--port", "0", "--redis", "nowhere"],
         2,
         ("--redis must be a redis://", "e.g. --redis redis://"),
     ),
     Case(
         "sessions list on a Redis that is not there",
-        lambda cfg, port: ["sessions", "list", *_c(cfg), "--redis", f"redis://127.0.0.1:{port}"],
+        lambda at: [
+            "sessions",
+            "list",
+            *_c(at.config),
+            "--redis",
+            f"redis://127.0.0.1:{at.closed_port}",
+        ],
         1,
         ("cannot reach Redis",),
     ),
     Case(
         "SUBS_LOG in lower case works",
-        lambda cfg, port: ["sessions", "list", *_c(cfg), "-o", "jsonl"],
+        lambda at: ["sessions", "list", *_c(at.config), "-o", "jsonl"],
         0,
         (),
         env={"SUBS_LOG": "info"},
     ),
     Case(
         "SUBS_LOG that is no level",
-        lambda cfg, port: ["sessions", "list", *_c(cfg)],
+        lambda at: ["sessions", "list", *_c(at.config)],
         2,
         ("SUBS_LOG='loud' is not a level", "INFO"),
         env={"SUBS_LOG": "loud"},
     ),
     Case(
         "--input that is not JSON",
-        lambda cfg, port: ["run", "ops_openai", *_c(cfg), "--input", "{not json"],
+        lambda at: ["run", "ops_openai", *_c(at.config), "--input", "{not json"],
         2,
         ("--input is not JSON", "e.g. --input '{"),
     ),
     Case(
         "--input that is no ClientInput, in process",
-        lambda cfg, port: ["run", "ops_openai", *_c(cfg), "--input", CLIENT_INPUT_WITHOUT_MESSAGE],
+        lambda at: ["run", "ops_openai", *_c(at.config), "--input", CLIENT_INPUT_WITHOUT_MESSAGE],
         2,
         ("--input: input.message: required field is missing",),
     ),
     Case(
+        "--input whose user message has no content, before --url is reached",
+        lambda at: [
+            "run",
+            "ops_openai",
+            "--url",
+            f"http://127.0.0.1:{at.closed_port}",
+            "--input",
+            USER_MESSAGE_WITHOUT_CONTENT,
+        ],
+        2,
+        ("--input: input.message.content: a user message needs content",),
+    ),
+    Case(
         "--input that is a list",
-        lambda cfg, port: ["run", "ops_openai", *_c(cfg), "--input", "[1]"],
+        lambda at: ["run", "ops_openai", *_c(at.config), "--input", "[1]"],
         2,
         ("--input must be a JSON object",),
     ),
     Case(
         "a bad SUBS_API_KEYS entry",
-        lambda cfg, port: ["serve", *_c(cfg), "--port", "0"],
+        lambda at: ["serve", *_c(at.config), "--port", "0"],
         2,
         ("SUBS_API_KEYS entry 2: empty", "separate keys with single commas"),
         env={"SUBS_API_KEYS": "k1,,k2"},
     ),
     Case(
         "SUBS_LEASE_MS that is no number",
-        lambda cfg, port: ["run", "ops_openai", "hi", *_c(cfg)],
+        lambda at: ["run", "ops_openai", "hi", *_c(at.config)],
         2,
         ("SUBS_LEASE_MS must be a whole number",),
         env={"SUBS_LEASE_MS": "soon"},
     ),
     Case(
         "a mistyped --session",
-        lambda cfg, port: ["run", "ops_openai", "hi", *_c(cfg), "--session", "ses_typo"],
+        lambda at: ["run", "ops_openai", "hi", *_c(at.config), "--session", "ses_typo"],
         1,
         ("no session 'ses_typo'", "leave out --session to start a new one"),
     ),
     Case(
         "cancel of an unknown session",
-        lambda cfg, port: ["sessions", "cancel", "ses_typo", *_c(cfg)],
+        lambda at: ["sessions", "cancel", "ses_typo", *_c(at.config)],
         1,
         ("session 'ses_typo' does not exist",),
     ),
     Case(
         "delete of an unknown session",
-        lambda cfg, port: ["sessions", "delete", "ses_typo", *_c(cfg)],
+        lambda at: ["sessions", "delete", "ses_typo", *_c(at.config)],
         1,
         ("session 'ses_typo' does not exist",),
     ),
     Case(
         "run with neither message nor --input",
-        lambda cfg, port: ["run", "ops_openai", *_c(cfg)],
+        lambda at: ["run", "ops_openai", *_c(at.config)],
         2,
         ("give a message or --input",),
     ),
     Case(
         "a missing argument",
-        lambda cfg, port: ["run"],
+        lambda at: ["run"],
         2,
         ("the following arguments are required: agent", "see 'subs run --help'"),
     ),
-    Case("--version", lambda cfg, port: ["--version"], 0, ("subs 0.",)),
+    Case("--version", lambda at: ["--version"], 0, ("subs 0.",)),
+    Case(
+        "serve --port past 65535",
+        lambda at: ["serve", *_c(at.config), "--port", "99999"],
+        2,
+        ("argument --port: expected a whole number from 0 to 65535, got '99999'",),
+    ),
+    Case(
+        "serve --port below 0",
+        lambda at: ["serve", *_c(at.config), "--port", "-1"],
+        2,
+        ("argument --port: expected a whole number from 0 to 65535, got '-1'",),
+        absent=("host",),
+    ),
+    Case(
+        "manifest --url that is not https",
+        lambda at: ["manifest", "oncall", *EXAMPLE, "--url", "http://x"],
+        0,
+        ("Slack only calls public https URLs, and --url http://x is not one",),
+        absent=("pass --url",),
+        stderr_lines=1,
+    ),
+    Case(
+        "an unknown agent, in process",
+        lambda at: ["run", "nosuch", "hi", *_c(at.config)],
+        2,
+        ("no agent 'nosuch'", "declared: ops_anthropic, ops_openai"),
+    ),
+    Case(
+        "an unknown agent, over --url",
+        lambda at: ["run", "nosuch", "hi", "--url", at.api],
+        2,
+        ("no agent 'nosuch'", "declared: ops_anthropic, ops_openai"),
+        serve=True,
+    ),
+    Case(
+        "sessions list --limit below 1",
+        lambda at: ["sessions", "list", *_c(at.config), "--limit", "-3"],
+        2,
+        ("argument --limit: expected a whole number of at least 1, got '-3'",),
+    ),
+    Case(
+        "sessions dead --limit 0",
+        lambda at: ["sessions", "dead", *_c(at.config), "--limit", "0"],
+        2,
+        ("argument --limit: expected a whole number of at least 1, got '0'",),
+    ),
+    Case(
+        "sessions events --from below 0",
+        lambda at: ["sessions", "events", "ses_x", *_c(at.config), "--from", "-1"],
+        2,
+        ("argument --from: expected a whole number of at least 0, got '-1'",),
+    ),
+    Case(
+        "check of an API-only set-up: no Slack variables is a note",
+        lambda at: ["check", *EXAMPLE],
+        0,
+        (
+            "Slack app oncall off: set SLACK_BOT_TOKEN_ONCALL and SLACK_APP_TOKEN_ONCALL "
+            "(Socket Mode) or SLACK_SIGNING_SECRET_ONCALL (HTTP)",
+            '"partial": false',
+        ),
+        env={"OPENROUTER_API_KEY": "k", **NO_SLACK},
+        absent=('"missing"',),
+    ),
+    Case(
+        "check of a Slack app with a bot token alone",
+        lambda at: ["check", *EXAMPLE],
+        1,
+        (
+            "Slack app oncall off: SLACK_BOT_TOKEN_ONCALL is set, but neither "
+            "SLACK_APP_TOKEN_ONCALL (Socket Mode) nor SLACK_SIGNING_SECRET_ONCALL (HTTP): set one",
+            '"partial": true',
+        ),
+        env={"OPENROUTER_API_KEY": "k", **NO_SLACK, "SLACK_BOT_TOKEN_ONCALL": "xoxb-1"},
+        stderr_lines=0,  # check's findings are its output, on stdout
+    ),
+    Case(
+        "check of a Slack app with a signing secret alone",
+        lambda at: ["check", *EXAMPLE],
+        1,
+        ("SLACK_SIGNING_SECRET_ONCALL is set, but SLACK_BOT_TOKEN_ONCALL is not: set it too",),
+        env={"OPENROUTER_API_KEY": "k", **NO_SLACK, "SLACK_SIGNING_SECRET_ONCALL": "s3cr3t"},
+        stderr_lines=0,
+    ),
 ]
 
 
@@ -165,15 +285,21 @@ def closed_port() -> int:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-async def test_each_mistake_is_one_line_with_its_fix(case: Case, config: Path, closed_port: int):
-    code, out, err = await subs(*case.args(config, closed_port), env=case.env)
+async def test_each_mistake_is_one_line_with_its_fix(
+    case: Case, config: Path, closed_port: int, serve_processes
+):
+    api = (await serve_processes()).api if case.serve else ""
+    code, out, err = await subs(*case.args(At(config, closed_port, api)), env=case.env)
     output = out + err
     assert "Traceback" not in output, output
     assert code == case.status, output
     for words in case.words:
         assert words in output, output
-    if case.status:
-        assert len(err.strip().splitlines()) == 1, err
+    for words in case.absent:
+        assert words not in output, output
+    lines = case.stderr_lines if case.stderr_lines is not None else (1 if case.status else None)
+    if lines is not None:
+        assert len(err.strip().splitlines()) == lines, err
 
 
 @pytest.fixture
@@ -246,3 +372,21 @@ def test_help_loads_neither_the_slack_stack_nor_the_engine():
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_command_leaves_its_imports_out_of_the_collections_at_exit():
+    """The interpreter's collections at exit walk every object the SDKs' imports made:
+    0.5-1 s per `subs` run (a serve's SIGTERM, every CLI call) unless the heap is frozen."""
+    probe = (
+        "import atexit, gc, sys\nfrom engine.cli import main\n"
+        "atexit.register(lambda: print('frozen', gc.get_freeze_count()))\n"
+        "sys.exit(main(['sessions', 'list', '--url', sys.argv[1]]))"
+    )
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"  # nothing listens: exit 1
+    done = subprocess.run(
+        [sys.executable, "-c", probe, url], capture_output=True, text=True, cwd=ROOT, timeout=30
+    )
+    assert done.returncode == 1, done.stderr
+    assert int(done.stdout.split("frozen ")[-1]) > 0, done.stdout  # 0: nothing was frozen

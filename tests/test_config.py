@@ -11,6 +11,7 @@ from engine.config import (
     ConfigError,
     MissingEnv,
     ServeConfig,
+    SlackOff,
     load_project,
     parse_project,
     slack_env_suffix,
@@ -657,23 +658,45 @@ def test_missing_env(tmp_path: Path):
         '[agent.byo]\nllm = "w"\nmodel = "m"\n'
     )
     project = load(tmp_path, text)
+    # Slack's variables are not among them: the engine runs without (Project.slack_off).
     assert project.missing_env({}) == [
         MissingEnv("OPENROUTER_API_KEY", "llm.r, llm.r2", "openrouter API key, used by on-call"),
         MissingEnv("SIGN", "on-call", "signs requests to the agent's worker"),
-        MissingEnv("SLACK_BOT_TOKEN_ON_CALL", "on-call", "Slack bot token"),
-        MissingEnv(
-            "SLACK_APP_TOKEN_ON_CALL",
-            "on-call",
-            "Slack app token for Socket Mode (or SLACK_SIGNING_SECRET_ON_CALL for HTTP)",
-        ),
     ]
-    full = {"OPENROUTER_API_KEY": "k", "SIGN": "s", "SLACK_BOT_TOKEN_ON_CALL": "b"}
-    assert project.missing_env({**full, "SLACK_SIGNING_SECRET_ON_CALL": "x"}) == []
-    assert project.missing_env({**full, "SLACK_APP_TOKEN_ON_CALL": "x"}) == []
+    full = {"OPENROUTER_API_KEY": "k", "SIGN": "s"}
+    assert project.missing_env(full) == []
     # An empty variable is as good as unset.
-    assert [
-        m.var for m in project.missing_env({**full, "SIGN": "", "SLACK_APP_TOKEN_ON_CALL": "x"})
-    ] == ["SIGN"]
+    assert [m.var for m in project.missing_env({**full, "SIGN": ""})] == ["SIGN"]
+
+
+def test_a_slack_app_is_off_without_its_variables_and_a_mistake_with_some(tmp_path: Path):
+    text = (
+        '[llm.r]\ntype = "openrouter"\n[agent.on-call]\nllm = "r"\nmodel = "m"\n'
+        '[agent.on-call.slack]\n[agent.api]\nllm = "r"\nmodel = "m"\n'
+    )
+    project = load(tmp_path, text)  # `api` has no Slack block: nothing to say of it
+    bot, app, secret = (f"SLACK_{v}_ON_CALL" for v in ("BOT_TOKEN", "APP_TOKEN", "SIGNING_SECRET"))
+    assert project.slack_off({}) == [
+        SlackOff(
+            "on-call",
+            f"Slack app on-call off: set {bot} and {app} (Socket Mode) or {secret} (HTTP)",
+            partial=False,
+        )
+    ]
+    assert project.slack_off({bot: "", app: "", secret: ""})[0].partial is False  # empty: unset
+    assert project.slack_off({bot: "b", app: "a"}) == []
+    assert project.slack_off({bot: "b", secret: "s"}) == []
+    (alone,) = project.slack_off({bot: "b"})
+    assert alone.partial and alone.why == (
+        f"Slack app on-call off: {bot} is set, but neither {app} (Socket Mode) nor "
+        f"{secret} (HTTP): set one"
+    )
+    for other in (app, secret):
+        (headless,) = project.slack_off({other: "x"})
+        assert headless.partial
+        assert (
+            headless.why == f"Slack app on-call off: {other} is set, but {bot} is not: set it too"
+        )
 
 
 def test_env_overrides_file(tmp_path: Path):

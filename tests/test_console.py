@@ -16,15 +16,17 @@ import textwrap
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from aiohttp import web
 
-from engine.jsonedge import compact_json
-from engine.machine import fold, state_to_json
 from engine.store.store import Store, connect
 from tests.engine_helpers import ROOT, EngineProcess, poll_until
 from tests.fakes.llm_vendor import FakeVendor, HttpError, Reply, Text, ToolCalls
+from tests.old_sessions import FAILURE as OLD_FAILURE
+from tests.old_sessions import old_logs, store_log
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -128,8 +130,9 @@ class Proxy:
 
 
 class Page:
-    """One headless chromium with a fresh profile; every call here blocks (run it in a
-    thread through `_page`)."""
+    """One headless chromium with a fresh profile, shared by the module's tests (`fresh()`
+    gives each a new tab on a browser holding nothing of the last test's); every call here
+    blocks (run it in a thread through `_page`)."""
 
     def __init__(self, profile: Path) -> None:
         options = webdriver.ChromeOptions()
@@ -150,8 +153,32 @@ class Page:
         options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
         self.driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
         self.driver.set_page_load_timeout(WAIT)  # a page that never loads fails, not hangs
+        self.origins: set[str] = set()  # whose storage the next test must not see
+
+    def fresh(self) -> None:
+        """A new tab, every other one closed, every visited origin's storage (the keys in
+        sessionStorage among it), the cookies and the cache cleared, the log emptied."""
+        driver = self.driver
+        for origin in self.origins:
+            driver.execute_cdp_cmd(
+                "Storage.clearDataForOrigin", {"origin": origin, "storageTypes": "all"}
+            )
+        self.origins.clear()
+        driver.execute_cdp_cmd("Network.clearBrowserCookies", {})
+        driver.execute_cdp_cmd("Network.clearBrowserCache", {})
+        old = driver.window_handles
+        driver.switch_to.new_window("tab")
+        tab = driver.current_window_handle
+        for handle in old:
+            driver.switch_to.window(handle)
+            driver.close()
+        driver.switch_to.window(tab)
+        driver.get_log("browser")  # what the last test's pages logged
 
     def open(self, url: str) -> None:
+        parts = urlsplit(url)
+        if parts.scheme in ("http", "https"):
+            self.origins.add(f"{parts.scheme}://{parts.netloc}")
         self.driver.get(url)
 
     def find(self, css: str) -> WebElement:
@@ -213,13 +240,20 @@ async def served(tmp_path: Path, redis_url: str) -> AsyncIterator[tuple[EnginePr
             await proc.stop()
 
 
-@pytest.fixture
-def page(tmp_path: Path) -> Iterator[Page]:
-    browser = Page(tmp_path / "chromium-profile")
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Page]:
+    """One chromium for the module: starting one costs a second or two of CPU."""
+    started = Page(tmp_path_factory.mktemp("chromium-profile"))
     try:
-        yield browser
+        yield started
     finally:
-        browser.quit()
+        started.quit()
+
+
+@pytest.fixture
+def page(browser: Page) -> Page:
+    browser.fresh()
+    return browser
 
 
 class Api:
@@ -448,7 +482,7 @@ async def test_every_golden_log_draws_a_timeline_with_no_unknown_step_or_script_
         store = await Store.open(redis)
         for log in GOLDEN:
             events = [json.loads(line) for line in log.read_text().splitlines()]
-            await _store_log(store, events)
+            await store_log(store, events)
     finally:
         await redis.aclose()
     await _page(page.open, f"{proxy.url}/console")
@@ -486,19 +520,40 @@ async def test_every_golden_log_draws_a_timeline_with_no_unknown_step_or_script_
             await _page(page.shot, "console-timeline-mcp-off")
 
 
-async def _store_log(store: Store, events: list[dict[str, Any]]) -> None:
-    """A log as a commit leaves it: the stream, the snapshot (the fold) and the index."""
-    sid = events[0]["session_id"]
-    state = fold(events)
-    assert state is not None
-    seq = events[-1]["seq"]
-    async with store.redis.pipeline(transaction=False) as pipe:
-        for event in events:
-            pipe.xadd(store.log_key(sid), {"e": compact_json(event)}, f"{event['seq']}-0")
-        snapshot = {"seq": seq, "at": seq, "state": compact_json(state_to_json(state))}
-        pipe.hset(store.snap_key(sid), mapping=snapshot)
-        pipe.zadd(store.sessions_key(store.partition_of(sid)), {sid: state.created_at})
-        await pipe.execute()
+async def test_the_list_draws_sessions_an_older_version_stored(
+    served: tuple[EngineProcess, Proxy], page: Page, redis_url: str
+) -> None:
+    """A user message with no content, content null, parts without text, an unknown
+    role (tests/old_sessions.py): each lists, and a failed one reads `failed`."""
+    _, proxy = served
+    logs = old_logs()
+    redis = connect(redis_url)
+    try:
+        store = await Store.open(redis)
+        for events in logs:
+            await store_log(store, events)
+    finally:
+        await redis.aclose()
+    await _page(page.open, f"{proxy.url}/console")
+    await _page(page.until, "the key prompt", lambda: page.find("#key-form").is_displayed())
+    await _page(lambda: page.find("#key").send_keys(READ_KEY + "\n"))
+    await _page(page.until, "the sessions", lambda: len(page.all("#sessions tbody tr")) == 6)
+    assert not page.all("#error")
+    rows = {r.get_attribute("data-session"): r for r in page.all("#sessions tbody tr")}
+    assert list(rows) == [events[0]["session_id"] for events in logs][::-1]
+    for sid, row in rows.items():
+        badge = row.find_element(By.CSS_SELECTOR, ".badge").text
+        assert badge == ("failed" if sid == "ses-old-failed" else "idle"), (sid, row.text)
+    assert "failed" in rows["ses-old-failed"].get_attribute("class")
+    assert OLD_FAILURE in rows["ses-old-failed"].text
+    assert "look at" in rows["ses-old-text-parts"].text
+    await _page(page.shot, "console-list-old-sessions")
+    for sid in ("ses-old-no-content", "ses-old-unknown-role"):
+        await _page(page.open, f"{proxy.url}/console/sessions/{sid}")
+        await _page(page.until, f"{sid}'s events", lambda: page.find("#facts-seq").text == "5")
+        assert page.find("#status").text == "idle"
+    errors = [m for m in page.console_log() if "SEVERE" in m or "could not show" in m]
+    assert not errors, errors
 
 
 async def test_the_chat_page_sends_the_first_message_once_the_key_is_in_and_asks_the_tool(
@@ -646,3 +701,36 @@ async def test_the_console_and_the_chat_page_link_to_each_other(
     missing = await api.http.get("/console/chat/nobody")
     assert missing.status_code == 404 and missing.headers["Content-Type"].startswith("text/html")
     assert not [entry for entry in page.console_log() if "SEVERE" in entry and "401" not in entry]
+
+
+async def test_a_fresh_page_keeps_nothing_of_the_last_tests_pages(page: Page) -> None:
+    """The module's tests share one chromium: what one page stored (a key in sessionStorage,
+    localStorage, a cookie), its tabs and its log are gone for the next test."""
+
+    async def blank(_: web.Request) -> web.Response:
+        return web.Response(text="<p>blank</p>", content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/", blank)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}/"
+    left = "[sessionStorage['k'], localStorage['k'], document.cookie]"
+    try:
+        await _page(page.open, url)
+        page.driver.execute_script(
+            "sessionStorage.setItem('k', 'last'); localStorage.setItem('k', 'last');"
+            "document.cookie = 'k=last; max-age=600'; console.error('from the last test');"
+            "window.open('about:blank')"
+        )
+        assert page.driver.execute_script(f"return {left}") == ["last", "last", "k=last"]
+        assert len(page.driver.window_handles) == 2
+        await _page(page.fresh)
+        await _page(page.open, url)
+        assert page.driver.execute_script(f"return {left}") == [None, None, ""]
+        assert len(page.driver.window_handles) == 1
+        assert not [m for m in page.console_log() if "from the last test" in m]
+    finally:
+        await runner.cleanup()

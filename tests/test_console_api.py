@@ -183,7 +183,7 @@ async def test_the_list_shows_totals_and_failures_and_filters_by_agent_and_statu
     ok, bad = rows[2], rows[1]
     assert ok["tokens"] > 0 and float(ok["cost"]) > 0 and ok["turns"] == 1
     assert (ok["failed"], ok["error"]) == (False, None)
-    assert bad["failed"] is True and bad["status"] == "idle"
+    assert bad["failed"] is True and bad["status"] == "failed"
     assert "400" in bad["error"] and bad["tokens"] == 0
 
     page = (await listed("agent=ops_openai&limit=10")).json()

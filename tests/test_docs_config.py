@@ -28,7 +28,7 @@ from engine.config import (
     load_project,
     parse_project,
 )
-from engine.machine import kinds, retry
+from engine.machine import default_kinds
 from tests.engine_helpers import ROOT, subs
 from tests.fakes.llm_vendor import FakeVendor, Text
 
@@ -224,7 +224,7 @@ def _toml(value: Any) -> str:
 
 
 # Allowed values a validator decides, not a Literal: (block, key) -> the values.
-VALIDATED = {("[[agent.<id>.tools]]", "handler"): sorted(kinds.tool_handlers())}
+VALIDATED = {("[[agent.<id>.tools]]", "handler"): sorted(default_kinds().tool_handlers())}
 
 
 def allowed_values(key: Key) -> list[str]:
@@ -269,13 +269,14 @@ def test_the_retry_defaults_on_the_page_are_the_engines() -> None:
     columns = header.group(1).split(" | ")
     rows = dict(re.findall(r"^\| (an? [^|]+?) \| (.*) \|$", text[header.end() :], re.M))
     assert rows.keys() == RETRY_ROWS.keys(), sorted(rows)
+    table = default_kinds()
     for label, policy in RETRY_ROWS.items():
         block, *values = rows[label].split(" | ")
-        engine = retry.resolve_policy(policy, None)
+        engine = table.policy(policy, None)
         shown = {c: None if v == "—" else int(v) for c, v in zip(columns, values, strict=True)}
         assert shown == engine, f"docs/config.md, retry defaults of {label}: {shown} != {engine}"
         blocks = {"default"} | (
-            {retry._AGENT_KIND[policy]} if policy in retry._AGENT_KIND else set()
+            {table.agent_blocks[policy]} if policy in table.agent_blocks else set()
         )
         assert block.strip("`") in blocks, f"{label}: its block is one of {blocks}"
 

@@ -1,8 +1,10 @@
 """A new call kind plugs in from its own module: here, from this test alone.
 
-The toy "echo" kind registers its machine rules (engine/machine/kinds.py) and its
-shell runner (engine/effects/runner.py) and then runs a turn through the real engine,
-real Redis and the fake vendor, with no engine file edited for it.
+The toy "echo" kind is a `CallKind` (its machine rules, engine/machine/kinds.py) and a
+runner (engine/effects/runner.py). The test builds its own table of kinds (the
+default one and echo) and hands it, with the runner, to the pure machine and to the
+real engine, which runs a turn with it on real Redis and the fake vendor: no engine
+file edited for it, and nothing of the engine's patched or registered into.
 """
 
 from __future__ import annotations
@@ -13,23 +15,24 @@ from dataclasses import dataclass
 import pytest
 
 from engine.client import Client
-from engine.config import parse_project
-from engine.effects import runner as effect_runner
+from engine.config import ConfigError, parse_project
 from engine.effects.runner import Done, EffectRunner, Tasks
 from engine.machine import (
     CallAnswered,
     CallDeadline,
+    CallKind,
     CallLost,
     CallSettled,
     Input,
+    Kinds,
     LlmCallSettled,
     MachineError,
     RunCall,
     RunLlmCall,
     SessionState,
     StartTimer,
+    default_kinds,
     kinds,
-    retry,
 )
 from engine.runtime.apply import lost_work
 from engine.runtime.engine import Engine
@@ -52,7 +55,7 @@ class RunEcho(RunCall):
     """Echo a call's arguments back (the machine asks; the runner below does it)."""
 
 
-ECHO = kinds.CallKind(
+ECHO = CallKind(
     kind="tool",
     handler="echo",
     retry="echo",
@@ -83,22 +86,14 @@ def run_echo(
     runner.run(state.session_id, f"echo {effect.call_id}", lambda: echo, failed, done, tasks)
 
 
+# The table this test runs by: the engine's default kinds and echo.
+WITH_ECHO = default_kinds().adding(ECHO)
+
 # -- the test ------------------------------------------------------------------------
 
 
-@pytest.fixture
-def echo_kind(monkeypatch):
-    """Registered for this test only: the tables are put back afterwards."""
-    monkeypatch.setattr(kinds, "KINDS", dict(kinds.KINDS))
-    monkeypatch.setattr(retry, "DEFAULTS", dict(retry.DEFAULTS))
-    monkeypatch.setattr(retry, "_AGENT_KIND", dict(retry._AGENT_KIND))
-    monkeypatch.setattr(effect_runner, "RUNNERS", dict(effect_runner.RUNNERS))
-    kinds.register(ECHO)
-    effect_runner.register(RunEcho, run_echo)
-
-
-def test_the_machine_runs_a_registered_kind_by_its_rules(echo_kind):
-    s = Session()
+def test_the_machine_runs_a_kind_of_its_table_by_its_rules():
+    s = Session(kinds=WITH_ECHO)
     s.agent["tools"].append({"name": "shout", "handler": "echo"})
     [run] = [e for e in s.say("shout").effects if isinstance(e, RunLlmCall)]
     t = s.apply(LlmCallSettled(run.call_id, 1, response=tool_reply(("c1", "shout", "{}"))))
@@ -106,7 +101,7 @@ def test_the_machine_runs_a_registered_kind_by_its_rules(echo_kind):
     # Its deadline timer: the run deadline (its own policy: 5 s) and the backstop's grace.
     assert echo.deadline == s.now + 5000
     assert StartTimer(echo.deadline + 1000, CallDeadline("c1", 1)) in t.effects
-    assert lost_work(s.state) == [CallLost("c1", 1)]  # a dead engine's attempt is resent
+    assert lost_work(s.state, WITH_ECHO) == [CallLost("c1", 1)]  # a dead engine's is resent
     with pytest.raises(MachineError, match="being run by the echo"):
         s.apply(CallSettled("c1", 1, result="from outside"))
     assert s.apply(CallAnswered("c1", 2, result="late")).ignored  # no such attempt
@@ -115,6 +110,16 @@ def test_the_machine_runs_a_registered_kind_by_its_rules(echo_kind):
     [run] = [e for e in t.effects if isinstance(e, RunLlmCall)]  # the model is asked again
     s.apply(LlmCallSettled(run.call_id, 1, response=text_reply("done")))
     assert s.types()[-1] == "turn.completed"
+
+
+def test_a_kind_is_only_in_the_tables_built_with_it():
+    """The default table is not changed by a table built from it: no kind leaks."""
+    assert default_kinds().of("tool", "echo") is None
+    assert "echo" not in default_kinds().tool_handlers()
+    assert "echo" in WITH_ECHO.tool_handlers()
+    assert WITH_ECHO.policy("echo", None)["max_attempts"] == 2
+    with pytest.raises(KeyError):
+        default_kinds().policy("echo", None)
 
 
 def test_an_unregistered_handler_cannot_run():
@@ -127,18 +132,34 @@ def test_an_unregistered_handler_cannot_run():
     assert "no handler 'nobody' runs 'shout'" in errored["error"]["message"]
 
 
-def test_a_kind_is_registered_once():
+def test_a_kind_is_in_a_table_once():
+    client = default_kinds().of("tool", "client")
+    assert client is not None
+    assert default_kinds().adding(client).of("tool", "client") == client  # the same: harmless
     with pytest.raises(ValueError, match="already registered"):
-        kinds.register(dataclasses.replace(kinds.KINDS[("tool", "client")], in_flight=True))
+        default_kinds().adding(dataclasses.replace(client, in_flight=True))
+    with pytest.raises(ValueError, match="already defined differently"):
+        Kinds([ECHO, dataclasses.replace(ECHO, handler="echo2", retry_defaults={})])
+
+
+def test_config_takes_the_tool_handlers_of_the_table_it_is_given(vendor, tmp_path):
+    toml = project_toml(vendor.url).replace('handler = "client"', 'handler = "echo"')
+    with pytest.raises(ConfigError, match="handler"):
+        parse_project(toml, str(tmp_path / "subs.toml"), env={})
+    handlers = WITH_ECHO.tool_handlers()
+    parse_project(toml, str(tmp_path / "subs.toml"), env={}, tool_handlers=handlers)
 
 
 @pytest.fixture
-async def engine(echo_kind, redis, vendor, tmp_path):
+async def engine(redis, vendor, tmp_path):
     toml = project_toml(vendor.url, retry="retry = { tool = { backoff_base_secs = 0 } }")
-    # The agents' tool, run by the new kind (config takes any registered tool handler).
+    # The agents' tool, run by the new kind (config takes any tool handler of the table).
     toml = toml.replace('handler = "client"', 'handler = "echo"')
-    project = parse_project(toml, str(tmp_path / "subs.toml"), env={})
-    eng = Engine(project, redis, env=ENV, lease_ms=3000)
+    handlers = WITH_ECHO.tool_handlers()
+    project = parse_project(toml, str(tmp_path / "subs.toml"), env={}, tool_handlers=handlers)
+    eng = Engine(
+        project, redis, env=ENV, lease_ms=3000, kinds=WITH_ECHO, runners={RunEcho: run_echo}
+    )
     await eng.start()
     yield eng
     await eng.stop()

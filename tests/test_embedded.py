@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
+import inspect
 import os
 import select
+import shutil
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -20,14 +24,11 @@ from redis import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from engine.cli.remote import HttpClient
-from engine.store.embedded import (
-    RESTART_BACKOFF,
-    EmbeddedRedis,
-    EmbeddedRedisError,
-    find_redis_server,
-    supervise,
-)
-from tests.engine_helpers import poll_until, project_toml, start_subs
+from engine.client import ClientError
+from engine.store import supervisor
+from engine.store.embedded import EmbeddedRedis, EmbeddedRedisError, find_redis_server
+from engine.store.supervisor import RESTART_BACKOFF, Supervisor
+from tests.engine_helpers import EngineProcess, poll_until, project_toml, start_subs
 from tests.fakes.llm_vendor import FakeVendor, Text
 
 CHILD = """
@@ -189,7 +190,7 @@ async def test_supervise_backs_off_while_restarts_fail(tmp_path: Path, caplog) -
     broken.chmod(0o755)
     server = EmbeddedRedis(tmp_path / "data")
     real = server.start()
-    supervisor = asyncio.create_task(supervise(server))
+    supervisor = asyncio.create_task(Supervisor(server).run())
     try:
         with Redis.from_url(real) as client:
             client.set("kept", "yes")
@@ -230,7 +231,7 @@ async def test_a_sharer_restarts_the_server_when_its_starter_is_gone(tmp_path: P
     sharer = EmbeddedRedis(tmp_path)
     sharer.start()
     assert not sharer.owned
-    supervisor = asyncio.create_task(supervise(sharer))
+    supervisor = asyncio.create_task(Supervisor(sharer).run())
     try:
         starter.stop()  # as when the `subs` that started it exits
         await poll_until(server_answers(sharer), 10, "the sharer's own server")
@@ -348,3 +349,276 @@ async def _turn_completed(api: HttpClient, reply: dict) -> list[dict]:
                 if end in ("turn.completed", "turn.failed"):
                     assert end == "turn.completed", event
     return await api.events(sid)
+
+
+async def _health(api: str) -> tuple[int, dict]:
+    """/healthz's status and body; fails the test when it takes over 2 s to answer."""
+    async with aiohttp.ClientSession() as http:
+        try:
+            async with (
+                asyncio.timeout(2),
+                http.get(f"{api}/healthz") as response,
+            ):
+                return response.status, await response.json()
+        except TimeoutError:
+            raise AssertionError("/healthz did not answer within 2 s") from None
+
+
+async def test_the_data_folder_removed_under_a_serve_mid_turn_is_written_again_from_memory(
+    tmp_path: Path, vendor: FakeVendor
+) -> None:
+    """`rm -rf .subs` under a running serve: the API goes on answering, the turn ends, the
+    folder is made again with an AOF from the live server's memory, SIGTERM still ends
+    the serve in seconds, and the next serve finds every session."""
+    vendor.default = Text(" ".join(f"w{i}" for i in range(30)), chunk_delay=0.05)
+    config = tmp_path / "subs.toml"
+    config.write_text(project_toml(vendor.url))
+    folder = tmp_path / ".subs"
+    serve = await EngineProcess(config, None).start()
+    pids: list[int] = []
+    api = HttpClient(serve.api)
+    try:
+        pids.append(int((folder / "redis.pid").read_text()))
+        reply = await api.submit(say("before"))
+        await vendor.wait_for_requests(1)
+        shutil.rmtree(folder)  # mid-turn: the model's answer is still streaming
+
+        async def written_again() -> int | None:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                pid = int((folder / "redis.pid").read_text())
+                if pid != pids[0] and _alive(pid):
+                    return pid
+            await _health(serve.api)  # answers throughout (200, or 503 naming the folder)
+            return None
+
+        pids.append(await poll_until(written_again, 20, "a server on the folder made again"))
+        assert _wait_dead(pids[0], 5), "the server on the removed folder still runs"
+        await _turn_ends_though_streams_break(api, reply)
+        assert await _health(serve.api) == (200, {"status": "ok"})
+        said = [line for line in serve.stderr if "was removed" in line]
+        assert len(said) == 2, serve.log_tail()  # one when it is seen, one when it is mended
+        assert "writing it again from memory" in said[0]
+        assert "nothing is lost" in said[1] and str(folder) in said[1], said
+        assert f"pid {pids[1]}, was pid {pids[0]}" in said[1]
+    finally:
+        await api.aclose()
+        try:
+            code = await serve.stop(within=5)
+        finally:
+            for pid in pids:
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+    assert code == 0, serve.log_tail()
+    assert "Traceback" not in "\n".join(serve.stderr), serve.log_tail()
+    assert all(_wait_dead(pid, 5) for pid in pids)
+
+    # The next serve loads the AOF written from memory: the session, and a turn on it.
+    again = await EngineProcess(config, None).start()
+    api = HttpClient(again.api)
+    try:
+        vendor.default = Text("after")
+        after = await api.submit(say("after"), session_id=reply["session_id"])
+        events = await _turn_completed(api, after)
+        users = [
+            e["payload"]["message"]["content"]
+            for e in events
+            if e["payload"]["type"] == "message.new" and e["payload"]["message"]["role"] == "user"
+        ]
+        assert users == ["before", "after"]
+        pid = int((folder / "redis.pid").read_text())
+    finally:
+        await api.aclose()
+        assert await again.stop() == 0, again.log_tail()
+    assert _wait_dead(pid, 5)
+
+
+async def _turn_ends_though_streams_break(api: HttpClient, reply: dict) -> None:
+    """Polls the session's log (a stream open while the server restarts breaks, told to
+    retry) until the turn completed."""
+
+    async def ended() -> str | None:
+        with contextlib.suppress(ClientError):
+            for event in await api.events(reply["session_id"]):
+                if event.get("turn_id") == reply["turn_id"]:
+                    end = event["payload"]["type"]
+                    if end in ("turn.completed", "turn.failed"):
+                        return str(end)
+        return None
+
+    assert await poll_until(ended, 30, "the turn to end") == "turn.completed"
+
+
+async def test_a_data_folder_that_cannot_be_made_again_is_said_on_healthz_until_it_can(
+    tmp_path: Path, vendor: FakeVendor
+) -> None:
+    """The whole project folder removed: `.subs` cannot be made again, which /healthz
+    (503) and the log say, once; once the parent is back it is made again from memory.
+    SIGTERM still ends the serve within 5 s and leaves no redis-server behind."""
+    vendor.default = Text("kept in memory")
+    project = tmp_path / "project"
+    project.mkdir()
+    config = project / "subs.toml"
+    config.write_text(project_toml(vendor.url))
+    folder = project / ".subs"
+    serve = await EngineProcess(config, None).start()
+    pids = [int((folder / "redis.pid").read_text())]
+    api = HttpClient(serve.api)
+    try:
+        reply = await api.submit(say("remember this"))
+        await _turn_ends_though_streams_break(api, reply)
+        shutil.rmtree(project)
+
+        async def degraded() -> dict | None:
+            status, body = await _health(serve.api)
+            return body if status == 503 else None
+
+        body = await poll_until(degraded, 10, "/healthz to say the store is degraded")
+        assert body["code"] == "store_unavailable" and body["status"] == "degraded", body
+        assert "cannot be made again (No such file or directory)" in body["redis"], body
+        assert body["error"].endswith(body["redis"]), body
+        assert str(tmp_path) not in str(body)  # /healthz is open to anyone: no paths
+        said = [line for line in serve.stderr if "cannot be made again" in line]
+        assert len(said) == 1 and str(folder) in said[0], serve.log_tail()
+
+        project.mkdir()
+
+        async def mended() -> int | None:
+            status, _ = await _health(serve.api)
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                pid = int((folder / "redis.pid").read_text())
+                if status == 200 and pid != pids[0]:
+                    return pid
+            return None
+
+        pids.append(await poll_until(mended, 20, "the folder to be made again"))
+        assert any("nothing is lost" in line for line in serve.stderr), serve.log_tail()
+        events = await api.events(reply["session_id"])
+        assert any(e["payload"]["type"] == "turn.completed" for e in events)
+    finally:
+        await api.aclose()
+        try:
+            code = await serve.stop(within=5)
+        finally:
+            for pid in pids:
+                if _alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+    assert code == 0, serve.log_tail()
+    assert all(_wait_dead(pid, 5) for pid in pids)
+
+
+# What may block the loop: a module's I/O, a subprocess, a file lock, a sleep, and every
+# method of EmbeddedRedis (processes, files, PINGs). os.close and os.getpid return at once.
+_BLOCKING_MODULES = {"os", "shutil", "fcntl", "subprocess", "socket", "select", "time.sleep"}
+_RETURN_AT_ONCE = {"os.close", "os.getpid"}
+
+
+def blocking_calls_on_the_loop(source: str) -> list[str]:
+    """Calls in `source` that may block, made by code that runs on the event loop: any
+    function but those handed to asyncio.to_thread (by name; their calls run there)."""
+    tree = ast.parse(source)
+    server = {name for name, _ in inspect.getmembers(EmbeddedRedis, inspect.isfunction)}
+
+    def dotted(node: ast.expr) -> str:
+        if isinstance(node, ast.Attribute):
+            return f"{dotted(node.value)}.{node.attr}"
+        return node.id if isinstance(node, ast.Name) else "?"
+
+    threaded = {
+        dotted(call.args[0]).rpartition(".")[2]
+        for call in ast.walk(tree)
+        if isinstance(call, ast.Call) and dotted(call.func) == "asyncio.to_thread" and call.args
+    }
+    found = []
+    for func in ast.walk(tree):
+        if not isinstance(func, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        if func.name in threaded:
+            continue
+        for call in ast.walk(func):
+            if not isinstance(call, ast.Call):
+                continue
+            name = dotted(call.func)
+            if name in _RETURN_AT_ONCE:
+                continue
+            module = name.partition(".")[0]
+            method = name.rpartition(".")[2]
+            on_server = "server." in name and method in server
+            if module in _BLOCKING_MODULES or name in _BLOCKING_MODULES or on_server:
+                found.append(f"{func.name}: {name}() on line {call.lineno}")
+            if method in ("wait", "poll", "flock", "read_text", "write_text", "mkdir", "stat"):
+                found.append(f"{func.name}: {name}() on line {call.lineno}")
+    return found
+
+
+def test_the_supervisor_calls_nothing_blocking_on_the_event_loop() -> None:
+    assert blocking_calls_on_the_loop(Path(supervisor.__file__).read_text()) == []
+    # The check sees what the supervisor once did: Popen.wait through ended(), a lock.
+    wedged = (
+        "async def supervise(server):\n"
+        "    while True:\n"
+        "        await asyncio.sleep(0.1)\n"
+        "        if server.alive():\n"
+        "            continue\n"
+        "        how = server.ended()\n"
+        "        await asyncio.to_thread(server.start)\n"
+    )
+    assert blocking_calls_on_the_loop(wedged) == [
+        "supervise: server.alive() on line 4",
+        "supervise: server.ended() on line 6",
+    ]
+
+
+async def test_supervision_never_holds_the_loop_through_a_death_and_a_removed_folder(
+    tmp_path: Path, caplog
+) -> None:
+    """asyncio's debug mode logs every callback that holds the loop past 0.3 s. A watchdog
+    SIGKILLs the server should the loop stay blocked (as on a Popen.wait on it), so a
+    regression fails with that warning instead of hanging."""
+    loop = asyncio.get_running_loop()
+    server = EmbeddedRedis(tmp_path / "data")
+    await asyncio.to_thread(server.start)
+    watched = Supervisor(server)
+    supervising = asyncio.create_task(watched.run())
+    debug, slow = loop.get_debug(), loop.slow_callback_duration
+    loop.set_debug(True)
+    loop.slow_callback_duration = 0.3
+    pids = [server.pid]
+    try:
+        with Redis.from_url(server.url) as client:
+            client.set("kept", "yes")
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGKILL)
+
+        def said(what: str) -> Callable[[], Awaitable[bool]]:
+            async def logged() -> bool:  # the supervisor is done with it: not just a PING
+                return any(what in r.getMessage() for r in caplog.records)
+
+            return logged
+
+        await poll_until(said("restarted it as pid"), 10, "the restart")
+        pids.append(server.pid)
+        await asyncio.to_thread(shutil.rmtree, server.data_dir)
+        dying = server.pid
+        # A thread: a callback on the loop would not run while the loop is blocked.
+        watchdog = threading.Timer(5, lambda: _alive(dying) and os.kill(dying, signal.SIGKILL))
+        watchdog.start()
+        try:
+            await poll_until(said("nothing is lost"), 10, "the folder made again")
+        finally:
+            watchdog.cancel()
+        pids.append(server.pid)
+        assert watched.problem is None
+        with Redis.from_url(server.url) as client:
+            assert client.get("kept") == b"yes"
+    finally:
+        loop.set_debug(debug)
+        loop.slow_callback_duration = slow
+        supervising.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await supervising
+        await asyncio.to_thread(server.stop)
+    slow_ones = [
+        r.getMessage() for r in caplog.records if r.name == "asyncio" and " took " in r.getMessage()
+    ]
+    assert slow_ones == []
+    assert all(pid is not None and _wait_dead(pid, 5) for pid in pids)

@@ -4,6 +4,7 @@ every event once, in order, also those committed while it was joining."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Coroutine
 from typing import Any
@@ -20,6 +21,7 @@ from engine.api.stream import sse_frame
 from engine.client import Client
 from engine.jsonedge import compact_json
 from engine.runtime.engine import Engine
+from engine.store.embedded import EmbeddedRedis
 from engine.store.store import Store, connect
 from tests.api_helpers import INPUT, KEYS_ENV, ROOT, auth, events_of, read_stream, serve
 from tests.api_helpers import stream_path as path_of
@@ -276,3 +278,42 @@ async def _is(value: object, expected: object) -> bool:
 
 async def _blocked_is(redis: Redis, n: int, pool: str | None = API_POOL) -> bool:
     return await blocked_reads(redis, pool) == n
+
+
+async def test_a_redis_restart_under_open_streams_is_one_warning_per_reader(tmp_path, caplog):
+    """Redis restarted under watchers of sessions in three partitions: each partition's
+    reader says so in one warning line, with no traceback, and its watchers are told to
+    reconnect; watching again after the restart works."""
+    server = EmbeddedRedis(tmp_path / "redis")
+    await asyncio.to_thread(server.start)
+    redis = connect(server.url)
+    hub: Hub | None = None
+    try:
+        store = await Store.open(redis)
+        sids = [in_partition(store, f"restart-{p}", p, same=True) for p in (0, 1, 2)]
+        hub = Hub(store, sse_frame, block_ms=30_000)
+        async with contextlib.AsyncExitStack() as watching:
+            watches = [await watching.enter_async_context(hub.watch(sid)) for sid in sids]
+            await poll_until(lambda: _blocked_is(redis, 3, None), 10, "three blocking reads")
+            await asyncio.to_thread(server.stop)
+            server = EmbeddedRedis(tmp_path / "redis")
+            await asyncio.to_thread(server.start)
+            for watch in watches:
+                assert await asyncio.wait_for(watch.take(), 10) == []
+                assert "reconnect to resume" in (watch.ended or ""), watch.ended
+        lines = [r for r in caplog.records if r.name == "subs.fanout"]
+        assert len(lines) == 3, [r.getMessage() for r in lines]
+        assert {r.levelname for r in lines} == {"WARNING"}
+        assert all(r.exc_info is None and "Traceback" not in r.getMessage() for r in lines)
+        said = sorted(r.getMessage() for r in lines)
+        for p, line in enumerate(said):
+            assert line.startswith(f"the event-stream reader of partition {p} lost Redis ("), line
+        writer = Writer(redis, store, sids[0], 0)
+        async with hub.watch(sids[0]) as again:
+            await writer.commit(always=True)
+            assert len(await asyncio.wait_for(again.take(), 10)) == 2
+    finally:
+        if hub is not None:
+            await hub.aclose()
+        await redis.aclose()
+        await asyncio.to_thread(server.stop)

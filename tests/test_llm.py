@@ -768,6 +768,25 @@ def test_openai_build_request():
     assert "stream" not in openai.build_request(CONVERSATION, stream=False)
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    ["[1]", '{"a": ', '{"a":' * 3000 + "1" + "}" * 3000],
+    ids=["not an object", "not JSON", "3000 deep"],
+)
+def test_anthropic_sends_arguments_the_model_botched_as_an_empty_input(arguments: str):
+    """Still in the history after their call failed: every later request must build."""
+    call = {"id": "c1", "type": "function", "function": {"name": "ping", "arguments": arguments}}
+    history = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Error: arguments refused"},
+    ]
+    body = anthropic.build_request(ask(messages=history), stream=False)
+    assert body["messages"][1]["content"] == [
+        {"type": "tool_use", "id": "c1", "name": "ping", "input": {}}
+    ]
+
+
 def test_openai_and_openrouter_reasoning_config():
     request = ask(reasoning={"effort": "high", "max_tokens": None})
     assert openai.build_request(request, stream=False)["reasoning_effort"] == "high"

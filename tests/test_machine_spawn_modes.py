@@ -23,7 +23,7 @@ from engine.machine import (
     SubagentStarted,
     build_llm_request,
 )
-from engine.machine.calls import spawn_mode
+from engine.machine.spawns import spawn_mode
 from tests.machine_helpers import AGENT, Session, text_reply, tool_reply
 
 
@@ -279,3 +279,16 @@ def test_a_workers_spawn_carries_its_own_mode_checked_against_the_config():
     text = second["result"]["content"][0]["text"]
     assert json.loads(text) == {"session": "p~c2", "status": "started"}
     w.check_fold()
+
+
+def test_a_subagent_call_with_arguments_too_deep_to_parse_is_a_tool_error_not_a_crash():
+    """Parsed at the JSON edge (tools.arguments_of): refused there, they hold no message."""
+    s = parent(None)
+    run = run_of(s.say("go"))
+    deep = '{"message":' * 3000 + '"x"' + "}" * 3000
+    t = s.apply(
+        LlmCallSettled(run.call_id, run.attempt, response=tool_reply(("c1", "helper", deep)))
+    )
+    assert not [e for e in t.effects if isinstance(e, ChildSpawned | Deliver)]
+    (errored,) = payloads(t, "tool.call.errored")
+    assert errored["final"] and "needs a `message`" in errored["error"]["message"]

@@ -136,6 +136,51 @@ def test_every_trigger_waits_for_the_one_live_decision(w):
     w.check_fold()
 
 
+def _nested(levels: int) -> str:
+    """`lookup` arguments `levels` deep: the object, and arrays nested in its `deep`."""
+    return '{"q": "db", "deep": ' + "[" * (levels - 1) + "]" * (levels - 1) + "}"
+
+
+# A model's tool-call arguments, and the input report the call gets: refused at the JSON
+# edge like a client's body (engine/jsonedge.py), by name, never an engine error.
+ARGUMENTS = [
+    ("64 levels: the edge's limit", _nested(64), "valid", None),
+    ("65 levels", _nested(65), "malformed", "arguments refused: nested deeper than 64 levels"),
+    ("3000 levels", _nested(3000), "malformed", "arguments refused: nested deeper than 64 levels"),
+    ("a NaN", '{"q": NaN}', "malformed", "arguments refused: NaN is not a JSON number"),
+    ("a lone surrogate", '{"q": "\\ud800"}', "malformed", "arguments refused: a lone UTF-16"),
+    ("not JSON", '{"q": ', "malformed", "arguments are not JSON: "),
+    ("not an object", '["db"]', "malformed", "arguments are a JSON list, not an object"),
+    ("off the schema", '{"q": 1}', "invalid", "q: 1 is not of type 'string'"),
+]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "status", "error"),
+    [case[1:] for case in ARGUMENTS],
+    ids=[case[0] for case in ARGUMENTS],
+)
+def test_tool_arguments_the_edge_refuses_are_a_tool_error_naming_why(w, arguments, status, error):
+    w.start()
+    w.answer()
+    (llm,) = effects(w.answer(), RunLlmCall)
+    w.apply(LlmCallSettled(llm.call_id, 1, response=tool_reply(("t1", "lookup", arguments))))
+    w.answer()  # llm.finished: the call starts
+    execute = w.execute("t1")
+    report = execute["trigger"]["input"]
+    assert report["status"] == status, report
+    if error is None:
+        assert "error" not in report and execute["proposed"] == {}
+        return
+    assert error in report["error"], report
+    (action,) = execute["proposed"]["actions"]
+    assert action["type"] == "tool.error" and action["error"] == report["error"]
+    t = w.apply(ExecuteAnswered("t1", 1, execute["proposed"]))
+    (errored,) = [e["payload"] for e in t.events if e["payload"]["type"] == "tool.call.errored"]
+    assert errored["error"]["message"] == report["error"] and errored["final"]
+    w.check_fold()
+
+
 def test_worker_tools_run_concurrently_and_validate_input_and_output(w):
     w.start()
     w.answer()
@@ -568,3 +613,44 @@ def test_a_turns_events_stay_the_same_size_as_the_session_grows(w):
         written.append(size)
     w.check_fold()
     assert max(written[1:]) < 1.2 * min(written[1:]), written
+
+
+def test_actions_after_done_do_not_run_in_the_next_queued_turn(w):
+    """`done` ends the turn: the answer's later actions have no turn to act in, and the
+    queued turn starts afterwards with its own first decision, not with them."""
+    w.start()
+    w.answer()  # session.start
+    w.answer({"actions": [{"type": "done"}]})  # the worker is asked `turn.finished`
+    assert w.request()["trigger"]["type"] == "turn.finished"
+    w.say("second", queue=True)
+    t = w.answer({"actions": [{"type": "done"}, {"type": "llm.call"}]})
+    assert w.types(t) == [
+        "decision.completed",
+        "turn.completed",
+        "turn.started",
+        "decision.dispatched",
+    ]
+    assert not effects(t, RunLlmCall)
+    assert w.request()["trigger"]["type"] == "client.messages"
+    w.check_fold()
+
+
+def test_a_call_that_cannot_run_beside_fail_closes_with_the_turn(w):
+    """A call the answer starts that cannot run (a spawn of an agent that is no subagent)
+    and a `fail`: the turn ends and closes the call once; the input is not a crash."""
+    w.start()
+    w.answer()  # session.start
+    spawn = {"type": "subagent.spawn", "agent_id": "ghost", "tool_call_id": "x1"}
+    spawn["message"] = {"role": "user", "content": "hi"}
+    error = {"message": "given up", "code": "handler_error"}
+    t = w.answer({"actions": [spawn, {"type": "fail", "error": error}]})
+    assert w.types(t) == [
+        "decision.completed",
+        "tool.call.requested",
+        "tool.call.errored",
+        "turn.failed",
+    ]
+    [errored] = [e["payload"] for e in t.events if e["payload"]["type"] == "tool.call.errored"]
+    assert errored["error"]["detail"] == {"reason": "turn_ended"}
+    assert w.state.status == "idle"
+    w.check_fold()

@@ -501,7 +501,12 @@ async def test_list_changed_and_connector_sync_update_the_offered_tools(harness,
     await harness.turn("anything new?", sid)
     assert "clock__hush" not in offered(vendor, 5)
     sync = await harness.client.submit(
-        {"type": "client.action", "name": "connector.sync", "args": {"path": "mcp.clock"}},
+        {
+            "type": "client.action",
+            "agent_id": "oncall",
+            "name": "connector.sync",
+            "args": {"path": "mcp.clock"},
+        },
         session_id=sid,
     )
     await wait_for_event(harness.client, sid, turn_ended(sync["turn_id"]))

@@ -1146,6 +1146,54 @@ def test_bad_client_input(data: Any, param: str | None, fragment: str) -> None:
     assert fragment in caught.value.message
 
 
+def _one(message: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "client.message", "agent_id": "a", "message": message}
+
+
+# Schema-valid (it requires only `role`), refused by what each role needs (ROLE_NEEDS).
+ROLE_REFUSED = [
+    ("user, no content", _one({"role": "user"}), "message.content"),
+    ("user, content null", _one({"role": "user", "content": None}), "message.content"),
+    ("system, no content", _one({"role": "system", "name": "x"}), "message.content"),
+    (
+        "tool, no tool_call_id",
+        {"type": "client.append", "agent_id": "a", "messages": [{"role": "tool", "content": "y"}]},
+        "messages.0.tool_call_id",
+    ),
+    (
+        "tool in a view, no content",
+        {
+            "type": "client.messages",
+            "agent_id": "a",
+            "messages": [{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "c"}],
+        },
+        "messages.1.content",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("data", "param"), [case[1:] for case in ROLE_REFUSED], ids=[case[0] for case in ROLE_REFUSED]
+)
+def test_a_message_without_what_its_role_needs_is_refused(data: Any, param: str) -> None:
+    assert not schema_errors("client_input", data), "the schema alone accepts it"
+    with pytest.raises(ProtocolError) as caught:
+        parse_client_input(data)
+    assert caught.value.param == param
+    assert caught.value.message.startswith(f"invalid client input: {param}: a ")
+
+
+def test_what_each_role_may_leave_out_still_parses() -> None:
+    """An assistant message may hold neither text nor tool calls (an empty reply, as the
+    engine records it), and content may be an empty string or parts without text."""
+    view = [
+        {"id": "m1", "role": "user", "content": ""},
+        {"id": "m2", "role": "assistant"},
+        {"id": "m3", "role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]},
+    ]
+    parse_client_input({"type": "client.messages", "agent_id": "a", "messages": view})
+
+
 # --- our event envelope -------------------------------------------------------------
 
 

@@ -338,7 +338,7 @@ async def test_json_other_parsers_read_differently_is_refused_naming_the_path(
         Call(
             "64 deep passes the edge",
             INPUT,
-            422,
+            400,
             "invalid_input",
             "input.type",
             content=deep_input(64),

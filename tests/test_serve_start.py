@@ -1,20 +1,27 @@
-"""`subs serve` starting and stopping as a process: with Slack unreachable, and twice in
-one project folder (one embedded Redis)."""
+"""`subs serve` starting and stopping as a process: with Slack unreachable, with Slack
+apps off for want of their tokens, twice in one project folder (one embedded Redis), and on
+a Redis still loading its data."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
+import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import pytest
+from redis import Redis
 
 from engine.config import slack_env_suffix
+from engine.store.embedded import CONFIG_NAME, EmbeddedRedis, find_redis_server
 from tests.engine_helpers import ENV, ROOT, EngineProcess, poll_until, subs
 from tests.slack_serve_helpers import AGENT, slack_toml
 
@@ -139,3 +146,127 @@ async def test_a_second_serve_in_one_folder_is_refused_naming_the_first(
     embedded_serves.append(second)
     await second.start()
     assert await second.stop() == 0
+
+
+async def test_serve_and_check_say_the_same_of_slack_apps_without_their_tokens(
+    config: Path, redis_url: str
+):
+    """An API-only set-up (no Slack variables) and a half-done one (a bot token alone):
+    serve runs the engine and says why each app is off; check says the same, and fails
+    for the half-done one only."""
+    config.write_text(
+        config.read_text() + "\n[agent.ops_openai.slack]\n\n[agent.ops_anthropic.slack]\n"
+    )
+    env = {
+        f"SLACK_{var}_{agent}": ""
+        for var in ("BOT_TOKEN", "APP_TOKEN", "SIGNING_SECRET")
+        for agent in ("OPS_OPENAI", "OPS_ANTHROPIC")
+    }
+    env["SLACK_BOT_TOKEN_OPS_ANTHROPIC"] = "xoxb-half-done"
+    serve = await EngineProcess(config, redis_url, env).start()
+    try:
+
+        async def both_said() -> list[str] | None:
+            lines = [line for line in serve.stderr if line.startswith("subs: Slack app ")]
+            return lines if len(lines) == 2 else None
+
+        lines = await poll_until(both_said, 10, "serve's lines on the two Slack apps")
+        assert await healthy(serve.api)
+    finally:
+        await serve.stop()
+    assert lines == [
+        "subs: Slack app ops_openai off: set SLACK_BOT_TOKEN_OPS_OPENAI and "
+        "SLACK_APP_TOKEN_OPS_OPENAI (Socket Mode) or SLACK_SIGNING_SECRET_OPS_OPENAI (HTTP)",
+        "subs: Slack app ops_anthropic off: SLACK_BOT_TOKEN_OPS_ANTHROPIC is set, but neither "
+        "SLACK_APP_TOKEN_OPS_ANTHROPIC (Socket Mode) nor SLACK_SIGNING_SECRET_OPS_ANTHROPIC "
+        "(HTTP): set one",
+    ]
+    code, out, err = await subs("check", "-c", str(config), env=env)
+    rows = [json.loads(line) for line in out.splitlines() if "slack_off" in line]
+    assert [f"subs: {row['why']}" for row in rows] == lines
+    assert [row["partial"] for row in rows] == [False, True]
+    assert code == 1, out + err
+    del env["SLACK_BOT_TOKEN_OPS_ANTHROPIC"]  # both off by choice: nothing is wrong
+    code, out, err = await subs("check", "-c", str(config), env=env)
+    assert code == 0, out + err
+
+
+# Redis answers clients while it loads once per 2 MB read: keys of 2.1 MB, each read
+# KEY_LOAD_DELAY µs slower, make it answer every quarter second, for 7.5 s (6.2 takes
+# no CONFIG SET while loading: the time cannot be cut short once serve said it waits).
+LOAD_KEYS = 30
+KEY_LOAD_DELAY = 250_000
+
+
+def _slow_to_load(data_dir: Path) -> None:
+    """An AOF of LOAD_KEYS incompressible values, rewritten (its RDB preamble is what
+    key-load-delay slows down); the server that wrote it is stopped."""
+    with EmbeddedRedis(data_dir) as server, Redis.from_url(server.url) as client:
+        client.config_set("auto-aof-rewrite-percentage", 0)  # the one rewrite is ours
+        for i in range(LOAD_KEYS):
+            client.set(f"bulk:{i}", os.urandom(2_100_000))
+        client.bgrewriteaof()
+        deadline = time.monotonic() + 30
+        while client.info("persistence")["aof_rewrite_in_progress"]:
+            assert time.monotonic() < deadline, "the AOF rewrite did not end"
+            time.sleep(0.05)
+
+
+async def test_serve_waits_for_a_redis_still_loading_its_aof_then_serves(
+    tmp_path: Path, config: Path
+):
+    """Right after a Redis restart it answers LOADING: serve says it waits (one line) and
+    serves once the data is in, instead of exiting 1."""
+    data_dir = tmp_path / "redis"
+    await asyncio.to_thread(_slow_to_load, data_dir)
+    loading = subprocess.Popen(
+        [find_redis_server(), str(data_dir / CONFIG_NAME), "--key-load-delay", str(KEY_LOAD_DELAY)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = "unix://" + quote(str(data_dir / "redis.sock"))
+    serve = EngineProcess(config, url)
+    starting = asyncio.create_task(serve.start())
+    try:
+
+        async def waiting() -> list[str]:
+            assert not starting.done(), "serve started (or ended) while Redis was loading"
+            return [line for line in serve.stderr if "loading" in line]
+
+        said = await poll_until(waiting, 20, "serve to say it waits for the loading Redis")
+        assert said[0].startswith(f"subs: Redis at {url} is loading its data; waiting"), said
+        await starting
+        assert [line for line in serve.stderr if "loading" in line] == said  # said once
+        assert await healthy(serve.api)
+        with Redis.from_url(url) as client:
+            assert client.exists("bulk:0", f"bulk:{LOAD_KEYS - 1}") == 2
+        assert await serve.stop() == 0, serve.log_tail()
+    finally:
+        if not starting.done():
+            starting.cancel()
+        if serve.proc is not None and serve.proc.returncode is None:
+            serve.kill()
+            await serve.proc.wait()
+        loading.terminate()
+        loading.wait(10)
+
+
+async def test_serve_on_a_redis_that_never_answers_ends_with_the_clear_error(
+    tmp_path: Path, config: Path
+):
+    """A Redis that takes the connection but never answers (not LOADING: nothing at all)
+    still ends serve after the bound, with the error that names it. (A unix socket: a
+    TCP URL is first asked whether it is a cluster node, which has a bound of its own.)"""
+    path = tmp_path / "silent.sock"
+    with socket.socket(socket.AF_UNIX) as silent:
+        silent.bind(str(path))
+        silent.listen()
+        started = time.monotonic()
+        code, _, err = await subs(
+            "serve", "-c", str(config), "--port", "0", "--redis", f"unix://{path}"
+        )
+        took = time.monotonic() - started
+    assert code == 1, err
+    assert f"cannot reach Redis at unix://{path} (no answer within 5 s)" in err, err
+    assert "Traceback" not in err and "loading" not in err, err
+    assert 5 <= took < 15, took

@@ -76,7 +76,8 @@ async def test_a_mention_streams_one_reply_in_the_thread(
     served: SlackServe, vendor: FakeVendor
 ) -> None:
     fake = served.fake
-    vendor.push(Text(ANSWER, chunks=6, chunk_delay=0.6))  # ~3.6 s: several 1.2 s edit slots
+    # ~3.6 s (the delay is before each of the stream's ~12 frames): several 1.2 s edit slots
+    vendor.push(Text(ANSWER, chunks=6, chunk_delay=0.3))
     asked = await mention(served, "is the db ok?")
 
     reply = await served.reply(asked, text=to_mrkdwn(ANSWER))
@@ -112,7 +113,7 @@ async def test_a_mention_streams_natively_when_the_agent_asks_for_it(
 ) -> None:
     async with slack_serve(tmp_path, redis_url, vendor.url, stream="native") as app:
         fake = app.fake
-        vendor.push(Text(ANSWER, chunks=6, chunk_delay=0.6))
+        vendor.push(Text(ANSWER, chunks=6, chunk_delay=0.3))
         asked = await mention(app, "is the db ok?")
         reply = await app.reply(asked, text=ANSWER)  # a stream's text is the Markdown itself
 
@@ -199,7 +200,7 @@ async def test_a_slash_command_runs_in_the_thread_of_a_root_message(
     app, worker = helper
     fake = app.fake
     answer = "Acked INC-42 and paged the owner of the checkout service."
-    vendor.push(Text(answer, chunks=5, chunk_delay=0.6))
+    vendor.push(Text(answer, chunks=5, chunk_delay=0.3))
     sent = await app.send_command("/oncall", "ack INC-42")
     assert sent.status == 200 and sent.elapsed < 3
 
@@ -319,7 +320,7 @@ async def test_a_replayed_event_starts_no_second_turn(
     served: SlackServe, vendor: FakeVendor
 ) -> None:
     app, fake = served, served.fake
-    vendor.push(Text("Once, and only once.", chunks=4, chunk_delay=0.4))  # still running
+    vendor.push(Text("Once, and only once.", chunks=4, chunk_delay=0.2))  # still running
     asked = fake.post_as_user(fake.general, fake.mention("deploy"))
     first = await app.send_event(fake.event_for(asked, kind="app_mention"))
     retry = await app.send_event(first.payload, retry_num=1)  # same event_id, while it runs

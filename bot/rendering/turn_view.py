@@ -17,6 +17,7 @@ from typing import Any
 import engine.machine.events as ev
 from bot.rendering.layout import DEFAULT_LIMIT, Line, Rendered, clip, message, message_content
 from bot.rendering.split import close_fence
+from engine.messages import text_of
 
 _ERROR_LIMIT = 300
 
@@ -145,7 +146,7 @@ class TurnView:
         if msg.get("role") != "assistant":
             return
         self._show(msg["id"])
-        self._llm.setdefault(msg["id"], _Llm()).recorded = _content_text(msg.get("content"))
+        self._llm.setdefault(msg["id"], _Llm()).recorded = text_of(msg.get("content"))
 
     def _line(self, p: dict[str, Any], kind: str, e: Event) -> Line:
         line = self._lines.get(p["id"])
@@ -328,14 +329,6 @@ _APPLY = {
 
 def _ms(event: Event) -> int:
     return int(datetime.fromisoformat(event["occurred_at"]).timestamp() * 1000)
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text") or "" for p in content if isinstance(p, dict))
-    return ""
 
 
 def _result_text(result: Any) -> str:

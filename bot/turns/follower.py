@@ -330,8 +330,7 @@ class Followers:
 
     async def open_interrupts(self, sid: str) -> dict[str, dict[str, Any]]:
         """The session's open interrupts as the engine recorded them, by id."""
-        view = await self.client.session(sid)
-        return {i["interrupt_id"]: i for i in view["interrupts"]} if view else {}
+        return await self.client.interrupts(sid)
 
     async def tell(self, bot: Bot, team: str, ephemeral: dict[str, Any]) -> None:
         """A message only its user sees: why their input started nothing."""

@@ -78,17 +78,29 @@ async def admin_events(request: web.Request) -> web.Response:
 
 
 async def get_healthz(request: web.Request) -> web.Response:
-    """Redis answers a PING within `HEALTH_TIMEOUT`, or the engine is degraded. Open to
-    anyone, so the reason is a word (the error's type), never an address."""
+    """Redis answers a PING within `HEALTH_TIMEOUT` and nothing else is known to be wrong
+    with the store, or the engine is degraded. Open to anyone, so the reason is a word
+    (the error's type) or a phrase, never an address."""
+    api = request.app[API]
     try:
         async with asyncio.timeout(HEALTH_TIMEOUT):
-            await request.app[API].store.ping()
+            await api.store.ping()
     except TimeoutError:
         reason = f"no answer within {HEALTH_TIMEOUT:g} s"
     except Exception as err:  # whatever stops the PING: the check's only question
         reason = type(err).__name__
     else:
-        return web.json_response({"status": "ok"}, dumps=compact_json)
+        problem = api.store_problem()
+        if problem is None:
+            return web.json_response({"status": "ok"}, dumps=compact_json)
+        return error_response(
+            SubsError(
+                f"the store (Redis) answers but is degraded: {problem}",
+                code="store_unavailable",
+                status=503,
+                detail={"status": "degraded", "redis": problem},
+            )
+        )
     return error_response(
         SubsError(
             f"the store (Redis) does not answer: {reason}",

@@ -19,15 +19,15 @@ from ag_ui.core import RunAgentInput
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.api.agui_events import RunTranslator, snapshot, sse, text_of
+from engine.api.agui_events import RunTranslator, snapshot, sse
 from engine.api.errors import ApiError
 from engine.api.fanout import Watch
 from engine.api.parsing import json_body, validate
 from engine.api.state import API, ApiState, principal_of
 from engine.api.stream import PING, SSE_HEADERS
-from engine.client import validate_client_input
 from engine.machine import SessionState
 from engine.machine.tree import match_view, path_to
+from engine.messages import text_of
 from engine.store.snapshots import load_state
 
 PREFIX = "/api/channels/ag-ui/agents/{agent_id}"
@@ -235,7 +235,6 @@ async def _begin(
             "turn_id": run.run_id,
             "client": client_context(run),
         }
-        validate_client_input(inp)
         principal = principal_of(request)
         identity = principal.identity()
         reply = await api.client.submit(

@@ -47,21 +47,13 @@ from ag_ui.core import (
 )
 
 from engine.machine import events as ev
+from engine.messages import text_of
 
 
 def sse(event: BaseEvent) -> bytes:
     """One frame as upstream writes them: `event: TYPE`, one `data:` line, LF only;
     camelCase, optional fields left out (the models drop what is unset)."""
     return f"event: {event.type.value}\ndata: {event.model_dump_json(by_alias=True)}\n\n".encode()
-
-
-def text_of(content: Any) -> str:
-    """A message's content as text: a string, or its text parts joined."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
 
 
 def agui_message(message: Mapping[str, Any]) -> Message | None:

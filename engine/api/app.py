@@ -3,7 +3,7 @@ routes, and the shutdown hooks that end open streams and the shared reader."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from aiohttp import web
 
@@ -64,6 +64,7 @@ def make_app(
     request_timeout: float = 30.0,
     max_streams_per_key: int = 100,
     agents: Iterable[str] = (),
+    store_problem: Callable[[], str | None] = lambda: None,
 ) -> web.Application:
     """The API as an aiohttp app; the caller runs it (and decides where, see `check_bind`).
 
@@ -72,6 +73,7 @@ def make_app(
     the project's agent ids, each with a chat page (`/console/chat/<agent>`). `store` should
     be on a connection pool of its own, apart from the engine's: the API's waits
     (submits, event-stream readers) must never hold up a lease renewal.
+    `store_problem` says why the store is degraded though Redis answers (/healthz).
     """
     limits = sse or SseLimits()
     app = web.Application(
@@ -90,6 +92,7 @@ def make_app(
         hub=Hub(store, sse_frame, block_ms=limits.block_ms, buffer=limits.max_pending),
         max_streams_per_key=max_streams_per_key,
         agents=tuple(sorted(agents)),
+        store_problem=store_problem,
     )
     app.on_response_prepare.append(cors_headers)
     app.on_response_prepare.append(console_headers)

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.store.store import Store
+from engine.store.store import STORE_FAULTS, Store
 
 log = logging.getLogger("subs.fanout")
 
@@ -163,7 +163,17 @@ class _Reader:
                 for sid, kind, entry_id, item in entries:
                     tailed[sid].deliver(kind, entry_id, item, self.hub.encode)
         except Exception as err:
-            log.exception("the event-stream reader of partition %d failed", self.p)
+            if isinstance(err, STORE_FAULTS):  # Redis went away (a restart): no bug of ours
+                log.warning(
+                    "the event-stream reader of partition %d lost Redis (%s: %s); its %d "
+                    "watched sessions' streams end, told to reconnect",
+                    self.p,
+                    type(err).__name__,
+                    err,
+                    len(self.taps),
+                )
+            else:
+                log.exception("the event-stream reader of partition %d failed", self.p)
             reason = f"the event feed broke ({type(err).__name__}); reconnect to resume"
             for tap in self.taps.values():
                 tap.close(reason, failure=reason)

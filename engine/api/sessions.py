@@ -19,7 +19,7 @@ from engine.api.parsing import (
 )
 from engine.api.state import API, principal_of
 from engine.api.stream import SseStream, read_cut, session_feed
-from engine.client import session_view, validate_client_input
+from engine.client import session_view
 from engine.jsonedge import compact_json
 from engine.machine import SessionState
 from engine.protocol import InterruptPayload, WorkerIdentity
@@ -39,7 +39,6 @@ async def _owned_state(request: web.Request, sid: str) -> SessionState:
 async def post_input(request: web.Request) -> web.Response:
     api = request.app[API]
     body: InputBody = validate(InputBody, await json_body(request))
-    validate_client_input(body.input)  # names the bad field under `input.`
     principal = principal_of(request)
     identity = principal.identity()
     if body.identity is not None:

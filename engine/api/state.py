@@ -3,6 +3,7 @@ the caller each request carries (`PRINCIPAL`), and the per-caller count of open 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -32,6 +33,8 @@ class ApiState:
     hub: Hub
     max_streams_per_key: int
     agents: tuple[str, ...] = ()  # the project's agents: the chat page has a page for each
+    # Why the store is degraded though it answers (the embedded server's folder removed).
+    store_problem: Callable[[], str | None] = lambda: None
     streams: set[SseStream] = field(default_factory=set)
     streams_by_caller: dict[str, int] = field(default_factory=dict)
 

@@ -21,31 +21,20 @@ import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
-from aiohttp import web
-
-from bot.slack.manifest import events_path, manifest, to_yaml
-from engine.api import ApiKeys, ApiKeysError, bind_warning, check_bind, make_app
-from engine.cli.remote import HttpClient
-from engine.cli.terminal import Printer, require_session, short, watch_turn
-from engine.client import Client, ClientError, validate_client_input
-from engine.config import Project, load_project, slack_env_suffix
-from engine.errors import SubsError
-from engine.machine import iso
+from engine.cli.text import short
+from engine.errors import ClientError, SubsError, describe
 from engine.redact import Redactor, env_secrets, project_secrets, redact_url
-from engine.runtime.engine import Engine, new_event_loop
-from engine.runtime.metrics import Metrics
-from engine.store.embedded import EmbeddedRedis, EmbeddedRedisError, supervise
-from engine.store.store import (
-    RedisClient,
-    RedisError,
-    Store,
-    cluster_shape,
-    connect,
-    unreachable,
-)
+
+# The engine, Redis, Slack, MCP and the config's models are imported by the functions
+# that use them: `subs sessions list --url` needs none of them, and would wait for them.
+if TYPE_CHECKING:
+    from engine.cli.remote import HttpClient
+    from engine.client import Client
+    from engine.config import Project
+    from engine.store.store import RedisClient
 
 # Masks secrets in every log record (installed by `run_command`) and in the errors it prints.
 REDACTOR = Redactor()
@@ -77,14 +66,20 @@ def _data_dir(project: Project) -> Path:
     return path
 
 
+StoreProblem = Callable[[], str | None]  # why the store is degraded though it answers
+
+
 @contextlib.asynccontextmanager
-async def _redis_url(project: Project, url: str | None) -> AsyncIterator[str]:
+async def _redis_url(project: Project, url: str | None) -> AsyncIterator[tuple[str, StoreProblem]]:
     """The configured Redis's URL, or that of a private embedded one under `.subs/`
-    beside the file, running (restarted on the same AOF whenever it dies) until the
-    block ends."""
+    beside the file, running (restarted on the same AOF whenever it dies, its folder
+    made again if it vanishes) until the block ends; with what its supervisor knows."""
+    from engine.store.embedded import EmbeddedRedis, EmbeddedRedisError
+    from engine.store.supervisor import Supervisor
+
     url = url or project.redis
     if url is not None:
-        yield url
+        yield url, lambda: None
         return
     embedded = EmbeddedRedis(_data_dir(project), fsync=project.store.fsync)
     try:
@@ -94,19 +89,26 @@ async def _redis_url(project: Project, url: str | None) -> AsyncIterator[str]:
             f"cannot start the embedded Redis in {embedded.data_dir} ({err.strerror or err}); "
             "give subs a Redis with --redis or SUBS_REDIS"
         ) from None
-    supervisor = asyncio.create_task(supervise(embedded), name="subs-embedded-redis")
+    supervisor = Supervisor(embedded)
+    supervising = asyncio.create_task(supervisor.run(), name="subs-embedded-redis")
     try:
-        yield address
+        yield address, lambda: supervisor.problem
     finally:
-        supervisor.cancel()  # first, or it would restart the server stopped below
+        supervising.cancel()  # first, or it would restart the server stopped below
         with contextlib.suppress(asyncio.CancelledError):
-            await supervisor
+            await supervising
         await asyncio.to_thread(embedded.stop)
 
 
 async def _reachable(redis: RedisClient, url: str, project: Project) -> None:
-    """Fail now, naming the server, when Redis does not answer: not later, in a retry loop."""
-    why = await unreachable(redis, REDIS_CHECK_SECONDS)
+    """Fail now, naming the server, when Redis does not answer: not later, in a retry loop.
+    One that answers LOADING (just restarted, reading its AOF) is waited for: said once."""
+    from engine.store.store import unreachable
+
+    def loading() -> None:
+        print(f"subs: Redis at {redact_url(url)} is loading its data; waiting", file=sys.stderr)
+
+    why = await unreachable(redis, REDIS_CHECK_SECONDS, on_loading=loading)
     if why is not None:
         raise SubsError(
             f"cannot reach Redis at {redact_url(url)} ({why}): start it, or fix --redis, "
@@ -117,13 +119,17 @@ async def _reachable(redis: RedisClient, url: str, project: Project) -> None:
 @contextlib.asynccontextmanager
 async def _redis_for(project: Project, url: str | None) -> AsyncIterator[RedisClient]:
     """One client (one pool) on the configured or embedded Redis."""
-    async with _redis_url(project, url) as address, connect(address) as client:
+    from engine.store.store import connect
+
+    async with _redis_url(project, url) as (address, _), connect(address) as client:
         await _reachable(client, address, project)
         yield client
 
 
 def _load(args: argparse.Namespace) -> Project:
     """The project, its secrets (and those in `--redis`) known to the redactor from now on."""
+    from engine.config import load_project
+
     redis = getattr(args, "redis", None)
     if redis is not None and urlsplit(redis).scheme not in ("redis", "rediss", "unix"):
         raise Usage(
@@ -160,6 +166,8 @@ def _message(agent: str, text: str) -> dict[str, Any]:
 @contextlib.asynccontextmanager
 async def _remote(url: str) -> AsyncIterator[HttpClient]:
     """A remote engine's HTTP API, with the key from `SUBS_API_KEY`."""
+    from engine.cli.remote import HttpClient
+
     key = os.environ.get("SUBS_API_KEY")
     if key is not None and (not key.isprintable() or " " in key):
         raise Usage("SUBS_API_KEY holds a space or a control character: set it to the key alone")
@@ -186,10 +194,16 @@ def _key_refused(url: str, reason: str, key: str | None) -> str:
 
 @contextlib.asynccontextmanager
 async def _session_client(args: argparse.Namespace) -> AsyncIterator[Any]:
-    """A remote engine's HTTP API with `--url`, else an engine in this process."""
+    """A remote engine's HTTP API with `--url`, else an engine in this process. An
+    agent that is not there is a command-line mistake either way (exit 2)."""
     if getattr(args, "url", None):
-        async with _remote(args.url) as client:
-            yield client
+        try:
+            async with _remote(args.url) as client:
+                yield client
+        except ClientError as err:
+            if err.code != "unknown_agent":
+                raise
+            raise Usage(f"{args.url}: {err.message}") from None
         return
     project = _load(args)
     if args.agent not in project.agents:
@@ -203,6 +217,9 @@ async def _session_client(args: argparse.Namespace) -> AsyncIterator[Any]:
 async def _engine_client(project: Project, redis_url: str | None) -> AsyncIterator[Client]:
     """A client with an engine in this process to apply what it submits (another engine
     on the same Redis may answer instead: whichever owns the session's partition)."""
+    from engine.client import Client
+    from engine.runtime.engine import Engine
+
     async with _redis_for(project, redis_url) as redis:
         engine = Engine(project, redis, lease_ms=_lease_ms())
         await engine.start()
@@ -214,6 +231,8 @@ async def _engine_client(project: Project, redis_url: str | None) -> AsyncIterat
 
 def _client_input(args: argparse.Namespace) -> dict[str, Any]:
     """`--input`, checked here as the API would check it: one error naming the field."""
+    from engine.client import validate_client_input
+
     example = (
         """--input '{"type": "client.message", "message": {"role": "user", "content": "hi"}}'"""
     )
@@ -233,16 +252,19 @@ def _client_input(args: argparse.Namespace) -> dict[str, Any]:
     return payload
 
 
-def _console_link(args: argparse.Namespace) -> Callable[[str], str]:
-    """A session's console page: on the `--url` engine, else where this project's serve
-    listens (`[serve] public_url`, or its host and port)."""
+def _console_link(args: argparse.Namespace) -> Callable[[str], str] | None:
+    """A session's console page: on the `--url` engine, else at `[serve] public_url`.
+    None without either: the engine runs in this process, and serves no console."""
     if getattr(args, "url", None):
         base = _http_url(args.url).rstrip("/")
         return lambda sid: f"{base}/console/sessions/{quote(sid, safe='')}"
-    return _load(args).serve.console_url
+    serve = _load(args).serve
+    return serve.console_url if serve.public_url else None
 
 
 async def _run(args: argparse.Namespace) -> int:
+    from engine.cli.terminal import Printer, require_session, watch_turn
+
     if args.input:
         payload = _client_input(args)
     elif args.message is not None:
@@ -256,7 +278,8 @@ async def _run(args: argparse.Namespace) -> int:
         if not printer.jsonl:
             waiting = " (queued behind the running turn)" if queued else ""
             print(f"session {sid}{waiting}", file=sys.stderr)
-            print(f"console: {console(sid)}", file=sys.stderr, flush=True)
+            if console is not None:
+                print(f"console: {console(sid)}", file=sys.stderr, flush=True)
 
     async with _session_client(args) as client:
         if args.session:
@@ -304,6 +327,8 @@ def _input(prompt: str) -> str | None:
 
 async def _chat(args: argparse.Namespace) -> int:
     """Talk to an agent; Ctrl-C stops watching a turn (it goes on), Ctrl-D leaves."""
+    from engine.cli.terminal import Printer, require_session, watch_turn
+
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())
     printer = Printer(sys.stdout, False, sys.stderr)
@@ -424,7 +449,14 @@ async def _serve(args: argparse.Namespace) -> int:
     The API answers as soon as the engine runs; Slack connects in the background (with
     retries), so an unreachable Slack never holds up the API or the stop.
     """
+    from aiohttp import web
+
     from bot.app import start_bots  # the Slack stack: only serve needs it
+    from engine.api import ApiKeys, ApiKeysError, bind_warning, check_bind, make_app
+    from engine.client import Client
+    from engine.runtime.engine import Engine
+    from engine.runtime.metrics import Metrics
+    from engine.store.store import Store, connect
 
     project = _load(args)
     host = args.host or project.serve.host
@@ -442,7 +474,7 @@ async def _serve(args: argparse.Namespace) -> int:
         if configured is None:
             record_api = stack.enter_context(_one_serve_per_folder(_data_dir(project)))
         sock = stack.enter_context(_listen(host, port))
-        url = await stack.enter_async_context(_redis_url(project, args.redis))
+        url, store_problem = await stack.enter_async_context(_redis_url(project, args.redis))
         # Two pools on one server: whatever the API and the bots wait on (submits, event
         # streams), the engine's leases, commits and timers always find a connection.
         engine_redis = connect(
@@ -471,6 +503,7 @@ async def _serve(args: argparse.Namespace) -> int:
             cors_origins=project.serve.cors_origins,
             max_streams_per_key=project.serve.max_streams_per_key,
             agents=project.agents,
+            store_problem=store_problem,
         )
         app.add_routes(bots.routes())  # POST /slack/<agent>/events
         runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=3)
@@ -505,6 +538,8 @@ async def _serve(args: argparse.Namespace) -> int:
         )
         for path, why in off.items():
             print(f"subs: {path} is off: {why}; its agents run without its tools", file=sys.stderr)
+        for bot_off in project.slack_off(os.environ):
+            print(f"subs: {bot_off.why}", file=sys.stderr)
         warning = bind_warning(host, keys)
         if warning:
             print(f"subs: {warning}", file=sys.stderr, flush=True)
@@ -517,7 +552,9 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    """Exit 1 when the file is wrong or an environment variable it needs is missing.
+    """Exit 1 when the file is wrong, an environment variable it needs is missing, or a
+    Slack app has some of its variables but not enough (none at all is an API-only set-up:
+    a note, like an MCP connection that is off).
 
     With a Redis URL configured (--redis, SUBS_REDIS, `redis`) that names a node of a
     Redis Cluster, it also says the cluster's shape; a Redis it cannot reach is not an
@@ -525,6 +562,7 @@ def _check(args: argparse.Namespace) -> int:
     project = _load(args)
     missing = project.missing_env(os.environ)
     off = project.connections_off(os.environ)
+    slack = project.slack_off(os.environ)
     shape = _cluster_shape(args.redis or project.redis)
     if sys.stdout.isatty():
         agents = ", ".join(
@@ -541,6 +579,8 @@ def _check(args: argparse.Namespace) -> int:
             print(f"missing {m.var}: needed by {m.needed_by} ({m.why})")
         for path, why in off.items():
             print(f"{path} is off: {why}; its agents run without its tools")
+        for app in slack:
+            print(app.why)
     else:
         if shape is not None:
             print(json.dumps({"redis_cluster": shape}))
@@ -548,11 +588,15 @@ def _check(args: argparse.Namespace) -> int:
             print(json.dumps({"missing": m.var, "needed_by": m.needed_by, "why": m.why}))
         for path, why in off.items():
             print(json.dumps({"off": path, "why": why}))
-    return 1 if missing else 0
+        for app in slack:
+            print(json.dumps({"slack_off": app.agent, "why": app.why, "partial": app.partial}))
+    return 1 if missing or any(app.partial for app in slack) else 0
 
 
 def _cluster_shape(url: str | None) -> dict[str, Any] | None:
     """The shape of the cluster `url` names; None when it names none (or no URL is set)."""
+    from engine.store.store import RedisError, cluster_shape
+
     if url is None:
         return None
     try:
@@ -564,6 +608,9 @@ def _cluster_shape(url: str | None) -> dict[str, Any] | None:
 
 def _manifest(args: argparse.Namespace) -> int:
     """Print the agent's Slack app manifest; the transport follows the environment by default."""
+    from bot.slack.manifest import events_path, manifest, to_yaml
+    from engine.config import slack_env_suffix
+
     project = _load(args)
     agent = project.agents.get(args.agent)
     if agent is None:
@@ -583,10 +630,24 @@ def _manifest(args: argparse.Namespace) -> int:
         if scheme not in ("http", "https") or not base.partition("://")[2]:
             raise Usage(f"--url must be an http(s) URL, got {base!r}")
         if scheme != "https":
-            print("subs: Slack only calls public https URLs; pass --url", file=sys.stderr)
+            print(f"subs: {_not_https(base, given=args.url is not None)}", file=sys.stderr)
         url = base.rstrip("/") + events_path(agent.id)
     print(to_yaml(manifest(agent, socket_mode=socket_mode, request_url=url)), end="")
     return 0
+
+
+def _not_https(base: str, *, given: bool) -> str:
+    """The manifest's request URLs are not https: Slack will refuse them. Says so of
+    the URL the person gave, or of the default they did not choose."""
+    if given:
+        return (
+            f"Slack only calls public https URLs, and --url {base} is not one: "
+            "give the https address that reaches this serve (a proxy or tunnel)"
+        )
+    return (
+        f"the request URLs point at {base} ([serve] host and port), and Slack only calls "
+        "public https URLs: pass --url https://<the address that reaches this serve>"
+    )
 
 
 @contextlib.asynccontextmanager
@@ -596,6 +657,9 @@ async def _reader(args: argparse.Namespace) -> AsyncIterator[Any]:
         async with _remote(args.url) as client:
             yield client
         return
+    from engine.client import Client
+    from engine.store.store import Store
+
     project = _load(args)
     async with _redis_for(project, args.redis) as redis:
         yield Client(await Store.open(redis))
@@ -667,6 +731,8 @@ def _print_sessions(rows: list[dict[str, Any]], jsonl: bool) -> None:
 
 def _dead_letter_line(letter: dict[str, Any]) -> str:
     """`<time> <session> <input kind> (<n> deliveries): <reason>`: one line to act on."""
+    from engine.machine import iso
+
     when = iso(int(letter.get("at_ms", 0)))
     body = letter.get("input") or {}
     kind = body.get("kind", "?")
@@ -693,35 +759,79 @@ def _print_event(event: dict[str, Any], jsonl: bool) -> None:
     )
 
 
-def _log_level() -> str:
-    """`SUBS_LOG`, any case; a level logging does not know is refused by name."""
-    level = os.environ.get("SUBS_LOG", "WARNING").strip().upper()
+def _log_level() -> str | None:
+    """`SUBS_LOG`, any case; None when unset. A level logging does not know is refused."""
+    raw = os.environ.get("SUBS_LOG")
+    if raw is None:
+        return None
+    level = raw.strip().upper()
     if level not in LOG_LEVELS:
         raise Usage(
-            f"SUBS_LOG={os.environ['SUBS_LOG']!r} is not a level; use one of "
-            f"{', '.join(LOG_LEVELS)} (any case)"
+            f"SUBS_LOG={raw!r} is not a level; use one of {', '.join(LOG_LEVELS)} (any case)"
         )
     return level
+
+
+class OneLine(logging.Formatter):
+    """A warning as the CLI says everything else: `subs: <message>`, on one line.
+
+    The default, so a library's or the engine's warning does not break into a command's
+    output as a raw logger line or a traceback; with `SUBS_LOG` set the records are
+    printed in full. An exception's class and message end the line; `scrub` masks them
+    (the redactor scrubs the message itself before the record gets here)."""
+
+    def __init__(self, scrub: Callable[[str], str]) -> None:
+        super().__init__()
+        self.scrub = scrub
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text = f"{text} ({self.scrub(describe(record.exc_info[1]))})"
+            if record.levelno >= logging.ERROR:  # a bug: its traceback is one variable away
+                text += "; SUBS_LOG=INFO prints the traceback"
+        return "subs: " + " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _start_logging() -> None:
+    """Warnings as `subs:` lines on stderr by default; `SUBS_LOG` for full records."""
+    level = _log_level()
+    if level is None:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(OneLine(REDACTOR.scrub))
+        logging.basicConfig(level=logging.WARNING, handlers=[handler])
+    else:
+        logging.basicConfig(level=level, stream=sys.stderr)
+    REDACTOR.install()
+
+
+def _redis_errors() -> tuple[type[Exception], ...]:
+    """Redis's error class once the store is loaded; none before, when nothing can raise it."""
+    store = sys.modules.get("engine.store.store")
+    return () if store is None else (store.RedisError,)
 
 
 def run_command(args: argparse.Namespace) -> int:
     """Run the parsed command; every failure a person can act on is one line on stderr."""
     REDACTOR.add(env_secrets(os.environ))
     try:
-        logging.basicConfig(level=_log_level(), stream=sys.stderr)
-        REDACTOR.install()
+        _start_logging()
         if args.command == "check":
             return _check(args)
         if args.command == "manifest":
             return _manifest(args)
         runs = {"serve": _serve, "run": _run, "chat": _chat, "sessions": _sessions}
-        loop = new_event_loop if args.command == "serve" else None
+        loop = None
+        if args.command == "serve":
+            from engine.runtime.engine import new_event_loop
+
+            loop = new_event_loop
         with asyncio.Runner(loop_factory=loop) as runner:
             return runner.run(runs[args.command](args))
     except SubsError as err:  # ConfigError and Usage exit 2, the rest 1
         print(f"subs: {REDACTOR.scrub(str(err))}", file=sys.stderr)
         return err.exit_status
-    except RedisError as err:
+    except _redis_errors() as err:
         print(
             f"subs: Redis failed: {REDACTOR.scrub(str(err)) or type(err).__name__}; "
             "check that it runs, then try again",

@@ -15,10 +15,9 @@ from typing import Any
 
 import aiohttp
 
-from engine.client import ClientError
 from engine.effects.http_pool import failure_name, failure_text, new_session
+from engine.errors import ClientError
 from engine.jsonedge import compact_json
-from engine.machine.events import TURN_ENDS
 from engine.sse import SseDecoder
 
 # Dropped: resume from the last event yielded. Timeouts are ClientConnectionErrors too.
@@ -172,6 +171,8 @@ class HttpClient:
 
         With `turn_id` it ends once that turn has ended; without, it runs until cancelled.
         """
+        from engine.machine.events import TURN_ENDS  # the machine: not for `sessions list`
+
         last = after_seq
         url = f"{self.base_url}/api/client/sessions/{session_id}/events/stream"
         while True:

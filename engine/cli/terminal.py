@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TextIO
 
+from engine.cli.text import short
 from engine.client import ClientError
 from engine.machine import events as ev
 
@@ -47,10 +48,6 @@ class SessionClient(Protocol):
 
 
 Ask = Callable[[str], "asyncio.Future[str] | Any"]
-
-
-def short(text: str, limit: int = 80) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class Printer:

@@ -6,8 +6,10 @@ comes back to the engine as exactly one input (`done`), the effect's result or a
 recorded failed attempt. An effect the engine loses on the way (a crash, a lease
 moved) is ended by its deadline timer instead, which the commit that started it set.
 
-Which code runs an effect is looked up by its type in `RUNNERS`: a call kind
-(machine/kinds.py) registers its runner from its own module with `register`.
+Which code runs an effect is looked up by its type in the runner's table (`runners`),
+built by whoever composes the engine (engine/runtime/engine.py): the built-in runners
+here (`builtin_runners`), each call kind's from its own module (MCP's in
+`engine/effects/mcp/runners.py`), and any a caller adds.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 
@@ -51,20 +53,19 @@ Done = Callable[[Input, Deltas], None]  # the effect's result, and the call's la
 Tasks = set[asyncio.Task[None]]
 _delta_trouble = Trouble(log)
 
-E = TypeVar("E")
+# Runs one effect of its type; it must report back through `done` exactly once
+# (`EffectRunner.run` sees to that).
 Runner = Callable[["EffectRunner", SessionState, Any, Done, Tasks], None]
-RUNNERS: dict[type, Runner] = {}
+Runners = Mapping[type, Runner]
 
 
-def register(
-    effect_type: type[E], runner: Callable[[EffectRunner, SessionState, E, Done, Tasks], None]
-) -> None:
-    """Run effects of `effect_type` with `runner` (which must report back through `done`
-    exactly once: `EffectRunner.run` sees to that)."""
-    known = RUNNERS.get(effect_type)
-    if known is not None and known is not runner:
-        raise ValueError(f"{effect_type.__name__} already has a runner")
-    RUNNERS[effect_type] = runner
+def builtin_runners() -> dict[type, Runner]:
+    """The runners of the built-in effects: model calls, worker decisions and executes."""
+    return {
+        RunLlmCall: EffectRunner._start_llm_call,
+        RunDecision: EffectRunner._start_worker_effect,
+        RunExecute: EffectRunner._start_worker_effect,
+    }
 
 
 class EngineConfigError(SubsError):
@@ -104,29 +105,25 @@ class EffectRunner:
     workers: dict[str, WorkerTarget]
     metrics: Metrics
     clock: Callable[[], float]
+    runners: Runners  # by effect type
 
     def __post_init__(self) -> None:
         self.http: aiohttp.ClientSession = new_session()
         self.prompts = EncodedMessages()
         self.checked = CheckedMessages()
-        from engine.effects.mcp.runners import Connectors  # it imports this module
-
-        self.connectors = Connectors(self.project, self.env)
 
     async def aclose(self) -> None:
-        await self.connectors.aclose()
         await self.http.close()
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
 
-    @staticmethod
-    def runs(effect: object) -> bool:
+    def runs(self, effect: object) -> bool:
         """Whether this runner starts `effect` (the others are the commit's own)."""
-        return type(effect) in RUNNERS
+        return type(effect) in self.runners
 
     def start(self, state: SessionState, effect: object, done: Done, tasks: Tasks) -> None:
-        RUNNERS[type(effect)](self, state, effect, done, tasks)
+        self.runners[type(effect)](self, state, effect, done, tasks)
 
     def run(
         self,
@@ -355,11 +352,3 @@ class DeltaWriter:
         self.ended = True
         if self.task is not None:
             self.task.cancel()
-
-
-register(RunLlmCall, EffectRunner._start_llm_call)
-register(RunDecision, EffectRunner._start_worker_effect)
-register(RunExecute, EffectRunner._start_worker_effect)
-
-# Kinds' runners in modules of their own are imported here, to register (machine/kinds.py).
-from engine.effects.mcp import runners as _mcp  # noqa: E402, F401

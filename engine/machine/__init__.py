@@ -1,6 +1,7 @@
 """The pure core: session state + input -> (events, effects). No I/O, clock or randomness."""
 
-from .core import Ids, MachineError, Transition, iso
+from .core import CallKind, Ids, Kinds, MachineError, Transition, iso
+from .defaults import default_kinds
 from .effects import (
     CancelTimer,
     Deliver,
@@ -49,6 +50,7 @@ __all__ = [
     "Call",
     "CallAnswered",
     "CallDeadline",
+    "CallKind",
     "CallLost",
     "CallSettled",
     "CancelRequested",
@@ -69,6 +71,7 @@ __all__ = [
     "Input",
     "InputRejected",
     "InterruptRequested",
+    "Kinds",
     "LlmCallPlan",
     "LlmCallSettled",
     "MachineError",
@@ -85,6 +88,7 @@ __all__ = [
     "TimerFired",
     "Transition",
     "build_llm_request",
+    "default_kinds",
     "evolve",
     "fold",
     "input_from_json",

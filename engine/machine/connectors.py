@@ -15,21 +15,25 @@ the reason: recorded once, as a note, while it stays off; the turn runs without 
 A sync that fails for want of a credential stops the turn with an interrupt naming the
 connection (`auth_failure = "interrupt"`, the default), and resuming it syncs again; with
 `"degrade"`, or for any other failure, the turn goes on without those tools.
+
+What the agent names and the tools it is offered, read, are connections.py's; the two
+call kinds (`KINDS`) are how the call rules run a sync and a call.
 """
 
 from __future__ import annotations
 
-import fnmatch
-import re
 from typing import Any
 
-from . import calls, decisions, kinds, turns
 from . import events as ev
-from .core import Step
+from . import kinds
+from .asking import decide
+from .calls import call_failed, dispatch, settle_tool
+from .connections import connector_interrupt, entries
+from .core import CallKind, Step
 from .effects import RunCall
 from .inputs import CallAnswered
-from .retry import resolve_policy
-from .state import Call, SessionState
+from .interrupts import raise_interrupt
+from .state import Call
 
 AUTH = "unauthorized"  # `detail.reason` of a sync or call refused for its credential
 
@@ -40,78 +44,6 @@ class RunConnectorSync(RunCall):
 
 class RunMcpCall(RunCall):
     """Call a connector tool on its server (the call's `params` say which)."""
-
-
-# -- what the agent names ------------------------------------------------------------
-
-
-def entries(agent: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The agent's connections (wire McpServer), ids in the path form `mcp.<id>`."""
-    out = []
-    for entry in (agent or {}).get("mcp") or ():
-        entry = {"id": entry} if isinstance(entry, str) else entry
-        path = entry["id"] if entry["id"].startswith("mcp.") else f"mcp.{entry['id']}"
-        out.append({**entry, "id": path})
-    return out
-
-
-def _kept(tool: dict[str, Any], spec: dict[str, Any]) -> bool:
-    """Upstream's filter: capability predicates, then include, then exclude; each only
-    removes. A predicate reads the tool's MCP annotation: a tool without it fails."""
-    notes = tool.get("annotations") or {}
-    if spec.get("read_only") and notes.get("readOnlyHint") is not True:
-        return False
-    if spec.get("non_destructive") and notes.get("destructiveHint") is not False:
-        return False
-    if spec.get("idempotent") and notes.get("idempotentHint") is not True:
-        return False
-    name = tool["name"]
-    include = spec.get("include")
-    if include is not None and not any(fnmatch.fnmatchcase(name, g) for g in include):
-        return False
-    return not any(fnmatch.fnmatchcase(name, g) for g in spec.get("exclude") or ())
-
-
-def prefix_of(path: str) -> str:
-    """`mcp.my-server` -> `my_server`: every non-alphanumeric as `_` (upstream's rule)."""
-    return re.sub(r"[^A-Za-z0-9]", "_", path.removeprefix("mcp."))
-
-
-def tools_of(state: SessionState, taken: set[str]) -> dict[str, dict[str, Any]]:
-    """The connector tools the model is offered, by offered name, as tool contracts
-    (`handler: server`, the connection and the server's own name for the call).
-
-    A name the agent's own tools or subagents use stays theirs; a name two connections
-    both offer is offered by neither.
-    """
-    found: dict[str, dict[str, Any]] = {}
-    clashed: set[str] = set()
-    for entry in entries(state.agent):
-        synced = state.connectors.get(entry["id"])
-        if not synced:
-            continue
-        prefix = synced.get("prefix")
-        for tool in synced.get("tools") or ():
-            if not _kept(tool, entry.get("tools") or {}):
-                continue
-            name = f"{prefix}__{tool['name']}" if prefix else tool["name"]
-            if name in taken:
-                continue
-            if name in found:
-                clashed.add(name)
-                continue
-            contract: dict[str, Any] = {
-                "name": name,
-                "description": tool.get("description") or "",
-                "input": tool.get("input") or {"type": "object"},
-                "handler": "server",
-                "connector": entry["id"],
-                "tool": tool["name"],
-            }
-            found[name] = contract
-    for name in clashed:
-        del found[name]
-    return found
 
 
 # -- syncing at a turn's start ---------------------------------------------------------
@@ -146,19 +78,19 @@ def start_sync(st: Step, path: str, *, force: bool, agent: dict[str, Any] | None
         "id": call_id,
         "name": path,
         "handler": "server",
-        "retry": resolve_policy("connector", agent or st.s.agent),
+        "retry": st.kinds.policy("connector", agent or st.s.agent),
     }
     if force:
         requested["params"] = {"force": True}
     st.emit(requested)
-    calls.dispatch(st, st.s.calls[call_id], 1)
+    dispatch(st, st.s.calls[call_id], 1)
 
 
 def settle_sync(st: Step, call: Call, inp: CallAnswered) -> None:
     """The runner's answer: the list (recorded), an `off` connection (recorded as such,
     with no tools: an answer, not a failed attempt), or a failed attempt."""
     if inp.error is not None:
-        calls.call_failed(st, call, inp.error, inp.retryable, inp.retry_after)
+        call_failed(st, call, inp.error, inp.retryable, inp.retry_after)
         return
     listed = inp.result if isinstance(inp.result, dict) else {}
     path, off, prefix = call.name or "", listed.get("off"), listed.get("prefix")
@@ -186,7 +118,7 @@ def sync_failed(st: Step, call: Call, error: dict[str, Any]) -> None:
     entry = next((e for e in entries(st.s.agent) if e["id"] == path), {})
     unauthorized = (error.get("detail") or {}).get("reason") == AUTH
     if unauthorized and entry.get("auth_failure", "interrupt") == "interrupt":
-        turns.raise_interrupt(
+        raise_interrupt(
             st,
             {
                 "reason": f"{path} needs authorizing: {error['message']}",
@@ -215,46 +147,23 @@ def release(st: Step) -> None:
         return
     held = s.held
     st.emit({"type": ev.DECISION_RELEASED})
-    decisions.decide(st, held["trigger"], held["proposed"])
-
-
-def connector_of(interrupt: dict[str, Any]) -> str | None:
-    """The connection an interrupt waits on a person for (`sync_failed` raised it)."""
-    connector = ((interrupt.get("payload") or {}).get("metadata") or {}).get("connector")
-    return connector if isinstance(connector, str) else None
-
-
-def connector_interrupt(s: SessionState) -> bool:
-    return any(connector_of(i) is not None for i in s.interrupts.values())
+    decide(st, held["trigger"], held["proposed"])
 
 
 # -- the calls ---------------------------------------------------------------------------
 
 
-def own_names(agent: dict[str, Any] | None) -> set[str]:
-    """Names the agent's declared tools and subagents hold (they keep them on a clash)."""
-    agent = agent or {}
-    names = {t["name"] for t in agent.get("tools") or ()}
-    for sub in agent.get("subagents") or ():
-        names.add(f"agent__{sub['id']}" if sub.get("prefix") else sub["id"])
-    return names
-
-
-def call_params(state: SessionState, name: str) -> dict[str, Any] | None:
-    """The contract of the connector tool the model calls by `name`, or None."""
-    return tools_of(state, own_names(state.agent)).get(name)
-
-
 def settle_call(st: Step, call: Call, inp: CallAnswered) -> None:
     """A connector tool's answer is its MCP result as recorded (isError included)."""
     if inp.error is not None:
-        calls.call_failed(st, call, inp.error, inp.retryable, inp.retry_after)
+        call_failed(st, call, inp.error, inp.retryable, inp.retry_after)
     else:
-        calls.settle_tool(st, call, inp.result, None, False)
+        settle_tool(st, call, inp.result, None, False)
 
 
-kinds.register(
-    kinds.CallKind(
+# The connector's two kinds, for the table (defaults.py).
+KINDS: tuple[CallKind, ...] = (
+    CallKind(
         kind="tool",
         handler="server",
         retry="tool",
@@ -263,10 +172,8 @@ kinds.register(
         deadline=kinds.backstop(kinds.BACKSTOP_GRACE_MS),
         in_flight=True,  # MCP has no idempotency key: a lost call is sent again
         settle=settle_call,
-    )
-)
-kinds.register(
-    kinds.CallKind(
+    ),
+    CallKind(
         kind="connector",
         handler="server",
         retry="connector",
@@ -287,5 +194,5 @@ kinds.register(
             "backoff_max_secs": 10,
         },
         agent_retry="connector",
-    )
+    ),
 )

@@ -13,15 +13,16 @@ effect (a crash, a Redis restart, an exception), the timer still ends it.
 
 from __future__ import annotations
 
-from . import kinds
+from .core import Kinds
 from .effects import CancelTimer, StartTimer
 from .inputs import CallDeadline, DecisionDeadline, QueueDeadline
+from .kinds import BACKSTOP_GRACE_MS
 from .state import SessionState
 
 Armed = dict[tuple[str, str, int], tuple[int, CallDeadline | DecisionDeadline | QueueDeadline]]
 
 
-def armed(state: SessionState | None) -> Armed:
+def armed(state: SessionState | None, kinds: Kinds) -> Armed:
     """The deadline timer each attempt in flight should have: key -> (due, input)."""
     out: Armed = {}
     if state is None:
@@ -40,7 +41,7 @@ def armed(state: SessionState | None) -> Armed:
     d = state.decision
     if d is not None and d.status == "running" and d.deadline is not None:
         out[("decision", d.id, d.attempt)] = (
-            d.deadline + kinds.BACKSTOP_GRACE_MS,
+            d.deadline + BACKSTOP_GRACE_MS,
             DecisionDeadline(d.id, d.attempt),
         )
     return out

@@ -119,7 +119,7 @@ class ExecuteFailed:
 class CallAnswered:
     """A call kind's runner ended an attempt: its result, or an ErrorInfo `error`.
 
-    The one answer every kind registered in kinds.py may give, so a new kind needs no
+    The one answer every kind of the step's table (kinds.py) may give, so a new kind needs no
     input of its own; the kind's `settle` rule says what the answer means.
     """
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import connectors
-from .calls import ALLOWED_MODES, spawn_args
+from . import connections
 from .core import iso
+from .spawns import ALLOWED_MODES, spawn_args
 from .state import Call, SessionState
 from .tools import find_tool, validate_input
 from .tree import path_to
@@ -69,13 +69,13 @@ def _subagent_input(configured: str | None) -> dict[str, Any]:
 def offered_tools(state: SessionState) -> list[dict[str, Any]]:
     """The agent's tools as the model sees them (LlmTool): its own, then one per
     subagent while the session is above the depth limit (SPEC §9), then its
-    connections' (connectors.py), then the running turn's per-submit client tools
+    connections' (connections.py), then the running turn's per-submit client tools
     (SPEC §6: they hold their names against a connection's)."""
     agent = state.agent or {}
     tools = declared_tools(agent, len(state.ancestry))
     turn_tools = [_offered(tool) for tool in state.turn_tools]
-    taken = connectors.own_names(agent) | {t["name"] for t in turn_tools}
-    for tool in connectors.tools_of(state, taken).values():
+    taken = connections.own_names(agent) | {t["name"] for t in turn_tools}
+    for tool in connections.tools_of(state, taken).values():
         tools.append({k: tool[k] for k in ("name", "description", "input")})
     return tools + turn_tools
 

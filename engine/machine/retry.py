@@ -5,55 +5,58 @@ subagent call or a worker decision is tried again, when, and whether a failure t
 engine names itself is worth another attempt (`Fault`). Errors from outside come with
 their own verdict: a vendor's is classed by its adapter (engine/effects/llm/errors.py), a
 worker's delivery by engine/effects/delivery.py, a client's or worker's tool error says so.
-A new call kind names one of these policies, or brings its own (`add_policy`, called by
-`kinds.register`): nothing in this file changes.
+A new call kind names one of these policies, or brings its own (`CallKind.retry_defaults`,
+merged into the table of kinds it is built into, core.py `Kinds`): nothing in this file
+changes, and nothing here is changed at run time.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 # Backoff is ours to choose (the spec fixes the formula, not the numbers):
 # wait before attempt n = min(base ** n, max) seconds.
-_BACKOFF = {"backoff_base_secs": 2, "backoff_max_secs": 60}
+BACKOFF: Mapping[str, int] = {"backoff_base_secs": 2, "backoff_max_secs": 60}
 
-DEFAULTS: dict[str, dict[str, Any]] = {
+# The built-in policies, by name (a kind's own are added by the table it is built into).
+DEFAULTS: Mapping[str, Mapping[str, Any]] = {
     "llm": {
         "queue_timeout_secs": 60,
         "run_timeout_secs": 180,
         "total_timeout_secs": 1800,
         "max_attempts": 5,
-        **_BACKOFF,
+        **BACKOFF,
     },
     "tool": {
         "queue_timeout_secs": None,
         "run_timeout_secs": 120,
         "total_timeout_secs": 600,
         "max_attempts": 1,
-        **_BACKOFF,
+        **BACKOFF,
     },
     "client_tool": {
         "queue_timeout_secs": None,
         "run_timeout_secs": None,
         "total_timeout_secs": None,
         "max_attempts": 1,
-        **_BACKOFF,
+        **BACKOFF,
     },
     "subagent": {
         "queue_timeout_secs": 30,
         "run_timeout_secs": 10,
         "total_timeout_secs": 3600,
         "max_attempts": 3,
-        **_BACKOFF,
+        **BACKOFF,
     },
     "decision": {
         "queue_timeout_secs": None,
         "run_timeout_secs": 20,
         "total_timeout_secs": 300,
         "max_attempts": 10,
-        **_BACKOFF,
+        **BACKOFF,
     },
     # A turn queued behind the running one (turns.py): no limit unless the agent's
     # `retry.default.queue_timeout_secs` sets one. A person who sends a second message
@@ -63,22 +66,17 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "run_timeout_secs": None,
         "total_timeout_secs": None,
         "max_attempts": 1,
-        **_BACKOFF,
+        **BACKOFF,
     },
 }
 
-# Which `retry.<kind>` block of an agent config applies to each effect kind.
-_AGENT_KIND = {"llm": "llm", "tool": "tool", "client_tool": "tool", "subagent": "subagent"}
-
-
-def add_policy(name: str, defaults: dict[str, Any], agent_block: str | None) -> None:
-    """A new kind's own defaults, under `name`; `agent_block` is the agent config's
-    `retry.<block>` that overrides them (None: only `retry.default`)."""
-    if name in DEFAULTS and DEFAULTS[name] != {**_BACKOFF, **defaults}:
-        raise ValueError(f"retry policy {name!r} is already defined differently")
-    DEFAULTS[name] = {**_BACKOFF, **defaults}
-    if agent_block is not None:
-        _AGENT_KIND[name] = agent_block
+# Which `retry.<block>` of an agent config applies to each built-in policy.
+AGENT_BLOCKS: Mapping[str, str] = {
+    "llm": "llm",
+    "tool": "tool",
+    "client_tool": "tool",
+    "subagent": "subagent",
+}
 
 
 class Fault(Enum):
@@ -151,13 +149,21 @@ def _layer(policy: dict[str, Any], override: dict[str, Any] | None) -> None:
 
 
 def resolve_policy(
-    kind: str, agent: dict[str, Any] | None, action_retry: dict[str, Any] | None = None
+    kind: str,
+    agent: dict[str, Any] | None,
+    action_retry: dict[str, Any] | None = None,
+    *,
+    defaults: Mapping[str, Mapping[str, Any]] = DEFAULTS,
+    agent_blocks: Mapping[str, str] = AGENT_BLOCKS,
 ) -> dict[str, Any]:
-    """Engine default → agent `retry.default` → agent `retry.<kind>` → the action's own `retry`."""
-    policy = dict(DEFAULTS[kind])
+    """Engine default → agent `retry.default` → agent `retry.<kind>` → the action's own `retry`.
+
+    `defaults` and `agent_blocks` are the built-in ones unless a table of kinds with
+    policies of their own gives its (core.py `Kinds.policy`)."""
+    policy = dict(defaults[kind])
     retry = (agent or {}).get("retry") or {}
     _layer(policy, retry.get("default"))
-    agent_kind = _AGENT_KIND.get(kind)
+    agent_kind = agent_blocks.get(kind)
     if agent_kind:
         _layer(policy, retry.get(agent_kind))
     _layer(policy, action_retry)

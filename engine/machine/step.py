@@ -1,17 +1,33 @@
-"""The transition function: `step(state, session_id, input, now, ids) -> Transition`.
+"""The transition function: `step(state, session_id, input, now, ids, kinds) -> Transition`.
 
 Pure: no I/O, no clock, no randomness; `now` (epoch ms) and `ids` are
-injected. Every change to the state is an event applied through `evolve`,
-so the new state is by construction the fold of the log.
+injected, and `kinds` is the table of call kinds the session runs by (built once by
+the engine, engine/runtime/engine.py). Every change to the state is an event applied
+through `evolve`, so the new state is by construction the fold of the log.
 
 An input the session refuses raises `MachineError` before any event is
 emitted, leaving the state untouched. Completions that arrive late (a stale
 attempt, a call that already closed) are ignored with a recorded reason in
 `Transition.ignored`: that is the normal shape of at-least-once delivery.
 
-The rules are plain functions of a `Step` (core.py), one module per concern
-(turns.py, calls.py, decisions.py), calling each other through their modules:
-each says what it uses, and mypy checks every call.
+A step runs the input's handler, then `advance`. A handler records what happened (the
+events) and, where something must follow, a fact (core.py `Fact`); it never calls
+"what next". `advance` then looks at the facts and the state and does what comes next,
+until nothing does. The rules import one way, each module only those below it
+(tests/test_import_rules.py holds it):
+
+    step.py        handlers of the session's own inputs, `advance`, `step`
+    decisions.py   applying a decision: a worker's checked answer, the engine's proposal
+    turns.py       submitting, starting and queueing turns; resuming; messages
+    connectors.py  MCP: syncing a turn's connections; their two call kinds
+    subagents.py   subagent calls, and their call kind
+    calls.py       model and tool calls: attempts, retries, deadlines, results
+    asking.py      asking for a decision: the slot, its queue, its attempts
+    ending.py      a turn ending (completed, failed, dropped); its parent told
+    interrupts.py  raising an interrupt
+and below them what the rules read: core.py (`Step`, `CallKind`, `Kinds`), kinds.py
+(the built-in kinds), connections.py and spawns.py (the config read), tools.py,
+tree.py, retry.py, state.py, evolve.py, events.py, inputs.py, effects.py.
 """
 
 from __future__ import annotations
@@ -19,9 +35,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import calls, decisions, turns
+from . import asking, calls, decisions, ending, subagents, turns
 from . import events as ev
-from .core import Ids, MachineError, Step, Transition
+from .connectors import hold
+from .core import Fact, Ids, Kinds, MachineError, Opening, Proposal, Step, Transition
 from .deadlines import armed, timer_changes
 from .inputs import (
     CallAnswered,
@@ -48,8 +65,12 @@ from .inputs import (
     SubagentStarted,
     TimerFired,
 )
+from .interrupts import raise_interrupt
+from .retry import Fault
 from .state import SessionState
 from .turns import TURN_STARTS
+
+# -- the session's own inputs ----------------------------------------------------------
 
 
 def client_submitted(st: Step, inp: ClientSubmitted) -> None:
@@ -65,7 +86,6 @@ def client_submitted(st: Step, inp: ClientSubmitted) -> None:
     elif kind == "interrupt.resume":
         resumed = turns.resume_interrupt(st, body["interrupt_id"], body.get("payload"))
         st.out.reply = {"session_id": st.session_id, "resumed": resumed}
-        turns.settle_turn(st)
     else:
         raise MachineError("invalid_input", f"unsupported input type {kind!r}", status=422)
 
@@ -75,7 +95,7 @@ def interrupt_requested(st: Step, inp: InterruptRequested) -> None:
         raise MachineError("no_turn", f"session {st.session_id} has no running turn to interrupt")
     action = {"interrupt_id": inp.interrupt_id, "reason": inp.reason, "payload": inp.payload}
     before = set(st.s.interrupts)
-    turns.raise_interrupt(st, action, "client")
+    raise_interrupt(st, action, "client")
     new = set(st.s.interrupts) - before
     st.out.reply = {
         "session_id": st.session_id,
@@ -100,25 +120,25 @@ def cancel_requested(st: Step, inp: CancelRequested) -> None:
     if inp.reason:
         error["message"] += f": {inp.reason}"
         error["detail"]["reason"] = inp.reason
-    turns.fail_turn(st, error)
+    ending.fail_turn(st, error)
     st.out.reply = {"session_id": st.session_id, "turn_id": turn.id}
 
 
 def input_rejected(st: Step, inp: InputRejected) -> None:
     st.emit({"type": ev.INPUT_REJECTED, "input_kind": inp.kind, "error": inp.error})
     if st.s.turn is not None:
-        turns.fail_turn(st, inp.error)
+        ending.fail_turn(st, inp.error)
 
 
-_DISPATCH: dict[type, Callable[[Step, Any], None]] = {
+_HANDLERS: dict[type, Callable[[Step, Any], None]] = {
     ClientSubmitted: client_submitted,
     LlmCallSettled: calls.llm_settled,
     TimerFired: calls.timer_fired,
     CallLost: calls.call_lost,
     DecisionAnswered: decisions.decision_answered,
-    DecisionFailed: decisions.decision_failed_input,
-    DecisionTimerFired: decisions.decision_timer_fired,
-    DecisionDeadline: decisions.decision_deadline,
+    DecisionFailed: asking.decision_failed_input,
+    DecisionTimerFired: asking.decision_timer_fired,
+    DecisionDeadline: asking.decision_deadline,
     ExecuteAnswered: decisions.execute_answered,
     ExecuteFailed: decisions.execute_failed,
     CallAnswered: calls.call_answered,
@@ -130,19 +150,74 @@ _DISPATCH: dict[type, Callable[[Step, Any], None]] = {
     InputRejected: input_rejected,
     MessageDelivered: turns.message_delivered,
     ChildSpawned: turns.child_spawned,
-    SubagentStarted: calls.subagent_started,
-    SubagentFinished: calls.subagent_finished,
+    SubagentStarted: subagents.subagent_started,
+    SubagentFinished: subagents.subagent_finished,
     ChildCancelled: turns.child_cancelled,
 }
 
 
-def step(state: SessionState | None, session_id: str, inp: Input, now: int, ids: Ids) -> Transition:
-    """Apply one input. Mutates `state` (when it emits) and returns the transition.
+# -- what comes next --------------------------------------------------------------------
+
+
+def advance(st: Step) -> None:
+    """Do what the recorded facts and the state call for next, until nothing does.
+
+    First the facts, oldest first, each followed through before the next (what one
+    leads to comes before the facts recorded after it, as a call would have it); then,
+    once none is left, one thing the state calls for, and the facts that records:
+    the free decision slot to the oldest waiting trigger, a turn with nothing left in
+    flight ended (a worker asked one last time first), the next queued turn started.
+    """
+    facts = st.take_facts()
+    while True:
+        if facts:
+            follow(st, facts.pop(0))
+            facts[:0] = st.take_facts()
+            continue
+        s = st.state
+        if s is None:
+            return
+        if s.turn is None:
+            if not s.queue:
+                return
+            turns.start_queued(st)
+        elif s.decision is None and s.pending:
+            asking.dispatch_pending(st)
+        elif not ending.busy(st):
+            if st.by_worker and st.finished != s.turn.id:
+                asking.finish_with_worker(st, None)
+            else:
+                ending.end_turn(st, None)
+        else:
+            return
+        facts = st.take_facts()
+
+
+def follow(st: Step, fact: Fact) -> None:
+    """What one recorded fact leads to."""
+    if isinstance(fact, Proposal):
+        decisions.apply_decision(st, fact.proposed, fact.trigger)
+    elif isinstance(fact, Opening):
+        agent = st.s.agent if st.s.agent is not None else fact.start_config
+        if not hold(st, agent, fact.trigger, fact.proposed, force=fact.force):
+            asking.decide(st, fact.trigger, fact.proposed)
+    else:
+        call = st.s.calls.get(fact.call_id)
+        if call is not None:  # else its turn ended, and closed it, first
+            unroutable = Fault.UNROUTABLE
+            calls.call_failed(st, call, unroutable.error(fact.reason), unroutable.retryable, None)
+
+
+def step(
+    state: SessionState | None, session_id: str, inp: Input, now: int, ids: Ids, kinds: Kinds
+) -> Transition:
+    """Apply one input by the rules of `kinds`. Mutates `state` (when it emits) and returns
+    the transition.
 
     Raises:
         MachineError: the input is refused; nothing was emitted.
     """
-    handler = _DISPATCH.get(type(inp))
+    handler = _HANDLERS.get(type(inp))
     if handler is None:
         raise TypeError(f"unknown input {type(inp).__name__}")
     if state is None:
@@ -152,9 +227,10 @@ def step(state: SessionState | None, session_id: str, inp: Input, now: int, ids:
             raise MachineError("unknown_session", f"session {session_id!r} does not exist", 404)
         if not isinstance(inp, ClientSubmitted | ChildSpawned):
             return Transition(state=None, ignored=f"session {session_id!r} does not exist")
-    before = armed(state)
-    st = Step(state, session_id, now, ids)
+    before = armed(state, kinds)
+    st = Step(state, session_id, now, ids, kinds)
     handler(st, inp)
+    advance(st)
     if st.out.events:
-        st.out.effects += timer_changes(before, armed(st.out.state))
+        st.out.effects += timer_changes(before, armed(st.out.state, kinds))
     return st.out

@@ -1,7 +1,8 @@
 """Tool contracts (SPEC §6): input validation, output checks, MCP result blocks.
 
 Validation never coerces and never blocks a call: it reports what it found.
-jsonschema is a pure computation, so it may live in the core.
+jsonschema and the JSON edge (engine/jsonedge.py) are pure computations, so they may
+live in the core.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+
+from engine.jsonedge import JsonEdgeError, loads_checked
 
 
 def find_tool(
@@ -63,17 +66,32 @@ def _first_error(schema: Any, value: Any) -> str | None:
     return f"{where}: {error.message}" if where else error.message
 
 
+def arguments_of(arguments: str) -> dict[str, Any] | str:
+    """A tool call's raw `arguments` as the object they hold, or why they are malformed.
+
+    They are a model's output, so they pass the JSON edge (jsonedge) as a client's body
+    does: nesting past its depth, a NaN or a lone surrogate is refused here, by name,
+    rather than failing later (a parser's RecursionError, a request no one can encode).
+    """
+    if not arguments.strip():
+        return {}
+    try:
+        value = loads_checked(arguments)
+    except JsonEdgeError as err:
+        if err.syntax:
+            return f"arguments are {err.message}"  # "not JSON: <where it stopped>"
+        problem = err.message.removeprefix(f"{err.param}: ") if err.param else err.message
+        return f"arguments refused: {problem}"
+    if not isinstance(value, dict):
+        return f"arguments are a JSON {type(value).__name__}, not an object"
+    return value
+
+
 def validate_input(tool: dict[str, Any] | None, arguments: str) -> dict[str, Any]:
     """`{status: valid|invalid|malformed, ...}` for the raw `arguments` string."""
-    try:
-        value = json.loads(arguments) if arguments.strip() else {}
-    except ValueError as err:
-        return {"status": "malformed", "error": f"arguments are not JSON: {err}"}
-    if not isinstance(value, dict):
-        return {
-            "status": "malformed",
-            "error": f"arguments are a JSON {type(value).__name__}, not an object",
-        }
+    value = arguments_of(arguments)
+    if isinstance(value, str):
+        return {"status": "malformed", "error": value}
     schema = (tool or {}).get("input")
     if schema is not None:
         error = _first_error(schema, value)
@@ -93,8 +111,8 @@ def check_output(tool: dict[str, Any] | None, result: dict[str, Any]) -> str | N
     else:
         text = result_text(result)
         try:
-            value = json.loads(text)
-        except ValueError:
+            value = loads_checked(text)
+        except JsonEdgeError:  # not JSON (or none the edge takes): checked as the text
             value = text
     error = _first_error(schema, value)
     return None if error is None else f"the result does not match the tool's output schema: {error}"

@@ -1,4 +1,5 @@
-"""Turns (SPEC §2, §10): starting, queueing, ending; interrupts (§8); messages between sessions.
+"""Turns (SPEC §2, §10): submitting, starting, queueing; resuming an interrupt (§8);
+messages between sessions; the child's side of a subagent call.
 
 Queued turns: an input sent with `queue: true` while a turn runs waits in the session's
 FIFO. The agent's `retry.default.queue_timeout_secs` bounds that wait when it is set (no
@@ -7,31 +8,41 @@ enforces it, and a turn still waiting then fails (`turn.failed`, `deadline_excee
 `detail.reason: "queue_timeout"`) without running.
 It is not retried: another wait in the same queue is what a retry would be. A turn a
 parent's subagent call runs has no timer here: the parent's call times its start.
+
+How a turn ends is ending.py's; starting the next queued one is `advance`'s (step.py),
+which also takes the turn's first decision (`Opening`) once the turn has started.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import calls, connectors, decisions, retry
 from . import events as ev
-from .core import MachineError, Step
+from . import retry
+from .asking import decide
+from .calls import reprompt_or_nothing
+from .connections import connector_of, own_names, tools_of
+from .connectors import start_sync
+from .core import MachineError, Opening, Step
 from .effects import Deliver
+from .ending import drop_queued, fail_turn
 from .inputs import (
     ChildCancelled,
     ChildSpawned,
     ClientSubmitted,
     MessageDelivered,
     QueueDeadline,
-    SubagentFinished,
     SubagentStarted,
 )
-from .state import ZERO_USAGE
 from .tools import client_tool_clash, submitted_tools
 from .tree import id_clash, match_view, path_to
 
 TURN_STARTS = ("client.message", "client.messages", "client.append", "client.action")
+
+
 QUEUEABLE = ("client.message", "client.append")
+
+
 LLM_CALL = {"type": "llm.call"}
 
 
@@ -80,7 +91,7 @@ def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> N
             queued: ev.TurnQueued = {"type": ev.TURN_QUEUED, "turn_id": turn_id, "input": body}
             due = None
             if not body.get("parent"):
-                due = retry.queue_deadline(retry.resolve_policy("turn", s.agent), st.now)
+                due = retry.queue_deadline(st.kinds.policy("turn", s.agent), st.now)
             if due is not None:
                 queued["deadline_ms"] = due
             st.emit(queued, turn_id)
@@ -119,9 +130,9 @@ def _check_client_tools(st: Step, inp: ClientSubmitted) -> None:
         return
     s = st.state
     agent = s.agent if s is not None else inp.agent_config
-    offered = connectors.own_names(agent)
+    offered = own_names(agent)
     if s is not None:
-        offered |= set(connectors.tools_of(s, offered))
+        offered |= set(tools_of(s, offered))
     clash = client_tool_clash(tools, offered)
     if clash is not None:
         index, why = clash
@@ -211,9 +222,7 @@ def start_turn(
     st.emit(started, turn_id)
     if start_config is not None:
         # session.start: the engine proposes the file's agent config.
-        decisions.decide(
-            st, {"type": "session.start"}, {"agent": start_config} if start_config else {}
-        )
+        decide(st, {"type": "session.start"}, {"agent": start_config} if start_config else {})
     kind = body["type"]
     if kind == "client.action":
         trigger = {"type": "client.action", "name": body["name"]}
@@ -222,10 +231,13 @@ def start_turn(
         proposed = _action_proposal(st, body)
     else:
         trigger, proposed = _messages_trigger(st, body)
-    agent = st.s.agent if st.s.agent is not None else start_config
-    if not connectors.hold(st, agent, trigger, proposed, force=_sync_asked(body)):
-        decisions.decide(st, trigger, proposed)
-    settle_turn(st)
+    st.record(Opening(trigger, proposed, start_config, _sync_asked(body)))
+
+
+def start_queued(st: Step) -> None:
+    """No turn runs: the oldest queued one starts."""
+    nxt = st.s.queue[0]
+    start_turn(st, nxt["turn_id"], nxt["input"])
 
 
 def _sync_asked(body: dict[str, Any]) -> str | None:
@@ -299,184 +311,17 @@ def record_messages(st: Step, drafts: list[dict[str, Any]]) -> None:
         st.emit({"type": ev.MESSAGE_NEW, "message": msg, "parent_id": st.s.head_id})
 
 
-# -- ending ----------------------------------------------------------------------
-
-
-def open_calls(st: Step) -> list[Any]:
-    turn = st.s.turn
-    return [c for c in st.s.calls.values() if turn is not None and c.turn_id == turn.id]
-
-
-def busy(st: Step) -> bool:
-    """Anything still in flight or waiting in this turn."""
-    s = st.s
-    return bool(open_calls(st) or s.decision or s.pending or s.interrupts or s.held)
-
-
-def settle_turn(st: Step) -> None:
-    """A turn with nothing left in flight is over.
-
-    An engine-decided turn ends at once. For a worker, the empty decision
-    "parks" the session; we read that as the turn having nothing more to do
-    and ask the worker one last time with `turn.finished`.
-    """
-    s = st.state
-    if s is None or s.turn is None or busy(st):
-        return
-    if st.by_worker:
-        finish_with_worker(st, None)
-    else:
-        end_turn(st, None)
-
-
-def finish_with_worker(st: Step, data: Any) -> None:
-    turn = st.s.turn
-    assert turn is not None
-    trigger: dict[str, Any] = {
-        "type": "turn.finished",
-        "turn_id": turn.id,
-        "cost": turn.cost,
-        "usage": turn.usage,
-    }
-    done: dict[str, Any] = {"type": "done"}
-    if data is not None:
-        trigger["data"] = data
-        done["data"] = data
-    decisions.decide(st, trigger, {"actions": [done]})
-
-
-def tell_parent(st: Step, turn: Any, *, ok: bool, error: dict[str, Any] | None) -> None:
-    """A child's turn ended: its parent's call gets the last reply, usage and cost."""
-    if turn.parent is None:
-        return
-    head = st.s.nodes.get(st.s.head_id or "")
-    reply = head.message if head is not None and head.message["role"] == "assistant" else {}
-    content = reply.get("content")
-    finished = SubagentFinished(
-        child_session=st.session_id,
-        call_id=turn.parent["call_id"],
-        agent_id=st.s.agent_id,
-        ok=ok,
-        result=content if isinstance(content, str) else None,
-        error=error,
-        usage=turn.usage,
-        cost=turn.cost,
-        attempt=turn.parent.get("attempt", 1),
-    )
-    st.out.effects.append(Deliver(turn.parent["session_id"], finished))
-
-
-def close_open_calls(st: Step) -> None:
-    """A turn that ends closes what it still has open, each with an event of its own;
-    a child still running for one of them is stopped."""
-    for call in open_calls(st):
-        stop_child(st, call)
-        st.emit(
-            {
-                "type": ev.call_event(call.kind, "errored"),
-                "id": call.id,
-                "attempt": call.attempt,
-                "error": {
-                    "message": "the turn ended before the call finished",
-                    "code": "internal",
-                    "detail": {"reason": "turn_ended"},
-                },
-                "retryable": False,
-                "final": True,
-            }
-        )
-
-
-def stop_child(st: Step, call: Any) -> None:
-    """A subagent call ends early: the child still running its turn is stopped."""
-    if call.handler != "subagent":
-        return
-    child = next((c for c, v in st.s.children.items() if v.get("call_id") == call.id), None)
-    if child is not None:
-        cancel = ChildCancelled(st.session_id, call.id, call.attempt)
-        st.out.effects.append(Deliver(child, cancel))
-
-
-def end_turn(st: Step, data: Any) -> None:
-    turn = st.s.turn
-    assert turn is not None
-    close_open_calls(st)
-    payload: ev.TurnCompleted = {
-        "type": ev.TURN_COMPLETED,
-        "turn_id": turn.id,
-        "cost": turn.cost,
-        "usage": turn.usage,
-    }
-    if data is not None:
-        payload["data"] = data
-    st.emit(payload)
-    tell_parent(st, turn, ok=True, error=None)
-    next_queued(st)
-
-
-def fail_turn(st: Step, error: dict[str, Any]) -> None:
-    turn = st.s.turn
-    assert turn is not None
-    close_open_calls(st)
-    st.emit(
-        {
-            "type": ev.TURN_FAILED,
-            "turn_id": turn.id,
-            "error": error,
-            "cost": turn.cost,
-            "usage": turn.usage,
-        }
-    )
-    tell_parent(st, turn, ok=False, error=error)
-    next_queued(st)
-
-
 def queue_deadline(st: Step, inp: QueueDeadline) -> None:
     """A queued turn's queue timeout passed: one still waiting fails, never having run."""
     queued = next((q for q in st.s.queue if q["turn_id"] == inp.turn_id), None)
     if queued is None:
         st.ignore(f"turn {inp.turn_id!r} is no longer queued")
         return
-    policy = retry.resolve_policy("turn", st.s.agent)
+    policy = st.kinds.policy("turn", st.s.agent)
     drop_queued(st, inp.turn_id, retry.queue_timeout(f"turn {inp.turn_id}", policy))
 
 
-def drop_queued(st: Step, turn_id: str, error: dict[str, Any]) -> None:
-    """A queued turn ends before it starts: `turn.failed` under its own id."""
-    st.emit(
-        {
-            "type": ev.TURN_FAILED,
-            "turn_id": turn_id,
-            "error": error,
-            "cost": "0",
-            "usage": dict(ZERO_USAGE),
-        },
-        turn_id,
-    )
-
-
-def next_queued(st: Step) -> None:
-    if st.s.queue:
-        nxt = st.s.queue[0]
-        start_turn(st, nxt["turn_id"], nxt["input"])
-
-
 # -- interrupts (SPEC §8) --------------------------------------------------------
-
-
-def raise_interrupt(st: Step, action: dict[str, Any], origin: str) -> None:
-    iid = action.get("interrupt_id") or st.ids("int")
-    if iid in st.s.interrupts:
-        return
-    st.emit(
-        {
-            "type": ev.SESSION_INTERRUPTED,
-            "interrupt_id": iid,
-            "origin": origin,
-            "reason": action.get("reason") or "",
-            "payload": action.get("payload"),
-        }
-    )
 
 
 def resume_interrupt(st: Step, iid: str, payload: Any) -> bool:
@@ -484,7 +329,7 @@ def resume_interrupt(st: Step, iid: str, payload: Any) -> bool:
     if st.state is None or iid not in st.s.interrupts:
         st.ignore(f"interrupt {iid!r} is not open")
         return False
-    connector = connectors.connector_of(st.s.interrupts[iid])
+    connector = connector_of(st.s.interrupts[iid])
     resumed: ev.SessionInterruptResumed = {
         "type": ev.SESSION_INTERRUPT_RESUMED,
         "interrupt_id": iid,
@@ -495,9 +340,9 @@ def resume_interrupt(st: Step, iid: str, payload: Any) -> bool:
         trigger["payload"] = payload
     st.emit(resumed)
     if connector is not None and st.s.turn is not None:
-        connectors.start_sync(st, connector, force=True)  # the held decision follows it
+        start_sync(st, connector, force=True)  # the held decision follows it
         return True
-    decisions.decide(st, trigger, calls.reprompt_or_nothing(st))
+    decide(st, trigger, reprompt_or_nothing(st))
     return True
 
 

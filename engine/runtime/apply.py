@@ -30,13 +30,13 @@ from engine.machine import (
     Deliver,
     Input,
     InputRejected,
+    Kinds,
     MachineError,
     SessionState,
     StartTimer,
     Transition,
     input_from_json,
     input_to_json,
-    kinds,
     state_to_json,
     step,
 )
@@ -88,6 +88,7 @@ class Applier:
         project: Project,
         store: Store,
         *,
+        kinds: Kinds,
         clock: Callable[[], float],
         metrics: Metrics,
         stats: EngineStats,
@@ -95,6 +96,7 @@ class Applier:
     ) -> None:
         self.project = project
         self.store = store
+        self.kinds = kinds  # the call kinds every step runs by
         self.clock = clock
         self.metrics = metrics
         self.stats = stats
@@ -253,13 +255,20 @@ class Applier:
         state = await self.load(sid)
         seq = state.seq if state else 0
         try:
-            t = step(state, sid, self._machine_input(state, item.input), self.now_ms(), new_id)
+            inp = self._machine_input(state, item.input)
+            t = step(state, sid, inp, self.now_ms(), new_id, self.kinds)
         except MachineError as err:
             reply = {"ok": False, "status": err.status, **err.body()}
             commit = Commit(sid, seq, seq, (), None, reply=reply)
             return _Planned(self._finish(commit, item), None, started)
-        commit, mark = _commit_of(sid, seq, t, self.marks.get(sid), self.snapshot_min_bytes, item)
+        commit, mark = self._commit_of(sid, seq, t, item)
         return _Planned(commit, t, started, mark)
+
+    def _commit_of(
+        self, sid: str, seq: int, t: Transition, item: WorkItem
+    ) -> tuple[Commit, Mark | None]:
+        mark, min_bytes = self.marks.get(sid), self.snapshot_min_bytes
+        return _commit_of(sid, seq, t, mark, min_bytes, item, self.kinds)
 
     @staticmethod
     def _finish(commit: Commit, item: WorkItem) -> Commit:
@@ -290,16 +299,14 @@ class Applier:
         seq = state.seq if state else 0
         try:
             t: Transition | None = step(
-                state, sid, InputRejected(kind, error), self.now_ms(), new_id
+                state, sid, InputRejected(kind, error), self.now_ms(), new_id, self.kinds
             )
         except Exception:  # the session cannot even record it: the dead letter still does
             log.exception("session %s cannot record the rejected input", sid)
             t = None
         mark = None
         if t:
-            commit, mark = _commit_of(
-                sid, seq, t, self.marks.get(sid), self.snapshot_min_bytes, item
-            )
+            commit, mark = self._commit_of(sid, seq, t, item)
         else:
             commit = self._finish(Commit(sid, seq, seq, (), None), item)
         letter = {
@@ -331,38 +338,44 @@ class Applier:
                 self.metrics.turn_failed()
 
 
-def lost_work(state: SessionState | None) -> list[CallLost]:
+def lost_work(state: SessionState | None, kinds: Kinds) -> list[CallLost]:
     """What a dead engine had out for this session: to be sent again."""
     if state is None:
         return []
     lost = [
         CallLost(c.id, c.attempt)
         for c in state.calls.values()
-        if c.status == "running" and _in_flight(c)
+        if c.status == "running" and _in_flight(c, kinds)
     ]
     if state.decision is not None and state.decision.status == "running":
         lost.append(CallLost(state.decision.id, state.decision.attempt))
     return lost
 
 
-def has_inflight(state: SessionState | None) -> bool:
+def has_inflight(state: SessionState | None, kinds: Kinds) -> bool:
     """Whether a crash would leave one of this session's requests unanswered (every step
     asks: `lost_work`'s answer, without building it)."""
     if state is None:
         return False
     if state.decision is not None and state.decision.status == "running":
         return True
-    return any(c.status == "running" and _in_flight(c) for c in state.calls.values())
+    return any(c.status == "running" and _in_flight(c, kinds) for c in state.calls.values())
 
 
-def _in_flight(call: Call) -> bool:
+def _in_flight(call: Call, kinds: Kinds) -> bool:
     """Whether the call's attempt is a request of this engine's (its kind says, kinds.py)."""
     kind = kinds.of(call.kind, call.handler)
     return kind is not None and kind.in_flight
 
 
 def _commit_of(
-    sid: str, seq: int, t: Transition, mark: Mark | None, min_bytes: int, item: WorkItem
+    sid: str,
+    seq: int,
+    t: Transition,
+    mark: Mark | None,
+    min_bytes: int,
+    item: WorkItem,
+    kinds: Kinds,
 ) -> tuple[Commit, Mark | None]:
     """What a transition writes: its events, the snapshot when it is due, its timers and
     deliveries, and what comes from the work item (see `_finish`); and the snapshot's
@@ -382,7 +395,7 @@ def _commit_of(
         new_seq=new_state.seq if new_state else 0,
         events=events,
         snapshot=snapshot,
-        inflight=has_inflight(new_state) if t.events else None,
+        inflight=has_inflight(new_state, kinds) if t.events else None,
         timers=tuple(
             (e.due, _timer_member(sid, e.due, e.input))
             for e in t.effects

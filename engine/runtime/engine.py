@@ -7,6 +7,10 @@ handed over in process — through `Applier.settle` (apply-and-commit, `apply.py
 and only then starts the committed transition's effects (`engine/effects/runner.py`). A
 completion that outlives its lease is fenced off at commit; a call whose engine
 died is re-sent by the next owner.
+
+`Engine` is the composition root: it builds the table of call kinds the machine steps
+by and the table of effect runners once, and hands them to the parts that read them;
+a caller with a kind of its own passes both (tests/test_effect_kinds.py).
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import Project
-from engine.effects.runner import EffectRunner, worker_targets
-from engine.machine import Deliver, Input, Transition, input_to_json
+from engine.effects.mcp.runners import McpRunners
+from engine.effects.runner import EffectRunner, Runners, builtin_runners, worker_targets
+from engine.machine import Deliver, Input, Kinds, Transition, default_kinds, input_to_json
 from engine.runtime.apply import Applier, EngineStats, lost_work, new_id
 from engine.runtime.metrics import Metrics
 from engine.runtime.retrying import Backoff, Trouble
@@ -92,6 +97,7 @@ class Engine:
 
     applier: Applier
     effects: EffectRunner
+    mcp: McpRunners
 
     def __init__(
         self,
@@ -105,7 +111,11 @@ class Engine:
         partitions: int | None = None,
         clock: Callable[[], float] = time.time,
         metrics: Metrics | None = None,
+        kinds: Kinds | None = None,
+        runners: Runners | None = None,
     ) -> None:
+        """`kinds`: the call kinds the machine runs by (default: defaults.py's);
+        `runners`: runners of effects beside the built-in and MCP ones (a kind of its own)."""
         self.project = project
         self.redis = redis
         self.env = os.environ if env is None else env
@@ -113,6 +123,8 @@ class Engine:
         self.lease_ms = lease_ms
         self.timer_poll_ms = timer_poll_ms
         self.clock = clock
+        self.kinds = default_kinds() if kinds is None else kinds
+        self._more_runners = dict(runners or {})
         self.stats = EngineStats()
         self.metrics = metrics or Metrics()
         self.trouble = Trouble(log)
@@ -144,13 +156,16 @@ class Engine:
         self.applier = Applier(
             self.project,
             self.store,
+            kinds=self.kinds,
             clock=self.clock,
             metrics=self.metrics,
             stats=self.stats,
             trouble=self.trouble,
         )
+        self.mcp = McpRunners(self.project, self.env)
+        runners = {**builtin_runners(), **self.mcp.runners(), **self._more_runners}
         self.effects = EffectRunner(
-            self.project, self.store, self.env, self.workers, self.metrics, self.clock
+            self.project, self.store, self.env, self.workers, self.metrics, self.clock, runners
         )
         await self._balance()
         self._background = [
@@ -165,6 +180,7 @@ class Engine:
         await asyncio.gather(*(self._drop(p, release=True) for p in list(self.owned)))
         with contextlib.suppress(Exception):
             await self.store.leave(self.owner)
+        await self.mcp.aclose()
         await self.effects.aclose()
 
     def now_ms(self) -> int:
@@ -219,7 +235,9 @@ class Engine:
             lost = []
             for sid in await self.store.inflight_sessions(p):
                 state = await self.applier.load(sid)
-                lost += [WorkItem(None, sid, input_to_json(x)) for x in lost_work(state)]
+                lost += [
+                    WorkItem(None, sid, input_to_json(x)) for x in lost_work(state, self.kinds)
+                ]
         except Exception:
             # Half taken is not taken: let the lease go so this or another engine retries.
             with contextlib.suppress(Exception):

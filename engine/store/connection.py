@@ -4,6 +4,7 @@ faults look like, and the store's own packed connections for the hot path."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.resources import files
 from typing import Any, cast
@@ -38,6 +39,7 @@ RedisClient = aioredis.Redis | RedisCluster
 
 
 CLUSTER_PROBE_SECONDS = 5.0
+LOADING_POLL = 0.1  # seconds between two PINGs of a server that answers LOADING
 
 
 def cluster_enabled(url: str) -> bool:
@@ -172,14 +174,31 @@ def unblocked(err: BaseException) -> bool:
     return isinstance(err, ResponseError) and str(err).startswith("UNBLOCKED")
 
 
-async def unreachable(client: RedisClient, timeout: float) -> str | None:
-    """Why `client`'s server does not answer a PING within `timeout` s; None when it does."""
-    try:
-        async with asyncio.timeout(timeout):
-            await client.ping()
-    except (RedisError, OSError, TimeoutError) as err:
-        return str(err) or f"no answer within {timeout:g} s"
-    return None
+async def unreachable(
+    client: RedisClient, timeout: float, on_loading: Callable[[], None] = lambda: None
+) -> str | None:
+    """Why `client`'s server does not answer a PING within `timeout` s; None when it does.
+
+    A server that answers LOADING (reading its data after a restart) is waited for as
+    long as it loads, each LOADING answer starting the `timeout` over; `on_loading` is
+    called the first time it says so.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    loading = False
+    while True:
+        try:
+            async with asyncio.timeout(max(deadline - loop.time(), 0.0)):
+                await client.ping()
+            return None
+        except BusyLoadingError:  # before RedisError: it is one
+            if not loading:
+                loading = True
+                on_loading()
+            deadline = loop.time() + timeout
+            await asyncio.sleep(LOADING_POLL)
+        except (RedisError, OSError, TimeoutError) as err:
+            return str(err) or f"no answer within {timeout:g} s"
 
 
 class PackedConnections:

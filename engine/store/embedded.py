@@ -9,12 +9,16 @@ Liveness of "a server for this data dir" is an exclusive flock on the pidfile, t
 by the starter and inherited by redis-server, so it is held exactly as long as that
 server lives. Unlike a pid check this survives pid reuse (e.g. after a container
 restart), and it serialises two `subs` processes starting on the same dir at once.
+The lock is on the file, not the path: once the folder is removed the path tells
+nothing about the server, so `state()` also compares the folder with the one the
+server started in (engine/store/supervisor.py says what happens then). Of our own
+child, the process itself is asked.
+
+Everything here blocks (processes, files, PINGs): call it from a thread.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import ctypes
 import fcntl
 import importlib.util
@@ -25,14 +29,17 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Literal
 from urllib.parse import quote
 
 from redis import Redis
 from redis.backoff import NoBackoff
+from redis.exceptions import BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.retry import Retry
@@ -47,11 +54,12 @@ CONFIG_NAME = "redis.conf"
 _MAX_SOCKET_PATH = 107  # sockaddr_un.sun_path is 108 bytes; redis silently truncates longer ones
 _PR_SET_PDEATHSIG = 1
 _POLL_INTERVAL = 0.02
-SUPERVISE_POLL = 0.1  # seconds between two liveness checks
-RESTART_BACKOFF = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)  # before restart 1, 2, ...; the last repeats
-STABLE_AFTER = 30.0  # a server up this long starts the backoff over
+_VERSIONS: dict[str, int] = {}  # a redis-server binary's major version, asked once
 
 log = logging.getLogger("subs.embedded")
+
+State = Literal["running", "ended", "moved"]
+Answer = Literal["up", "loading", "down"]
 
 
 class EmbeddedRedisError(SubsError):
@@ -102,8 +110,9 @@ def _conf_quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _ping(socket_path: Path) -> bool:
-    """True once the server answers PING (not while it is still loading the AOF)."""
+def _ping(socket_path: Path) -> Answer:
+    """Whether the server answers PING: "loading" while it reads its AOF (it answers
+    LOADING then), "down" when it does not answer at all."""
     client = Redis(
         unix_socket_path=str(socket_path),
         socket_timeout=1,
@@ -111,11 +120,36 @@ def _ping(socket_path: Path) -> bool:
         retry=Retry(NoBackoff(), 0),  # the default retries with backoff for seconds per probe
     )
     try:
-        return bool(client.ping())
-    except (RedisConnectionError, RedisTimeoutError, OSError):  # includes BusyLoadingError
-        return False
+        return "up" if client.ping() else "down"
+    except BusyLoadingError:  # before ConnectionError: it is one
+        return "loading"
+    except (RedisConnectionError, RedisTimeoutError, OSError):
+        return "down"
     finally:
         client.close()
+
+
+def _major_version(binary: str) -> int:
+    """`redis-server --version`'s major number (0 when it does not say)."""
+    if binary not in _VERSIONS:
+        try:
+            out = subprocess.run(
+                [binary, "--version"], capture_output=True, text=True, timeout=10
+            ).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            out = ""
+        version = out.partition(" v=")[2].partition(".")[0]
+        _VERSIONS[binary] = int(version) if version.isdigit() else 0
+    return _VERSIONS[binary]
+
+
+def _folder_id(path: Path) -> tuple[int, int] | None:
+    """Which folder is at `path` now (device and inode), None when none is."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 class EmbeddedRedis:
@@ -141,6 +175,11 @@ class EmbeddedRedis:
         self.url = "unix://" + quote(str(self.socket_path))
         self.owned = False
         self._proc: subprocess.Popen[bytes] | None = None
+        self._folder: tuple[int, int] | None = None  # the folder the server started in
+        # start and stop take turns (a supervisor's restart may still be starting when
+        # subs stops); stop interrupts a start that waits for the server to answer.
+        self._turn = threading.RLock()
+        self._closed = threading.Event()
 
     @property
     def pid(self) -> int | None:
@@ -148,32 +187,52 @@ class EmbeddedRedis:
         return self._proc.pid if self._proc is not None else None
 
     def start(self, timeout: float = 10.0) -> str:
+        """Start a server on the data dir, or share the one that runs there; its URL.
+
+        `timeout` bounds the wait for a server that does not answer; one that answers
+        LOADING (reading a large AOF) is waited for as long as it loads.
+        """
         if len(os.fsencode(self.socket_path)) > _MAX_SOCKET_PATH:
             raise EmbeddedRedisError(
                 f"socket path {self.socket_path} is longer than {_MAX_SOCKET_PATH} bytes; "
                 "use a shorter data dir"
             )
-        deadline = time.monotonic() + timeout
         self.data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         lock_fd = os.open(self.pidfile, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             try:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                self._await_foreign(deadline)
+                self._await_foreign(timeout)
+                self._folder = _folder_id(self.data_dir)
                 return self.url
+            self.start_holding(lock_fd, timeout)
+        finally:
+            os.close(lock_fd)  # redis-server keeps its inherited copy, and with it the lock
+        return self.url
+
+    def start_holding(self, lock_fd: int, timeout: float = 10.0) -> None:
+        """Start our own server on the data dir, whose pidfile lock `lock_fd` holds (the
+        server inherits it; the caller closes its copy)."""
+        with self._turn:
+            if self._closed.is_set():
+                raise EmbeddedRedisError("subs is stopping: the redis-server was not started")
             # We hold the lock, so no live server owns this dir: any socket left is stale.
             self.socket_path.unlink(missing_ok=True)
             proc = self._spawn(lock_fd)
             os.ftruncate(lock_fd, 0)
             os.pwrite(lock_fd, f"{proc.pid}\n".encode(), 0)
-            self._await_own(proc, deadline)
-        finally:
-            os.close(lock_fd)  # redis-server keeps its inherited copy, and with it the lock
-        return self.url
+            self._folder = _folder_id(self.data_dir)
+            self._await_own(proc, timeout)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM (redis flushes the AOF, as on SHUTDOWN), SIGKILL after `timeout`."""
+        """SIGTERM (redis flushes the AOF, as on SHUTDOWN), SIGKILL after `timeout`. For
+        good: a start under way in another thread gives up, and none follows."""
+        self._closed.set()
+        with self._turn:
+            self._stop_own(timeout)
+
+    def _stop_own(self, timeout: float) -> None:
         proc, self._proc = self._proc, None
         if proc is None:
             return
@@ -188,6 +247,29 @@ class EmbeddedRedis:
         # it has exited another process may already have started the next server on the
         # same path (a start that holds the lock clears a stale one).
         self.owned = False
+
+    def restart_holding(self, lock_fd: int, timeout: float = 10.0) -> None:
+        """Stop our server (it flushes its AOF) and start it again on the data dir, whose
+        pidfile lock `lock_fd` holds: after its folder was made again."""
+        with self._turn:
+            self._stop_own(timeout)
+            self.start_holding(lock_fd, timeout)
+
+    def state(self) -> State:
+        """Whether a server runs here: "running"; "ended", no server runs for this dir any
+        more; "moved", the server still runs but its folder was removed or replaced (its
+        socket, pidfile and AOF are gone from the path)."""
+        here = _folder_id(self.data_dir)
+        if self._proc is not None:
+            if self._proc.poll() is not None:
+                return "ended"
+            return "running" if here == self._folder else "moved"
+        if here is None:
+            return "moved"  # another process's server: its own subs makes the folder again
+        if not self.alive():
+            return "ended"
+        self._folder = here  # the same, or made again by the subs whose server it is
+        return "running"
 
     def alive(self) -> bool:
         """Whether a server (ours or another process's) holds this dir's lock, i.e. runs.
@@ -205,12 +287,16 @@ class EmbeddedRedis:
         return False
 
     def ended(self) -> str:
-        """How the server that last ran here ended; reaps it when it was our child."""
+        """How the server that last ran here ended (once `state()` said so): reaps it
+        when it was our child."""
         proc, self._proc = self._proc, None
         self.owned = False
         if proc is None:
             return "another process's server exited"
-        code = proc.wait()
+        code = proc.poll()
+        if code is None:  # not ended after all: never wait on a running server
+            proc.kill()
+            code = proc.wait()
         if code < 0:
             return f"pid {proc.pid} was killed by {signal.Signals(-code).name}"
         return f"pid {proc.pid} exited with code {code}"
@@ -240,6 +326,10 @@ class EmbeddedRedis:
             f"appendfsync {self.fsync}",
             f"logfile {_conf_quote(str(self.logfile))}",
         ]
+        if _major_version(self.binary or find_redis_server()) >= 7:
+            # CONFIG SET dir, for a folder made again under a live server (only over the
+            # socket, which is ours alone); 6.x has no such guard, and refuses the line.
+            lines.append("enable-protected-configs local")
         config = self.data_dir / CONFIG_NAME
         config.write_text("\n".join(lines) + "\n")
         return config
@@ -265,8 +355,19 @@ class EmbeddedRedis:
         self.owned = True
         return self._proc
 
-    def _await_own(self, proc: subprocess.Popen[bytes], deadline: float) -> None:
-        while not _ping(self.socket_path):
+    def _await_own(self, proc: subprocess.Popen[bytes], timeout: float) -> None:
+        """Wait until our new server answers; `timeout` bounds a wait with no answer at all."""
+        deadline = time.monotonic() + timeout
+        said = False
+        while (answer := _ping(self.socket_path)) != "up":
+            if self._closed.is_set():
+                self._stop_own(10.0)
+                raise EmbeddedRedisError("subs is stopping: the redis-server start was given up")
+            if answer == "loading":
+                deadline = time.monotonic() + timeout  # loading is progress: no limit on it
+                if not said:
+                    log.warning("the embedded redis-server is loading its AOF; waiting")
+                    said = True
             code = proc.poll()
             if code is not None:
                 self._proc = None
@@ -275,16 +376,19 @@ class EmbeddedRedis:
                     f"{self.binary} exited with code {code} while starting{self._log_tail()}"
                 )
             if time.monotonic() >= deadline:
-                self.stop()
+                self._stop_own(10.0)
                 raise EmbeddedRedisError(
                     f"{self.binary} did not answer PING on {self.socket_path} in time"
                     f"{self._log_tail()}"
                 )
             time.sleep(_POLL_INTERVAL)
 
-    def _await_foreign(self, deadline: float) -> None:
+    def _await_foreign(self, timeout: float) -> None:
         """Another process's server holds this dir: wait until it answers, then share it."""
-        while not _ping(self.socket_path):
+        deadline = time.monotonic() + timeout
+        while (answer := _ping(self.socket_path)) != "up":
+            if answer == "loading":
+                deadline = time.monotonic() + timeout
             if time.monotonic() >= deadline:
                 raise EmbeddedRedisError(
                     f"a redis-server holds {self.pidfile} but does not answer PING on "
@@ -299,49 +403,3 @@ class EmbeddedRedis:
         except OSError:
             return ""
         return f"; last lines of {self.logfile}:\n" + "\n".join(tail) if tail else ""
-
-
-async def supervise(server: EmbeddedRedis) -> None:
-    """Start `server` again each time it dies, until cancelled; one log line per restart.
-
-    Restarts back off (RESTART_BACKOFF) while the server keeps dying within
-    STABLE_AFTER of its start. Another `subs` on the same dir may win the race to
-    restart it: then this one shares that server, as at start.
-    """
-    restarts = 0
-    up_since = time.monotonic()
-    while True:
-        await asyncio.sleep(SUPERVISE_POLL)
-        with contextlib.suppress(OSError):  # the dir is gone: start() makes it again
-            if server.alive():
-                continue
-        how = server.ended()
-        if time.monotonic() - up_since >= STABLE_AFTER:
-            restarts = 0
-        while True:
-            delay = RESTART_BACKOFF[min(restarts, len(RESTART_BACKOFF) - 1)]
-            restarts += 1
-            await asyncio.sleep(delay)
-            try:
-                await asyncio.to_thread(server.start)
-            except (EmbeddedRedisError, OSError) as err:
-                log.warning(
-                    "the embedded redis-server (%s) could not be restarted (try %d): %s",
-                    how,
-                    restarts,
-                    err,
-                )
-                continue
-            break
-        up_since = time.monotonic()
-        now = f"restarted it as pid {server.pid}" if server.owned else "another subs restarted it"
-        log.warning(
-            "the embedded redis-server died (%s): %s on %s with the AOF in %s "
-            "(restart %d, after %.1f s backoff)",
-            how,
-            now,
-            server.socket_path,
-            server.data_dir,
-            restarts,
-            delay,
-        )

@@ -1,5 +1,6 @@
 // The sessions list: newest first, a page at a time, filtered by agent and status,
-// refreshed every few seconds while it is open. Failed sessions are marked with the reason.
+// refreshed every few seconds while it is open. Failed sessions are marked with the reason
+// (the row's `status` is the server's word for it, as `subs sessions list` shows it).
 
 import { call } from "./api.js";
 import { ago, chatHref, clip, count, h, money, stamp } from "./util.js";
@@ -88,19 +89,18 @@ export function showList(main, params, go, fail) {
 
 function row(s) {
   const href = `/console/sessions/${encodeURIComponent(s.session_id)}`;
-  const state = s.failed ? "failed" : s.status;
   return h(
     "tr",
-    { class: `session ${s.failed ? "failed" : ""}`, "data-session": s.session_id },
+    { class: `session ${s.status}`, "data-session": s.session_id },
     h(
       "td",
       {},
       h("a", { href, "data-nav": "" }, s.session_id),
       s.first_message ? h("div", { class: "first" }, clip(s.first_message, 90)) : "",
-      s.failed && s.error ? h("div", { class: "reason" }, `✗ ${s.error}`) : "",
+      s.status === "failed" && s.error ? h("div", { class: "reason" }, `✗ ${s.error}`) : "",
     ),
     h("td", {}, s.agent_id, " ", h("a", { class: "chat small", href: chatHref(s.agent_id), title: `chat with ${s.agent_id}` }, "chat")),
-    h("td", {}, h("span", { class: `badge ${state}` }, state)),
+    h("td", {}, h("span", { class: `badge ${s.status}` }, s.status)),
     h("td", { title: stamp(s.last_activity_at) }, ago(s.last_activity_at), h("div", { class: "muted small" }, stamp(s.last_activity_at))),
     h("td", { class: "num" }, count(s.turns)),
     h("td", { class: "num" }, count(s.tokens)),

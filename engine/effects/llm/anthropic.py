@@ -13,6 +13,7 @@ from typing import Any
 from engine.effects.llm import prices
 from engine.effects.llm.errors import ProviderError, error_body, http_error, quote, status_class
 from engine.effects.llm.usage import from_anthropic
+from engine.machine.tools import arguments_of
 
 NAME = "Anthropic"
 
@@ -151,13 +152,9 @@ def _assistant_content(message: dict[str, Any]) -> Any:
 
 
 def _arguments(raw: str | None) -> dict[str, Any]:
-    """tool_use input must be an object: arguments the model botched go back as {}."""
-    if not raw or not raw.strip():
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return {}
+    """tool_use input must be an object: arguments the model botched (not JSON, not an
+    object, or refused at the edge: too deep to parse) go back as {}."""
+    value = arguments_of(raw or "")
     return value if isinstance(value, dict) else {}
 
 

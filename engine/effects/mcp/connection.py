@@ -146,7 +146,12 @@ class McpConnection:
                 if not opened.done():
                     opened.set_exception(self._trouble(err))
                 raise
-            trouble = await self._with_last_words(err)
+            try:
+                trouble = await self._with_last_words(err)
+            except BaseException:  # cancelled while reading its stderr: still answer the wait
+                if not opened.done():
+                    opened.set_exception(self._trouble(err))
+                raise
             if not opened.done():
                 opened.set_exception(trouble)
             # Said once a run of failures: every attempt after the first is the same story.

@@ -22,9 +22,10 @@ from mcp_types import CallToolResult
 
 from engine.config import Project
 from engine.effects.mcp.connection import McpConnection, McpTrouble
-from engine.effects.runner import Done, EffectRunner, Tasks, register
+from engine.effects.runner import Done, EffectRunner, Runner, Tasks
 from engine.machine import CallAnswered, Input, SessionState
-from engine.machine.connectors import AUTH, RunConnectorSync, RunMcpCall, prefix_of
+from engine.machine.connections import prefix_of
+from engine.machine.connectors import AUTH, RunConnectorSync, RunMcpCall
 from engine.machine.retry import Fault
 from engine.machine.tools import validate_input
 from engine.redact import Redactor, env_secrets, project_secrets
@@ -56,93 +57,120 @@ class Connectors:
         await asyncio.gather(*(c.close() for c in self.by_path.values()))
 
 
-def _failure(
-    runner: EffectRunner, effect: RunConnectorSync | RunMcpCall, trouble: McpTrouble, path: str
-) -> Input:
-    detail: dict[str, Any] = {"connector": path}
-    if trouble.unauthorized:
-        detail["reason"] = AUTH
-    message = runner.connectors.redactor.scrub(trouble.message)
-    error = {"message": message, "code": "handler_error", "detail": detail}
-    return CallAnswered(effect.call_id, effect.attempt, error=error, retryable=trouble.retryable)
+class McpRunners:
+    """The runners of connector syncs and calls, over one `Connectors`: the composition
+    root (engine/runtime/engine.py) makes one, adds `runners()` to the engine's, and
+    closes it when the engine stops."""
 
+    def __init__(self, project: Project, env: Mapping[str, str]) -> None:
+        self.connectors = Connectors(project, env)
 
-def _start(
-    runner: EffectRunner,
-    state: SessionState,
-    effect: RunConnectorSync | RunMcpCall,
-    path: str,
-    doing: str,
-    work: Callable[[], Awaitable[Input]],
-    done: Done,
-    tasks: Tasks,
-) -> None:
-    """Run `work` under the attempt's deadline; a trouble or the deadline is the answer."""
-    timeout = None if effect.deadline is None else (effect.deadline - runner.now_ms()) / 1000
+    def runners(self) -> dict[type, Runner]:
+        return {RunConnectorSync: self.run_sync, RunMcpCall: self.run_call}
 
-    async def bounded() -> Input:
-        try:
-            async with asyncio.timeout(None if timeout is None else max(timeout, 0)):
-                return await work()
-        except McpTrouble as trouble:
-            return _failure(runner, effect, trouble, path)
-        except TimeoutError:
-            late = Fault.DEADLINE
-            error = late.error(f"{path} did not {doing} before the deadline")
-            return CallAnswered(
-                effect.call_id, effect.attempt, error=error, retryable=late.retryable
-            )
+    async def aclose(self) -> None:
+        await self.connectors.aclose()
 
-    def failed(error: dict[str, Any], retryable: bool) -> Input:
-        return CallAnswered(effect.call_id, effect.attempt, error=error, retryable=retryable)
-
-    runner.run(state.session_id, f"{path}: {doing}", lambda: bounded, failed, done, tasks)
-
-
-def run_sync(
-    runner: EffectRunner, state: SessionState, effect: RunConnectorSync, done: Done, tasks: Tasks
-) -> None:
-    call = state.calls[effect.call_id]
-    path, force = call.name or "", bool(call.params.get("force"))
-
-    async def sync() -> Input:
-        off = runner.connectors.off.get(path)
-        if off is not None:  # an answer, not a failed attempt: the turn runs without it
-            return CallAnswered(effect.call_id, effect.attempt, result={"tools": [], "off": off})
-        conn = runner.connectors.get(path)
-        listed: dict[str, Any] = {"tools": await conn.list_tools(force=force)}
-        if conn.block.prefix_tools:
-            listed["prefix"] = prefix_of(path)
-        return CallAnswered(effect.call_id, effect.attempt, result=listed)
-
-    _start(runner, state, effect, path, "list its tools", sync, done, tasks)
-
-
-def run_call(
-    runner: EffectRunner, state: SessionState, effect: RunMcpCall, done: Done, tasks: Tasks
-) -> None:
-    call = state.calls[effect.call_id]
-    path, tool = call.params["connector"], call.params["tool"]
-    synced = next(
-        (t for t in state.connectors.get(path, {}).get("tools") or () if t["name"] == tool), None
-    )
-    checked = validate_input(synced, call.arguments or "")  # before any await: as committed
-
-    async def send() -> Input:
-        if checked["status"] != "valid":  # the model is told; the server is never asked
-            error = {
-                "message": f"the input of {call.name} does not fit its schema: {checked['error']}",
-                "code": "handler_error",
-                "detail": {"connector": path},
-            }
-            return CallAnswered(effect.call_id, effect.attempt, error=error, retryable=False)
-        arguments = checked["value"]
-        result = await runner.connectors.get(path).request(
-            lambda session: session.call_tool(tool, arguments)
+    def _failure(
+        self, effect: RunConnectorSync | RunMcpCall, trouble: McpTrouble, path: str
+    ) -> Input:
+        detail: dict[str, Any] = {"connector": path}
+        if trouble.unauthorized:
+            detail["reason"] = AUTH
+        message = self.connectors.redactor.scrub(trouble.message)
+        error = {"message": message, "code": "handler_error", "detail": detail}
+        return CallAnswered(
+            effect.call_id, effect.attempt, error=error, retryable=trouble.retryable
         )
-        return CallAnswered(effect.call_id, effect.attempt, result=stored_result(result))
 
-    _start(runner, state, effect, path, f"answer {tool}", send, done, tasks)
+    def _start(
+        self,
+        runner: EffectRunner,
+        state: SessionState,
+        effect: RunConnectorSync | RunMcpCall,
+        path: str,
+        doing: str,
+        work: Callable[[], Awaitable[Input]],
+        done: Done,
+        tasks: Tasks,
+    ) -> None:
+        """Run `work` under the attempt's deadline; a trouble or the deadline is the answer."""
+        timeout = None if effect.deadline is None else (effect.deadline - runner.now_ms()) / 1000
+
+        async def bounded() -> Input:
+            try:
+                async with asyncio.timeout(None if timeout is None else max(timeout, 0)):
+                    return await work()
+            except McpTrouble as trouble:
+                return self._failure(effect, trouble, path)
+            except TimeoutError:
+                late = Fault.DEADLINE
+                error = late.error(f"{path} did not {doing} before the deadline")
+                return CallAnswered(
+                    effect.call_id, effect.attempt, error=error, retryable=late.retryable
+                )
+
+        def failed(error: dict[str, Any], retryable: bool) -> Input:
+            return CallAnswered(effect.call_id, effect.attempt, error=error, retryable=retryable)
+
+        runner.run(state.session_id, f"{path}: {doing}", lambda: bounded, failed, done, tasks)
+
+    def run_sync(
+        self,
+        runner: EffectRunner,
+        state: SessionState,
+        effect: RunConnectorSync,
+        done: Done,
+        tasks: Tasks,
+    ) -> None:
+        call = state.calls[effect.call_id]
+        path, force = call.name or "", bool(call.params.get("force"))
+
+        async def sync() -> Input:
+            off = self.connectors.off.get(path)
+            if off is not None:  # an answer, not a failed attempt: the turn runs without it
+                result = {"tools": [], "off": off}
+                return CallAnswered(effect.call_id, effect.attempt, result=result)
+            conn = self.connectors.get(path)
+            listed: dict[str, Any] = {"tools": await conn.list_tools(force=force)}
+            if conn.block.prefix_tools:
+                listed["prefix"] = prefix_of(path)
+            return CallAnswered(effect.call_id, effect.attempt, result=listed)
+
+        self._start(runner, state, effect, path, "list its tools", sync, done, tasks)
+
+    def run_call(
+        self,
+        runner: EffectRunner,
+        state: SessionState,
+        effect: RunMcpCall,
+        done: Done,
+        tasks: Tasks,
+    ) -> None:
+        call = state.calls[effect.call_id]
+        path, tool = call.params["connector"], call.params["tool"]
+        synced = next(
+            (t for t in state.connectors.get(path, {}).get("tools") or () if t["name"] == tool),
+            None,
+        )
+        checked = validate_input(synced, call.arguments or "")  # before any await: as committed
+
+        async def send() -> Input:
+            if checked["status"] != "valid":  # the model is told; the server is never asked
+                error = {
+                    "message": f"the input of {call.name} does not fit its schema: "
+                    f"{checked['error']}",
+                    "code": "handler_error",
+                    "detail": {"connector": path},
+                }
+                return CallAnswered(effect.call_id, effect.attempt, error=error, retryable=False)
+            arguments = checked["value"]
+            result = await self.connectors.get(path).request(
+                lambda session: session.call_tool(tool, arguments)
+            )
+            return CallAnswered(effect.call_id, effect.attempt, result=stored_result(result))
+
+        self._start(runner, state, effect, path, f"answer {tool}", send, done, tasks)
 
 
 def stored_result(result: CallToolResult) -> dict[str, Any]:
@@ -179,7 +207,3 @@ def _block(block: dict[str, Any]) -> dict[str, Any] | None:
                 link[key] = block[key]
         return link
     return None
-
-
-register(RunConnectorSync, run_sync)
-register(RunMcpCall, run_call)
