@@ -30,6 +30,8 @@ FAST = {
     "chat.stopStream": 6000,
     "chat.appendStream": 6000,
     "conversations.replies": 6000,
+    "users.info": 6000,
+    "bots.info": 6000,
     SET_STATUS: 6000,
 }
 
@@ -70,7 +72,7 @@ class World:
         thread_ts = msg.thread_ts or msg.ts
 
         def found() -> Message | None:
-            mine = [m for m in self.fake.thread(msg.channel, thread_ts) if m.bot_id]
+            mine = [m for m in self.fake.thread(msg.channel, thread_ts) if self.fake.by_app(m)]
             return mine[nth - 1] if len(mine) >= nth else None
 
         reply = await self.fake.until(found, timeout=10)

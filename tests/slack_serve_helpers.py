@@ -277,7 +277,8 @@ class SlackServe:
 
     def bot_messages(self, msg: Message) -> list[Message]:
         """The app's messages in `msg`'s thread, as shown now."""
-        return [m for m in self.fake.thread(msg.channel, msg.thread_ts or msg.ts) if m.bot_id]
+        thread = self.fake.thread(msg.channel, msg.thread_ts or msg.ts)
+        return [m for m in thread if self.fake.by_app(m)]
 
     async def reply(
         self,

@@ -11,8 +11,9 @@ from urllib.parse import quote
 
 import pytest
 
+from bot.rendering.message_text import strip_mention
 from bot.rendering.mrkdwn import to_mrkdwn
-from bot.turns.routing import missed_messages, session_id_for, strip_mention, wants_turn
+from bot.turns.routing import missed_messages, session_id_for, wants_turn
 from engine.config import parse_project
 from tests.bot_helpers import AGENT, World, serve_bots
 from tests.engine_helpers import project_toml
@@ -73,7 +74,8 @@ async def test_a_mention_streams_one_reply_in_the_thread(world: World) -> None:
         for e in events
         if e["payload"]["type"] == "message.new" and e["payload"]["message"]["role"] == "user"
     ]
-    assert [(m["id"], m["content"]) for m in users] == [(f"slack:{mention.ts}", "is the db ok?")]
+    asked = [(m["id"], m["content"]) for m in users]
+    assert asked == [(f"slack:{mention.ts}", "alice: is the db ok?")]
 
 
 async def test_a_slow_turn_shows_a_thread_status_until_it_ends(world: World) -> None:
@@ -162,7 +164,7 @@ async def test_a_follow_up_mention_continues_the_session_with_missed_messages(
 
     assert len(await world.turns(fake.general.id, first.ts)) == 2
     seen = str(world.vendor.requests[1].body)
-    assert f"<@{bob.id}>: the disk is full" in seen and "what now?" in seen
+    assert "bob: the disk is full" in seen and "alice: what now?" in seen
     assert "the db is down" in seen and "Looking." in seen  # the same conversation
 
 
@@ -496,15 +498,28 @@ def test_session_ids_and_mention_text() -> None:
     assert strip_mention("<@U2> hi", BOT) == "<@U2> hi"
 
 
-def test_missed_messages_are_the_peoples_since_the_bots_last_reply() -> None:
+def test_missed_messages_are_everyones_since_the_bots_last_reply() -> None:
     thread = [
         {"ts": "10.000001", "user": "U1", "text": "root"},
         {"ts": "10.000002", "user": BOT, "bot_id": BOT_ID, "text": "answer"},
         {"ts": "10.000003", "user": "U2", "text": "seen later"},
-        {"ts": "10.000004", "user": "U3", "bot_id": "BOTHER", "text": "another bot"},
-        {"ts": "10.000005", "user": "U1", "text": "the mention"},
-        {"ts": "10.000006", "user": "U2", "text": "after it"},
+        {"ts": "10.000004", "user": "U3", "bot_id": "BOTHER", "text": "another app"},
+        {"ts": "10.000005", "subtype": "bot_message", "bot_id": "BHOOK", "text": "a webhook"},
+        {"ts": "10.000006", "subtype": "channel_join", "user": "U4", "text": "<@U4> joined"},
+        {"ts": "10.000007", "subtype": "thread_broadcast", "user": "U2", "text": "also sent"},
+        {"ts": "10.000008", "subtype": "bot_message", "text": "nobody's"},
+        {"ts": "10.000009", "user": "U1", "text": "the mention"},
+        {"ts": "10.000010", "user": "U2", "text": "after it"},
     ]
-    missed = missed_messages(thread, "10.000005", BOT, BOT_ID)
-    assert [m["text"] for m in missed] == ["seen later"]
-    assert [m["text"] for m in missed_messages(thread[:1], "10.000005", BOT, BOT_ID)] == ["root"]
+    missed = missed_messages(thread, "10.000009", BOT, BOT_ID)
+    assert [m["text"] for m in missed] == ["seen later", "another app", "a webhook", "also sent"]
+    assert [m["text"] for m in missed_messages(thread[:1], "10.000009", BOT, BOT_ID)] == ["root"]
+
+
+def test_an_apps_alert_at_the_root_is_part_of_the_first_turn() -> None:
+    alert = {"ts": "10.000001", "subtype": "bot_message", "bot_id": "BAM", "text": ""}
+    alert["attachments"] = [{"title": "[FIRING:1] HighLatency"}]
+    thread = [alert, {"ts": "10.000002", "user": "U1", "text": "<@UBOT> why?"}]
+    assert missed_messages(thread, "10.000002", BOT, BOT_ID) == [alert]
+    own = {**alert, "subtype": None, "bot_id": BOT_ID, "user": BOT}
+    assert missed_messages([own, thread[1]], "10.000002", BOT, BOT_ID) == []

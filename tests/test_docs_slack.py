@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import re
 
+from bot.rendering.message_text import attributed
 from bot.slack.manifest import manifest
 from engine.config import load_project, parse_project
 from tests.engine_helpers import ROOT
+from tests.fakes.slack import alerts
 
 DOC = (ROOT / "docs" / "slack.md").read_text()
 
@@ -38,3 +40,10 @@ def test_the_scopes_named_are_the_manifests() -> None:
         *made["oauth_config"]["scopes"]["bot"],
         *made["settings"]["event_subscriptions"]["bot_events"],
     }
+
+
+def test_the_alert_shown_is_the_one_the_renderer_gives() -> None:
+    [section] = re.findall(r"^## What the model sees\n(.*?)^## ", DOC, re.M | re.S)
+    shown = re.findall(r"^```text\n(.*?)\n```", section, re.M | re.S)
+    alert = {**alerts.ALERTMANAGER_FIRING, "subtype": "bot_message", "bot_id": "B1"}
+    assert shown[0] == attributed(alert, {})

@@ -29,10 +29,11 @@ commands = {json.dumps(commands)}
 
 
 SCOPES = {
-    "dm": ["chat:write", "reactions:write", "im:history"],
+    "dm": ["chat:write", "reactions:write", "users:read", "im:history"],
     "channels": [
         "chat:write",
         "reactions:write",
+        "users:read",
         "app_mentions:read",
         "channels:history",
         "groups:history",
@@ -40,6 +41,7 @@ SCOPES = {
     "both": [
         "chat:write",
         "reactions:write",
+        "users:read",
         "app_mentions:read",
         "channels:history",
         "groups:history",

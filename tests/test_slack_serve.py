@@ -102,7 +102,7 @@ async def test_a_mention_streams_one_reply_in_the_thread(
     }
     said = [m["message"] for m in of_type(events, "message.new")]
     assert [(m["role"], m["content"]) for m in said] == [
-        ("user", "is the db ok?"),
+        ("user", "alice: is the db ok?"),
         ("assistant", ANSWER),
     ]
     assert said[0]["id"] == f"slack:{asked.ts}"
@@ -151,12 +151,12 @@ async def test_a_follow_up_mention_continues_the_session_with_missed_messages(
     assert {e["session_id"] for e in events} == {served.session_of(first)}  # one session
     users = [m["message"] for m in of_type(events, "message.new")]
     assert [(m["id"], m["content"]) for m in users if m["role"] == "user"] == [
-        (f"slack:{first.ts}", "the db is down"),
-        (f"slack:{missed.ts}", f"<@{bob.id}>: the disk is full"),
-        (f"slack:{second.ts}", "what now?"),
+        (f"slack:{first.ts}", "alice: the db is down"),
+        (f"slack:{missed.ts}", "bob: the disk is full"),
+        (f"slack:{second.ts}", "alice: what now?"),
     ]
     seen = str(vendor.requests[1].body)
-    assert f"<@{bob.id}>: the disk is full" in seen and "what now?" in seen
+    assert "bob: the disk is full" in seen and "alice: what now?" in seen
     assert "the db is down" in seen and "Looking." in seen  # the same conversation
     assert failed_calls(fake) == []
 

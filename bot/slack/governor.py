@@ -44,6 +44,8 @@ TIERS: dict[str, float] = {
     "conversations.replies": 50,  # Tier 3 (§1.5)
     "conversations.history": 50,  # Tier 3 (§1.5)
     "chat.postEphemeral": 100,  # Tier 4 (§1.5)
+    "users.info": 100,  # Tier 4 (§1.5; oncall-facts §2.4)
+    "bots.info": 50,  # Tier 3 (docs.slack.dev/reference/methods/bots.info)
 }
 PER_CHANNEL = frozenset({"chat.postMessage"})
 

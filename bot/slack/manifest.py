@@ -6,6 +6,8 @@ What the bot calls and why each grant is there:
   `chat:write`), so no `assistant:write`.
 - `reactions:write`: where Slack refuses a thread status, the working indicator is a reaction
   on the triggering message (reactions.add / reactions.remove).
+- `users:read`: the names of the people and apps in a thread (users.info / bots.info), so the
+  model reads `Name: text`; without it the ids stand in.
 - channels (`app_mention` only; follow-ups without a mention are picked up by
   conversations.replies at the next mention, so no `message.channels`): `app_mentions:read`,
   plus `channels:history` / `groups:history` for conversations.replies in public / private
@@ -50,7 +52,7 @@ def manifest(agent: AgentDecl, *, socket_mode: bool, request_url: str | None) ->
     dm = slack.answers in ("dm", "both")
     channels = slack.answers in ("channels", "both")
 
-    scopes = ["chat:write", "reactions:write"]
+    scopes = ["chat:write", "reactions:write", "users:read"]
     events: list[str] = []
     if channels:
         scopes += ["app_mentions:read", "channels:history", "groups:history"]

@@ -18,17 +18,19 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
+from bot.rendering.message_text import attributed, wanted_ids
 from bot.rendering.mrkdwn import escape
 from bot.rendering.prompts import prompt_for
 from bot.rendering.turn_view import TurnView
 from bot.slack.agent_app import Bot
+from bot.slack.directory import Directory
 from bot.slack.governor import Paced
 from bot.slack.indicator import Indicator
 from bot.slack.parts import stamped_parts
 from bot.slack.reply import Reply
 from bot.slack.webapi import every_message, governed, thread_messages
 from bot.turns.checkpoint import Checkpoint, LeaseLost
-from bot.turns.routing import missed_messages, strip_mention
+from bot.turns.routing import missed_messages
 from bot.turns.store import Checkpoints, seen_key
 from engine.client import Client, ClientError
 
@@ -64,6 +66,7 @@ class Followers:
         self._tasks: set[asyncio.Task[None]] = set()
         self._following: dict[str, tuple[Checkpoint, asyncio.Task[None]]] = {}
         self._keeper: asyncio.Task[None] | None = None
+        self._directories: dict[str, Directory] = {}
 
     async def start(self) -> None:
         """Resume the turns left half-written, then keep leases in the background."""
@@ -159,21 +162,41 @@ class Followers:
                 await working.clear(stale=resumed)
 
     async def _mention_payload(self, bot: Bot, cp: Checkpoint) -> dict[str, Any]:
-        """A mention or a DM: its message, and those the agent missed since, as one input."""
+        """A mention or a DM: its message, and those the agent missed since (other apps'
+        alerts included), as one input; each as a person reads it, `Name: text`.
+
+        Its author reaches a worker in the trigger's client context (the session's identity
+        is its first asker's): `client.forwarded_props.slack.author` = `{issuer, id, name?}`.
+        """
         assert cp.mention is not None
         event, bot_user, bot_id = cp.mention["event"], cp.mention["bot_user"], cp.mention["bot_id"]
         ts = event["ts"]
-        messages: list[dict[str, Any]] = []
+        missed: list[dict[str, Any]] = []
         if cp.thread_ts != ts:
             thread = await thread_messages(
                 self.paced.governor, cp.team, bot.web, cp.channel, cp.thread_ts
             )
-            for msg in missed_messages(thread, ts, bot_user, bot_id):
-                text = f"<@{msg['user']}>: {msg.get('text') or ''}"
-                messages.append({"id": f"slack:{msg['ts']}", "role": "user", "content": text})
-        text = strip_mention(event["text"], bot_user)
-        messages.append({"id": f"slack:{ts}", "role": "user", "content": text})
-        return {"type": "client.append", "messages": messages, "queue": True}
+            missed = missed_messages(thread, ts, bot_user, bot_id)
+        wanted = wanted_ids(missed) | wanted_ids([event], addressed_to=bot_user)
+        names = await self.directory(bot).names(cp.team, wanted)
+        messages = [
+            {"id": f"slack:{msg['ts']}", "role": "user", "content": attributed(msg, names)}
+            for msg in missed
+        ]
+        said = attributed(event, names, addressed_to=bot_user)
+        messages.append({"id": f"slack:{ts}", "role": "user", "content": said})
+        author = {"issuer": "slack", "id": event["user"]}
+        if event["user"] in names:
+            author["name"] = names[event["user"]]
+        client = {"forwarded_props": {"slack": {"author": author}}}
+        return {"type": "client.append", "messages": messages, "queue": True, "client": client}
+
+    def directory(self, bot: Bot) -> Directory:
+        """The names `bot`'s token may look up, cached for this process."""
+        found = self._directories.get(bot.agent)
+        if found is None:
+            found = self._directories[bot.agent] = Directory(bot.web, self.paced.governor)
+        return found
 
     async def _post_root(self, cp: Checkpoint, reply: Reply, *, resumed: bool) -> None:
         """A slash command's root message, once: its thread becomes the turn's session."""

@@ -6,7 +6,6 @@ treated as possibly missing or of the wrong type: a predicate says no rather tha
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 __all__ = [
@@ -16,12 +15,14 @@ __all__ = [
     "is_own",
     "missed_messages",
     "session_id_for",
-    "strip_mention",
     "thread_ts_of",
     "wants_turn",
 ]
 
 ANSWERS = frozenset({"dm", "channels", "both"})
+# Subtypes of messages someone posted (a person, another app, an integration); the others
+# are notices (joins, topic changes, …) Slack writes itself.
+SAID = frozenset({"bot_message", "thread_broadcast", "file_share", "me_message"})
 Event = dict[str, Any]
 
 
@@ -79,18 +80,13 @@ def wants_turn(event: Event, answers: str, bot_user: str | None, bot_id: str | N
     return False
 
 
-def strip_mention(text: str, bot_user: str | None) -> str:
-    """The text without a leading `<@BOT>` (with or without a `|name` label)."""
-    if bot_user:
-        text = re.sub(rf"^\s*<@{re.escape(bot_user)}(?:\|[^>]*)?>[\s:,]*", "", text)
-    return text.strip()
-
-
 def missed_messages(
     replies: list[dict[str, Any]], before_ts: str, bot_user: str | None, bot_id: str | None
 ) -> list[dict[str, Any]]:
-    """People's messages of a thread (`conversations.replies`, oldest first) after the
-    app's last message and before `before_ts`: what the agent has not seen yet."""
+    """The messages of a thread (`conversations.replies`, oldest first) after the app's last
+    message and before `before_ts`: what the agent has not seen yet. People's, and other
+    apps' and integrations' (an alert at the thread's root is what people ask about); never
+    the app's own."""
     missed: list[dict[str, Any]] = []
     for msg in replies:
         ts = _ts_key(msg.get("ts"))
@@ -98,9 +94,17 @@ def missed_messages(
             continue
         if is_own(msg, bot_user, bot_id):
             missed.clear()
-        elif isinstance(msg.get("user"), str) and not msg.get("bot_id") and "subtype" not in msg:
+        elif _posted(msg):
             missed.append(msg)
     return missed
+
+
+def _posted(msg: dict[str, Any]) -> bool:
+    """Someone's message: a person's (`user`) or an app's (`bot_id`), of a kind people post."""
+    subtype = msg.get("subtype")
+    if subtype is not None and subtype not in SAID:
+        return False
+    return bool(_str(msg, "user") or _str(msg, "bot_id"))
 
 
 def _ts_key(ts: Any) -> tuple[int, int] | None:

@@ -42,6 +42,7 @@ from tests.fakes.slack.model import (
     Channel,
     Ctx,
     Ephemeral,
+    Integration,
     Message,
     Method,
     Reply,
@@ -62,9 +63,27 @@ from tests.fakes.slack.rules import (
 from tests.fakes.slack.socket_mode import SocketModeServer
 from tests.fakes.slack.web_api import WebApiMethods
 
-__all__ = ["DEFAULT_LIMITS", "Call", "FakeSlack", "Limit", "Message", "SlackError", "sign"]
+__all__ = [
+    "DEFAULT_LIMITS",
+    "Call",
+    "FakeSlack",
+    "Integration",
+    "Limit",
+    "Message",
+    "SlackError",
+    "sign",
+]
 
 T = TypeVar("T")
+
+# Slack numbers attachments (`id`) and stores named colors as bare hex: danger -> a30200
+# (bolt-python issue #760), warning -> daa038 (sYnfo/Yasuf #8); good's hex is unverified.
+COLORS = {"danger": "a30200", "warning": "daa038", "good": "2eb886"}
+
+
+def _as_stored(number: int, attachment: Mapping[str, Any]) -> dict[str, Any]:
+    color = attachment.get("color")
+    return {"id": number, **attachment, **({"color": COLORS.get(color, color)} if color else {})}
 
 
 class FakeSlack(WebApiMethods, EventSender, SocketModeServer):
@@ -93,6 +112,7 @@ class FakeSlack(WebApiMethods, EventSender, SocketModeServer):
         self.requests: list[Call] = []
         self.teams: dict[str, Team] = {}
         self.users: dict[str, User] = {}
+        self.integrations: dict[str, Integration] = {}  # by bot id
         self.channels: dict[str, Channel] = {}
         self.ephemerals: list[Ephemeral] = []
         self.replies_sent: list[Reply] = []  # response_url posts
@@ -135,6 +155,7 @@ class FakeSlack(WebApiMethods, EventSender, SocketModeServer):
             "reactions.remove": Method(self._unreact),
             "assistant.threads.setStatus": Method(self._set_status),
             "users.info": Method(self._user_info, json=False),
+            "bots.info": Method(self._bot_info, json=False),
             "apps.connections.open": Method(
                 self._connections_open, json=False, token="app", post_only=True
             ),
@@ -201,10 +222,57 @@ class FakeSlack(WebApiMethods, EventSender, SocketModeServer):
         self.users[team.bot_user] = User(team.bot_user, team.id, "subs", True, team.bot_id)
         return team
 
-    def add_user(self, name: str, team: Team | None = None) -> User:
-        user = User(self._id("U"), (team or self.team).id, name)
+    def add_user(
+        self, name: str, team: Team | None = None, *, display_name: str = "", real_name: str = ""
+    ) -> User:
+        team_id = (team or self.team).id
+        user = User(self._id("U"), team_id, name, display_name=display_name, real_name=real_name)
         self.users[user.id] = user
         return user
+
+    def add_integration(
+        self, name: str, *, classic: bool = False, team: Team | None = None
+    ) -> Integration:
+        """Another app (`classic`: an incoming webhook or classic app) that posts in channels."""
+        team = team or self.team
+        bot_user = None if classic else self._id("U")
+        found = Integration(name, team.id, self._id("B"), self._id("A"), classic, bot_user)
+        self.integrations[found.bot_id] = found
+        if bot_user is not None:
+            self.users[bot_user] = User(bot_user, team.id, name.lower(), True, found.bot_id)
+        return found
+
+    def post_as_integration(
+        self,
+        app: Integration,
+        channel: Channel | str,
+        payload: Mapping[str, Any],
+        *,
+        thread_ts: str | None = None,
+    ) -> Message:
+        """`app` posts `payload` (what it sends to chat.postMessage or its webhook: `text`,
+        `blocks`, `attachments`, `username`, `icons`, `files`) as Slack stores it."""
+        ch = self.channels[channel if isinstance(channel, str) else channel.id]
+        extra = {k: payload[k] for k in ("username", "icons", "files", "upload") if k in payload}
+        if app.classic:
+            extra = {"subtype": "bot_message", **extra}
+        msg = Message(
+            channel=ch.id,
+            team=ch.team,
+            ts=self._next_ts(),
+            user=app.bot_user or "",
+            text=str(payload.get("text") or ""),
+            bot_id=app.bot_id,
+            app_id=app.app_id,
+            thread_ts=thread_ts,
+            blocks=list(payload.get("blocks") or []),
+            attachments=[
+                _as_stored(i, a) for i, a in enumerate(payload.get("attachments") or [], start=1)
+            ],
+            extra=extra,
+        )
+        self._store(msg)
+        return msg
 
     def add_channel(
         self,
@@ -284,6 +352,10 @@ class FakeSlack(WebApiMethods, EventSender, SocketModeServer):
     def thread(self, channel: str, ts: str) -> list[Message]:
         """The parent and its replies, oldest first, without deleted messages."""
         return [m for m in self._thread(channel, ts) if not m.deleted]
+
+    def by_app(self, msg: Message) -> bool:
+        """Whether this app posted `msg` (not a person, not another app)."""
+        return msg.app_id == self.app_id and msg.bot_id == self.teams[msg.team].bot_id
 
     def history(self, channel: str) -> list[Message]:
         """Top-level messages of a channel, oldest first."""

@@ -30,6 +30,26 @@ class User:
     name: str
     is_bot: bool = False
     bot_id: str | None = None
+    display_name: str = ""  # the profile's; people often leave it empty
+    real_name: str = ""  # the profile's full name; `name` when empty
+
+
+@dataclass
+class Integration:
+    """Another app or integration of the workspace that posts (a monitoring tool).
+
+    `classic`: an incoming webhook or a classic app, whose posts are `subtype: bot_message`
+    with `bot_id` and `username` and no `user`; else a modern app with a bot user, whose
+    posts carry `user`, `bot_id` and `bot_profile` and no subtype (oncall-facts §1.0:
+    bolt-python PR #198's two payloads, python-slack-sdk issue #229).
+    """
+
+    name: str
+    team: str
+    bot_id: str
+    app_id: str
+    classic: bool
+    bot_user: str | None = None
 
 
 @dataclass
@@ -82,6 +102,9 @@ class Message:
     tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
     plan_title: str | None = None
     versions: list[Version] = field(default_factory=list)
+    # Fields kept as the poster sent them (an integration's `subtype`, `username`, `icons`,
+    # `files`): shown in the Web API and events as they are.
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_reply(self) -> bool:

@@ -44,6 +44,7 @@ DEFAULT_LIMITS: dict[str, Limit | None] = {
     "reactions.add": TIER_3,
     "reactions.remove": TIER_2,
     "users.info": TIER_4,
+    "bots.info": TIER_3,  # docs.slack.dev/reference/methods/bots.info: Tier 3
     "auth.test": None,
     "assistant.threads.setStatus": None,
     "apps.connections.open": None,

@@ -62,7 +62,7 @@ class WebApiMethods:
     def _store(self, msg: Message) -> None:
         self._messages[msg.channel][msg.ts] = msg
         self._touch(msg)
-        if msg.bot_id and msg.thread_ts:
+        if msg.bot_id and msg.bot_id == self.teams[msg.team].bot_id and msg.thread_ts:
             for status in self._statuses.get((msg.channel, msg.thread_ts), []):
                 status.cleared = True  # a reply from the app clears the thread status
 
@@ -100,8 +100,23 @@ class WebApiMethods:
 
     def render(self, msg: Message, *, metadata: bool = True) -> dict[str, Any]:
         """A message as the Web API and events show it."""
-        out: dict[str, Any] = {"type": "message", "user": msg.user, "text": msg.text}
-        if msg.bot_id:
+        out: dict[str, Any] = {"type": "message", **msg.extra}
+        if msg.user:  # an incoming webhook's or classic app's post has no user
+            out["user"] = msg.user
+        out["text"] = msg.text
+        other = self.integrations.get(msg.bot_id or "")
+        if other is not None:
+            out["bot_id"] = msg.bot_id
+            if not other.classic:
+                out["app_id"] = msg.app_id
+                out["bot_profile"] = {
+                    "id": msg.bot_id,
+                    "app_id": msg.app_id,
+                    "name": other.name,
+                    "deleted": False,
+                    "team_id": other.team,
+                }
+        elif msg.bot_id:
             team = self.teams[msg.team]
             out["bot_id"] = msg.bot_id
             out["app_id"] = msg.app_id
@@ -126,10 +141,10 @@ class WebApiMethods:
         if msg.is_reply and msg.thread_ts is not None:
             out["thread_ts"] = msg.thread_ts
             parent = self._messages[msg.channel].get(msg.thread_ts)
-            if parent is not None:
+            if parent is not None and parent.user:
                 out["parent_user_id"] = parent.user
         elif replies:
-            users = list(dict.fromkeys(m.user for m in replies))
+            users = list(dict.fromkeys(m.user for m in replies if m.user))
             out.update(
                 thread_ts=msg.ts,
                 reply_count=len(replies),
@@ -443,11 +458,23 @@ class WebApiMethods:
         self._statuses.setdefault((channel.id, thread_ts), []).append(status)
         return {}
 
+    def _needs(self, scope: str) -> None:
+        """Slack's answer to a token without `scope`: `missing_scope`, naming it."""
+        if scope not in self.scopes.split(","):
+            raise SlackError("missing_scope", needed=scope, provided=self.scopes)
+
     def _user_info(self, ctx: Ctx) -> dict[str, Any]:
+        self._needs("users:read")  # docs.slack.dev/reference/methods/users.info: scope, errors
         user = self.users.get(str(ctx.args.get("user") or ""))
         if user is None:
             raise SlackError("user_not_found")
-        profile: dict[str, Any] = {"real_name": user.name, "display_name": user.name}
+        real_name = user.real_name or user.name
+        profile: dict[str, Any] = {
+            "real_name": real_name,
+            "real_name_normalized": real_name,
+            "display_name": user.display_name,
+            "display_name_normalized": user.display_name,
+        }
         if user.bot_id:
             profile["bot_id"] = user.bot_id
         return {
@@ -456,13 +483,30 @@ class WebApiMethods:
                 "team_id": user.team,
                 "name": user.name,
                 "deleted": False,
-                "real_name": user.name,
+                "real_name": real_name,
                 "tz": "Europe/London",
                 "is_bot": user.is_bot,
                 "is_app_user": False,
                 "profile": profile,
             }
         }
+
+    def _bot_info(self, ctx: Ctx) -> dict[str, Any]:
+        """bots.info (users:read; `bot_not_found`): the shape of @slack/web-api's
+        BotsInfoResponse (id, deleted, name, updated, app_id, user_id, icons)."""
+        self._needs("users:read")
+        assert ctx.team is not None
+        bot_id = str(ctx.args.get("bot") or "")
+        other = self.integrations.get(bot_id)
+        if other is not None:
+            name, app_id, user = other.name, other.app_id, other.bot_user
+        elif bot_id == ctx.team.bot_id:
+            name, app_id, user = self.users[ctx.team.bot_user].name, self.app_id, ctx.team.bot_user
+        else:
+            raise SlackError("bot_not_found")
+        bot: dict[str, Any] = {"id": bot_id, "deleted": False, "name": name, "updated": 0}
+        bot |= {"app_id": app_id, "icons": {"image_48": f"https://example.invalid/{bot_id}.png"}}
+        return {"bot": bot | ({"user_id": user} if user else {})}
 
     def _connections_open(self, ctx: Ctx) -> dict[str, Any]:
         ticket = uuid.uuid4().hex

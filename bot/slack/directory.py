@@ -1,0 +1,116 @@
+"""People's and apps' names by Slack id, for the text the model reads.
+
+`users.info` (a person, or an app's bot user) and `bots.info` (an app's bot id, when its post
+carries no name of its own): each in the workspace's governor like every Web API call, each
+answer kept for `ttl` seconds, so a busy thread costs one call per poster per TTL, not one per
+message. Lookups of one id at the same time share one call. When Slack refuses (`missing_scope`
+without `users:read`, `user_not_found`, …) the id stands in for the name, and that refusal is
+kept as long; when Slack cannot be reached, the id stands in for this turn only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from bot.slack.governor import RateGovernor
+from bot.slack.webapi import governed, slack_error
+from engine.errors import describe
+
+__all__ = ["NAMES_TTL", "Directory", "display_name"]
+
+log = logging.getLogger(__name__)
+
+NAMES_TTL = 600.0  # seconds: a renamed person shows under the new name within ten minutes
+
+
+def display_name(user: Any) -> str | None:
+    """What Slack shows for a person: the profile's display name, else the full name, else
+    the handle (display names are often left empty)."""
+    if not isinstance(user, dict):
+        return None
+    profile = user.get("profile")
+    profile = profile if isinstance(profile, dict) else {}
+    for value in (
+        profile.get("display_name"),
+        profile.get("real_name"),
+        user.get("real_name"),
+        user.get("name"),
+    ):
+        if isinstance(value, str) and value.strip():
+            return value.strip()
+    return None
+
+
+class Directory:
+    """One app's view of its workspaces' names (see the module doc)."""
+
+    def __init__(
+        self,
+        web: AsyncWebClient,
+        governor: RateGovernor,
+        *,
+        ttl: float = NAMES_TTL,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.web = web
+        self.governor = governor
+        self.ttl = ttl
+        self.clock = clock
+        self._known: dict[tuple[str, str], tuple[str | None, float]] = {}
+        self._asking: dict[tuple[str, str], asyncio.Future[str | None]] = {}
+
+    async def names(self, team: str, ids: Iterable[str]) -> dict[str, str]:
+        """The names of those `ids` that are people (`U…`, `W…`) or apps (`B…`) Slack would
+        name; ids it refused or that name nothing else are left out."""
+        wanted = sorted({i for i in ids if i[:1] in ("U", "W", "B")})
+        found = await asyncio.gather(*(self._name(team, i) for i in wanted))
+        return {i: name for i, name in zip(wanted, found, strict=True) if name}
+
+    async def _name(self, team: str, ref: str) -> str | None:
+        key = (team, ref)
+        known = self._known.get(key)
+        if known is not None and known[1] > self.clock():
+            return known[0]
+        asking = self._asking.get(key)
+        if asking is not None:
+            return await asyncio.shield(asking)
+        future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+        self._asking[key] = future
+        name: str | None = None
+        try:
+            name = await self._lookup(team, ref)
+        except Exception as err:  # Slack away or slow past its 429s: the id, this time
+            log.warning("slack: no name for %s (%s); showing the id", ref, describe(err))
+        finally:
+            del self._asking[key]
+            future.set_result(name)  # also when cancelled: those waiting along get the id
+        return name
+
+    async def _lookup(self, team: str, ref: str) -> str | None:
+        """Slack's answer, kept for the TTL; a refusal is kept as None. Raises when Slack
+        could not be asked (not kept: the next turn asks again)."""
+        bot = ref[0] == "B"
+        method, args = ("bots.info", {"bot": ref}) if bot else ("users.info", {"user": ref})
+        try:
+            answer = await governed(self.governor, team, self.web, method, args)
+        except SlackApiError as err:
+            if err.response.status_code >= 500:
+                raise  # Slack's trouble, not a refusal: asked again next time
+            log.info("slack: %s %s refused (%s); showing the id", method, ref, slack_error(err))
+            name = None
+        else:
+            if bot:
+                found = answer.get("bot")
+                name = found.get("name") if isinstance(found, dict) else None
+                name = name.strip() if isinstance(name, str) and name.strip() else None
+            else:
+                name = display_name(answer.get("user"))
+        self._known[(team, ref)] = (name, self.clock() + self.ttl)
+        return name
