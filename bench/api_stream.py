@@ -85,9 +85,8 @@ class TokenVendor(FakeVendor):
         self.sent: dict[str, float] = {}
 
     def _reply(self, body: Any) -> Text:
-        ask = json.loads(
-            next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
-        )
+        text = next(m["content"] for m in reversed(body["messages"]) if m["role"] == "user")
+        ask = json.loads(text[text.index("{") :])  # from Slack it reads "<poster>: {...}"
         first, self.next_token = self.next_token, self.next_token + ask["chunks"]
         words = " ".join(f"t{k}" for k in range(first, self.next_token))
         return Text(words, chunk_delay=ask["delay"])
