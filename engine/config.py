@@ -267,6 +267,18 @@ class AgentDecl:
 
 
 @dataclass(frozen=True)
+class TelemetryConfig:
+    """Where turns' traces go (docs/telemetry.md): an OTLP/HTTP collector's base URL.
+
+    None, with no `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT` in the environment: nothing is
+    traced or exported.
+    """
+
+    endpoint: str | None = None
+    service_name: str = "subs"
+
+
+@dataclass(frozen=True)
 class Project:
     path: str
     name: str
@@ -276,6 +288,7 @@ class Project:
     agents: dict[str, AgentDecl]
     store: StoreConfig = StoreConfig()
     mcp: dict[str, McpBlock] = dataclasses.field(default_factory=dict)
+    telemetry: TelemetryConfig = TelemetryConfig()
 
     def connections_off(self, env: Mapping[str, str]) -> dict[str, str]:
         """The MCP connections that cannot start here, and why (McpBlock.off_reason)."""
@@ -547,6 +560,11 @@ class _Agent(_Model):
     mcp: list[NonEmpty | _McpRef] = Field(default_factory=list)
 
 
+class _Telemetry(_Model):
+    endpoint: HttpUrl | None = None
+    service_name: NonEmpty = "subs"
+
+
 class _Root(_Model):
     name: NonEmpty | None = None
     redis: RedisUrl | None = None
@@ -556,6 +574,7 @@ class _Root(_Model):
     llm: dict[str, _Llm] = Field(default_factory=dict)
     agent: dict[str, _Agent] = Field(default_factory=dict)
     mcp: dict[str, _Mcp] = Field(default_factory=dict)
+    telemetry: _Telemetry = Field(default_factory=_Telemetry)
 
 
 # Setting any of these makes the file, not the worker, the source of the model config.
@@ -1003,6 +1022,9 @@ def _build(root: _Root, path: str) -> Project:
             )
             for mid, b in root.mcp.items()
         },
+        telemetry=TelemetryConfig(
+            endpoint=root.telemetry.endpoint, service_name=root.telemetry.service_name
+        ),
     )
 
 

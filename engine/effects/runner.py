@@ -106,6 +106,7 @@ class EffectRunner:
     metrics: Metrics
     clock: Callable[[], float]
     runners: Runners  # by effect type
+    sampled: bool = False  # tracing is on: worker requests say their span is recorded
 
     def __post_init__(self) -> None:
         self.http: aiohttp.ClientSession = new_session()
@@ -216,7 +217,7 @@ class EffectRunner:
 
         def prepare() -> Callable[[], Awaitable[Input]]:
             if isinstance(effect, RunDecision):
-                decision = DecisionRun(state, target, now, self.checked)
+                decision = DecisionRun(state, target, now, self.checked, self.sampled)
 
                 async def run_decision() -> Input:
                     started = time.perf_counter()
@@ -225,7 +226,9 @@ class EffectRunner:
                     return result
 
                 return run_decision
-            execute = ExecuteRun(state, effect.call_id, target, now, self.checked)
+            execute = ExecuteRun(
+                state, effect.call_id, target, now, self.checked, self.sampled
+            )
             assert deltas is not None
 
             async def run_execute() -> Input:
