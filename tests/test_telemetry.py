@@ -261,8 +261,18 @@ async def test_an_engine_turn_with_a_tool_call_is_one_trace(redis, vendor, tmp_p
             )
             end = await wait_for_event(client, sid, turn_ended(tid))
             assert end["payload"]["type"] == "turn.completed"
+            metrics = engine.metrics.render()
         finally:
             await engine.stop()  # flushes the exporter's queue
+    labels = (
+        'gen_ai_operation_name="chat",gen_ai_provider_name="openai",'
+        'gen_ai_request_model="gpt-4.1-mini"'
+    )
+    assert f"gen_ai_client_operation_duration_seconds_count{{{labels}}} 2\n" in metrics
+    for kind in ("input", "output"):
+        assert f'gen_ai_client_token_usage_count{{{labels},gen_ai_token_type="{kind}"}} 2\n' in (
+            metrics
+        )
     spans = receiver.spans
     (turn,) = receiver.named("invoke_agent")
     assert turn["name"] == "invoke_agent ops_openai" and turn["parent_id"] is None
@@ -391,3 +401,24 @@ async def test_a_turn_finished_by_another_serve_after_a_sigkill_is_one_trace(
     lost = [c for c in chats if c["status"] == 2]
     assert len(lost) == 1 and lost[0]["attributes"]["subs.attempt"] == 1
     assert turn["start_ns"] <= min(s["start_ns"] for s in receiver.spans)
+
+
+def test_the_genai_metrics_use_the_conventions_buckets():
+    from engine.runtime.metrics import Metrics
+
+    m = Metrics()
+    m.observe_chat(0.3, provider="anthropic", model="claude", tokens={"input": 100, "output": 5})
+    m.observe_chat(2.0, provider="anthropic", model="claude", tokens={}, error="rate_limited")
+    text = m.render()
+    ok = (
+        'gen_ai_operation_name="chat",gen_ai_provider_name="anthropic",'
+        'gen_ai_request_model="claude"'
+    )
+    assert f'gen_ai_client_operation_duration_seconds_bucket{{{ok},le="0.32"}} 1\n' in text
+    assert f'gen_ai_client_operation_duration_seconds_bucket{{{ok},le="0.16"}} 0\n' in text
+    failed = f'error_type="rate_limited",{ok}'
+    assert f'gen_ai_client_operation_duration_seconds_bucket{{{failed},le="2.56"}} 1\n' in text
+    tokens = f'{ok},gen_ai_token_type="input"'
+    assert f'gen_ai_client_token_usage_bucket{{{tokens},le="64"}} 0\n' in text
+    assert f'gen_ai_client_token_usage_bucket{{{tokens},le="256"}} 1\n' in text
+    assert "# TYPE gen_ai_client_token_usage histogram" in text

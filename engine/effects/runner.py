@@ -284,8 +284,10 @@ class EffectRunner:
 
         settled: LlmCallSettled
         started = time.perf_counter()
+        provider = "unknown"
         try:
             target = self._target(plan.llm)
+            provider = target.type
             timeout = None if effect.deadline is None else (effect.deadline - self.now_ms()) / 1000
             async with asyncio.timeout(timeout):
                 response = await complete(
@@ -314,7 +316,16 @@ class EffectRunner:
                 effect.call_id, effect.attempt, error=info, retryable=late.retryable
             )
         finally:
-            self.metrics.observe_model_call(time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            self.metrics.observe_model_call(seconds)
+        usage = (settled.response or {}).get("usage") or {}
+        self.metrics.observe_chat(
+            seconds,
+            provider=provider,
+            model=str(plan.request.get("model") or "unknown"),
+            tokens={k: v for k in ("input", "output") if isinstance(v := usage.get(k), int)},
+            error=None if settled.error is None else str(settled.error.get("code", "error")),
+        )
         return settled
 
 
