@@ -422,3 +422,49 @@ def test_the_genai_metrics_use_the_conventions_buckets():
     assert f'gen_ai_client_token_usage_bucket{{{tokens},le="64"}} 0\n' in text
     assert f'gen_ai_client_token_usage_bucket{{{tokens},le="256"}} 1\n' in text
     assert "# TYPE gen_ai_client_token_usage histogram" in text
+
+
+async def test_a_turn_submitted_with_a_traceparent_joins_the_callers_trace(
+    redis, vendor, tmp_path
+):
+    import httpx
+
+    from engine.api import ApiKeys, make_app
+    from tests.api_helpers import INPUT, serve
+
+    caller = SpanContext("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")
+    vendor.push(Text("Nothing is paging."))
+    async with otlp_receiver() as receiver:
+        project = project_with(
+            tmp_path, vendor.url, f'[telemetry]\nendpoint = "{receiver.url}"\n'
+        )
+        engine = Engine(project, redis, env=ENV, lease_ms=3000)
+        await engine.start()
+        try:
+            app = make_app(Client(engine.store), engine.store, keys=ApiKeys.from_env({}))
+            async with serve(app) as base, httpx.AsyncClient(base_url=base) as http:
+                message = {"role": "user", "content": "what's paging?"}
+                body = {"input": {"type": "client.message", "agent_id": "ops_openai",
+                                  "message": message}}
+                answer = await http.post(
+                    INPUT, json=body, headers={"traceparent": caller.traceparent()}
+                )
+                assert answer.status_code == 202, answer.text
+                sid, tid = answer.json()["session_id"], answer.json()["turn_id"]
+                await wait_for_event(Client(engine.store), sid, turn_ended(tid))
+                # A header that is not a traceparent is ignored, as the spec asks.
+                body["session_id"] = sid
+                vendor.push(Text("Still nothing."))
+                again = await http.post(INPUT, json=body, headers={"traceparent": "00-zz"})
+                assert again.status_code == 202, again.text
+                await wait_for_event(
+                    Client(engine.store), sid, turn_ended(again.json()["turn_id"])
+                )
+        finally:
+            await engine.stop()
+    first, second = receiver.named("invoke_agent")
+    assert first["trace_id"] == caller.trace_id and first["parent_id"] == caller.span_id
+    (chat,) = [s for s in receiver.named("chat") if s["trace_id"] == caller.trace_id]
+    assert chat["parent_id"] == first["span_id"]
+    assert second["trace_id"] == trace_id_for_turn(sid, again.json()["turn_id"])
+    assert second["parent_id"] is None

@@ -75,7 +75,7 @@ class DecisionRun:
         _check_outgoing(request, checked)
         span = None
         if state.turn is not None:
-            turn = turn_context(state.session_id, state.turn.id, sampled)
+            turn = turn_context(state.session_id, state.turn.id, sampled, state.turn.trace)
             span = attempt_context(turn, "decision", d.id, d.attempt).traceparent()
         self.delivery = Delivery(
             target.url, _body(request), target.secret, _timeout(d.deadline, now_ms), span
@@ -118,7 +118,8 @@ class ExecuteRun:
                 ) from None
             body.pop("stream", None)
             trigger["request"] = body
-        turn = turn_context(state.session_id, call.turn_id, sampled)
+        trace = state.turn.trace if state.turn and state.turn.id == call.turn_id else None
+        turn = turn_context(state.session_id, call.turn_id, sampled, trace)
         span = attempt_context(turn, "call", call.id, call.attempt).traceparent()
         self.delivery = Delivery(
             target.url, _body(request), target.secret, _timeout(call.deadline, now_ms), span

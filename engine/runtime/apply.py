@@ -253,6 +253,7 @@ class Applier:
             self.llm_routes,
             owner=body.get("owner"),
             slash_commands=commands,
+            traceparent=body.get("traceparent"),
         )
 
     async def _plan(self, item: WorkItem) -> _Planned:

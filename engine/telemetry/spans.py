@@ -19,7 +19,7 @@ from typing import Any
 from engine.machine import events as ev
 from engine.machine.evolve import at_ms
 from engine.machine.state import SessionState
-from engine.telemetry.ids import SpanContext, span_id, trace_id_for_turn
+from engine.telemetry.ids import SpanContext, parse_traceparent, span_id, trace_id_for_turn
 
 __all__ = ["Before", "Projector", "SpanEvent", "SpanRecord", "turn_context"]
 
@@ -68,7 +68,7 @@ class Before:
 
     session_id: str
     agent_id: str
-    turn: tuple[str, int] | None  # (turn id, started_at ms)
+    turn: tuple[str, int, str | None] | None  # (turn id, started_at ms, client traceparent)
     decision: tuple[str, int, str] | None  # (decision id, started_at ms, trigger type)
     calls: Mapping[str, _CallBefore]
     model: str | None
@@ -84,7 +84,7 @@ class Before:
         return cls(
             session_id,
             state.agent_id,
-            (state.turn.id, state.turn.started_at) if state.turn else None,
+            (state.turn.id, state.turn.started_at, state.turn.trace) if state.turn else None,
             (d.id, d.started_at, str(d.trigger.get("type", "?"))) if d else None,
             {
                 c.id: _CallBefore(
@@ -97,9 +97,12 @@ class Before:
         )
 
 
-def turn_context(session_id: str, turn_id: str, sampled: bool = True) -> SpanContext:
-    """The turn's own span: the root of its trace."""
-    trace = trace_id_for_turn(session_id, turn_id)
+def turn_context(
+    session_id: str, turn_id: str, sampled: bool = True, traceparent: str | None = None
+) -> SpanContext:
+    """The turn's own span: in the trace its client named, else the root of its own."""
+    client = parse_traceparent(traceparent)
+    trace = client.trace_id if client else trace_id_for_turn(session_id, turn_id)
     return SpanContext(trace, span_id(trace, "turn", turn_id), sampled)
 
 
@@ -142,6 +145,7 @@ class Projector:
         self.max_open = max_open
         self._starts: OrderedDict[tuple[str, ...], int] = OrderedDict()
         self._turn_events: OrderedDict[tuple[str, str], list[SpanEvent]] = OrderedDict()
+        self._clients: OrderedDict[tuple[str, str], str] = OrderedDict()  # turns' traceparents
 
     def _remember(self, key: tuple[str, ...], at: int) -> None:
         self._starts[key] = at
@@ -165,6 +169,10 @@ class Projector:
             if kind == ev.TURN_STARTED:
                 turn_id = p["turn_id"]
                 self._remember((sid, "turn", p["turn_id"]), at)
+                if p.get("traceparent"):
+                    self._clients[(sid, p["turn_id"])] = p["traceparent"]
+                    while len(self._clients) > self.max_open:
+                        self._clients.popitem(last=False)
             elif kind in ev.TURN_ENDS:
                 out.append(self._turn(before, p, at))
             elif kind == ev.DECISION_DISPATCHED:
@@ -182,12 +190,22 @@ class Projector:
                 self._note(sid, turn_id, SpanEvent("retry_scheduled", at, attrs))
         return out
 
+    def _context(self, before: Before, turn_id: str) -> SpanContext:
+        """The turn's span, in the trace its client named when it named one."""
+        client = self._clients.get((before.session_id, turn_id))
+        if client is None and before.turn and before.turn[0] == turn_id:
+            client = before.turn[2]
+        return turn_context(before.session_id, turn_id, traceparent=client)
+
     def _turn(self, before: Before, p: Mapping[str, Any], at: int) -> SpanRecord:
         sid, tid = before.session_id, p["turn_id"]
         start = self._starts.pop((sid, "turn", tid), None)
         if start is None:
             start = before.turn[1] if before.turn and before.turn[0] == tid else at
-        ctx = turn_context(sid, tid)
+        ctx = self._context(before, tid)
+        client = parse_traceparent(self._clients.pop((sid, tid), None)) or parse_traceparent(
+            before.turn[2] if before.turn and before.turn[0] == tid else None
+        )
         error = p.get("error") if p["type"] == ev.TURN_FAILED else None
         attrs: Attributes = {
             "gen_ai.operation.name": "invoke_agent",
@@ -202,7 +220,7 @@ class Projector:
         return SpanRecord(
             f"invoke_agent {before.agent_id}",
             ctx,
-            None,
+            client.span_id if client else None,
             "internal",
             start,
             at,
@@ -221,7 +239,7 @@ class Projector:
         if before.decision and before.decision[0] == did:
             trigger = before.decision[2]
             start = before.decision[1] if start is None else start
-        turn = turn_context(sid, turn_id)
+        turn = self._context(before, turn_id)
         error = p.get("error") if p["type"] == ev.DECISION_ERRORED else None
         attrs: Attributes = {
             "subs.decider": "worker",
@@ -254,7 +272,7 @@ class Projector:
         start = self._starts.pop((sid, "call", p["id"], str(attempt)), None)
         if start is None:
             start = call.started_at
-        turn = turn_context(sid, call.turn_id)
+        turn = self._context(before, call.turn_id)
         ctx = attempt_context(turn, "call", p["id"], attempt)
         error = p.get("error") if p["type"] in (ev.LLM_CALL_ERRORED, ev.TOOL_CALL_ERRORED) else None
         if call.kind == "llm":
