@@ -53,7 +53,7 @@ class Checkpoint:
     # {event, bot_user, bot_id}: the message (a mention, DM, alert or follow-up) `payload`
     # is built from
     mention: dict[str, Any] | None = None
-    alert: bool = False  # an app's post in a watched channel: no person to stream to natively
+    by_app: bool = False  # started by an app's post (an alert): no person to stream to natively
     quiet: bool = False  # a button's turn: no "No reply." message when it has nothing to say
     failures: int = 0  # followers that failed on it (not those that died or handed it over)
     retry_at: float = 0.0  # epoch seconds: not resumed before (backing off after a failure)

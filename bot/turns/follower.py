@@ -131,8 +131,8 @@ class Followers:
         console = self.console(cp.session_id) if self.console else None
         view = TurnView(cp.turn_id, console=console)
         save = functools.partial(self.checkpoints.save, cp)
-        # Slack's native stream needs a person to stream to: an app's alert has none.
-        reply = Reply(cp, view, bot.web, self.paced, save, native=bot.native and not cp.alert)
+        # Slack's native stream is addressed to a person: an app's alert has none.
+        reply = Reply(cp, view, bot.web, self.paced, save, native=bot.native and not cp.by_app)
         working: Indicator | None = None
         try:
             if not cp.thread_ts:

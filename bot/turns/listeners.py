@@ -88,7 +88,7 @@ class Listeners:
             since=event["ts"],
             bot_id=bot_id or "",
             mention={"event": event, "bot_user": bot_user, "bot_id": bot_id},
-            alert=kind == "alert",
+            by_app=bool(event.get("bot_id")),
         )
         await self.followers.start_turn(cp, [seen_key("event", event_id)])
 
