@@ -7,6 +7,7 @@ import re
 
 from bot.rendering.message_text import attributed
 from bot.slack.manifest import manifest
+from bot.turns.watch import Watch
 from engine.config import load_project, parse_project
 from tests.engine_helpers import ROOT
 from tests.fakes.slack import alerts
@@ -51,8 +52,6 @@ def test_the_alert_shown_is_the_one_the_renderer_gives() -> None:
 
 def test_the_on_call_example_watches_the_alert_it_shows() -> None:
     """The watch entry loads, and takes the alert the page shows as the model sees it."""
-    from bot.turns.watch import Watch
-
     [section] = re.findall(r"^## On call: .*?\n(.*?)^## ", DOC, re.M | re.S)
     [toml] = re.findall(r"^ *```toml\n(.*?)^ *```", section, re.M | re.S)
     text = '[llm.x]\ntype = "openai"\n[agent.oncall]\nllm = "x"\nmodel = "m"\n'
