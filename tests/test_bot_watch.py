@@ -274,3 +274,26 @@ async def test_with_follow_off_a_reply_needs_a_mention(unfollowing: World) -> No
     await _deliver(world, mention)
     await world.reply_to(asked, nth=2)
     assert len(world.vendor.requests) == 2
+
+
+async def test_a_follow_up_posted_while_a_turn_runs_is_the_next_turn(world: World) -> None:
+    """As a mention mid-turn: queued, answered after the running turn, with what was said
+    in between (an aside to a person included)."""
+    fake = world.fake
+    bob = fake.add_user("bob", display_name="Bob")
+    fake.channels[fake.general.id].members.add(bob.id)
+    world.vendor.push(Text("Checking the db now.", chunks=6, chunk_delay=0.1), Text("It is."))
+    asked = fake.post_as_user(fake.general, fake.mention("is the db down?"))
+    await _deliver(world, asked)
+    await world.vendor.wait_for_requests(1)  # the first turn is running
+    aside = fake.post_as_user(fake.general, f"<@{bob.id}> are you on it?", thread_ts=asked.ts)
+    await _deliver(world, aside)
+    follow_up = fake.post_as_user(fake.general, "is it the replica?", thread_ts=asked.ts)
+    await _deliver(world, follow_up)
+    first = await world.reply_to(asked)
+    second = await world.reply_to(asked, nth=2)
+
+    assert first.ts < second.ts and len(await world.turns(asked.channel, asked.ts)) == 2
+    assert len(world.vendor.requests) == 2
+    said = _user_texts(world.vendor, 1)
+    assert said[-2:] == ["alice: @Bob are you on it?", "alice: is it the replica?"]
