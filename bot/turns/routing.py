@@ -161,11 +161,9 @@ def route(
     channels = answers in ("channels", "both")
     if person and subtype is None and bot_user in mentioned:
         return "mention" if channels else None  # the app_mention's twin
-    top_level = thread_ts_of(event) == event["ts"]
-    if top_level:
-        if subtype != "thread_broadcast" and (_str(event, "user") or _str(event, "bot_id")):
-            return "alert" if watched(event, watches) else None
-        return None
+    if thread_ts_of(event) == event["ts"]:  # top-level: an alert, or nothing for the app
+        posted = _str(event, "user") or _str(event, "bot_id")
+        return "alert" if posted and watched(event, watches) else None
     if not (follow and channels and person) or subtype == "bot_message":
         return None
     if mentioned - {bot_user} or _GROUP_MENTION.search(text):
