@@ -143,6 +143,7 @@ class SlackBlock:
     answers: str  # both | dm | channels
     commands: tuple[str, ...]
     stream: str  # edit | native
+    max_concurrent_turns: int = 4  # this app's turns running at once, across processes
 
 
 @dataclass(frozen=True)
@@ -501,6 +502,7 @@ class _Slack(_Model):
     answers: Literal["both", "dm", "channels"] = "both"
     commands: list[Annotated[str, AfterValidator(_slash_command)]] = Field(default_factory=list)
     stream: Literal["edit", "native"] = "edit"
+    max_concurrent_turns: Annotated[int, Field(ge=1, le=1000)] = 4
 
 
 class _Mcp(_Model):
@@ -966,6 +968,7 @@ def _build(root: _Root, path: str) -> Project:
                 answers=a.slack.answers,
                 commands=tuple(a.slack.commands),
                 stream=a.slack.stream,
+                max_concurrent_turns=a.slack.max_concurrent_turns,
             ),
         )
         for aid, a in root.agent.items()
