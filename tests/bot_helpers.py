@@ -94,10 +94,12 @@ async def serve_bots(
     socket: bool = False,
     engine_env: dict[str, str] | None = None,
     slack_limits: Mapping[str, Limit | None] | None = None,
+    tiers: Mapping[str, float] = FAST,
 ) -> AsyncIterator[World]:
     """The engine (its environment: `engine_env`, default the suite's vendor keys), a
     FakeSlack and the bots of `project` (only `agent` has a Slack block), over HTTP or,
-    with `socket`, over Socket Mode. `slack_limits` overrides the fake's rate limits."""
+    with `socket`, over Socket Mode. `slack_limits` overrides the fake's rate limits, `tiers`
+    the bots' pacing."""
     engine = Engine(project, redis, env=ENV if engine_env is None else engine_env, lease_ms=3000)
     await engine.start()
     suffix = slack_env_suffix(agent)
@@ -107,9 +109,9 @@ async def serve_bots(
             env[f"SLACK_APP_TOKEN_{suffix}"] = fake.app_token
         else:
             env[f"SLACK_SIGNING_SECRET_{suffix}"] = fake.signing_secret
-        fast = RateGovernor(FAST)
         client = Client(engine.store)
-        bots = start_bots(project, client, client.store.redis, env, governor=fast)
+        governor = RateGovernor(tiers)
+        bots = start_bots(project, client, client.store.redis, env, governor=governor)
         assert list(bots.bots) == [agent]  # no other agent has a Slack block
         await bots.start()
         await bots.connected()

@@ -65,9 +65,10 @@ async def all_answered(world: World, mentions: list[Message], timeout: float) ->
         return [m for m in fake.thread(msg.channel, msg.ts) if fake.by_app(m)]
 
     def done() -> bool | None:
-        return all(
-            any(m.text == answer(n) for m in replies(msg)) for n, msg in enumerate(mentions)
-        ) or None
+        return (
+            all(any(m.text == answer(n) for m in replies(msg)) for n, msg in enumerate(mentions))
+            or None
+        )
 
     await fake.until(done, timeout)
     await world.bots.idle()
@@ -173,4 +174,3 @@ async def test_two_processes_share_the_limit_and_a_dead_ones_slots_lapse(redis: 
 
 async def _nothing(ahead: int) -> None:
     return None
-

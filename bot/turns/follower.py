@@ -156,6 +156,8 @@ class Followers:
             if await self._submit(cp, reply):
                 await self._stream(cp, view, reply, working, slot)
             await slot.release()
+            # No longer renewed: the lease round must not take the drop for a lost lease.
+            self._following.pop(cp.key, None)
             await self.checkpoints.drop(cp)
         except LeaseLost:
             log.warning("slack: turn %s is followed elsewhere now", cp.key)
@@ -345,7 +347,8 @@ class Followers:
             await asyncio.sleep(period)
             try:
                 for key, (cp, task) in list(self._following.items()):
-                    if not await self.checkpoints.renew(cp):
+                    renewed = await self.checkpoints.renew(cp)
+                    if not renewed and self._following.get(key, (None, None))[1] is task:
                         log.warning("slack: lost the lease on turn %s; another bot has it", key)
                         task.cancel()
                 await self.slots.keep()
