@@ -301,6 +301,12 @@ BROKEN = [
         "must be one of",
     ),
     (
+        "slack max_concurrent_turns",
+        OK + "[agent.oncall.slack]\nmax_concurrent_turns = 0\n",
+        "agent.oncall.slack.max_concurrent_turns",
+        "1 or more",
+    ),
+    (
         "long id, default slack name",
         LLM + f'[agent.{"a" * 36}]\nllm = "openrouter"\nmodel = "m"\n[agent.{"a" * 36}.slack]\n',
         f"agent.{'a' * 36}.slack.name",
@@ -561,6 +567,7 @@ def test_defaults(tmp_path: Path):
         "answers": "both",
         "commands": (),
         "stream": "edit",
+        "max_concurrent_turns": 4,
     }
     with pytest.raises(dataclasses.FrozenInstanceError):
         agent.model = "other"  # type: ignore[misc]
