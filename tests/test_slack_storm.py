@@ -11,19 +11,20 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from bot.slack.governor import TIERS
 from bot.turns.follower import queued_text
 from bot.turns.slots import TurnSlots
 from bot.turns.store import Slots, slot_keys
 from engine.config import parse_project
-from tests.bot_helpers import AGENT, World, serve_bots
+from tests.bot_helpers import AGENT, FAST, World, serve_bots
 from tests.engine_helpers import project_toml
 from tests.fakes.llm_vendor import FakeVendor, Text
-from tests.fakes.slack import DEFAULT_LIMITS, Message
+from tests.fakes.slack import DEFAULT_LIMITS, Limit, Message
 
 UNLIMITED = {method: None for method in DEFAULT_LIMITS}
 ASK = re.compile(r"storm-(\d+)")
@@ -48,12 +49,20 @@ def answering(vendor: FakeVendor, pace: float) -> None:
 
 @asynccontextmanager
 async def storm_world(
-    redis: Any, vendor: FakeVendor, tmp_path: Path, limit: int
+    redis: Any,
+    vendor: FakeVendor,
+    tmp_path: Path,
+    limit: int,
+    *,
+    tiers: Mapping[str, float] = FAST,
+    slack_limits: Mapping[str, Limit | None] = UNLIMITED,
 ) -> AsyncIterator[World]:
     text = project_toml(vendor.url, retry="retry = { llm = { backoff_base_secs = 0 } }")
     text += f'\n[agent.{AGENT}.slack]\nanswers = "both"\nmax_concurrent_turns = {limit}\n'
     project = parse_project(text, str(tmp_path / "subs.toml"), env={})
-    async with serve_bots(redis, vendor, project, AGENT, slack_limits=UNLIMITED) as world:
+    async with serve_bots(
+        redis, vendor, project, AGENT, slack_limits=slack_limits, tiers=tiers
+    ) as world:
         yield world
 
 
@@ -139,6 +148,37 @@ async def test_waiting_turns_run_in_arrival_order_and_say_where_they_are(
         assert not first_shown[0].startswith(QUEUED)
 
 
+async def test_running_turns_replies_do_not_queue_behind_the_storms_notes(
+    redis: Any, vendor: FakeVendor, tmp_path: Path
+) -> None:
+    """With Slack's one chat.postMessage a second per channel (the governor's tier and the
+    fake's bucket), the notes of queued turns take only free slots: the running turn's
+    reply is posted before later notes, not after every one of them."""
+    post = "chat.postMessage"
+    answering(vendor, pace=0.1)  # about a second a turn
+    async with storm_world(
+        redis,
+        vendor,
+        tmp_path,
+        limit=1,
+        tiers={**FAST, post: TIERS[post]},
+        slack_limits={**UNLIMITED, post: DEFAULT_LIMITS[post]},
+    ) as world:
+        fake = world.fake
+        mentions = []
+        for k in range(5):
+            mention = fake.post_as_user(fake.general, fake.mention(f"storm-{k}"))
+            sent = await fake.send_event(world.url, fake.event_for(mention, kind="app_mention"))
+            assert sent.status == 200
+            mentions.append(mention)
+        replies = await all_answered(world, mentions, timeout=30)
+        assert [m.text for m in replies] == [answer(k) for k in range(5)]
+        notes = [m for m in replies if fake.edits(m.channel, m.ts)[0].text.startswith(QUEUED)]
+        assert notes  # some turns waited long enough to say so
+        assert max(float(m.ts) for m in notes) > float(replies[0].ts)
+        assert not [c for c in fake.calls(post) if c.error]  # no 429: the pacing held
+
+
 async def test_two_processes_share_the_limit_and_a_dead_ones_slots_lapse(redis: Any) -> None:
     """The slots as two `subs serve` processes see them on one Redis: never more running than
     the limit between them; a process that stops renewing (killed) frees its slots within a
@@ -172,5 +212,5 @@ async def test_two_processes_share_the_limit_and_a_dead_ones_slots_lapse(redis: 
     await two.aclose()
 
 
-async def _nothing(ahead: int) -> None:
+async def _nothing(ahead: int, granted: asyncio.Future[None]) -> None:
     return None

@@ -15,7 +15,15 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.slack.governor import RateGovernor, RateLimited, scope
 
-__all__ = ["ATTEMPTS", "call", "every_message", "governed", "slack_error", "thread_messages"]
+__all__ = [
+    "ATTEMPTS",
+    "call",
+    "every_message",
+    "governed",
+    "idle_in",
+    "slack_error",
+    "thread_messages",
+]
 
 ATTEMPTS = 5  # 429s waited out before a governed call gives up
 
@@ -62,6 +70,15 @@ async def governed(
                 raise
             governor.penalise(budget, method, limited.retry_after, loop.time())
     raise AssertionError("unreachable")
+
+
+def idle_in(governor: RateGovernor, team: str, method: str, channel: str = "") -> float:
+    """Seconds until `method` has a free slot in its budget (0: free now). A call that may
+    wait, and should not queue ahead of those that must go (a note that a turn is queued),
+    waits for this to be 0 before it books a slot with `governed`."""
+    budget = scope(team, method, channel)
+    now = asyncio.get_running_loop().time()
+    return max(governor.next_slot(budget, method, now) - now, 0.0)
 
 
 async def thread_messages(

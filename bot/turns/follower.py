@@ -30,7 +30,7 @@ from bot.slack.governor import Paced
 from bot.slack.indicator import Indicator
 from bot.slack.parts import stamped_parts
 from bot.slack.reply import Reply
-from bot.slack.webapi import every_message, governed, thread_messages
+from bot.slack.webapi import every_message, governed, idle_in, thread_messages
 from bot.turns.checkpoint import Checkpoint, LeaseLost
 from bot.turns.routing import missed_messages
 from bot.turns.slots import Slot, TurnSlots
@@ -176,12 +176,23 @@ class Followers:
             if working is not None and not task.cancelling():  # shutting down: Slack times it out
                 await working.clear(stale=resumed)
 
-    async def _queued(self, cp: Checkpoint, reply: Reply, slot: Slot, ahead: int) -> None:
+    async def _queued(
+        self, cp: Checkpoint, reply: Reply, slot: Slot, ahead: int, granted: asyncio.Future[None]
+    ) -> None:
         """The turn waits for a slot: its reply, posted now, says so (a post the reply makes
         anyway, so a storm costs no extra call). Its answer then grows in that message by
-        edits. A button's quiet turn, or one whose reply landed already, shows nothing new."""
+        edits. A button's quiet turn, or one whose reply landed already, shows nothing new.
+
+        The note takes only a free chat.postMessage slot of the channel (one a second): the
+        replies of running turns must not queue behind a storm's notes. It is not posted
+        once the slot came first."""
         if cp.quiet or "reply" in cp.posted:
             return
+        governor = self.paced.governor
+        while wait := idle_in(governor, cp.team, "chat.postMessage", cp.channel):
+            await asyncio.wait([granted], timeout=wait)
+            if granted.done():
+                return
         await reply.post("reply", {"text": queued_text(ahead, slot.limit)})
         reply.stream.active = False
 

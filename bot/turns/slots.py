@@ -23,11 +23,14 @@ from dataclasses import dataclass, field
 
 from bot.turns.store import Slots
 
-__all__ = ["POLL_S", "Slot", "TurnSlots"]
+__all__ = ["POLL_S", "Queued", "Slot", "TurnSlots"]
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2  # how soon a slot freed by another process is taken up
+# Told a turn waits: how many wait before it, and a future done once its slot came (it
+# should stop soon after: its turn is running).
+Queued = Callable[[int, asyncio.Future[None]], Awaitable[None]]
 
 
 @dataclass(order=True)
@@ -49,9 +52,9 @@ class Slot:
         self.running = False
         self._done = False
 
-    async def take(self, queued: Callable[[int], Awaitable[None]]) -> None:
-        """Return once the turn may run; if it must wait, `queued(ahead)` runs first (the
-        thread is told), while its place in line is kept."""
+    async def take(self, queued: Queued) -> None:
+        """Return once the turn may run; if it must wait, `queued(ahead, granted)` runs
+        meanwhile (the thread is told), while its place in line is kept."""
         await self._slots.take(self, queued)
 
     async def release(self) -> None:
@@ -78,7 +81,7 @@ class TurnSlots:
     def slot(self, agent: str, turn_key: str, limit: int) -> Slot:
         return Slot(self, agent, f"{self.owner} {turn_key}", limit)
 
-    async def take(self, slot: Slot, queued: Callable[[int], Awaitable[None]]) -> None:
+    async def take(self, slot: Slot, queued: Queued) -> None:
         agent = slot.agent
         self._limits[agent] = slot.limit
         running, ticket, ahead = await self.store.take(agent, slot.member, slot.limit)
@@ -94,7 +97,7 @@ class TurnSlots:
         if agent not in self._pumps:
             self._pumps[agent] = asyncio.create_task(self._pump(agent), name=f"slots-{agent}")
         try:
-            await queued(ahead)
+            await queued(ahead, granted)
             await granted
         except BaseException:
             granted.cancel()  # the pump skips it (or, granted meanwhile, release gives it back)
