@@ -20,7 +20,6 @@ __all__ = [
     "call",
     "every_message",
     "governed",
-    "idle_in",
     "slack_error",
     "thread_messages",
 ]
@@ -49,14 +48,25 @@ async def governed(
     web: AsyncWebClient,
     method: str,
     args: dict[str, Any],
+    *,
+    unless: asyncio.Future[Any] | None = None,
 ) -> Any:
     """`call` in the method's next free slot for the workspace, waiting out 429s.
 
     The slot is taken before the wait, so concurrent callers queue one gap apart instead of
-    all waking for the same slot."""
+    all waking for the same slot. With `unless`, the call never queues ahead of others: it
+    waits until a slot is free now and takes it then (a note that may wait), and is not
+    made once `unless` is done (None is returned)."""
     budget = scope(team, method, str(args.get("channel") or ""))
     loop = asyncio.get_running_loop()
     for attempt in range(ATTEMPTS):
+        if unless is not None:
+            while not unless.done() and (
+                (free := governor.next_slot(budget, method, loop.time())) > loop.time()
+            ):
+                await asyncio.wait([unless], timeout=free - loop.time())
+            if unless.done():
+                return None
         slot = governor.next_slot(budget, method, loop.time())
         governor.record(budget, method, slot)
         if slot > loop.time():
@@ -70,15 +80,6 @@ async def governed(
                 raise
             governor.penalise(budget, method, limited.retry_after, loop.time())
     raise AssertionError("unreachable")
-
-
-def idle_in(governor: RateGovernor, team: str, method: str, channel: str = "") -> float:
-    """Seconds until `method` has a free slot in its budget (0: free now). A call that may
-    wait, and should not queue ahead of those that must go (a note that a turn is queued),
-    waits for this to be 0 before it books a slot with `governed`."""
-    budget = scope(team, method, channel)
-    now = asyncio.get_running_loop().time()
-    return max(governor.next_slot(budget, method, now) - now, 0.0)
 
 
 async def thread_messages(

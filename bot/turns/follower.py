@@ -30,7 +30,7 @@ from bot.slack.governor import Paced
 from bot.slack.indicator import Indicator
 from bot.slack.parts import stamped_parts
 from bot.slack.reply import Reply
-from bot.slack.webapi import every_message, governed, idle_in, thread_messages
+from bot.slack.webapi import every_message, governed, thread_messages
 from bot.turns.checkpoint import Checkpoint, LeaseLost
 from bot.turns.routing import missed_messages
 from bot.turns.slots import Slot, TurnSlots
@@ -188,13 +188,9 @@ class Followers:
         once the slot came first."""
         if cp.quiet or "reply" in cp.posted:
             return
-        governor = self.paced.governor
-        while wait := idle_in(governor, cp.team, "chat.postMessage", cp.channel):
-            await asyncio.wait([granted], timeout=wait)
-            if granted.done():
-                return
-        await reply.post("reply", {"text": queued_text(ahead, slot.limit)})
-        reply.stream.active = False
+        note = {"text": queued_text(ahead, slot.limit)}
+        if await reply.post_unless("reply", note, granted):
+            reply.stream.active = False
 
     async def _mention_payload(self, bot: Bot, cp: Checkpoint) -> dict[str, Any]:
         """A mention or a DM: its message, and those the agent missed since (other apps'
@@ -288,7 +284,9 @@ class Followers:
         """Fold the turn's events and deltas into its Slack message until the reply is whole.
 
         The slot is given back as the engine's turn ends, before the final edits (paced by
-        Slack's tiers) land: the next turn's model call need not wait for them."""
+        Slack's tiers) land: the next turn's model call need not wait for them. A turn that
+        waits for a person's decision gives it back then: a few open approvals must not
+        stop the app; what runs after the click is not counted (people click, not storms)."""
         follow = self.client.follow(cp.session_id, cp.after, delta_cursor=cp.cursor)
         async for kind, item in follow:
             if kind == "delta":
@@ -303,6 +301,7 @@ class Followers:
                     continue
                 payload = item["payload"]
                 if payload["type"] == "session.interrupted":
+                    await slot.release()  # a person decides now, for minutes or days
                     prompt = prompt_for(payload)
                     if prompt is not None:
                         await reply.post(f"prompt-{payload['interrupt_id']}", prompt)
