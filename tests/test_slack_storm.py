@@ -16,6 +16,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
+
 from bot.slack.governor import TIERS
 from bot.turns.follower import queued_text
 from bot.turns.slots import TurnSlots
@@ -143,6 +145,41 @@ async def test_a_storm_with_retried_deliveries_still_answers_each_once(
         assert [m.text for m in replies] == [answer(k) for k in range(n)]
         assert len(vendor.requests) == n
         assert vendor.max_in_flight <= limit
+
+
+async def test_two_bot_processes_on_one_redis_share_the_limit(
+    redis: Any, vendor: FakeVendor, tmp_path: Path
+) -> None:
+    """Half the storm reaches each of two bot processes' apps (as behind a load balancer, or
+    Socket Mode spreading envelopes): together they never run more than the limit."""
+    limit, n = 3, 24
+    answering(vendor, pace=0.02)
+    async with storm_world(redis, vendor, tmp_path, limit) as world:
+        fake = world.fake
+        async with world.successor() as second:
+            app = web.Application()
+            app.add_routes(second.routes())
+            runner = web.AppRunner(app, shutdown_timeout=1)
+            await runner.setup()
+            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            try:
+                other = f"http://127.0.0.1:{runner.addresses[0][1]}/slack/{AGENT}/events"
+                mentions = [
+                    fake.post_as_user(fake.general, fake.mention(f"storm-{k}")) for k in range(n)
+                ]
+                events = [fake.event_for(m, kind="app_mention") for m in mentions]
+                urls = [world.url, other] * (n // 2)
+                sent = await asyncio.gather(
+                    *(fake.send_event(u, e) for u, e in zip(urls, events, strict=True))
+                )
+                assert all(s.status == 200 and s.elapsed < 3 for s in sent)
+                replies = await all_answered(world, mentions, timeout=60)
+                await second.idle()
+            finally:
+                await runner.cleanup()
+        assert [m.text for m in replies] == [answer(k) for k in range(n)]
+        assert len(vendor.requests) == n
+        assert 2 <= vendor.max_in_flight <= limit
 
 
 async def test_waiting_turns_run_in_arrival_order_and_say_where_they_are(
