@@ -135,9 +135,7 @@ async def storm(
 async def bench(args: argparse.Namespace, redis_url: str, tmp: Path) -> None:
     for n in args.n:
         for limit in args.limits:
-            print(
-                await run(redis_url, n, limit, args.latency, args.slack_tiers, tmp), flush=True
-            )
+            print(await run(redis_url, n, limit, args.latency, args.slack_tiers, tmp), flush=True)
 
 
 def main() -> int:
