@@ -26,7 +26,7 @@ from engine.config import parse_project
 from tests.bot_helpers import AGENT, FAST, World, serve_bots
 from tests.engine_helpers import project_toml
 from tests.fakes.llm_vendor import FakeVendor, Text
-from tests.fakes.slack import DEFAULT_LIMITS, Limit, Message
+from tests.fakes.slack import DEFAULT_LIMITS, FakeSlack, Limit, Message
 from tests.test_bot import OPTIONS
 from tests.workers import WorkerFactory
 
@@ -177,6 +177,43 @@ async def test_two_bot_processes_on_one_redis_share_the_limit(
                 await second.idle()
             finally:
                 await runner.cleanup()
+        assert [m.text for m in replies] == [answer(k) for k in range(n)]
+        assert len(vendor.requests) == n
+        assert 2 <= vendor.max_in_flight <= limit
+
+
+async def test_a_storm_of_watched_alerts_is_bounded_too(
+    redis: Any, vendor: FakeVendor, tmp_path: Path
+) -> None:
+    """Alerts an integration posts into a watched channel start turns with no mention: 20
+    at once (every event Slack sends for each) are triaged once each, within the limit."""
+    limit, n = 3, 20
+    answering(vendor, pace=0.02)
+    text = project_toml(vendor.url, retry="retry = { llm = { backoff_base_secs = 0 } }")
+    text += (
+        f"\n[agent.{AGENT}.slack]\nmax_concurrent_turns = {limit}\n"
+        f'[[agent.{AGENT}.slack.watch]]\nchannel = "${{ALERTS_CHANNEL}}"\n'
+        'from = ["Alertmanager"]\nmatch = "FIRING"\n'
+    )
+    project = parse_project(text, str(tmp_path / "subs.toml"), env={})
+
+    def alerts_channel(fake: FakeSlack) -> dict[str, str]:
+        return {"ALERTS_CHANNEL": fake.add_channel("alerts").id}
+
+    async with serve_bots(
+        redis, vendor, project, AGENT, slack_limits=UNLIMITED, slack_env=alerts_channel
+    ) as world:
+        fake = world.fake
+        channel = next(c for c in fake.channels.values() if c.name == "alerts")
+        app = fake.add_integration("Alertmanager")
+        posts = [
+            fake.post_as_integration(app, channel.id, {"text": f"[FIRING:1] storm-{k}"})
+            for k in range(n)
+        ]
+        events = [fake.envelope(e) for post in posts for e in fake.events_for(post)]
+        sent = await asyncio.gather(*(fake.send_event(world.url, e) for e in events))
+        assert all(s.status == 200 and s.elapsed < 3 for s in sent)
+        replies = await all_answered(world, posts, timeout=60)
         assert [m.text for m in replies] == [answer(k) for k in range(n)]
         assert len(vendor.requests) == n
         assert 2 <= vendor.max_in_flight <= limit
