@@ -28,6 +28,7 @@ __all__ = ["POLL_S", "Queued", "Slot", "TurnSlots"]
 log = logging.getLogger(__name__)
 
 POLL_S = 0.2  # how soon a slot freed by another process is taken up
+REDIS_RETRY_S = 1.0  # between asks while Redis does not answer (one log line each)
 # Told a turn waits: how many wait before it, and a future done once its slot came (it
 # should stop soon after: its turn is running).
 Queued = Callable[[int, asyncio.Future[None]], Awaitable[None]]
@@ -137,9 +138,10 @@ class TurnSlots:
                     running, ticket, _ = await self.store.take(
                         agent, head.member, self._limits[agent]
                     )
-                except Exception as err:  # Redis away a moment: ask again after a poll
+                except Exception as err:  # Redis away a moment: ask again in a second
                     log.warning("slack: asking for a turn slot failed: %s", err)
-                    running, ticket = False, head.ticket
+                    await asyncio.sleep(REDIS_RETRY_S)
+                    continue
                 if running:
                     _drop(heap, head)  # not heappop: a lower ticket may have come meanwhile
                     if head.granted.done():  # cancelled while we asked: not ours to keep
