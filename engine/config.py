@@ -144,6 +144,7 @@ class SlackBlock:
     answers: str  # both | dm | channels
     commands: tuple[str, ...]
     stream: str  # edit | native
+    max_concurrent_turns: int = 4  # this app's turns running at once, across processes
     follow: bool = True  # a person's reply in a thread the app answered starts a turn
     watch: tuple[WatchEntry, ...] = ()  # alert channels: new posts triaged without a mention
 
@@ -565,6 +566,7 @@ class _Slack(_Model):
     answers: Literal["both", "dm", "channels"] = "both"
     commands: list[Annotated[str, AfterValidator(_slash_command)]] = Field(default_factory=list)
     stream: Literal["edit", "native"] = "edit"
+    max_concurrent_turns: Annotated[int, Field(ge=1, le=1000)] = 4
     follow: bool = True
     watch: list[_Watch] = Field(default_factory=list)
 
@@ -1038,6 +1040,7 @@ def _build(root: _Root, path: str) -> Project:
                 answers=a.slack.answers,
                 commands=tuple(a.slack.commands),
                 stream=a.slack.stream,
+                max_concurrent_turns=a.slack.max_concurrent_turns,
                 follow=a.slack.follow,
                 watch=tuple(WatchEntry(w.channel, tuple(w.from_), w.match) for w in a.slack.watch),
             ),
