@@ -1,0 +1,160 @@
+"""A question at the keyboard as a person meets it, through a pseudo-terminal that is the
+command's controlling terminal (a typed Ctrl-C is the terminal's SIGINT): Ctrl-C leaves
+at once saying how to resume, `--session` asks the open question again, and a run
+whose `subs serve` goes away says so within seconds and goes on when it is back.
+
+Real `subs` processes, a real `subs serve` child on loopback, real Redis; the LLM vendor
+is the fake one (tests/fakes/llm_vendor.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import time
+from pathlib import Path
+
+from tests.engine_helpers import EngineProcess
+from tests.fakes.llm_vendor import Text, ToolCalls
+from tests.test_console_pty import Terminal, terminal
+
+QUESTION = "confirm: Restart the db?\r\n> "
+RESUME = re.compile(r"subs (run|chat) ops_openai --session (ses_\w+)")
+
+
+async def _ctrl_c_leaves_at_once(term: Terminal) -> tuple[str, str]:
+    """Types Ctrl-C; the command has exited within a second. Returns (command, session)."""
+    assert term.proc is not None
+    hit = time.monotonic()
+    term.type("\x03")
+    async with asyncio.timeout(1.0):
+        code = await term.proc.wait()
+    took = time.monotonic() - hit
+    await term.expect("--session ")
+    found = RESUME.search(term.screen)
+    assert found, term.screen
+    assert code == 130, (code, term.screen)
+    assert took < 1.0, took
+    return found.group(1), found.group(2)
+
+
+def _tool_results(vendor) -> list[str]:
+    """The `tool` messages the model was sent, in order (OpenAI chat format)."""
+    out = []
+    for request in vendor.requests:
+        for message in (request.body or {}).get("messages", []):
+            if message.get("role") == "tool":
+                out.append(message.get("content"))
+    return out
+
+
+async def test_ctrl_c_at_a_question_leaves_and_run_session_asks_it_again(config: Path, vendor):
+    vendor.push(ToolCalls([("confirm", {"question": "Restart the db?"})]), Text("Restarted."))
+    async with terminal("run", "ops_openai", "fix it", "-c", str(config), ctty=True) as term:
+        await term.expect(QUESTION)
+        command, sid = await _ctrl_c_leaves_at_once(term)
+    assert command == "run"
+    assert "waits for your answer" in term.screen, term.screen
+    # Picked up: the same question, asked again; its answer finishes the turn.
+    args = ("run", "ops_openai", "--session", sid, "-c", str(config))
+    async with terminal(*args, ctty=True) as again:
+        await again.expect("is waiting for your answer")
+        await again.expect(QUESTION)
+        again.type("yes\n")
+        await again.expect("Restarted.")
+    assert again.proc is not None and again.proc.returncode == 0, again.screen
+    assert "queued" not in again.screen, again.screen
+    assert len(vendor.requests) == 2 and "yes" in str(_tool_results(vendor)), vendor.requests
+
+
+async def test_a_message_with_session_waits_for_the_open_question_then_runs(
+    config: Path, vendor, serve_processes
+):
+    serve = await serve_processes()
+    vendor.push(
+        ToolCalls([("confirm", {"question": "Restart the db?"})]),
+        Text("Restarted."),
+        Text("All quiet now."),
+    )
+    async with terminal("run", "ops_openai", "fix it", "--url", serve.api, ctty=True) as term:
+        await term.expect(QUESTION)
+        _, sid = await _ctrl_c_leaves_at_once(term)
+    assert "goes on in the engine" not in term.screen  # it waits on the person
+    args = ("run", "ops_openai", "and now?", "--session", sid, "--url", serve.api)
+    async with terminal(*args, ctty=True) as again:
+        await again.expect("your message is sent once it ends, as the next turn")
+        await again.expect(QUESTION)
+        again.type("yes\n")
+        await again.expect("Restarted.")
+        await again.expect("All quiet now.")
+    assert again.proc is not None and again.proc.returncode == 0, again.screen
+    assert "queued" not in again.screen, again.screen
+    # The message went to the model after the answer, in a turn of its own.
+    assert len(vendor.requests) == 3
+    last = vendor.requests[2].body["messages"]
+    assert last[-1] == {"role": "user", "content": "and now?"}, last
+
+
+async def test_chat_ctrl_c_at_a_question_leaves_and_chat_session_asks_it_again(
+    config: Path, vendor
+):
+    vendor.push(ToolCalls([("confirm", {"question": "Restart the db?"})]), Text("Restarted."))
+    async with terminal("chat", "ops_openai", "-c", str(config), ctty=True) as term:
+        await term.expect("you> ")
+        term.type("fix it\r")
+        await term.expect(QUESTION)
+        command, sid = await _ctrl_c_leaves_at_once(term)
+    assert command == "chat"
+    async with terminal("chat", "ops_openai", "--session", sid, "-c", str(config), ctty=True) as t:
+        await t.expect(QUESTION)
+        t.type("yes\r")
+        await t.expect("Restarted.")
+        at = await t.expect("you> ")
+        t.type("\x04")  # Ctrl-D at `you>`: leaves
+    assert t.proc is not None and t.proc.returncode == 0, t.screen[at:]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def test_a_run_says_when_its_serve_is_gone_and_goes_on_when_it_is_back(
+    config: Path, vendor, redis_url: str
+):
+    vendor.push(ToolCalls([("confirm", {"question": "Restart the db?"})]), Text("Restarted."))
+    port = _free_port()
+    first = await EngineProcess(config, redis_url, port=port).start()
+    second: EngineProcess | None = None
+    try:
+        async with terminal("run", "ops_openai", "fix it", "--url", first.api, ctty=True) as term:
+            await term.expect(QUESTION)
+            stopped = time.monotonic()
+            await first.stop()
+            await term.expect("cannot reach the engine at", timeout=5.0)
+            assert time.monotonic() - stopped < 5.0
+            second = await EngineProcess(config, redis_url, port=port).start()
+            await term.expect("answers again")
+            term.type("yes\n")
+            await term.expect("Restarted.")
+        assert term.proc is not None and term.proc.returncode == 0, term.screen
+        assert term.screen.count("→ confirm(") == 1, term.screen  # no event shown twice
+        assert term.screen.count("cannot reach the engine") == 1, term.screen
+    finally:
+        await first.stop()
+        if second is not None:
+            await second.stop()
+
+
+async def test_ctrl_c_while_the_engine_is_away_leaves_at_once(
+    config: Path, vendor, serve_processes
+):
+    vendor.push(ToolCalls([("confirm", {"question": "Restart the db?"})]))
+    serve = await serve_processes()
+    async with terminal("run", "ops_openai", "fix it", "--url", serve.api, ctty=True) as term:
+        await term.expect(QUESTION)
+        await serve.stop()
+        await term.expect("still trying (Ctrl-C stops)", timeout=5.0)
+        _, sid = await _ctrl_c_leaves_at_once(term)
+    assert sid.startswith("ses_")
