@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+import termios
 import time
 from pathlib import Path
 
-from tests.engine_helpers import EngineProcess
+from engine.cli.remote import HttpClient
+from tests.engine_helpers import EngineProcess, subs
 from tests.fakes.llm_vendor import Text, ToolCalls
 from tests.test_console_pty import Terminal, terminal
 
@@ -67,7 +69,7 @@ async def test_ctrl_c_at_a_question_leaves_and_run_session_asks_it_again(config:
     assert len(vendor.requests) == 2 and "yes" in str(_tool_results(vendor)), vendor.requests
 
 
-async def test_a_message_with_session_waits_for_the_open_question_then_runs(
+async def test_a_message_with_session_waits_for_the_open_questions_then_runs(
     config: Path, vendor, serve_processes
 ):
     serve = await serve_processes()
@@ -80,11 +82,21 @@ async def test_a_message_with_session_waits_for_the_open_question_then_runs(
         await term.expect(QUESTION)
         _, sid = await _ctrl_c_leaves_at_once(term)
     assert "goes on in the engine" not in term.screen  # it waits on the person
+    # And an interrupt on top, raised through the API, with options to choose from.
+    remote = HttpClient(serve.api)
+    try:
+        options = [{"label": "Approve", "value": "approve"}, {"label": "Deny", "value": "deny"}]
+        body = {"message": "Approve the restart?", "metadata": {"options": options}}
+        raised = await remote.interrupt(sid, "needs a human", body)
+    finally:
+        await remote.aclose()
     args = ("run", "ops_openai", "and now?", "--session", sid, "--url", serve.api)
     async with terminal(*args, ctty=True) as again:
         await again.expect("your message is sent once it ends, as the next turn")
         await again.expect(QUESTION)
         again.type("yes\n")
+        await again.expect("Approve the restart?\r\n  1. Approve\r\n  2. Deny\r\n> ")
+        again.type("1\n")
         await again.expect("Restarted.")
         await again.expect("All quiet now.")
     assert again.proc is not None and again.proc.returncode == 0, again.screen
@@ -93,6 +105,22 @@ async def test_a_message_with_session_waits_for_the_open_question_then_runs(
     assert len(vendor.requests) == 3
     last = vendor.requests[2].body["messages"]
     assert last[-1] == {"role": "user", "content": "and now?"}, last
+    events = await _events(serve.api, sid)
+    resumed = [e["payload"] for e in events if e["payload"]["type"] == "session.interrupt_resumed"]
+    assert [(r["interrupt_id"], r.get("payload")) for r in resumed] == [
+        (raised["interrupt_id"], {"value": "approve"})
+    ], resumed
+    # Nothing open any more: `--session` alone has nothing to pick up, and says what to do.
+    code, _, err = await subs("run", "ops_openai", "--session", sid, "--url", serve.api)
+    assert code == 2 and f"session {sid} has no turn running: give a message" in err, err
+
+
+async def _events(api: str, sid: str) -> list[dict]:
+    remote = HttpClient(api)
+    try:
+        return await remote.events(sid)
+    finally:
+        await remote.aclose()
 
 
 async def test_chat_ctrl_c_at_a_question_leaves_and_chat_session_asks_it_again(
@@ -158,3 +186,25 @@ async def test_ctrl_c_while_the_engine_is_away_leaves_at_once(
         await term.expect("still trying (Ctrl-C stops)", timeout=5.0)
         _, sid = await _ctrl_c_leaves_at_once(term)
     assert sid.startswith("ses_")
+
+
+async def test_ctrl_c_at_you_leaves_at_once_with_the_terminal_as_it_was(config: Path):
+    # readline puts the terminal in a mode of its own while it reads `you>`; a chat that
+    # leaves mid-line must hand it back as it found it (echo, line editing by the kernel).
+    term = Terminal()
+    found = termios.tcgetattr(term.master)
+    await term.start("chat", "ops_openai", "-c", str(config), ctty=True)
+    try:
+        await term.expect("you> ")
+        assert termios.tcgetattr(term.master) != found  # readline's own mode, meanwhile
+        hit = time.monotonic()
+        term.type("\x03")
+        assert term.proc is not None
+        async with asyncio.timeout(1.0):
+            code = await term.proc.wait()
+        assert time.monotonic() - hit < 1.0
+        assert code == 130, term.screen
+        assert termios.tcgetattr(term.master) == found
+        await term.expect("subs: stopped")
+    finally:
+        await term.close()

@@ -439,6 +439,7 @@ async def _chat(args: argparse.Namespace) -> int:
     sid: str | None = args.session
     ctrl_c = _CtrlC()
     board = keyboard()
+    at_you = False  # waiting at `you>`
 
     def known(session: str, queued: bool) -> None:
         nonlocal sid
@@ -455,7 +456,9 @@ async def _chat(args: argparse.Namespace) -> int:
                     await require_session(client, sid)
                     await finish_open_turn(client, sid, printer, on_open=waiting_on)
                 while True:
+                    at_you = True
                     text = await _read_message()
+                    at_you = False
                     if text is None:
                         break
                     if not text.strip():
@@ -488,7 +491,8 @@ async def _chat(args: argparse.Namespace) -> int:
                 ctrl_c.caught()
                 ctrl_c.leaving = True
                 asked = board.stopped_asking
-                printer.notice(_pick_up("chat", args.agent, sid, bool(args.url), asked=asked))
+                line = _pick_up("chat", args.agent, sid, bool(args.url), asked=asked)
+                printer.notice(("\n" if at_you else "") + line)  # `you> ` has no newline
                 return 130
             ctrl_c.leaving = True
     finally:

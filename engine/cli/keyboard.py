@@ -27,7 +27,7 @@ class Keyboard:
     """Whole lines from one descriptor, read when it is ready; `asking` while a prompt waits."""
 
     def __init__(self, fd: int | None = None) -> None:
-        self.fd = sys.stdin.fileno() if fd is None else fd
+        self.fd = 0 if fd is None else fd  # stdin, even when sys.stdin was replaced
         self.buffer = b""
         self.ended = False
         self.asking = False
