@@ -286,22 +286,27 @@ class _CtrlC:
             self.task.uncancel()
 
 
-def _say_when_lost(client: Any, printer: Any) -> None:
-    """A remote engine that stops answering is said within seconds, and when it is back."""
+def _say_when_lost(client: Any, printer: Any | None) -> None:
+    """A remote engine that stops answering is said within seconds, and when it is back
+    (through the terminal `printer`, which clears its status line first; else on stderr)."""
     from engine.cli.remote import HttpClient
 
     if not isinstance(client, HttpClient):
         return
     url = client.base_url
 
+    def say(text: str) -> None:
+        if printer is not None:
+            printer.notice(text)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
     def lost(err: ClientError) -> None:
         why = err.detail.get("error") or "no answer"
-        printer.notice(
-            f"subs: cannot reach the engine at {url} ({why}); still trying (Ctrl-C stops)"
-        )
+        say(f"subs: cannot reach the engine at {url} ({why}); still trying (Ctrl-C stops)")
 
     client.on_lost = lost
-    client.on_back = lambda: printer.notice(f"subs: the engine at {url} answers again")
+    client.on_back = lambda: say(f"subs: the engine at {url} answers again")
 
 
 def _pick_up(command: str, agent: str, sid: str | None, remote: bool, *, asked: bool) -> str:
@@ -833,6 +838,7 @@ async def _sessions(args: argparse.Namespace) -> int:
         for event in events:
             _print_event(event, jsonl)
         if args.follow:
+            _say_when_lost(client, None)
             after = events[-1]["seq"] if events else args.after
             async for kind, event in client.follow(args.session, after):
                 if kind == "event":

@@ -194,10 +194,7 @@ def open_turn(events: list[dict[str, Any]]) -> OpenTurn | None:
 
 
 def the_question(payload: dict[str, Any]) -> str:
-    """What a client tool or an interrupt asks, in a few words (for `open_question`)."""
-    if "interrupt_id" in payload:
-        body = payload.get("payload") or {}
-        return str(body.get("message") or payload.get("reason") or "a pause")
+    """What a client tool asks: its `question` argument, else its arguments as sent."""
     question = payload.get("arguments") or "{}"
     with contextlib.suppress(ValueError, AttributeError):
         question = json.loads(question).get("question", question)
