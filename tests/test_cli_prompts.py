@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from engine.cli.remote import HttpClient
+from engine.cli.terminal import open_turn
 from tests.engine_helpers import EngineProcess, subs
 from tests.fakes.llm_vendor import Text, ToolCalls
 from tests.test_console_pty import Terminal, terminal
@@ -208,3 +209,36 @@ async def test_ctrl_c_at_you_leaves_at_once_with_the_terminal_as_it_was(config: 
         await term.expect("subs: stopped")
     finally:
         await term.close()
+
+
+def _e(seq: int, turn: str, **payload) -> dict:
+    return {"seq": seq, "turn_id": turn, "payload": payload}
+
+
+def test_the_open_turn_of_a_log_is_what_still_waits_on_a_person():
+    confirm = {"type": "tool.call.requested", "id": "c1", "name": "confirm", "handler": "client"}
+    lookup = {"type": "tool.call.requested", "id": "w1", "name": "lookup", "handler": "worker"}
+    log = [
+        _e(1, "t1", type="turn.started"),
+        _e(2, "t1", **confirm),
+        _e(3, "t1", type="tool.call.dispatched", id="c1", attempt=0),
+        _e(4, "t1", type="turn.completed"),
+        _e(5, "t2", type="turn.started"),
+        _e(6, "t2", **{**confirm, "id": "c2"}),
+        _e(7, "t2", **lookup),
+        _e(8, "t2", type="tool.call.dispatched", id="w1", attempt=0),
+        _e(9, "t2", type="tool.call.dispatched", id="c2", attempt=0),
+        _e(10, "t2", type="session.interrupted", interrupt_id="i1", reason="r"),
+    ]
+    turn = open_turn(log)
+    assert turn is not None and turn.turn_id == "t2" and turn.waits_on_a_person
+    assert turn.asking == ["c2"] and [i["interrupt_id"] for i in turn.interrupts] == ["i1"]
+    # A timed-out attempt is not out any more, but the call is open (it will be sent again).
+    retried = [*log, _e(11, "t2", type="tool.call.errored", id="c2", attempt=0, final=False)]
+    turn = open_turn(retried)
+    assert turn is not None and turn.asking == [] and "c2" in turn.client_calls
+    resumed = [*retried, _e(12, "t2", type="session.interrupt_resumed", interrupt_id="i1")]
+    turn = open_turn(resumed)
+    assert turn is not None and not turn.waits_on_a_person
+    assert open_turn([*resumed, _e(13, "t2", type="turn.failed")]) is None
+    assert open_turn(log[:4]) is None  # every turn ended
