@@ -9,6 +9,7 @@ is the fake one (tests/fakes/llm_vendor.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import socket
 import termios
@@ -242,3 +243,39 @@ def test_the_open_turn_of_a_log_is_what_still_waits_on_a_person():
     assert turn is not None and not turn.waits_on_a_person
     assert open_turn([*resumed, _e(13, "t2", type="turn.failed")]) is None
     assert open_turn(log[:4]) is None  # every turn ended
+
+
+async def test_an_engine_that_accepts_and_never_answers_is_said_as_lost():
+    # A host gone without closing its connections (a frozen VM, a dropped route) looks like
+    # a listener that takes the connection and says nothing: the stream's silence bound
+    # turns it into a failed attempt, said once, then retried.
+    held: list[asyncio.StreamWriter] = []
+
+    async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+
+    server = await asyncio.start_server(mute, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    lost: list[str] = []
+    said = asyncio.Event()
+
+    def on_lost(err) -> None:
+        lost.append(err.message)
+        said.set()
+
+    remote = HttpClient(f"http://127.0.0.1:{port}", stream_silence=0.3, on_lost=on_lost)
+    following = asyncio.create_task(anext(aiter(remote.follow("ses_x"))))
+    try:
+        async with asyncio.timeout(5):
+            await said.wait()
+        assert not following.done()  # still trying
+        assert len(lost) == 1 and "cannot reach" in lost[0], lost
+    finally:
+        following.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await following
+        await remote.aclose()
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()

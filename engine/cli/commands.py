@@ -171,7 +171,9 @@ async def _remote(url: str) -> AsyncIterator[HttpClient]:
     key = os.environ.get("SUBS_API_KEY")
     if key is not None and (not key.isprintable() or " " in key):
         raise Usage("SUBS_API_KEY holds a space or a control character: set it to the key alone")
-    client = HttpClient(_http_url(url), key, connect_timeout=3.0)
+    # A dead engine is said within seconds: a refused or unanswered connection in 3 s, a
+    # stream gone silent (no ping for three of the engine's 15 s heartbeats) in 45 s.
+    client = HttpClient(_http_url(url), key, connect_timeout=3.0, stream_silence=45.0)
     try:
         yield client
     except ClientError as err:

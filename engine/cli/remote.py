@@ -38,6 +38,7 @@ class HttpClient:
         http: aiohttp.ClientSession | None = None,
         reconnect_delay: float = 0.5,
         connect_timeout: float | None = None,
+        stream_silence: float | None = None,
         on_lost: Callable[[ClientError], None] | None = None,
         on_back: Callable[[], None] | None = None,
     ) -> None:
@@ -48,6 +49,9 @@ class HttpClient:
         self.headers = headers
         self.reconnect_delay = reconnect_delay
         self.connect_timeout = connect_timeout
+        # An event stream quiet for this long is dead (the engine pings every 15 s when
+        # idle): a host gone without closing its connections, met by reconnecting.
+        self.stream_silence = stream_silence
         self.on_lost = on_lost
         self.on_back = on_back
 
@@ -95,6 +99,18 @@ class HttpClient:
             code="unreachable",
             status=503,
             detail={"error": name},
+        )
+
+    def _stream_timeout(self) -> aiohttp.ClientTimeout | None:
+        """The session's timeouts, with a read bound when `stream_silence` is set."""
+        if self.stream_silence is None:
+            return None  # the session's own
+        now = self.http.timeout
+        return aiohttp.ClientTimeout(
+            total=now.total,
+            connect=now.connect,
+            sock_connect=now.sock_connect,
+            sock_read=self.stream_silence,
         )
 
     async def submit(
@@ -200,7 +216,11 @@ class HttpClient:
             }
             try:
                 async with self.http.get(
-                    url, params=params, headers=headers, allow_redirects=False
+                    url,
+                    params=params,
+                    headers=headers,
+                    allow_redirects=False,
+                    timeout=self._stream_timeout(),
                 ) as response:
                     if not 200 <= response.status < 300:
                         raise _refusal(response.status, await response.read())
