@@ -80,11 +80,14 @@ class Bots:
         *,
         app_token: str | None = None,
         stream: str = "edit",
+        files: bool = True,
+        file_text_limit: int = 256 * 1024,
     ) -> None:
         """One agent's app, its inputs handed to the listeners."""
         bot = new_bot(
             agent, answers, token, signing_secret, api_url, app_token=app_token, stream=stream
         )
+        bot.files, bot.file_text_limit = files, file_text_limit
         app = bot.app
 
         async def on_event(body: dict[str, Any], context: AsyncBoltContext) -> None:
@@ -212,5 +215,7 @@ def start_bots(
             agent.slack.commands,
             app_token=app_token,
             stream=agent.slack.stream,
+            files=agent.slack.files,
+            file_text_limit=agent.slack.file_text_limit,
         )
     return bots

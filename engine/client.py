@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from engine.errors import ClientError, ProtocolError
+from engine.files import attachment
 from engine.jsonedge import JsonEdgeError, check
 from engine.machine import (
     CallSettled,
@@ -239,6 +240,12 @@ class Client:
             status=409,
             detail={},
         )
+
+    async def put_file(self, session_id: str, data: bytes, mime: str) -> dict[str, Any]:
+        """Keep a file for the session (once, whatever number of messages carry it); returns
+        the `attachment` content part a message names it by (engine/files.py)."""
+        digest = await self.store.put_file(session_id, data)
+        return attachment(digest, mime, len(data))
 
     async def sessions(self, offset: int = 0, limit: int = 50) -> list[str]:
         """Session ids, newest first."""

@@ -143,6 +143,8 @@ class SlackBlock:
     answers: str  # both | dm | channels
     commands: tuple[str, ...]
     stream: str  # edit | native
+    files: bool = True  # read the files on messages (files:read), upload the agent's images
+    file_text_limit: int = 256 * 1024  # bytes of a text file the model reads, then cut
 
 
 @dataclass(frozen=True)
@@ -501,6 +503,8 @@ class _Slack(_Model):
     answers: Literal["both", "dm", "channels"] = "both"
     commands: list[Annotated[str, AfterValidator(_slash_command)]] = Field(default_factory=list)
     stream: Literal["edit", "native"] = "edit"
+    files: bool = True
+    file_text_limit: Annotated[int, Field(ge=1, le=16 * 1024 * 1024)] = 256 * 1024
 
 
 class _Mcp(_Model):
@@ -966,6 +970,8 @@ def _build(root: _Root, path: str) -> Project:
                 answers=a.slack.answers,
                 commands=tuple(a.slack.commands),
                 stream=a.slack.stream,
+                files=a.slack.files,
+                file_text_limit=a.slack.file_text_limit,
             ),
         )
         for aid, a in root.agent.items()

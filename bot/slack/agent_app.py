@@ -38,6 +38,8 @@ class Bot:
     app_token: str | None = None  # set: Socket Mode; else the HTTP Events API
     native: bool = False  # stream replies with chat.startStream/appendStream/stopStream
     verifier: SignatureVerifier | None = None  # HTTP only: signatures, before Bolt reads
+    files: bool = True  # read messages' files and upload the agent's images
+    file_text_limit: int = 256 * 1024  # bytes of a text file the model reads
 
 
 def new_bot(

@@ -15,7 +15,15 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.slack.governor import RateGovernor, RateLimited, scope
 
-__all__ = ["ATTEMPTS", "call", "every_message", "governed", "slack_error", "thread_messages"]
+__all__ = [
+    "ATTEMPTS",
+    "call",
+    "every_message",
+    "governed",
+    "slack_error",
+    "slot_for",
+    "thread_messages",
+]
 
 ATTEMPTS = 5  # 429s waited out before a governed call gives up
 
@@ -49,12 +57,7 @@ async def governed(
     budget = scope(team, method, str(args.get("channel") or ""))
     loop = asyncio.get_running_loop()
     for attempt in range(ATTEMPTS):
-        slot = governor.next_slot(budget, method, loop.time())
-        governor.record(budget, method, slot)
-        if slot > loop.time():
-            await asyncio.sleep(slot - loop.time())
-        while (blocked := governor.blocked_until(budget, method)) > loop.time():
-            await asyncio.sleep(blocked - loop.time())  # a 429 came while we waited
+        await slot_for(governor, budget, method)
         try:
             return await call(web, method, args)
         except RateLimited as limited:
@@ -62,6 +65,18 @@ async def governed(
                 raise
             governor.penalise(budget, method, limited.retry_after, loop.time())
     raise AssertionError("unreachable")
+
+
+async def slot_for(governor: RateGovernor, budget: str, method: str) -> None:
+    """Wait for the method's next free slot in `budget` (a workspace, or a channel), taking
+    it before the wait, and out any 429 that came meanwhile."""
+    loop = asyncio.get_running_loop()
+    slot = governor.next_slot(budget, method, loop.time())
+    governor.record(budget, method, slot)
+    if slot > loop.time():
+        await asyncio.sleep(slot - loop.time())
+    while (blocked := governor.blocked_until(budget, method)) > loop.time():
+        await asyncio.sleep(blocked - loop.time())  # a 429 came while we waited
 
 
 async def thread_messages(

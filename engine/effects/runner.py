@@ -15,6 +15,7 @@ here (`builtin_runners`), each call kind's from its own module (MCP's in
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -26,6 +27,7 @@ import aiohttp
 from engine.config import Project
 from engine.effects.http_pool import new_session
 from engine.effects.llm import LlmTarget, ProviderError, complete
+from engine.effects.llm.files import resolve_files
 from engine.effects.llm.prompts import EncodedMessages
 from engine.effects.worker import CheckedMessages, DecisionRun, ExecuteRun, WorkerTarget
 from engine.errors import SubsError, describe
@@ -285,10 +287,12 @@ class EffectRunner:
             target = self._target(plan.llm)
             timeout = None if effect.deadline is None else (effect.deadline - self.now_ms()) / 1000
             async with asyncio.timeout(timeout):
+                fetch = functools.partial(self.store.get_files, sid)
+                request = await resolve_files(plan.request, fetch, target.type)
                 response = await complete(
                     self.http,
                     target,
-                    plan.request,
+                    request,
                     stream=plan.stream,
                     on_delta=on_delta,
                     kept=self.prompts,

@@ -1,0 +1,116 @@
+"""Files in a model call: each stored-file reference swapped for the bytes, at the call.
+
+A message holds a file as an `attachment` part naming the bytes the session keeps
+(engine/files.py); here, just before the request is built, each becomes what the vendor
+takes: an image (PNG, JPEG, GIF, WebP) an `image_url` part with a `data:` URL (OpenAI's own
+shape; the Anthropic module makes it an `image` block with a base64 source); a PDF a `file`
+part for Anthropic (its `document` block) and, for the Chat Completions vendors, its text,
+read with pypdf, or a note when it has none. Anything else, and bytes no longer stored,
+become a one-line note: the call never fails for a file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+import logging
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from engine.files import stored_digest
+
+__all__ = ["IMAGE_TYPES", "PDF_TEXT_MAX", "pdf_text", "resolve_files"]
+
+log = logging.getLogger(__name__)
+
+IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+PDF = "application/pdf"
+PDF_TEXT_MAX = 256 * 1024  # characters of a PDF's text a Chat Completions model is given
+DOCUMENTS = frozenset({"anthropic"})  # vendors that take a PDF as a document
+
+Fetch = Callable[[Sequence[str]], Awaitable[list[bytes | None]]]
+
+_texts: OrderedDict[str, str | None] = OrderedDict()  # a PDF's text by digest, read once
+_TEXTS_KEPT = 32
+
+
+async def resolve_files(request: dict[str, Any], fetch: Fetch, vendor: str) -> dict[str, Any]:
+    """`request` with every stored-file reference in its messages resolved for `vendor`
+    ("openai", "openrouter" or "anthropic"); the same object when it holds none."""
+    wanted = sorted(
+        {
+            digest
+            for message in request.get("messages") or ()
+            if isinstance(message.get("content"), list)
+            for part in message["content"]
+            if (digest := stored_digest(part)) is not None
+        }
+    )
+    if not wanted:
+        return request
+    found = dict(zip(wanted, await fetch(wanted), strict=True))
+    messages = []
+    for message in request["messages"]:
+        content = message.get("content")
+        if isinstance(content, list) and any(stored_digest(p) for p in content):
+            parts = [await _part(p, found, vendor) for p in content]
+            message = {**message, "content": parts}
+        messages.append(message)
+    return {**request, "messages": messages}
+
+
+async def _part(part: Any, found: dict[str, bytes | None], vendor: str) -> Any:
+    digest = stored_digest(part)
+    if digest is None:
+        return part
+    data, mime = found.get(digest), str(part.get("mime") or "")
+    if data is None:
+        return _note(f"(a {mime or 'file'} that is no longer stored)")
+    if mime in IMAGE_TYPES:
+        return {"type": "image_url", "image_url": {"url": _data_url(mime, data)}}
+    if mime == PDF:
+        if vendor in DOCUMENTS:
+            file = {"filename": f"{digest[:12]}.pdf", "file_data": _data_url(PDF, data)}
+            return {"type": "file", "file": file}
+        text = await _pdf_text(digest, data)
+        if not text:
+            return _note("(a PDF with no text to read; this model takes no documents)")
+        return _note(f"(the PDF's text)\n{text}")
+    return _note(f"(a {mime or 'file'} of {len(data)} bytes, not readable here)")
+
+
+def _note(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def _data_url(mime: str, data: bytes) -> str:
+    return f"data:{mime};base64,{base64.b64encode(data).decode()}"
+
+
+async def _pdf_text(digest: str, data: bytes) -> str | None:
+    if digest in _texts:
+        _texts.move_to_end(digest)
+        return _texts[digest]
+    text = await asyncio.to_thread(pdf_text, data)
+    _texts[digest] = text
+    while len(_texts) > _TEXTS_KEPT:
+        _texts.popitem(last=False)
+    return text
+
+
+def pdf_text(data: bytes, limit: int = PDF_TEXT_MAX) -> str | None:
+    """The text of a PDF's pages, cut at `limit` characters with a note saying how much was
+    left out; None when it has none or cannot be read."""
+    from pypdf import PdfReader  # only when a PDF is met: it is a large import
+
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        text = "\n".join((page.extract_text() or "").strip() for page in reader.pages).strip()
+    except Exception as err:  # a broken PDF is the sender's, not the call's, failure
+        log.info("a PDF could not be read: %s", err)
+        return None
+    if len(text) > limit:
+        return f"{text[:limit]}\n(cut: {len(text) - limit} more characters of the PDF left out)"
+    return text or None
