@@ -561,6 +561,8 @@ def test_defaults(tmp_path: Path):
         "answers": "both",
         "commands": (),
         "stream": "edit",
+        "files": True,
+        "file_text_limit": 256 * 1024,
     }
     with pytest.raises(dataclasses.FrozenInstanceError):
         agent.model = "other"  # type: ignore[misc]

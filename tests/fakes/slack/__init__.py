@@ -262,6 +262,8 @@ class FakeSlack(WebApiMethods, FileMethods, EventSender, SocketModeServer):
         `blocks`, `attachments`, `username`, `icons`, `files`) as Slack stores it."""
         ch = self.channels[channel if isinstance(channel, str) else channel.id]
         extra = {k: payload[k] for k in ("username", "icons", "files", "upload") if k in payload}
+        if isinstance(extra.get("files"), list):  # hosted here: its URLs are the fake's
+            extra["files"] = [self.host_file(f, ch.team) for f in extra["files"]]
         if app.classic:
             extra = {"subtype": "bot_message", **extra}
         msg = Message(
