@@ -7,6 +7,7 @@ cannot be read (cut, refused, a sign-in page) is a note, never a failed turn."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import sys
@@ -137,7 +138,7 @@ async def test_a_log_and_a_png_in_a_thread_reply_reach_the_model(
         # The log holds a reference; the bytes are in the session's files once.
         sid = session_id_for(world.agent, fake.general.id, root.ts)
         raw = await _log_bytes(world, sid)
-        digest = __import__("hashlib").sha256(PNG).hexdigest()
+        digest = hashlib.sha256(PNG).hexdigest()
         assert f"{FILE_URI}{digest}".encode() in raw
         assert data[:1000].encode() not in raw and PNG[20:1000] not in raw
         store = world.client.store
@@ -153,6 +154,15 @@ async def test_a_second_turn_sends_the_image_again_from_one_stored_copy(
         root = fake.post_as_user(fake.general, "look")
         png = fake.add_file("a.png", PNG, "image/png")
         fake.post_files(fake.general, [png], thread_ts=root.ts)
+        store = world.client.store  # the engine's own: the client shares it
+        reads: list[list[str]] = []
+        get_files = store.get_files
+
+        async def counted(sid: str, names: Any) -> list[bytes | None]:
+            reads.append(list(names))
+            return await get_files(sid, names)
+
+        store.get_files = counted  # type: ignore[method-assign]
         vendor.push(Text("A graph."), Text("Still a graph."))
         await _ask(world, "what is it?", root)
         await world.reply_to(root)
@@ -163,10 +173,11 @@ async def test_a_second_turn_sends_the_image_again_from_one_stored_copy(
         for call in (0, 1):
             sent = json.dumps(vendor.requests[call].body)
             assert sent.count(data) == 1
+        # Read from Redis for the first call; the second sends the message as kept encoded.
+        assert reads == [[hashlib.sha256(PNG).hexdigest()]]
         sid = session_id_for(world.agent, fake.general.id, root.ts)
         raw = await _log_bytes(world, sid)
         assert data[:1000].encode() not in raw
-        store = world.client.store
         assert len(await store.redis.hkeys(store.files_key(sid))) == 1
         assert fake.file_state.files[png["id"]].downloads == 1
         # Deleting the session deletes its files.

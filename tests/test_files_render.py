@@ -291,6 +291,35 @@ async def test_a_request_without_references_is_returned_as_it_is() -> None:
     assert await resolve_files(request, fetch, "openai") is request
 
 
+async def test_messages_kept_encoded_are_not_read_again() -> None:
+    """A message whose vendor form is kept is sent as kept: its files are not fetched; one
+    dropped from the keep while another was read is fetched in a second round."""
+    ref = attachment(DIGEST, "image/png", len(PNG))
+    other = attachment("cd" * 32, "image/png", len(PNG))
+    request = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "id": "m1", "content": [ref]},
+            {"role": "user", "id": "m2", "content": [other]},
+        ],
+    }
+    keep = {"m1", "m2"}
+    asked: list[list[str]] = []
+
+    async def fetch(names: Any) -> list[bytes | None]:
+        asked.append(list(names))
+        keep.discard("m1")  # dropped from the keep while this read ran
+        return [PNG for _ in names]
+
+    out = await resolve_files(request, fetch, "openai", kept=lambda m: m["id"] in keep)
+    assert out is request and asked == []  # all kept: nothing read
+    keep.discard("m2")
+    out = await resolve_files(request, fetch, "openai", kept=lambda m: m["id"] in keep)
+    assert asked == [["cd" * 32], [DIGEST]]
+    image = {"type": "image_url", "image_url": {"url": PNG_URL}}
+    assert [m["content"] for m in out["messages"]] == [[image], [image]]
+
+
 def test_pdf_text_cuts_with_a_note_and_reads_nothing_from_garbage() -> None:
     from tests.test_bot_files import _pdf
 

@@ -269,6 +269,14 @@ class EffectRunner:
             block=block.id,
         )
 
+    def _kept(self, sid: str, vendor: str, message: dict[str, Any]) -> bool:
+        """Whether the message's vendor form is kept encoded (so its files need no reading):
+        a message of its own group (not a system message, which goes in the head; not a tool
+        result, which Anthropic groups), under the key `prompts.encode_body` gives it."""
+        if message.get("role") in ("system", "tool") or message.get("id") is None:
+            return False
+        return (sid, vendor, str(message["id"])) in self.prompts
+
     async def _run_llm_call(
         self, sid: str, effect: RunLlmCall, plan: LlmCallPlan, deltas: DeltaWriter
     ) -> Input:
@@ -288,7 +296,8 @@ class EffectRunner:
             timeout = None if effect.deadline is None else (effect.deadline - self.now_ms()) / 1000
             async with asyncio.timeout(timeout):
                 fetch = functools.partial(self.store.get_files, sid)
-                request = await resolve_files(plan.request, fetch, target.type)
+                kept = functools.partial(self._kept, sid, target.type)
+                request = await resolve_files(plan.request, fetch, target.type, kept=kept)
                 response = await complete(
                     self.http,
                     target,

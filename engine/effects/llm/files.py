@@ -36,32 +36,64 @@ _texts: OrderedDict[str, str | None] = OrderedDict()  # a PDF's text by digest, 
 _TEXTS_KEPT = 32
 
 
-async def resolve_files(request: dict[str, Any], fetch: Fetch, vendor: str) -> dict[str, Any]:
+async def resolve_files(
+    request: dict[str, Any],
+    fetch: Fetch,
+    vendor: str,
+    *,
+    kept: Callable[[dict[str, Any]], bool] = lambda message: False,
+) -> dict[str, Any]:
     """`request` with every stored-file reference in its messages resolved for `vendor`
-    ("openai", "openrouter" or "anthropic"); the same object when it holds none."""
-    wanted = sorted(
-        {
-            digest
+    ("openai", "openrouter" or "anthropic"); the same object when it holds none.
+
+    `kept(message)` says the message's vendor form is already encoded and kept
+    (engine/effects/llm/prompts.py): its files are not read again, since the kept form is
+    what is sent. That is checked again after each read (one may be dropped meanwhile), and
+    from the last check to the return nothing awaits, so what the caller encodes next is
+    either kept or resolved."""
+    found: dict[str, bytes | None] = {}
+    texts: dict[str, str | None] = {}  # PDFs' text, for vendors that take no documents
+    while True:
+        wanted = {
+            digest: str(part.get("mime") or "")
             for message in request.get("messages") or ()
-            if isinstance(message.get("content"), list)
-            for part in message["content"]
-            if (digest := stored_digest(part)) is not None
+            if not kept(message)
+            for digest, part in _references(message)
         }
-    )
+        missing = sorted(wanted.keys() - found.keys())
+        unread = [
+            d
+            for d, mime in wanted.items()
+            if mime == PDF and vendor not in DOCUMENTS and d not in texts and found.get(d)
+        ]
+        if not missing and not unread:
+            break
+        if missing:
+            found.update(zip(missing, await fetch(missing), strict=True))
+        for digest in unread:
+            texts[digest] = await _pdf_text(digest, found[digest] or b"")
     if not wanted:
         return request
-    found = dict(zip(wanted, await fetch(wanted), strict=True))
     messages = []
     for message in request["messages"]:
-        content = message.get("content")
-        if isinstance(content, list) and any(stored_digest(p) for p in content):
-            parts = [await _part(p, found, vendor) for p in content]
-            message = {**message, "content": parts}
+        if not kept(message) and _references(message):
+            content = [_part(p, found, texts, vendor) for p in message["content"]]
+            message = {**message, "content": content}
         messages.append(message)
     return {**request, "messages": messages}
 
 
-async def _part(part: Any, found: dict[str, bytes | None], vendor: str) -> Any:
+def _references(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The stored-file references in a message's content, with their parts."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return []
+    return [(d, part) for part in content if (d := stored_digest(part)) is not None]
+
+
+def _part(
+    part: Any, found: dict[str, bytes | None], texts: dict[str, str | None], vendor: str
+) -> Any:
     digest = stored_digest(part)
     if digest is None:
         return part
@@ -74,7 +106,7 @@ async def _part(part: Any, found: dict[str, bytes | None], vendor: str) -> Any:
         if vendor in DOCUMENTS:
             file = {"filename": f"{digest[:12]}.pdf", "file_data": _data_url(PDF, data)}
             return {"type": "file", "file": file}
-        text = await _pdf_text(digest, data)
+        text = texts.get(digest)
         if not text:
             return _note("(a PDF with no text to read; this model takes no documents)")
         return _note(f"(the PDF's text)\n{text}")

@@ -37,6 +37,9 @@ class EncodedMessages:
     def __len__(self) -> int:
         return len(self._kept)
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._kept
+
     def fragment(self, key: tuple[str, ...] | None, make: Callable[[], Any]) -> bytes:
         if key is None:
             return orjson.dumps(make())
