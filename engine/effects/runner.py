@@ -275,7 +275,7 @@ class EffectRunner:
         result, which Anthropic groups), under the key `prompts.encode_body` gives it."""
         if message.get("role") in ("system", "tool") or message.get("id") is None:
             return False
-        return (sid, vendor, str(message["id"])) in self.prompts
+        return self.prompts.holds((sid, vendor, str(message["id"])))
 
     async def _run_llm_call(
         self, sid: str, effect: RunLlmCall, plan: LlmCallPlan, deltas: DeltaWriter
