@@ -57,8 +57,8 @@ async def resolve_files(
         wanted = {
             digest: str(part.get("mime") or "")
             for message in request.get("messages") or ()
-            if not kept(message)
-            for digest, part in _references(message)
+            if (refs := _references(message)) and not kept(message)
+            for digest, part in refs
         }
         missing = sorted(wanted.keys() - found.keys())
         unread = [
@@ -76,7 +76,7 @@ async def resolve_files(
         return request
     messages = []
     for message in request["messages"]:
-        if not kept(message) and _references(message):
+        if _references(message) and not kept(message):
             content = [_part(p, found, texts, vendor) for p in message["content"]]
             message = {**message, "content": content}
         messages.append(message)
@@ -86,7 +86,7 @@ async def resolve_files(
 def _references(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """The stored-file references in a message's content, with their parts."""
     content = message.get("content")
-    if not isinstance(content, list):
+    if content.__class__ is not list:  # most messages: a string (this runs every call)
         return []
     return [(d, part) for part in content if (d := stored_digest(part)) is not None]
 
