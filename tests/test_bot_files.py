@@ -257,6 +257,31 @@ async def test_a_sign_in_page_instead_of_the_file_is_a_note(
         assert answer.text == "I could not read the log."
 
 
+async def test_a_download_that_fails_is_a_note(
+    redis: Any, vendor: FakeVendor, tmp_path: Path
+) -> None:
+    async with _world(redis, vendor, tmp_path, "ops_openai") as world:
+        fake = world.fake
+        root = fake.post_as_user(fake.general, "see these")
+        gone = fake.add_file("gone.log", LOG, "text/plain")
+        del fake.file_state.files[gone["id"]]  # deleted since it was shared: Slack's 404
+        zipped = fake.add_file("dump.zip", b"PK", "application/zip", pretty_type="Zip")
+        kept = fake.add_file("ok.log", b"all good", "text/plain")
+        fake.post_files(fake.general, [gone, zipped, kept], thread_ts=root.ts)
+        vendor.push(Text("One log was gone."))
+        await _ask(world, "read them", root)
+        answer = await world.reply_to(root)
+
+        assert answer.text == "One log was gone."
+        text = _texts(_user_contents(vendor)[1])
+        assert "[file gone.log (text/plain, 1.2 KiB): not read: Slack answered HTTP 404]" in text
+        assert (
+            "[file dump.zip (Zip, 2 B): not read: the app reads only text, images and PDFs]" in text
+        )
+        assert "all good" in text
+        assert fake.file_state.files[zipped["id"]].downloads == 0  # named, not fetched
+
+
 async def test_a_dm_with_only_a_file_starts_a_turn(
     redis: Any, vendor: FakeVendor, tmp_path: Path
 ) -> None:
