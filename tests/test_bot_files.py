@@ -6,6 +6,7 @@ cannot be read (cut, refused, a sign-in page) is a note, never a failed turn."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -17,14 +18,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import ClientSession, web
 
+from bot.rendering.files import plan_file
+from bot.slack.files import DOWNLOAD, FileRefused, download
+from bot.slack.governor import RateGovernor
 from bot.turns.routing import session_id_for
 from engine.config import parse_project
 from engine.files import FILE_URI
 from tests.bot_helpers import World, serve_bots
 from tests.engine_helpers import project_toml
 from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
-from tests.fakes.slack import Message
+from tests.fakes.slack import FakeSlack, Message
 from tests.fakes.slack.rules import DEFAULT_SCOPES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -325,3 +330,45 @@ async def test_an_image_a_tool_returns_is_uploaded_into_the_thread(
             assert uploads[0].name == "image-1-1.png"
             assert uploads[0].data.startswith(b"\x89PNG")
             assert len(mine) == 2 and mine[1].extra.get("files")  # the upload, in the thread
+
+
+# --- the download itself (bot/slack/files.py), against the fake over loopback --------------
+
+
+async def test_downloads_are_paced_size_checked_and_under_a_deadline() -> None:
+    async with FakeSlack() as fake, ClientSession() as http:
+        governor = RateGovernor({DOWNLOAD: 600})  # 0.1 s apart
+        token, team = fake.bot_token, fake.team.id
+        small = plan_file(fake.add_file("a.log", b"x" * 10, "text/plain"))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for _ in range(3):
+            assert await download(http, governor, team, token, small) == (b"x" * 10, 10)
+        assert loop.time() - started >= 0.2  # three in one slot each
+
+        # An image over its limit is refused, even when its object under-states its size.
+        big = fake.add_file("big.png", b"\x89PNG" + bytes(6 * 1024 * 1024), "image/png")
+        lying = plan_file({**big, "size": 100})
+        with pytest.raises(FileRefused, match="over 5 MiB"):
+            await download(http, RateGovernor({DOWNLOAD: 6000}), team, token, lying)
+
+    async def stall(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/plain"})
+        await response.prepare(request)
+        await response.write(b"partial")
+        await asyncio.Event().wait()  # never finishes
+        return response
+
+    app = web.Application()
+    app.router.add_get("/f", stall)
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}/f"
+        plan = plan_file({"name": "s.log", "mimetype": "text/plain", "url_private_download": url})
+        async with ClientSession() as http:
+            with pytest.raises(FileRefused, match=r"took over 0\.2 s"):
+                await download(http, RateGovernor({DOWNLOAD: 6000}), "T", "t", plan, timeout=0.2)
+    finally:
+        await runner.cleanup()
