@@ -5,9 +5,12 @@ references for what each vendor takes."""
 from __future__ import annotations
 
 import base64
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+from jsonschema import Draft202012Validator
 
 from bot.rendering.files import (
     IMAGE_MAX,
@@ -27,7 +30,7 @@ from bot.rendering.files import (
 from bot.turns.routing import is_dm, is_mention, wants_turn
 from engine.effects.llm import anthropic, openai
 from engine.effects.llm.files import pdf_text, resolve_files
-from engine.files import FILE_URI, attachment, stored_digest
+from engine.files import FILE_URI, file_link, stored_digest
 from engine.protocol import parse_client_input
 
 URL = "https://files.slack.com/files-pri/T1-F1/download/x"
@@ -216,14 +219,29 @@ DIGEST = "ab" * 32
 
 
 def test_the_reference_is_valid_client_input() -> None:
-    ref = attachment(DIGEST, "image/png", 12)
-    assert ref == {"type": "attachment", "id": DIGEST, "mime": "image/png", "size": 12,
-                   "uri": FILE_URI + DIGEST}  # fmt: skip
+    ref = file_link(DIGEST, "image/png", "a.png")
+    assert ref == {"type": "link", "uri": FILE_URI + DIGEST, "mimeType": "image/png",
+                   "name": "a.png"}  # fmt: skip
     assert stored_digest(ref) == DIGEST
     assert stored_digest({**ref, "uri": "https://x/y"}) is None
     assert stored_digest({"type": "text", "text": FILE_URI + DIGEST}) is None
     message = {"role": "user", "content": [{"type": "text", "text": "see"}, ref]}
     parse_client_input({"type": "client.append", "agent_id": "a", "messages": [message]})
+
+
+def test_a_message_with_a_reference_is_a_schema_valid_message_for_a_worker() -> None:
+    """What a worker is sent (`messages`, `message_tree`): the schema's own Message."""
+    schema = json.loads((Path(__file__).parents[1] / "spec" / "protocol.schema.json").read_text())
+    message_schema = Draft202012Validator({"$ref": "#/$defs/Message", **schema})
+    ref = file_link(DIGEST, "application/pdf", "pm.pdf")
+    content = [
+        {"type": "text", "text": "alice: (shared 1 file)"},
+        {"type": "text", "text": "[file pm.pdf (PDF, 1.2 KiB)]"},
+        ref,
+    ]
+    message = {"id": "slack:1.000001", "role": "user", "content": content}
+    assert list(message_schema.iter_errors(message)) == []
+    assert list(message_schema.iter_errors({**message, "content": [{**ref, "extra": 1}]}))
 
 
 def _request(*parts: dict[str, Any]) -> dict[str, Any]:
@@ -248,7 +266,7 @@ PNG_URL = "data:image/png;base64," + base64.b64encode(PNG).decode()
 
 
 async def test_an_image_reference_becomes_each_vendors_image() -> None:
-    ref = attachment(DIGEST, "image/png", len(PNG))
+    ref = file_link(DIGEST, "image/png", "a.png")
     for vendor in ("openai", "openrouter", "anthropic"):
         [part] = await _resolved(vendor, {DIGEST: PNG}, ref)
         assert part == {"type": "image_url", "image_url": {"url": PNG_URL}}
@@ -260,7 +278,7 @@ async def test_an_image_reference_becomes_each_vendors_image() -> None:
 
 async def test_a_pdf_reference_is_a_document_for_anthropic_and_text_elsewhere() -> None:
     pdf = b"%PDF-1.4 not really"
-    ref = attachment(DIGEST, "application/pdf", len(pdf))
+    ref = file_link(DIGEST, "application/pdf", "pm.pdf")
     [doc] = await _resolved("anthropic", {DIGEST: pdf}, ref)
     body = anthropic.build_request(_request(doc), stream=False)
     source = {"type": "base64", "media_type": "application/pdf",
@@ -272,9 +290,9 @@ async def test_a_pdf_reference_is_a_document_for_anthropic_and_text_elsewhere() 
 
 
 async def test_missing_bytes_and_other_types_are_notes_and_the_rest_is_untouched() -> None:
-    gone = attachment(DIGEST, "image/png", 3)
-    other = attachment("cd" * 32, "application/zip", 3)
-    foreign = {"type": "attachment", "id": "x", "mime": "image/png", "size": 1, "uri": "s3://b/k"}
+    gone = file_link(DIGEST, "image/png", "a.png")
+    other = file_link("cd" * 32, "application/zip", "b.zip")
+    foreign = {"type": "link", "uri": "https://example.com/x.png", "mimeType": "image/png"}
     parts = await _resolved("openai", {"cd" * 32: b"zip"}, gone, other, foreign)
     assert parts == [
         {"type": "text", "text": "(a image/png that is no longer stored)"},
@@ -294,8 +312,8 @@ async def test_a_request_without_references_is_returned_as_it_is() -> None:
 async def test_messages_kept_encoded_are_not_read_again() -> None:
     """A message whose vendor form is kept is sent as kept: its files are not fetched; one
     dropped from the keep while another was read is fetched in a second round."""
-    ref = attachment(DIGEST, "image/png", len(PNG))
-    other = attachment("cd" * 32, "image/png", len(PNG))
+    ref = file_link(DIGEST, "image/png", "a.png")
+    other = file_link("cd" * 32, "image/png", "b.png")
     request = {
         "model": "m",
         "messages": [

@@ -3,7 +3,7 @@
 Each file of a message (bot/rendering/files.py says which kind it is): a text file becomes
 a text part (its name, its text, cut at the agent's `file_text_limit` with a note); an image
 or a PDF is stored once for the session through the engine's client (`Client.put_file`)
-and the message names it by an `attachment` part, which the engine resolves to the bytes at
+and the message names it by a `link` part, which the engine resolves to the bytes at
 the model call; anything else, and a file Slack would not give, is a one-line note. A
 message without files stays a plain string.
 """
@@ -79,7 +79,7 @@ class FileReader:
         if plan.kind == "text":
             text, cut = cut_text(data, total, plan.limit)
             return [_text(text_block(plan, text, cut))]
-        ref = await self.client.put_file(self.session_id, data, plan.mime)
+        ref = await self.client.put_file(self.session_id, data, plan.mime, plan.name)
         return [_text(f"[file {titled(plan)}]"), ref]
 
 

@@ -1,10 +1,10 @@
 """A session's files, stored once each: content-addressed by SHA-256.
 
 A file a message carries (a screenshot pasted in Slack, a PDF) is kept here, and the message
-in the session's log holds only a reference to it (the protocol's `attachment` content part,
-`engine/effects/llm/files.py`), so the bytes sit in Redis once per session rather than once
-per turn that reads them. One hash per session (`files:<session>`, the session's partition
-tag), field = the hex digest; deleting the session deletes it (lua/delete.lua).
+in the session's log holds only a reference to it (a `link` content part, engine/files.py),
+so the bytes sit in Redis once per session rather than once per turn that reads them. One
+hash per session (`files:<session>`, with the session's partition tag), field = the hex
+digest; deleting the session deletes it (lua/delete.lua).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Files in a model call: each stored-file reference swapped for the bytes, at the call.
 
-A message holds a file as an `attachment` part naming the bytes the session keeps
+A message holds a file as a `link` part naming the bytes the session keeps
 (engine/files.py); here, just before the request is built, each becomes what the vendor
 takes: an image (PNG, JPEG, GIF, WebP) an `image_url` part with a `data:` URL (OpenAI's own
 shape; the Anthropic module makes it an `image` block with a base64 source); a PDF a `file`
@@ -55,7 +55,7 @@ async def resolve_files(
     texts: dict[str, str | None] = {}  # PDFs' text, for vendors that take no documents
     while True:
         wanted = {
-            digest: str(part.get("mime") or "")
+            digest: str(part.get("mimeType") or "")
             for message in request.get("messages") or ()
             if (refs := _references(message)) and not kept(message)
             for digest, part in refs
@@ -97,7 +97,7 @@ def _part(
     digest = stored_digest(part)
     if digest is None:
         return part
-    data, mime = found.get(digest), str(part.get("mime") or "")
+    data, mime = found.get(digest), str(part.get("mimeType") or "")
     if data is None:
         return _note(f"(a {mime or 'file'} that is no longer stored)")
     if mime in IMAGE_TYPES:
