@@ -272,7 +272,14 @@ async def test_a_download_that_fails_is_a_note(
         del fake.file_state.files[gone["id"]]  # deleted since it was shared: Slack's 404
         zipped = fake.add_file("dump.zip", b"PK", "application/zip", pretty_type="Zip")
         kept = fake.add_file("ok.log", b"all good", "text/plain")
-        fake.post_files(fake.general, [gone, zipped, kept], thread_ts=root.ts)
+        # A file object whose address is not Slack's: the bot token must not go there.
+        elsewhere = {
+            **kept,
+            "id": "F9",
+            "name": "x.log",
+            "url_private_download": "http://127.0.0.2:9/x",
+        }
+        fake.post_files(fake.general, [gone, zipped, kept, elsewhere], thread_ts=root.ts)
         vendor.push(Text("One log was gone."))
         await _ask(world, "read them", root)
         answer = await world.reply_to(root)
@@ -284,6 +291,7 @@ async def test_a_download_that_fails_is_a_note(
             "[file dump.zip (Zip, 2 B): not read: the app reads only text, images and PDFs]" in text
         )
         assert "all good" in text
+        assert "[file x.log (text/plain, 8 B): not read: its address is not Slack's" in text
         assert fake.file_state.files[zipped["id"]].downloads == 0  # named, not fetched
 
 

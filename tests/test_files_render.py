@@ -23,6 +23,7 @@ from bot.rendering.files import (
     note,
     plan_file,
     size_text,
+    slack_hosted,
     text_block,
     titled,
     tool_images,
@@ -183,6 +184,26 @@ def test_tool_images_from_mcp_blobs_and_image_blocks() -> None:
     raw = base64.b64decode(PIXEL)
     assert tool_images(result, "image-1") == [("image-1-1.png", raw), ("image-1-2.jpg", raw)]
     assert tool_images(None, "s") == [] and tool_images({"content": "x"}, "s") == []
+
+
+@pytest.mark.parametrize(
+    ("url", "api_host", "ours"),
+    [
+        ("https://files.slack.com/files-pri/T1-F1/download/a.log", None, True),
+        ("https://files.slack-gov.com/files-pri/T1-F1/a.log", None, True),
+        ("http://files.slack.com/files-pri/T1-F1/a.log", None, False),  # not https
+        ("https://files.slack.com.evil.example/x", None, False),
+        ("https://evilslack.com/x", None, False),
+        ("https://example.com/x", "slack.com", False),
+        ("http://127.0.0.1:5555/files-pri/T1-F1/a.log", "127.0.0.1", True),  # SLACK_API_URL's
+        ("http://[::1", None, False),  # not a URL
+        (None, None, False),
+    ],
+)
+def test_the_bot_token_goes_only_to_slack(
+    url: str | None, api_host: str | None, ours: bool
+) -> None:
+    assert slack_hosted(url, api_host) is ours
 
 
 # --- routing -----------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import base64
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 __all__ = [
     "IMAGE_MAX",
@@ -32,6 +33,7 @@ __all__ = [
     "note",
     "plan_file",
     "size_text",
+    "slack_hosted",
     "text_block",
     "titled",
     "tool_images",
@@ -170,6 +172,24 @@ def text_block(plan: FilePlan, text: str, cut: str | None) -> str:
         fence += "`"
     body = f"[file {titled(plan)}]\n{fence}\n{text.rstrip()}\n{fence}"
     return f"{body}\n{cut}" if cut else body
+
+
+SLACK_DOMAINS = (".slack.com", ".slack-gov.com")  # files.slack.com, and GovSlack's
+
+
+def slack_hosted(url: str | None, api_host: str | None = None) -> bool:
+    """Whether `url` is Slack's (an https `*.slack.com` or GovSlack host, or the Web API's
+    own host, `SLACK_API_URL`'s for a stand-in): the only places the bot token is sent."""
+    if not url:
+        return False
+    try:
+        parts = urlsplit(url)
+        host = (parts.hostname or "").lower()
+    except ValueError:
+        return False
+    if api_host and host == api_host.lower():
+        return True
+    return parts.scheme == "https" and host.endswith(SLACK_DOMAINS)
 
 
 def is_sign_in(content_type: str, plan: FilePlan) -> bool:

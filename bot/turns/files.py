@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -21,6 +22,7 @@ from bot.rendering.files import (
     files_of,
     note,
     plan_file,
+    slack_hosted,
     text_block,
     titled,
 )
@@ -32,6 +34,7 @@ from engine.client import Client
 __all__ = ["FileReader"]
 
 OFF = "this app is set not to read files (files = false)"
+NOT_SLACK = "its address is not Slack's (the bot token is sent only to Slack)"
 
 
 class FileReader:
@@ -69,6 +72,8 @@ class FileReader:
             return [_text(note(plan, OFF))]
         if plan.kind == "skip":
             return [_text(note(plan, plan.reason))]
+        if not slack_hosted(plan.url, urlsplit(self.bot.web.base_url).hostname):
+            return [_text(note(plan, NOT_SLACK))]
         if self._http is None:
             self._http = aiohttp.ClientSession()
         token = self.bot.web.token or ""
