@@ -34,8 +34,9 @@ from bot.slack.intake import events_handler
 from bot.turns.follower import LEASE_MS, RETRY_SECONDS, Followers
 from bot.turns.listeners import Listeners
 from bot.turns.store import Checkpoints
+from bot.turns.watch import Watch
 from engine.client import Client
-from engine.config import Project, slack_env_suffix
+from engine.config import Project, WatchEntry, slack_env_suffix
 from engine.store.store import RedisClient
 
 __all__ = ["Bot", "Bots", "start_bots"]
@@ -82,13 +83,17 @@ class Bots:
         stream: str = "edit",
         files: bool = True,
         file_text_limit: int = 256 * 1024,
+        follow: bool = False,
+        watches: Sequence[Watch] = (),
     ) -> None:
-        """One agent's app, its inputs handed to the listeners."""
+        """One agent's app, its inputs handed to the listeners: with `follow`, a person's
+        reply in a thread it answered starts a turn; `watches` are its alert channels."""
         bot = new_bot(
             agent, answers, token, signing_secret, api_url, app_token=app_token, stream=stream
         )
         bot.files, bot.file_text_limit = files, file_text_limit
         app = bot.app
+        self.listeners.configure(agent, follow=follow, watches=watches)
 
         async def on_event(body: dict[str, Any], context: AsyncBoltContext) -> None:
             await self.listeners.event(bot, body, context)
@@ -167,6 +172,21 @@ class Bots:
         await self.paced.aclose()
 
 
+def _watches(agent: str, entries: Sequence[WatchEntry], env: Mapping[str, str]) -> list[Watch]:
+    """The agent's watch entries whose channel is known here (one named by an unset variable
+    is off, said once: `subs check` lists the variable as missing)."""
+    found = []
+    for i, entry in enumerate(entries):
+        channel = entry.channel_id(env)
+        if channel is None:
+            log.warning(
+                "slack: agent %s: watch.%d is off: %s is not set", agent, i, entry.channel_var
+            )
+            continue
+        found.append(Watch.of(channel, entry.posters, entry.match))
+    return found
+
+
 async def _send(team: str, method: str, send: Callable[[], Awaitable[Any]]) -> None:
     """Paced payloads are the calls themselves, so a stream's append reads its text late."""
     await send()
@@ -217,5 +237,7 @@ def start_bots(
             stream=agent.slack.stream,
             files=agent.slack.files,
             file_text_limit=agent.slack.file_text_limit,
+            follow=agent.slack.follow,
+            watches=_watches(agent.id, agent.slack.watch, env),
         )
     return bots
