@@ -28,7 +28,7 @@ from bot.rendering.files import (
     titled,
     tool_images,
 )
-from bot.turns.routing import is_dm, is_mention, wants_turn
+from bot.turns.routing import is_dm, is_mention, route, wants_turn
 from engine.effects.llm import anthropic, openai
 from engine.effects.llm.files import pdf_text, resolve_files
 from engine.files import FILE_URI, file_link, stored_digest
@@ -232,6 +232,18 @@ def test_a_dm_with_files_starts_a_turn(event: dict[str, Any], turn: bool) -> Non
 def test_a_mention_with_files_is_a_mention() -> None:
     event = {"type": "app_mention", "subtype": "file_share", "files": [{"id": "F1"}]}
     assert is_mention(event) and not is_mention({**event, "subtype": "message_changed"})
+
+
+def test_a_file_share_that_mentions_the_app_is_the_app_mentions_twin() -> None:
+    """With channel messages subscribed, a mention with a file arrives as `app_mention` and
+    as a `message` with `subtype: file_share`: both read as the one mention."""
+    message = {"type": "message", "channel_type": "channel", "subtype": "file_share",
+               "user": "U1", "channel": "C1", "ts": "2.000001", "thread_ts": "1.000001",
+               "text": "<@UBOT> see this", "files": [{"id": "F1"}]}  # fmt: skip
+    assert route(message, "both", "UBOT", "BBOT") == "mention"
+    mention = {**message, "type": "app_mention"}
+    del mention["channel_type"]
+    assert route(mention, "both", "UBOT", "BBOT") == "mention"
 
 
 # --- the engine's side: references in, vendor parts out ------------------------------------
