@@ -85,6 +85,8 @@ class Bots:
         app_token: str | None = None,
         stream: str = "edit",
         max_concurrent_turns: int = 4,
+        files: bool = True,
+        file_text_limit: int = 256 * 1024,
         follow: bool = False,
         watches: Sequence[Watch] = (),
     ) -> None:
@@ -100,6 +102,7 @@ class Bots:
             stream=stream,
             max_concurrent_turns=max_concurrent_turns,
         )
+        bot.files, bot.file_text_limit = files, file_text_limit
         app = bot.app
         self.listeners.configure(agent, follow=follow, watches=watches)
 
@@ -244,6 +247,8 @@ def start_bots(
             app_token=app_token,
             stream=agent.slack.stream,
             max_concurrent_turns=agent.slack.max_concurrent_turns,
+            files=agent.slack.files,
+            file_text_limit=agent.slack.file_text_limit,
             follow=agent.slack.follow,
             watches=_watches(agent.id, agent.slack.watch, env),
         )

@@ -145,6 +145,8 @@ class SlackBlock:
     commands: tuple[str, ...]
     stream: str  # edit | native
     max_concurrent_turns: int = 4  # this app's turns running at once, across processes
+    files: bool = True  # read the files on messages (files:read), upload the agent's images
+    file_text_limit: int = 256 * 1024  # bytes of a text file the model reads, then cut
     follow: bool = True  # a person's reply in a thread the app answered starts a turn
     watch: tuple[WatchEntry, ...] = ()  # alert channels: new posts triaged without a mention
 
@@ -567,6 +569,8 @@ class _Slack(_Model):
     commands: list[Annotated[str, AfterValidator(_slash_command)]] = Field(default_factory=list)
     stream: Literal["edit", "native"] = "edit"
     max_concurrent_turns: Annotated[int, Field(ge=1, le=1000)] = 4
+    files: bool = True
+    file_text_limit: Annotated[int, Field(ge=1, le=16 * 1024 * 1024)] = 256 * 1024
     follow: bool = True
     watch: list[_Watch] = Field(default_factory=list)
 
@@ -1041,6 +1045,8 @@ def _build(root: _Root, path: str) -> Project:
                 commands=tuple(a.slack.commands),
                 stream=a.slack.stream,
                 max_concurrent_turns=a.slack.max_concurrent_turns,
+                files=a.slack.files,
+                file_text_limit=a.slack.file_text_limit,
                 follow=a.slack.follow,
                 watch=tuple(WatchEntry(w.channel, tuple(w.from_), w.match) for w in a.slack.watch),
             ),

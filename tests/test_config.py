@@ -617,6 +617,8 @@ def test_defaults(tmp_path: Path):
         "commands": (),
         "stream": "edit",
         "max_concurrent_turns": 4,
+        "files": True,
+        "file_text_limit": 256 * 1024,
         "follow": True,
         "watch": (),
     }
