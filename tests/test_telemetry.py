@@ -468,3 +468,60 @@ async def test_a_turn_submitted_with_a_traceparent_joins_the_callers_trace(
     assert chat["parent_id"] == first["span_id"]
     assert second["trace_id"] == trace_id_for_turn(sid, again.json()["turn_id"])
     assert second["parent_id"] is None
+
+
+async def test_a_subagents_turn_nests_under_its_parents_tool_call(redis, vendor, tmp_path):
+    def model(body: dict):
+        first = body["messages"][0]
+        if first.get("content") == "You lead.":
+            if body["messages"][-1]["role"] == "tool":
+                return Text("The child answered.")
+            return ToolCalls([("researcher", {"message": "find it"})])
+        return Text("found")
+
+    vendor.responder = model
+    async with otlp_receiver() as receiver:
+        text = textwrap.dedent(
+            f"""\
+            [llm.openai]
+            type = "openai"
+            base_url = "{vendor.url}/v1"
+
+            [agent.lead]
+            llm = "openai"
+            model = "gpt-4.1-mini"
+            system = "You lead."
+            subagents = ["agent.researcher"]
+
+            [agent.researcher]
+            llm = "openai"
+            model = "gpt-4.1-mini"
+            system = "You research."
+            description = "Finds things out."
+
+            [telemetry]
+            endpoint = "{receiver.url}"
+            """
+        )
+        path = tmp_path / "subs.toml"
+        path.write_text(text)
+        engine = Engine(parse_project(text, str(path), env={}), redis, env=ENV, lease_ms=3000)
+        await engine.start()
+        try:
+            client = Client(engine.store)
+            message = {"role": "user", "content": "look into it"}
+            reply = await client.submit(
+                {"type": "client.message", "agent_id": "lead", "message": message}
+            )
+            end = await wait_for_event(client, reply["session_id"], turn_ended(reply["turn_id"]))
+            assert end["payload"]["type"] == "turn.completed"
+        finally:
+            await engine.stop()
+    lead = next(s for s in receiver.named("invoke_agent") if s["name"] == "invoke_agent lead")
+    child = next(s for s in receiver.named("invoke_agent") if s["name"] != lead["name"])
+    (call,) = receiver.named("execute_tool researcher")
+    assert child["name"] == "invoke_agent researcher"
+    assert {s["trace_id"] for s in receiver.spans} == {lead["trace_id"]}
+    assert call["parent_id"] == lead["span_id"] and child["parent_id"] == call["span_id"]
+    (child_chat,) = [s for s in receiver.named("chat") if s["parent_id"] == child["span_id"]]
+    assert call["start_ns"] <= child["start_ns"] <= child_chat["end_ns"] <= call["end_ns"]

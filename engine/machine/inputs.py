@@ -196,6 +196,9 @@ class ChildSpawned:
     decider: str = "engine"
     llm_routes: dict[str, dict[str, Any]] | None = None
     attempt: int = 1  # the parent call's attempt: a retried spawn is a turn of its own
+    # The parent call attempt's span (set by the shell when tracing): the child's turn
+    # joins the parent's trace under the call that runs it.
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)

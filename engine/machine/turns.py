@@ -405,6 +405,7 @@ def child_spawned(st: Step, inp: ChildSpawned) -> None:
         inp.decider,
         inp.llm_routes,
         ancestry=inp.ancestry,
+        traceparent=inp.traceparent,
     )
     submit_turn(st, submitted, delivered=True)
 

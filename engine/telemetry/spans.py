@@ -111,6 +111,16 @@ def attempt_context(turn: SpanContext, what: str, ident: str, attempt: int) -> S
     return SpanContext(turn.trace_id, span_id(turn.trace_id, what, ident, str(attempt)))
 
 
+def call_context(state: SessionState, call_id: str, attempt: int) -> SpanContext | None:
+    """The span of one attempt of an open call of `state` (None: no such call)."""
+    call = state.calls.get(call_id)
+    if call is None:
+        return None
+    trace = state.turn.trace if state.turn and state.turn.id == call.turn_id else None
+    turn = turn_context(state.session_id, call.turn_id, traceparent=trace)
+    return attempt_context(turn, "call", call_id, attempt)
+
+
 def _usage_attributes(usage: Mapping[str, Any] | None) -> Attributes:
     if not usage:
         return {}
