@@ -7,6 +7,10 @@ headers it was sent.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import os
 import signal
 import subprocess
 import sys
@@ -525,3 +529,102 @@ async def test_a_subagents_turn_nests_under_its_parents_tool_call(redis, vendor,
     assert call["parent_id"] == lead["span_id"] and child["parent_id"] == call["span_id"]
     (child_chat,) = [s for s in receiver.named("chat") if s["parent_id"] == child["span_id"]]
     assert call["start_ns"] <= child["start_ns"] <= child_chat["end_ns"] <= call["end_ns"]
+
+
+# -- logs --------------------------------------------------------------------------------
+
+LOG_SCRIPT = textwrap.dedent(
+    """\
+    import logging
+    from engine.cli.commands import _start_logging
+    from engine.telemetry.ids import SpanContext
+    from engine.telemetry.logs import CURRENT
+    _start_logging()
+    log = logging.getLogger("subs.engine")
+    log.warning("outside any span")
+    CURRENT.set(SpanContext("%s", "%s"))
+    log.warning("the vendor answered 529; trying again")
+    """
+) % (T, P)
+
+
+def run_logging(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SUBS_LOG")}
+    return subprocess.run(
+        [sys.executable, "-c", LOG_SCRIPT], capture_output=True, text=True, cwd=ROOT,
+        env={**full, **env}, timeout=60,
+    )
+
+
+def test_json_log_lines_name_the_span_they_happened_in():
+    out = run_logging({"SUBS_LOG_FORMAT": "json"})
+    first, second = [json.loads(line) for line in out.stderr.splitlines()]
+    assert first["message"] == "outside any span" and "trace_id" not in first
+    assert second["level"] == "WARNING" and second["logger"] == "subs.engine"
+    assert (second["trace_id"], second["span_id"]) == (T, P)
+    assert second["time"].endswith("+00:00")
+
+
+def test_full_records_carry_the_span_and_the_default_lines_do_not():
+    full = run_logging({"SUBS_LOG": "info"}).stderr.splitlines()
+    assert full == [
+        "WARNING:subs.engine:outside any span",
+        f"WARNING:subs.engine:the vendor answered 529; trying again trace_id={T} span_id={P}",
+    ]
+    default = run_logging({}).stderr.splitlines()
+    assert default == ["subs: outside any span", "subs: the vendor answered 529; trying again"]
+
+
+def test_an_unknown_log_format_is_one_line_naming_it(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "check", "-c", str(tmp_path / "none.toml")],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        env={**os.environ, "SUBS_LOG_FORMAT": "xml"},
+    )
+    assert out.returncode == 2
+    said = "subs: SUBS_LOG_FORMAT='xml' is not a format; the one there is: json"
+    assert out.stderr.strip() == said
+
+
+async def test_an_effect_logs_inside_its_calls_span(vendor, tmp_path):
+    """The runner starts each effect in its span's context: what it logs names the span."""
+    from engine.effects.runner import EffectRunner
+    from engine.machine import RunLlmCall
+    from engine.runtime.metrics import Metrics
+    from engine.telemetry.logs import SpanFields
+    from engine.telemetry.spans import call_context
+
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    handler = Keep()
+    handler.addFilter(SpanFields())
+    logging.getLogger("subs.test").addHandler(handler)
+
+    def runner(er, state, effect, done, tasks):
+        async def work() -> None:
+            logging.getLogger("subs.test").warning("inside the call")
+
+        task = asyncio.create_task(work())
+        tasks.add(task)
+
+    state = state_mid_turn()
+    project = project_with(tmp_path, vendor.url)
+    effects = EffectRunner(project, None, {}, {}, Metrics(), lambda: 0.0, {RunLlmCall: runner})
+    tasks: set[asyncio.Task[None]] = set()
+    try:
+        effect = RunLlmCall("call_1", 2, None)
+        effects.start(state, effect, lambda *_: None, tasks)
+        await asyncio.gather(*tasks)
+        effects.sampled = True
+        effects.start(state, effect, lambda *_: None, tasks)
+        await asyncio.gather(*tasks)
+    finally:
+        logging.getLogger("subs.test").removeHandler(handler)
+        await effects.aclose()
+    span = call_context(state, "call_1", 2)
+    assert span is not None
+    assert [(r.trace_id, r.span_id) for r in seen] == [("", ""), (span.trace_id, span.span_id)]

@@ -934,15 +934,31 @@ class OneLine(logging.Formatter):
         return "subs: " + " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
+def _log_format() -> str | None:
+    """`SUBS_LOG_FORMAT`: `json` or unset (the default lines)."""
+    raw = os.environ.get("SUBS_LOG_FORMAT")
+    if raw is None or not raw.strip():
+        return None
+    if raw.strip().lower() != "json":
+        raise Usage(f"SUBS_LOG_FORMAT={raw!r} is not a format; the one there is: json")
+    return "json"
+
+
 def _start_logging() -> None:
-    """Warnings as `subs:` lines on stderr by default; `SUBS_LOG` for full records."""
-    level = _log_level()
-    if level is None:
-        handler = logging.StreamHandler(sys.stderr)
+    """Warnings as `subs:` lines on stderr by default; `SUBS_LOG` for full records (with the
+    span they happened in, when tracing is on), `SUBS_LOG_FORMAT=json` for JSON lines."""
+    from engine.telemetry.logs import JsonLines, SpanFields, WithSpan
+
+    level, form = _log_level(), _log_format()
+    handler = logging.StreamHandler(sys.stderr)
+    if form == "json":
+        handler.setFormatter(JsonLines())
+    elif level is None:
         handler.setFormatter(OneLine(REDACTOR.scrub))
-        logging.basicConfig(level=logging.WARNING, handlers=[handler])
     else:
-        logging.basicConfig(level=level, stream=sys.stderr)
+        handler.setFormatter(WithSpan(logging.BASIC_FORMAT))
+    handler.addFilter(SpanFields())
+    logging.basicConfig(level=level or logging.WARNING, handlers=[handler])
     REDACTOR.install()
 
 

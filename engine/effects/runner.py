@@ -15,6 +15,7 @@ here (`builtin_runners`), each call kind's from its own module (MCP's in
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import time
@@ -47,6 +48,8 @@ from engine.machine.retry import Fault
 from engine.runtime.metrics import Metrics
 from engine.runtime.retrying import Trouble
 from engine.store.store import Store
+from engine.telemetry.logs import CURRENT
+from engine.telemetry.spans import effect_context
 
 log = logging.getLogger("subs.engine")
 
@@ -126,7 +129,17 @@ class EffectRunner:
         return type(effect) in self.runners
 
     def start(self, state: SessionState, effect: object, done: Done, tasks: Tasks) -> None:
-        self.runners[type(effect)](self, state, effect, done, tasks)
+        runner = self.runners[type(effect)]
+        span = effect_context(state, effect) if self.sampled else None
+        if span is None:
+            runner(self, state, effect, done, tasks)
+            return
+
+        def in_span() -> None:  # the effect's tasks copy this context: their logs name it
+            CURRENT.set(span)
+            runner(self, state, effect, done, tasks)
+
+        contextvars.copy_context().run(in_span)
 
     def run(
         self,
