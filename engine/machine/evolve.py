@@ -80,13 +80,21 @@ def _turn_queued(s: SessionState, e: Event, p: ev.TurnQueued) -> None:
     entry: dict[str, Any] = {"turn_id": p["turn_id"], "input": p["input"]}
     if p.get("deadline_ms") is not None:
         entry["deadline_ms"] = p["deadline_ms"]
+    if p.get("by"):
+        entry["by"] = p["by"]
     s.queue.append(entry)
     s.turns[p["turn_id"]] = "queued"
 
 
 def _turn_started(s: SessionState, e: Event, p: ev.TurnStarted) -> None:
     tid = p["turn_id"]
-    s.turn = Turn(id=tid, started_at=at_ms(e), parent=p.get("parent"), tools=p.get("client_tools"))
+    s.turn = Turn(
+        id=tid,
+        started_at=at_ms(e),
+        parent=p.get("parent"),
+        tools=p.get("client_tools"),
+        by=p.get("by"),
+    )
     s.turns[tid] = "running"
     if s.queue and s.queue[0]["turn_id"] == tid:
         s.queue.pop(0)
@@ -264,6 +272,8 @@ def _interrupted(s: SessionState, e: Event, p: ev.SessionInterrupted) -> None:
         "reason": p["reason"],
         "payload": p.get("payload"),
     }
+    if p.get("by"):
+        s.interrupts[p["interrupt_id"]]["by"] = p["by"]
 
 
 def _decision_held(s: SessionState, e: Event, p: ev.DecisionHeld) -> None:
