@@ -143,6 +143,11 @@ class SlackBlock:
     answers: str  # both | dm | channels
     commands: tuple[str, ...]
     stream: str  # edit | native
+    # Who may start turns (empty: anyone): Slack team, channel and user ids.
+    allow_teams: tuple[str, ...] = ()
+    allow_channels: tuple[str, ...] = ()
+    allow_users: tuple[str, ...] = ()
+    external: bool = False  # people of other organisations (Slack Connect) may use it
 
 
 @dataclass(frozen=True)
@@ -237,6 +242,9 @@ class AgentDecl:
     retry: dict | None
     slack: SlackBlock | None
     mcp: tuple[dict, ...] = ()  # wire McpServer entries: {id: "mcp.<id>", tools?, auth_failure?}
+    # Who may answer its interrupts in Slack: user ("U…"/"W…") and user group ("S…") ids;
+    # empty: the person whose message started the turn.
+    approvers: tuple[str, ...] = ()
     subagent_modes: dict[str, str] = field(default_factory=dict)  # child -> SubagentMode
 
     def wire_config(self, project: Project) -> dict | None:
@@ -495,12 +503,36 @@ class _Retry(_Model):
     connector: _RetryOverride | None = None  # fetching a connection's tool list
 
 
+def _slack_ids(prefixes: str, what: str) -> Any:
+    def check(value: str) -> str:
+        if not re.fullmatch(f"[{prefixes}][A-Z0-9]+", value):
+            raise ValueError(f"{value!r} is not a Slack {what} id")
+        return value
+
+    return AfterValidator(check)
+
+
+_UserOrGroup = Annotated[str, _slack_ids("UWS", "user (U…/W…) or user group (S…)")]
+
+
+class _SlackAllow(_Model):
+    teams: list[Annotated[str, _slack_ids("TE", "team (T…) or enterprise (E…)")]] = Field(
+        default_factory=list
+    )
+    channels: list[Annotated[str, _slack_ids("CGD", "channel (C…/G…/D…)")]] = Field(
+        default_factory=list
+    )
+    users: list[Annotated[str, _slack_ids("UW", "user (U…/W…)")]] = Field(default_factory=list)
+
+
 class _Slack(_Model):
     name: Annotated[str, Field(min_length=1, max_length=35)] | None = None
     description: Annotated[str, Field(max_length=140)] = ""
     answers: Literal["both", "dm", "channels"] = "both"
     commands: list[Annotated[str, AfterValidator(_slash_command)]] = Field(default_factory=list)
     stream: Literal["edit", "native"] = "edit"
+    allow: _SlackAllow | None = None
+    external: bool = False
 
 
 class _Mcp(_Model):
@@ -527,6 +559,7 @@ class _McpRef(_Model):
     id: NonEmpty
     tools: _McpTools | None = None
     auth_failure: Literal["interrupt", "degrade"] | None = None
+    approve: Literal["never", "destructive", "always"] | None = None
 
 
 class _Agent(_Model):
@@ -545,6 +578,7 @@ class _Agent(_Model):
     retry: _Retry | None = None
     slack: _Slack | None = None
     mcp: list[NonEmpty | _McpRef] = Field(default_factory=list)
+    approvers: list[_UserOrGroup] | None = None
 
 
 class _Root(_Model):
@@ -966,7 +1000,12 @@ def _build(root: _Root, path: str) -> Project:
                 answers=a.slack.answers,
                 commands=tuple(a.slack.commands),
                 stream=a.slack.stream,
+                allow_teams=tuple(a.slack.allow.teams) if a.slack.allow else (),
+                allow_channels=tuple(a.slack.allow.channels) if a.slack.allow else (),
+                allow_users=tuple(a.slack.allow.users) if a.slack.allow else (),
+                external=a.slack.external,
             ),
+            approvers=tuple(a.approvers or ()),
         )
         for aid, a in root.agent.items()
     }

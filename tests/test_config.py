@@ -561,7 +561,12 @@ def test_defaults(tmp_path: Path):
         "answers": "both",
         "commands": (),
         "stream": "edit",
+        "allow_teams": (),
+        "allow_channels": (),
+        "allow_users": (),
+        "external": False,  # least privilege: no Slack Connect guests
     }
+    assert agent.approvers == ()  # the person who started the turn
     with pytest.raises(dataclasses.FrozenInstanceError):
         agent.model = "other"  # type: ignore[misc]
     # A step is acknowledged only once on disk: the engine's promise, not Redis's default.
@@ -831,3 +836,26 @@ def test_a_subagent_entry_may_set_the_mode_its_calls_use(tmp_path: Path):
         {"id": "c", "description": ""},
     ]
     AGENT_CONFIG.validate(wire)
+
+
+def test_approvers_allow_and_approve_load_and_bad_ids_are_named(tmp_path: Path):
+    text = (
+        '[llm.a]\ntype = "anthropic"\n[mcp.db]\nurl = "http://127.0.0.1:9/mcp"\n'
+        '[agent.oncall]\nllm = "a"\nmodel = "m"\napprovers = ["U1ABC", "S0GROUP"]\n'
+        'mcp = [{ id = "mcp.db", approve = "always" }]\n'
+        '[agent.oncall.slack]\nallow = { teams = ["T1"], channels = ["C1"] }\nexternal = true\n'
+    )
+    agent = load(tmp_path, text).agents["oncall"]
+    assert agent.approvers == ("U1ABC", "S0GROUP")
+    assert agent.mcp == ({"id": "mcp.db", "approve": "always"},)
+    assert agent.slack is not None
+    assert (agent.slack.allow_teams, agent.slack.allow_channels, agent.slack.allow_users) == (
+        ("T1",),
+        ("C1",),
+        (),
+    )
+    assert agent.slack.external is True
+    with pytest.raises(ConfigError, match="approvers"):
+        load(tmp_path, text.replace('"S0GROUP"', '"#oncall"'))
+    with pytest.raises(ConfigError, match="approve"):
+        load(tmp_path, text.replace('"always"', '"sometimes"'))
