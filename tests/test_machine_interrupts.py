@@ -221,7 +221,7 @@ def test_an_approved_call_is_sent_and_a_declined_one_is_a_tool_error_the_model_r
     mcp_call(s, "clock__reset")
     t = resume(s, "approve-c1", value="decline")
     assert not effects(t, RunMcpCall)
-    [llm] = effects(t, RunLlmCall)  # the model is asked again, with the error to read
+    assert effects(t, RunLlmCall)  # the model is asked again, with the error to read
     tool_msgs = [
         e["payload"]["message"]
         for e in s.log
