@@ -4,7 +4,8 @@
     python tests/mcp_server.py --http PORT --token T    # streamable HTTP on loopback, bearer T
 
 Tools: `now` (a fixed clock), `echo`, `boom` (fails: `isError`), `secret_rotate`
-(`destructiveHint`: the engine asks before sending it; each call is logged as `slow`'s), `slow` (answers after a file appears: a call the
+(`destructiveHint`: the engine asks before sending it; each call is logged as `slow`'s),
+`slow` (answers after a file appears: a call the
 test can kill the server in the middle of), `grow` (adds `later` and sends
 `notifications/tools/list_changed`), `grow_quietly` (adds `hush`, telling no one),
 `picture` (an image block), `forecast` (structured

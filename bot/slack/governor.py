@@ -46,6 +46,7 @@ TIERS: dict[str, float] = {
     "chat.postEphemeral": 100,  # Tier 4 (§1.5)
     "users.info": 100,  # Tier 4 (§1.5; oncall-facts §2.4)
     "bots.info": 50,  # Tier 3 (docs.slack.dev/reference/methods/bots.info)
+    "usergroups.users.list": 20,  # Tier 2 (docs.slack.dev/reference/methods/usergroups.users.list)
 }
 PER_CHANNEL = frozenset({"chat.postMessage"})
 

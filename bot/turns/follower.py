@@ -20,7 +20,7 @@ from typing import Any
 
 from bot.rendering.message_text import attributed, wanted_ids
 from bot.rendering.mrkdwn import escape
-from bot.rendering.prompts import prompt_for
+from bot.rendering.prompts import expired_prompt, prompt_for
 from bot.rendering.turn_view import TurnView
 from bot.slack.agent_app import Bot
 from bot.slack.directory import Directory
@@ -28,7 +28,7 @@ from bot.slack.governor import Paced
 from bot.slack.indicator import Indicator
 from bot.slack.parts import stamped_parts
 from bot.slack.reply import Reply
-from bot.slack.webapi import every_message, governed, thread_messages
+from bot.slack.webapi import call, every_message, governed, thread_messages
 from bot.turns.checkpoint import Checkpoint, LeaseLost
 from bot.turns.routing import missed_messages
 from bot.turns.store import Checkpoints, seen_key
@@ -252,6 +252,7 @@ class Followers:
     ) -> None:
         """Fold the turn's events and deltas into its Slack message until the reply is whole."""
         follow = self.client.follow(cp.session_id, cp.after, delta_cursor=cp.cursor)
+        prompts: dict[str, dict[str, Any]] = {}  # by interrupt id, as posted
         async for kind, item in follow:
             if kind == "delta":
                 view.apply_delta(item)
@@ -267,7 +268,10 @@ class Followers:
                 if payload["type"] == "session.interrupted":
                     prompt = prompt_for(payload)
                     if prompt is not None:
+                        prompts[payload["interrupt_id"]] = prompt
                         await reply.post(f"prompt-{payload['interrupt_id']}", prompt)
+                elif payload["type"] == "session.interrupt_resumed" and payload.get("expired"):
+                    await self._expired(cp, prompts.get(payload["interrupt_id"]), payload)
                 await reply.show_channel()
             if view.done:
                 await reply.finish(view.render())
@@ -277,6 +281,18 @@ class Followers:
             if reply.ts is not None and not had_reply:
                 working.replied()
             working.show(view.status or "")
+
+    async def _expired(
+        self, cp: Checkpoint, prompt: dict[str, Any] | None, payload: dict[str, Any]
+    ) -> None:
+        """The engine resolved a prompt as expired: rewrite it to say so (buttons gone)."""
+        ts = cp.posted.get(f"prompt-{payload['interrupt_id']}")
+        if prompt is None or ts is None:
+            return
+        bot = self.bots[cp.agent]
+        args = {"channel": cp.channel, "ts": ts, **expired_prompt(prompt)}
+        send = functools.partial(call, bot.web, "chat.update", args)
+        await self.paced.submit(cp.team, "chat.update", (cp.channel, ts), send)
 
     # -- resuming -----------------------------------------------------------------------------
 

@@ -45,6 +45,7 @@ DEFAULT_LIMITS: dict[str, Limit | None] = {
     "reactions.remove": TIER_2,
     "users.info": TIER_4,
     "bots.info": TIER_3,  # docs.slack.dev/reference/methods/bots.info: Tier 3
+    "usergroups.users.list": TIER_2,  # docs.slack.dev/reference/methods/usergroups.users.list
     "auth.test": None,
     "assistant.threads.setStatus": None,
     "apps.connections.open": None,
@@ -63,7 +64,7 @@ STATUS_TIMEOUT = 120.0  # a thread status clears after two minutes without a mes
 
 DEFAULT_SCOPES = (
     "app_mentions:read,assistant:write,channels:history,chat:write,commands,groups:history,"
-    "im:history,im:write,reactions:write,users:read"
+    "im:history,im:write,reactions:write,usergroups:read,users:read"
 )
 
 
