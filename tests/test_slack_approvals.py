@@ -23,6 +23,7 @@ from tests.bot_helpers import AGENT, World, serve_bots
 from tests.engine_helpers import project_toml
 from tests.fakes.llm_vendor import FakeVendor, Text
 from tests.fakes.slack import FakeSlack, Message
+from tests.slack_serve_helpers import of_type, slack_serve
 from tests.workers import TestWorker, WorkerFactory
 
 HELPER = "helper"
@@ -277,3 +278,43 @@ async def test_start_bots_maps_the_slack_block_and_approvers(
         listeners = served.bots.listeners
         assert listeners.access[AGENT] == Access(("T0A",), ("C0A", "C0B"), ("U0A",), True)
         assert listeners.approvers[AGENT] == ("U0BOB", "S0LEADS")
+
+
+# -- expiry across a SIGKILL of `subs serve` ----------------------------------------------------
+
+
+async def test_a_prompt_expires_even_when_the_engine_is_killed_in_between(
+    tmp_path: Path, redis_url: str, vendor: FakeVendor, test_worker: WorkerFactory
+) -> None:
+    """The expiry timer is committed with the interrupt: a `subs serve` SIGKILLed while
+    the prompt is open, started again, still resolves it as expired, and the new process's
+    bot rewrites the prompt; a click after that is refused."""
+    asks = Asks()
+    asks.expires_in = 3.0
+    worker = await test_worker(asks)
+    vendor.push(Text("Not restarted, then."))
+    async with slack_serve(tmp_path, redis_url, vendor.url, agent=HELPER, worker=worker.url) as app:
+        fake = app.fake
+        mention = fake.post_as_user(fake.general, fake.mention("restart prod"))
+        assert (await app.send_event(fake.event_for(mention, kind="app_mention"))).status == 200
+        prompt = await fake.until(lambda: app.bot_messages(mention)[:1] or None, timeout=20)
+        [prompt] = prompt
+        late = fake.block_action(prompt, approve_button(prompt))
+        await app.kill()
+        assert "session.interrupt_resumed" not in [
+            e["payload"]["type"] for e in await app.events(mention)
+        ]
+        await app.restart()
+
+        def rewritten() -> Message | None:
+            shown = fake.message(fake.general.id, prompt.ts)
+            return shown if "Expired" in shown.text else None
+
+        await fake.until(rewritten, timeout=30)
+        log = await app.turns_ended(mention, timeout=30)
+        [done] = of_type(log, "session.interrupt_resumed")
+        assert done["expired"] is True
+        assert (await app.send_action(late)).status == 200
+        refused = await ephemeral(fake, 1)
+        assert refused.text == "This prompt was already answered, or it expired."
+        assert len(of_type(await app.events(mention), "session.interrupt_resumed")) == 1
