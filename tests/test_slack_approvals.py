@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from bot.turns.access import REFUSED, Access
@@ -304,6 +305,7 @@ async def test_a_prompt_expires_even_when_the_engine_is_killed_in_between(
         assert "session.interrupt_resumed" not in [
             e["payload"]["type"] for e in await app.events(mention)
         ]
+        app.env["SUBS_LOG"] = "INFO"  # the new process logs every record (the refusal below)
         await app.restart()
 
         def rewritten() -> Message | None:
@@ -318,3 +320,17 @@ async def test_a_prompt_expires_even_when_the_engine_is_killed_in_between(
         refused = await ephemeral(fake, 1)
         assert refused.text == "This prompt was already answered, or it expired."
         assert len(of_type(await app.events(mention), "session.interrupt_resumed")) == 1
+
+        # The serve process counts a refused guest in /metrics, and logs no message text.
+        guest = fake.add_external_user("gina")
+        fake.general.members.add(guest.id)
+        said = fake.post_as_user(fake.general, fake.mention("secret plans 7c1f"), user=guest)
+        assert (await app.send_event(fake.event_for(said, kind="app_mention"))).status == 200
+        assert (await ephemeral(fake, 2)).text == REFUSED["external"]
+        assert app.serve is not None
+        async with httpx.AsyncClient(base_url=app.serve.api) as http:
+            metrics = (await http.get("/metrics")).text
+        line = f'subs_slack_refusals_total{{agent="{HELPER}",reason="external"}} 1'
+        assert line in metrics.splitlines()
+        await fake.until(lambda: f"refused {guest.id}" in "".join(app.stderr) or None, timeout=10)
+        assert "secret plans" not in "".join(app.stderr)
