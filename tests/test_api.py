@@ -1010,3 +1010,15 @@ async def test_an_interrupt_expires_at_its_expires_at_and_a_late_resume_is_refus
     resume = {"type": "interrupt.resume", "interrupt_id": iid, "payload": {"value": "yes"}}
     late = await http.post(INPUT, json={"session_id": sid, "input": resume}, headers=auth(ROOT))
     assert late.status_code == 202 and late.json() == {"session_id": sid, "resumed": False}
+
+
+async def test_an_expires_at_that_is_not_a_time_is_refused_at_the_edge(http, vendor):
+    vendor.push(ToolCalls([("confirm", {"question": "sure?"})]))
+    reply = await submit(http, say("start"))
+    sid = reply["session_id"]
+    await read_stream(http, sid, stop=of_type("tool.call.dispatched"))
+    body = {"reason": "x", "payload": {"expiresAt": "tomorrow-ish"}}
+    bad = await http.post(f"/api/client/sessions/{sid}/interrupt", json=body, headers=auth(ROOT))
+    assert bad.status_code == 422 and bad.json()["code"] == "invalid_input"
+    assert bad.json()["error"].startswith("payload.expiresAt: ")
+    assert "RFC 3339" in bad.json()["error"]
