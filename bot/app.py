@@ -35,8 +35,9 @@ from bot.turns.access import Access
 from bot.turns.follower import LEASE_MS, RETRY_SECONDS, Followers
 from bot.turns.listeners import Listeners
 from bot.turns.store import Checkpoints
+from bot.turns.watch import Watch
 from engine.client import Client
-from engine.config import Project, slack_env_suffix
+from engine.config import Project, WatchEntry, slack_env_suffix
 from engine.store.store import RedisClient
 
 __all__ = ["Bot", "Bots", "start_bots"]
@@ -83,15 +84,20 @@ class Bots:
         *,
         app_token: str | None = None,
         stream: str = "edit",
+        follow: bool = False,
+        watches: Sequence[Watch] = (),
         access: Access | None = None,
         approvers: Sequence[str] = (),
     ) -> None:
-        """One agent's app, its inputs handed to the listeners; `access` says who may start
-        turns, `approvers` who may answer prompts (else the turn's starter)."""
+        """One agent's app, its inputs handed to the listeners: with `follow`, a person's
+        reply in a thread it answered starts a turn; `watches` are its alert channels;
+        `access` says who may start turns, `approvers` who may answer prompts (else the
+        turn's starter)."""
         bot = new_bot(
             agent, answers, token, signing_secret, api_url, app_token=app_token, stream=stream
         )
         app = bot.app
+        self.listeners.configure(agent, follow=follow, watches=watches)
         self.listeners.access[agent] = access or Access()
         self.listeners.approvers[agent] = tuple(approvers)
 
@@ -172,6 +178,21 @@ class Bots:
         await self.paced.aclose()
 
 
+def _watches(agent: str, entries: Sequence[WatchEntry], env: Mapping[str, str]) -> list[Watch]:
+    """The agent's watch entries whose channel is known here (one named by an unset variable
+    is off, said once: `subs check` lists the variable as missing)."""
+    found = []
+    for i, entry in enumerate(entries):
+        channel = entry.channel_id(env)
+        if channel is None:
+            log.warning(
+                "slack: agent %s: watch.%d is off: %s is not set", agent, i, entry.channel_var
+            )
+            continue
+        found.append(Watch.of(channel, entry.posters, entry.match))
+    return found
+
+
 async def _send(team: str, method: str, send: Callable[[], Awaitable[Any]]) -> None:
     """Paced payloads are the calls themselves, so a stream's append reads its text late."""
     await send()
@@ -228,6 +249,8 @@ def start_bots(
             agent.slack.commands,
             app_token=app_token,
             stream=agent.slack.stream,
+            follow=agent.slack.follow,
+            watches=_watches(agent.id, agent.slack.watch, env),
             access=Access(
                 agent.slack.allow_teams,
                 agent.slack.allow_channels,
