@@ -334,3 +334,20 @@ async def test_a_prompt_expires_even_when_the_engine_is_killed_in_between(
         assert line in metrics.splitlines()
         await fake.until(lambda: f"refused {guest.id}" in "".join(app.stderr) or None, timeout=10)
         assert "secret plans" not in "".join(app.stderr)
+
+
+async def test_a_guests_follow_up_in_an_answered_thread_starts_nothing_and_says_nothing(
+    world: World,
+) -> None:
+    fake = world.fake
+    guest = fake.add_external_user("gina")
+    fake.general.members.add(guest.id)
+    world.vendor.push(Text("Hello alice."))
+    mention = fake.post_as_user(fake.general, fake.mention("hi"))
+    await fake.send_event(world.url, fake.event_for(mention, kind="app_mention"))
+    await world.reply_to(mention)
+    aside = fake.post_as_user(fake.general, "what does it say?", user=guest, thread_ts=mention.ts)
+    assert (await fake.send_event(world.url, fake.event_for(aside))).status == 200
+    await world.bots.idle()
+    assert len(await world.turns(fake.general.id, mention.ts)) == 1
+    assert len(world.vendor.requests) == 1 and fake.ephemerals == []

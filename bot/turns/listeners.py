@@ -51,6 +51,8 @@ class Listeners:
         self.access: dict[str, Access] = {}  # by agent: who may start turns
         self.approvers: dict[str, tuple[str, ...]] = {}  # by agent: its `approvers`
         self.refused = refused  # counts a refusal: (agent, reason)
+        self.follow: dict[str, bool] = {}  # agent -> follow-ups start turns
+        self.watches: dict[str, tuple[Watch, ...]] = {}  # agent -> its alert channels
 
     async def _refuse(
         self, bot: Bot, team: str, where: dict[str, str], reason: str, *, ephemeral: str | None
@@ -75,8 +77,6 @@ class Listeners:
         team = user_team if isinstance(user_team, str) and user_team else None
         access = self.access.get(bot.agent, Access())
         return refusal(access, user=user, channel=channel, user_team=team, app_team=app_team)
-        self.follow: dict[str, bool] = {}  # agent -> follow-ups start turns
-        self.watches: dict[str, tuple[Watch, ...]] = {}  # agent -> its alert channels
 
     def configure(self, agent: str, *, follow: bool, watches: Sequence[Watch] = ()) -> None:
         """`agent`'s app answers follow-ups (`follow`) and triages the `watches`' alerts."""
