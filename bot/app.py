@@ -34,7 +34,8 @@ from bot.slack.intake import events_handler
 from bot.turns.access import Access
 from bot.turns.follower import LEASE_MS, RETRY_SECONDS, Followers
 from bot.turns.listeners import Listeners
-from bot.turns.store import Checkpoints
+from bot.turns.slots import TurnSlots
+from bot.turns.store import Checkpoints, Slots
 from bot.turns.watch import Watch
 from engine.client import Client
 from engine.config import Project, WatchEntry, slack_env_suffix
@@ -64,10 +65,12 @@ class Bots:
         session's console page, linked from failed turns' messages; `refused` counts a
         person the agent's `allow`/`external` turned away (agent, reason)."""
         self.paced = Paced(governor or RateGovernor(), _send)
-        checkpoints = Checkpoints(redis, owner or f"bot-{secrets.token_hex(6)}", lease_ms)
+        owner = owner or f"bot-{secrets.token_hex(6)}"
+        checkpoints = Checkpoints(redis, owner, lease_ms)
+        slots = TurnSlots(Slots(redis, lease_ms), owner)
         self.bots: dict[str, Bot] = {}
         self.followers = Followers(
-            client, self.paced, checkpoints, self.bots, retry_s, console=console
+            client, self.paced, checkpoints, self.bots, retry_s, console=console, slots=slots
         )
         self.listeners = Listeners(self.followers, refused)
         self._sockets: list[AsyncSocketModeHandler] = []
@@ -84,6 +87,7 @@ class Bots:
         *,
         app_token: str | None = None,
         stream: str = "edit",
+        max_concurrent_turns: int = 4,
         follow: bool = False,
         watches: Sequence[Watch] = (),
         access: Access | None = None,
@@ -94,7 +98,14 @@ class Bots:
         `access` says who may start turns, `approvers` who may answer prompts (else the
         turn's starter)."""
         bot = new_bot(
-            agent, answers, token, signing_secret, api_url, app_token=app_token, stream=stream
+            agent,
+            answers,
+            token,
+            signing_secret,
+            api_url,
+            app_token=app_token,
+            stream=stream,
+            max_concurrent_turns=max_concurrent_turns,
         )
         app = bot.app
         self.listeners.configure(agent, follow=follow, watches=watches)
@@ -249,6 +260,7 @@ def start_bots(
             agent.slack.commands,
             app_token=app_token,
             stream=agent.slack.stream,
+            max_concurrent_turns=agent.slack.max_concurrent_turns,
             follow=agent.slack.follow,
             watches=_watches(agent.id, agent.slack.watch, env),
             access=Access(

@@ -144,6 +144,7 @@ class SlackBlock:
     answers: str  # both | dm | channels
     commands: tuple[str, ...]
     stream: str  # edit | native
+    max_concurrent_turns: int = 4  # this app's turns running at once, across processes
     # Who may start turns (empty: anyone): Slack team, channel and user ids.
     allow_teams: tuple[str, ...] = ()
     allow_channels: tuple[str, ...] = ()
@@ -299,6 +300,18 @@ class AgentDecl:
 
 
 @dataclass(frozen=True)
+class TelemetryConfig:
+    """Where turns' traces go (docs/telemetry.md): an OTLP/HTTP collector's base URL.
+
+    None, with no `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT` in the environment: nothing is
+    traced or exported.
+    """
+
+    endpoint: str | None = None
+    service_name: str = "subs"
+
+
+@dataclass(frozen=True)
 class Project:
     path: str
     name: str
@@ -308,6 +321,7 @@ class Project:
     agents: dict[str, AgentDecl]
     store: StoreConfig = StoreConfig()
     mcp: dict[str, McpBlock] = dataclasses.field(default_factory=dict)
+    telemetry: TelemetryConfig = TelemetryConfig()
 
     def connections_off(self, env: Mapping[str, str]) -> dict[str, str]:
         """The MCP connections that cannot start here, and why (McpBlock.off_reason)."""
@@ -582,6 +596,7 @@ class _Slack(_Model):
     answers: Literal["both", "dm", "channels"] = "both"
     commands: list[Annotated[str, AfterValidator(_slash_command)]] = Field(default_factory=list)
     stream: Literal["edit", "native"] = "edit"
+    max_concurrent_turns: Annotated[int, Field(ge=1, le=1000)] = 4
     allow: _SlackAllow | None = None
     external: bool = False
     follow: bool = True
@@ -634,6 +649,11 @@ class _Agent(_Model):
     approvers: list[_UserOrGroup] | None = None
 
 
+class _Telemetry(_Model):
+    endpoint: HttpUrl | None = None
+    service_name: NonEmpty = "subs"
+
+
 class _Root(_Model):
     name: NonEmpty | None = None
     redis: RedisUrl | None = None
@@ -643,6 +663,7 @@ class _Root(_Model):
     llm: dict[str, _Llm] = Field(default_factory=dict)
     agent: dict[str, _Agent] = Field(default_factory=dict)
     mcp: dict[str, _Mcp] = Field(default_factory=dict)
+    telemetry: _Telemetry = Field(default_factory=_Telemetry)
 
 
 # Setting any of these makes the file, not the worker, the source of the model config.
@@ -1053,6 +1074,7 @@ def _build(root: _Root, path: str) -> Project:
                 answers=a.slack.answers,
                 commands=tuple(a.slack.commands),
                 stream=a.slack.stream,
+                max_concurrent_turns=a.slack.max_concurrent_turns,
                 allow_teams=tuple(a.slack.allow.teams) if a.slack.allow else (),
                 allow_channels=tuple(a.slack.allow.channels) if a.slack.allow else (),
                 allow_users=tuple(a.slack.allow.users) if a.slack.allow else (),
@@ -1097,6 +1119,9 @@ def _build(root: _Root, path: str) -> Project:
             )
             for mid, b in root.mcp.items()
         },
+        telemetry=TelemetryConfig(
+            endpoint=root.telemetry.endpoint, service_name=root.telemetry.service_name
+        ),
     )
 
 

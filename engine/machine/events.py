@@ -172,6 +172,8 @@ class TurnStarted(TypedDict):
     client_tools: NotRequired[list[JSON]]
     # Who submitted it: {privilege: operator|frontend, subject?: {issuer, id}} (interrupts.py).
     by: NotRequired[JSON]
+    # The W3C trace context the client submitted with it: the turn's trace joins it.
+    traceparent: NotRequired[str]
 
 
 @with_config(_STRICT)

@@ -94,6 +94,7 @@ def _turn_started(s: SessionState, e: Event, p: ev.TurnStarted) -> None:
         parent=p.get("parent"),
         tools=p.get("client_tools"),
         by=p.get("by"),
+        trace=p.get("traceparent"),
     )
     s.turns[tid] = "running"
     if s.queue and s.queue[0]["turn_id"] == tid:

@@ -86,6 +86,7 @@ class Turn:
     parent: dict[str, Any] | None = None  # {session_id, call_id} when a parent's call runs it
     tools: list[dict[str, Any]] | None = None  # the client's per-submit tools, this turn only
     by: dict[str, Any] | None = None  # who submitted it: {privilege, subject?} (interrupts.py)
+    trace: str | None = None  # the client's traceparent: the turn's trace joins it
 
 
 @dataclass
@@ -153,6 +154,8 @@ def state_to_json(s: SessionState) -> dict[str, Any]:
             turn_json["tools"] = turn.tools
         if turn.by:  # likewise
             turn_json["by"] = turn.by
+        if turn.trace:  # the same
+            turn_json["trace"] = turn.trace
     return {
         "fold_version": FOLD_VERSION,
         "session_id": s.session_id,
