@@ -35,6 +35,7 @@ FAST = {
     "files.download": 6000,
     "files.getUploadURLExternal": 6000,
     "files.completeUploadExternal": 6000,
+    "usergroups.users.list": 6000,
     SET_STATUS: 6000,
 }
 

@@ -243,3 +243,20 @@ def test_socket_mode_and_url_are_exclusive(capsys, config):
         main(["manifest", "on-call", "-c", str(config), "--socket-mode", "--url", "https://h"])
     assert exit_.value.code == 2
     assert "not allowed with" in capsys.readouterr().err
+
+
+def test_a_user_group_among_the_approvers_asks_for_usergroups_read() -> None:
+    text = (
+        '[llm.x]\ntype = "openai"\n[agent.bot]\nllm = "x"\nmodel = "m"\n'
+        'approvers = ["U0DAVE"]\n[agent.bot.slack]\n'
+    )
+    people = parse_project(text, "subs.toml", env={}).agents["bot"]
+    groups = parse_project(
+        text.replace('["U0DAVE"]', '["U0DAVE", "S0LEADS"]'), "subs.toml", env={}
+    ).agents["bot"]
+    scopes = [
+        manifest(a, socket_mode=True, request_url=None)["oauth_config"]["scopes"]["bot"]
+        for a in (people, groups)
+    ]
+    assert "usergroups:read" not in scopes[0]
+    assert "usergroups:read" in scopes[1]

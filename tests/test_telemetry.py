@@ -101,8 +101,16 @@ def state_mid_turn() -> SessionState:
         "call_1", "llm", "turn_1", "server", 2, "running", 1_700_000_000_100, {}
     )
     s.calls["tool_1"] = Call(
-        "tool_1", "tool", "turn_1", "server", 1, "running", 1_700_000_000_300, {},
-        name="db__query", params={"connector": "mcp.db", "tool": "query"},
+        "tool_1",
+        "tool",
+        "turn_1",
+        "server",
+        1,
+        "running",
+        1_700_000_000_300,
+        {},
+        name="db__query",
+        params={"connector": "mcp.db", "tool": "query"},
     )
     s.decision = Decision(
         "dec_1", {"type": "llm.finished"}, {}, 1, "running", 1_700_000_000_200, {}
@@ -118,21 +126,50 @@ def test_a_step_ending_spans_names_them_under_the_turn_even_in_a_fresh_process()
     spans = Projector().project(
         before,
         [
-            envelope(9, "2023-11-14T22:13:21.000Z", {
-                "type": "llm.call.completed", "id": "call_1", "attempt": 2, "usage": usage,
-                "cost": "0.0021", "finish_reason": "stop", "model": "gpt-4.1-mini-2025",
-            }),
-            envelope(10, "2023-11-14T22:13:21.500Z", {
-                "type": "tool.call.errored", "id": "tool_1", "attempt": 1,
-                "error": {"code": "handler_error", "message": "no such table"},
-                "retryable": False, "final": True,
-            }),
-            envelope(11, "2023-11-14T22:13:22.000Z", {
-                "type": "decision.completed", "decision_id": "dec_1", "attempt": 1,
-            }),
-            envelope(12, "2023-11-14T22:13:23.000Z", {
-                "type": "turn.completed", "turn_id": "turn_1", "cost": "0.0021", "usage": usage,
-            }),
+            envelope(
+                9,
+                "2023-11-14T22:13:21.000Z",
+                {
+                    "type": "llm.call.completed",
+                    "id": "call_1",
+                    "attempt": 2,
+                    "usage": usage,
+                    "cost": "0.0021",
+                    "finish_reason": "stop",
+                    "model": "gpt-4.1-mini-2025",
+                },
+            ),
+            envelope(
+                10,
+                "2023-11-14T22:13:21.500Z",
+                {
+                    "type": "tool.call.errored",
+                    "id": "tool_1",
+                    "attempt": 1,
+                    "error": {"code": "handler_error", "message": "no such table"},
+                    "retryable": False,
+                    "final": True,
+                },
+            ),
+            envelope(
+                11,
+                "2023-11-14T22:13:22.000Z",
+                {
+                    "type": "decision.completed",
+                    "decision_id": "dec_1",
+                    "attempt": 1,
+                },
+            ),
+            envelope(
+                12,
+                "2023-11-14T22:13:23.000Z",
+                {
+                    "type": "turn.completed",
+                    "turn_id": "turn_1",
+                    "cost": "0.0021",
+                    "usage": usage,
+                },
+            ),
         ],
     )
     chat, tool, decision, turn = spans
@@ -159,14 +196,29 @@ def test_a_step_ending_spans_names_them_under_the_turn_even_in_a_fresh_process()
 def test_a_span_opened_in_this_process_starts_at_its_opening_fact():
     state = state_mid_turn()
     projector = Projector()
-    opened = envelope(8, "2023-11-14T22:13:20.750Z", {
-        "type": "llm.call.dispatched", "id": "call_1", "attempt": 2, "deadline_ms": None,
-    })
+    opened = envelope(
+        8,
+        "2023-11-14T22:13:20.750Z",
+        {
+            "type": "llm.call.dispatched",
+            "id": "call_1",
+            "attempt": 2,
+            "deadline_ms": None,
+        },
+    )
     assert projector.project(Before.of(state, "ses_1"), [opened]) == []
-    closed = envelope(9, "2023-11-14T22:13:21.000Z", {
-        "type": "llm.call.errored", "id": "call_1", "attempt": 2,
-        "error": {"code": "rate_limited", "message": "429"}, "retryable": True, "final": False,
-    })
+    closed = envelope(
+        9,
+        "2023-11-14T22:13:21.000Z",
+        {
+            "type": "llm.call.errored",
+            "id": "call_1",
+            "attempt": 2,
+            "error": {"code": "rate_limited", "message": "429"},
+            "retryable": True,
+            "final": False,
+        },
+    )
     (span,) = projector.project(Before.of(state, "ses_1"), [closed])
     assert span.start_ms == 1_700_000_000_750 and span.end_ms == 1_700_000_001_000
     assert span.error == "rate_limited" and span.attributes["subs.retryable"] is True
@@ -242,9 +294,7 @@ def test_a_telemetry_endpoint_that_is_not_a_url_is_refused_naming_the_key(tmp_pa
 
 async def test_an_engine_turn_with_a_tool_call_is_one_trace(redis, vendor, tmp_path):
     async with otlp_receiver() as receiver:
-        project = project_with(
-            tmp_path, vendor.url, f'[telemetry]\nendpoint = "{receiver.url}"\n'
-        )
+        project = project_with(tmp_path, vendor.url, f'[telemetry]\nendpoint = "{receiver.url}"\n')
         engine = Engine(project, redis, env=ENV, lease_ms=3000)
         await engine.start()
         try:
@@ -428,9 +478,7 @@ def test_the_genai_metrics_use_the_conventions_buckets():
     assert "# TYPE gen_ai_client_token_usage histogram" in text
 
 
-async def test_a_turn_submitted_with_a_traceparent_joins_the_callers_trace(
-    redis, vendor, tmp_path
-):
+async def test_a_turn_submitted_with_a_traceparent_joins_the_callers_trace(redis, vendor, tmp_path):
     import httpx
 
     from engine.api import ApiKeys, make_app
@@ -439,17 +487,20 @@ async def test_a_turn_submitted_with_a_traceparent_joins_the_callers_trace(
     caller = SpanContext("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")
     vendor.push(Text("Nothing is paging."))
     async with otlp_receiver() as receiver:
-        project = project_with(
-            tmp_path, vendor.url, f'[telemetry]\nendpoint = "{receiver.url}"\n'
-        )
+        project = project_with(tmp_path, vendor.url, f'[telemetry]\nendpoint = "{receiver.url}"\n')
         engine = Engine(project, redis, env=ENV, lease_ms=3000)
         await engine.start()
         try:
             app = make_app(Client(engine.store), engine.store, keys=ApiKeys.from_env({}))
             async with serve(app) as base, httpx.AsyncClient(base_url=base) as http:
                 message = {"role": "user", "content": "what's paging?"}
-                body = {"input": {"type": "client.message", "agent_id": "ops_openai",
-                                  "message": message}}
+                body = {
+                    "input": {
+                        "type": "client.message",
+                        "agent_id": "ops_openai",
+                        "message": message,
+                    }
+                }
                 answer = await http.post(
                     INPUT, json=body, headers={"traceparent": caller.traceparent()}
                 )
@@ -461,9 +512,7 @@ async def test_a_turn_submitted_with_a_traceparent_joins_the_callers_trace(
                 vendor.push(Text("Still nothing."))
                 again = await http.post(INPUT, json=body, headers={"traceparent": "00-zz"})
                 assert again.status_code == 202, again.text
-                await wait_for_event(
-                    Client(engine.store), sid, turn_ended(again.json()["turn_id"])
-                )
+                await wait_for_event(Client(engine.store), sid, turn_ended(again.json()["turn_id"]))
         finally:
             await engine.stop()
     first, second = receiver.named("invoke_agent")

@@ -53,6 +53,7 @@ TIERS: dict[str, float] = {
     "files.download": 100,
     "files.getUploadURLExternal": 100,
     "files.completeUploadExternal": 100,
+    "usergroups.users.list": 20,  # Tier 2 (docs.slack.dev/reference/methods/usergroups.users.list)
 }
 PER_CHANNEL = frozenset({"chat.postMessage"})
 

@@ -21,6 +21,8 @@ What the bot calls and why each grant is there:
 - `commands` only when the agent declares slash commands, with `channels:history` /
   `groups:history` (if not there already): a bot resuming a command's turn after a crash looks
   for the root message it may have posted (conversations.history).
+- `usergroups:read` only when the agent's `approvers` name a user group (`S…`): who may answer
+  a prompt is checked against the group's members (usergroups.users.list).
 Socket Mode's `connections:write` belongs to the app-level token, not the bot, so it is not here.
 
 `to_yaml` writes JSON: YAML 1.2 is a superset of JSON, so the text is a valid YAML manifest
@@ -73,6 +75,8 @@ def manifest(agent: AgentDecl, *, socket_mode: bool, request_url: str | None) ->
     if slack.commands:
         scopes.append("commands")
         scopes += [s for s in ("channels:history", "groups:history") if s not in scopes]
+    if any(a.startswith("S") for a in agent.approvers):
+        scopes.append("usergroups:read")
 
     display: dict[str, Any] = {"name": slack.name}
     if slack.description:

@@ -23,7 +23,7 @@ from typing import Any
 from bot.rendering.files import files_of, tool_images
 from bot.rendering.message_text import attributed, message_text, poster, wanted_ids
 from bot.rendering.mrkdwn import escape
-from bot.rendering.prompts import prompt_for
+from bot.rendering.prompts import expired_prompt, prompt_for
 from bot.rendering.turn_view import TurnView
 from bot.slack.agent_app import Bot
 from bot.slack.directory import Directory
@@ -32,7 +32,7 @@ from bot.slack.governor import Paced
 from bot.slack.indicator import Indicator
 from bot.slack.parts import stamped_parts
 from bot.slack.reply import Reply
-from bot.slack.webapi import every_message, governed, thread_messages
+from bot.slack.webapi import call, every_message, governed, thread_messages
 from bot.turns.checkpoint import Checkpoint, LeaseLost
 from bot.turns.files import FileReader
 from bot.turns.routing import missed_messages
@@ -298,6 +298,7 @@ class Followers:
         stop the app; what runs after the click is not counted (people click, not storms)."""
         follow = self.client.follow(cp.session_id, cp.after, delta_cursor=cp.cursor)
         images: list[tuple[str, bytes]] = []  # the tools' images, uploaded once it is done
+        prompts: dict[str, dict[str, Any]] = {}  # by interrupt id, as posted
         async for kind, item in follow:
             if kind == "delta":
                 view.apply_delta(item)
@@ -314,7 +315,10 @@ class Followers:
                     await slot.release()  # a person decides now, for minutes or days
                     prompt = prompt_for(payload)
                     if prompt is not None:
+                        prompts[payload["interrupt_id"]] = prompt
                         await reply.post(f"prompt-{payload['interrupt_id']}", prompt)
+                elif payload["type"] == "session.interrupt_resumed" and payload.get("expired"):
+                    await self._expired(cp, prompts.get(payload["interrupt_id"]), payload)
                 await reply.show_channel()
                 if payload["type"] == "tool.call.completed":
                     images += tool_images(payload.get("result"), f"image-{len(images) + 1}")
@@ -350,6 +354,18 @@ class Followers:
                 await governed(self.paced.governor, cp.team, bot.web, "chat.postMessage", args)
             cp.posted[part] = "uploaded" if why is None else "noted"
             await self.checkpoints.save(cp)
+
+    async def _expired(
+        self, cp: Checkpoint, prompt: dict[str, Any] | None, payload: dict[str, Any]
+    ) -> None:
+        """The engine resolved a prompt as expired: rewrite it to say so (buttons gone)."""
+        ts = cp.posted.get(f"prompt-{payload['interrupt_id']}")
+        if prompt is None or ts is None:
+            return
+        bot = self.bots[cp.agent]
+        args = {"channel": cp.channel, "ts": ts, **expired_prompt(prompt)}
+        send = functools.partial(call, bot.web, "chat.update", args)
+        await self.paced.submit(cp.team, "chat.update", (cp.channel, ts), send)
 
     # -- resuming -----------------------------------------------------------------------------
 

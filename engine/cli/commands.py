@@ -632,7 +632,15 @@ async def _serve(args: argparse.Namespace) -> int:
         client = Client(store)
         # The agents whose Slack tokens are set; a dead serve's turns move after one lease.
         bots = start_bots(
-            project, client, api_redis, os.environ, lease_ms=_lease_ms(), owner=engine.owner
+            project,
+            client,
+            api_redis,
+            os.environ,
+            lease_ms=_lease_ms(),
+            owner=engine.owner,
+            refused=lambda agent, reason: metrics.inc(
+                "subs_slack_refusals_total", agent=agent, reason=reason
+            ),
         )
         stack.push_async_callback(bots.aclose)
         app = make_app(

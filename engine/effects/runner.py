@@ -241,9 +241,7 @@ class EffectRunner:
                     return result
 
                 return run_decision
-            execute = ExecuteRun(
-                state, effect.call_id, target, now, self.checked, self.sampled
-            )
+            execute = ExecuteRun(state, effect.call_id, target, now, self.checked, self.sampled)
             assert deltas is not None
 
             async def run_execute() -> Input:

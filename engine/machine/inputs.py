@@ -149,6 +149,13 @@ class QueueDeadline:
 
 
 @dataclass(frozen=True)
+class InterruptDeadline:
+    """An open interrupt's `expiresAt` passed: if it is still open, it expires."""
+
+    interrupt_id: str
+
+
+@dataclass(frozen=True)
 class CallSettled:
     """An async or client tool call ended from outside (the settle API)."""
 
@@ -270,6 +277,7 @@ Input = (
     | CallAnswered
     | CallDeadline
     | QueueDeadline
+    | InterruptDeadline
     | CallSettled
     | InterruptRequested
     | CancelRequested
@@ -297,6 +305,7 @@ _KINDS: dict[str, type] = {
         CallAnswered,
         CallDeadline,
         QueueDeadline,
+        InterruptDeadline,
         CallSettled,
         InterruptRequested,
         CancelRequested,

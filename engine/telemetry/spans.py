@@ -252,9 +252,7 @@ class Projector:
             events=tuple(self._turn_events.pop((sid, tid), ())),
         )
 
-    def _decision(
-        self, before: Before, turn_id: str, p: Mapping[str, Any], at: int
-    ) -> SpanRecord:
+    def _decision(self, before: Before, turn_id: str, p: Mapping[str, Any], at: int) -> SpanRecord:
         sid, did, attempt = before.session_id, p["decision_id"], p["attempt"]
         start = self._starts.pop((sid, "decision", did, str(attempt)), None)
         trigger = "?"

@@ -116,6 +116,7 @@ class FakeSlack(WebApiMethods, FileMethods, EventSender, SocketModeServer):
         self.users: dict[str, User] = {}
         self.integrations: dict[str, Integration] = {}  # by bot id
         self.channels: dict[str, Channel] = {}
+        self.usergroups: dict[str, list[str]] = {}  # user group id (S…) -> member ids
         self.ephemerals: list[Ephemeral] = []
         self.replies_sent: list[Reply] = []  # response_url posts
         self.envelopes: list[dict[str, Any]] = []  # sent over Socket Mode
@@ -160,6 +161,7 @@ class FakeSlack(WebApiMethods, FileMethods, EventSender, SocketModeServer):
             "reactions.remove": Method(self._unreact),
             "assistant.threads.setStatus": Method(self._set_status),
             "users.info": Method(self._user_info, json=False),
+            "usergroups.users.list": Method(self._usergroup_users, json=False),
             "bots.info": Method(self._bot_info, json=False),
             "files.getUploadURLExternal": Method(self._get_upload_url, json=False),
             "files.completeUploadExternal": Method(self._complete_upload, json=False),
@@ -239,6 +241,20 @@ class FakeSlack(WebApiMethods, FileMethods, EventSender, SocketModeServer):
         user = User(self._id("U"), team_id, name, display_name=display_name, real_name=real_name)
         self.users[user.id] = user
         return user
+
+    def add_external_user(self, name: str, org: str = "Partner Co") -> User:
+        """A person of another organisation (Slack Connect): their team is not one this app
+        is installed in, so messages they write in a shared channel carry their own
+        `user_team` (Slack's events for shared channels; see `render`)."""
+        user = User(self._id("U"), self._id("T"), name, real_name=f"{name} ({org})")
+        self.users[user.id] = user
+        return user
+
+    def add_usergroup(self, handle: str, members: list[User]) -> str:
+        """A user group (`@handle`) of the app's workspace; its id (`S…`)."""
+        group = self._id("S")
+        self.usergroups[group] = [u.id for u in members]
+        return group
 
     def add_integration(
         self, name: str, *, classic: bool = False, team: Team | None = None

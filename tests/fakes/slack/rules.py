@@ -47,6 +47,7 @@ DEFAULT_LIMITS: dict[str, Limit | None] = {
     "bots.info": TIER_3,  # docs.slack.dev/reference/methods/bots.info: Tier 3
     "files.getUploadURLExternal": TIER_4,  # docs.slack.dev/reference/methods/…: Tier 4
     "files.completeUploadExternal": TIER_4,
+    "usergroups.users.list": TIER_2,  # docs.slack.dev/reference/methods/usergroups.users.list
     "auth.test": None,
     "assistant.threads.setStatus": None,
     "apps.connections.open": None,
@@ -65,7 +66,8 @@ STATUS_TIMEOUT = 120.0  # a thread status clears after two minutes without a mes
 
 DEFAULT_SCOPES = (
     "app_mentions:read,assistant:write,channels:history,chat:write,commands,files:read,"
-    "files:write,groups:history,im:history,im:write,reactions:write,users:read"
+    "files:write,groups:history,im:history,im:write,reactions:write,usergroups:read,"
+    "users:read"
 )
 
 
