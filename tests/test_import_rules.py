@@ -243,7 +243,14 @@ BOT_LAYERS: dict[str, tuple[set[str], set[str]]] = {
     ),
     "bot.turns.store": ({"bot.turns.checkpoint", "engine.store.store"}, set()),
     "bot.app": (
-        {"bot", "engine.client", "engine.config", "engine.errors", "engine.store.store"},
+        {
+            "bot",
+            "engine.client",
+            "engine.config",
+            "engine.errors",
+            "engine.store.store",
+            "engine.telemetry",
+        },
         set(REDIS),
     ),
 }

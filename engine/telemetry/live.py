@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from engine.telemetry.ids import SpanContext
 from engine.telemetry.spans import Attributes, SpanRecord
 
-__all__ = ["LIVE", "Live", "in_live", "timed"]
+__all__ = ["LIVE", "Live", "in_live", "now_ms", "timed"]
 
 T = TypeVar("T")
 
@@ -34,7 +34,8 @@ class Live:
 LIVE: ContextVar[Live | None] = ContextVar("subs_live_span", default=None)
 
 
-def _now_ms() -> int:
+def now_ms() -> int:
+    """The wall clock, as span records count it."""
     return time.time_ns() // 1_000_000
 
 
@@ -43,7 +44,7 @@ async def timed(name: str, attributes: Attributes, work: Awaitable[T]) -> T:
     live = LIVE.get()
     if live is None:
         return await work
-    start, error = _now_ms(), None
+    start, error = now_ms(), None
     try:
         return await work
     except BaseException as err:
@@ -52,7 +53,7 @@ async def timed(name: str, attributes: Attributes, work: Awaitable[T]) -> T:
     finally:
         ctx = SpanContext(live.parent.trace_id, secrets.token_hex(8))
         record = SpanRecord(
-            name, ctx, live.parent.span_id, "client", start, _now_ms(), attributes, error=error
+            name, ctx, live.parent.span_id, "client", start, now_ms(), attributes, error=error
         )
         live.emit([record])
 
