@@ -229,17 +229,18 @@ class AgentDecl:
     system: str | None
     effort: str | None
     description: str | None
-    tools: tuple[dict, ...]
+    tools: tuple[dict[str, Any], ...]
     subagents: tuple[str, ...]
     max_subagent_depth: int
     worker: str | None
     signing_secret_env: str | None
-    retry: dict | None
+    retry: dict[str, Any] | None
     slack: SlackBlock | None
-    mcp: tuple[dict, ...] = ()  # wire McpServer entries: {id: "mcp.<id>", tools?, auth_failure?}
+    # wire McpServer entries: {id: "mcp.<id>", tools?, auth_failure?}
+    mcp: tuple[dict[str, Any], ...] = ()
     subagent_modes: dict[str, str] = field(default_factory=dict)  # child -> SubagentMode
 
-    def wire_config(self, project: Project) -> dict | None:
+    def wire_config(self, project: Project) -> dict[str, Any] | None:
         """The protocol AgentConfig for this agent; None when its worker supplies it.
 
         Validation guarantees llm and model are set together, so `model` decides.
@@ -620,7 +621,7 @@ def _dotted(path: tuple[str | int, ...]) -> str:
     return ".".join(str(p) for p in path)
 
 
-def _scan_secrets(node: Any, path: tuple[str | int, ...], file: str, data: dict) -> None:
+def _scan_secrets(node: Any, path: tuple[str | int, ...], file: str, data: dict[str, Any]) -> None:
     """Refuse literal secrets: by key name, by value prefix, and in *_env values.
 
     Inside a tool's input/output JSON Schema, keys are property names, not
@@ -660,7 +661,7 @@ def _scan_secrets(node: Any, path: tuple[str | int, ...], file: str, data: dict)
         )
 
 
-def _secret_hint(path: tuple[str | int, ...], data: dict) -> str:
+def _secret_hint(path: tuple[str | int, ...], data: dict[str, Any]) -> str:
     """Which environment variable should hold the secret at `path`."""
     key = str(path[-1]).lower()
     if path[0] == "llm" and len(path) == 3:

@@ -108,9 +108,8 @@ def error_body(body: bytes) -> dict[str, Any]:
         doc = json.loads(body)
     except ValueError:
         return {}
-    if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
-        return doc["error"]
-    return {}
+    error = doc.get("error") if isinstance(doc, dict) else None
+    return error if isinstance(error, dict) else {}
 
 
 def quote(text: object) -> str:
