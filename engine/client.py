@@ -14,7 +14,8 @@ from typing import Any
 
 import orjson
 
-from engine.errors import ClientError, ProtocolError
+from engine.errors import ClientError as ClientError  # re-exported for the bot and the CLI
+from engine.errors import ProtocolError
 from engine.jsonedge import JsonEdgeError, check
 from engine.machine import (
     CallSettled,
@@ -117,6 +118,9 @@ FIND_BATCH = 400  # most sessions a filtered read loads at once: few round trips
 
 
 class Client:
+    """A `SessionClient` over the engine's own Redis: for a process that runs an engine
+    (or shares its Redis) and so needs no HTTP hop."""
+
     def __init__(self, store: Store) -> None:
         self.store = store
 
@@ -167,7 +171,7 @@ class Client:
                 status=503,
                 detail={},
             )
-        reply = orjson.loads(answer)
+        reply: dict[str, Any] = orjson.loads(answer)
         if not reply.pop("ok"):
             raise ClientError(
                 reply.pop("error"), code=reply.pop("code"), status=reply.pop("status"), detail=reply
@@ -244,7 +248,9 @@ class Client:
         """Session ids, newest first."""
         return await self.store.list_sessions(offset, limit)
 
-    async def session_rows(self, offset: int = 0, limit: int = 50) -> tuple[list[dict], bool]:
+    async def session_rows(
+        self, offset: int = 0, limit: int = 50
+    ) -> tuple[list[dict[str, Any]], bool]:
         """Listing rows (`session_row`), newest first; and whether more may follow."""
         ids = await self.store.list_sessions(offset, limit)
         return await self._rows(ids), len(ids) == limit

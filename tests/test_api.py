@@ -954,3 +954,24 @@ async def test_the_python_client_follows_through_heartbeats(engine, vendor, metr
 
 async def _has_turns(seen: list[dict], n: int) -> bool:
     return sum(e["payload"]["type"] == "turn.completed" for e in seen) >= n
+
+
+async def test_both_clients_answer_alike_for_one_session(engine, vendor, metrics):
+    """`SessionClient` has one return type per method: the in-process Client and the HTTP
+    client give the same ids from `sessions()` and None from `session()` for one that is
+    not there (the HTTP client used to give rows, and raise on a 404)."""
+    from engine.cli.remote import HttpClient
+    from engine.client import Client
+
+    vendor.push(Text("hi back"))
+    local = Client(engine.store)
+    async with serve(app_for(engine, metrics)) as url:
+        remote = HttpClient(url, ROOT)
+        reply = await remote.submit(say("hi"))
+        sid = reply["session_id"]
+        assert await remote.sessions() == await local.sessions() == [sid]
+        assert await remote.session("ses_nope") is None
+        assert await local.session("ses_nope") is None
+        view = await remote.session(sid)
+        assert view is not None and view["session_id"] == sid
+        await remote.aclose()

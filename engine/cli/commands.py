@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from engine.cli.remote import HttpClient
     from engine.client import Client
     from engine.config import Project
+    from engine.session_client import SessionClient
     from engine.store.store import RedisClient
 
 # Masks secrets in every log record (installed by `run_command`) and in the errors it prints.
@@ -193,7 +194,7 @@ def _key_refused(url: str, reason: str, key: str | None) -> str:
 
 
 @contextlib.asynccontextmanager
-async def _session_client(args: argparse.Namespace) -> AsyncIterator[Any]:
+async def _session_client(args: argparse.Namespace) -> AsyncIterator[SessionClient]:
     """A remote engine's HTTP API with `--url`, else an engine in this process. An
     agent that is not there is a command-line mistake either way (exit 2)."""
     if getattr(args, "url", None):
@@ -651,7 +652,7 @@ def _not_https(base: str, *, given: bool) -> str:
 
 
 @contextlib.asynccontextmanager
-async def _reader(args: argparse.Namespace) -> AsyncIterator[Any]:
+async def _reader(args: argparse.Namespace) -> AsyncIterator[SessionClient]:
     """Read sessions from a remote engine (`--url`) or straight from Redis."""
     if args.url:
         async with _remote(args.url) as client:

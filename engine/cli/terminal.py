@@ -11,13 +11,14 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
 from engine.cli.text import short
 from engine.client import ClientError
 from engine.machine import events as ev
+from engine.session_client import SessionClient
 
 _SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 _STEPS = {
@@ -27,24 +28,6 @@ _STEPS = {
     ev.SESSION_INTERRUPTED: "paused",
     ev.CONNECTOR_SYNC_DISPATCHED: "loading MCP tools",
 }
-
-
-class SessionClient(Protocol):
-    async def submit(
-        self,
-        payload: dict[str, Any],
-        *,
-        session_id: str | None = None,
-        identity: dict[str, Any] | None = None,
-    ) -> dict[str, Any]: ...
-
-    async def events(self, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]: ...
-
-    async def delta_cursor(self, session_id: str) -> str: ...
-
-    def follow(
-        self, session_id: str, after_seq: int = 0, *, delta_cursor: str | None = None
-    ) -> AsyncIterator[tuple[str, dict[str, Any]]]: ...
 
 
 Ask = Callable[[str], "asyncio.Future[str] | Any"]
