@@ -1169,7 +1169,7 @@ def _protocol_error(what: str, exc: ValidationError, data: Any) -> ProtocolError
     more = len(described) - 3
     if more > 0:
         lines.append(f"and {more} more")
-    return ProtocolError(f"invalid {what}: " + "; ".join(lines), described[0][0] or None)
+    return ProtocolError(f"invalid {what}: " + "; ".join(lines), param=described[0][0] or None)
 
 
 def parse_decision_response(data: Any) -> DecisionResponse:
@@ -1203,7 +1203,7 @@ def parse_client_input(data: Any) -> ClientInput:
             if getattr(message, name) is None:
                 param = f"{where}.{name}"
                 why = f"a {message.role} message needs {name} ({_NEEDED[name]})"
-                raise ProtocolError(f"invalid client input: {param}: {why}", param)
+                raise ProtocolError(f"invalid client input: {param}: {why}", param=param)
     return parsed
 
 

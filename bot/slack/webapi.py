@@ -31,7 +31,7 @@ async def call(web: AsyncWebClient, method: str, args: dict[str, Any]) -> Any:
             retry_after = headers.get("retry-after")
             if isinstance(retry_after, list):
                 retry_after = retry_after[0] if retry_after else None
-            raise RateLimited(float(retry_after or 1)) from err
+            raise RateLimited(retry_after=float(retry_after or 1)) from err
         raise
 
 

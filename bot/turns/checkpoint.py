@@ -29,7 +29,7 @@ __all__ = ["Checkpoint", "LeaseLost"]
 class LeaseLost(SubsError):
     """Another follower holds the turn now: this one must stop writing to Slack."""
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, *, key: str) -> None:
         super().__init__(f"the lease on following {key} moved to another follower")
         self.key = key
 

@@ -81,7 +81,7 @@ class Checkpoints:
         """
         keys = list(checkpoint_keys(cp))
         if not await self._write(keys=keys, args=[cp.key, self.owner, cp.dumps()]):
-            raise LeaseLost(cp.key)
+            raise LeaseLost(key=cp.key)
 
     async def drop(self, cp: Checkpoint) -> None:
         """The turn's reply is whole in Slack (or given up): nothing is left to resume.
@@ -90,7 +90,7 @@ class Checkpoints:
             LeaseLost: another follower took the turn over.
         """
         if not await self._write(keys=list(checkpoint_keys(cp)), args=[cp.key, self.owner]):
-            raise LeaseLost(cp.key)
+            raise LeaseLost(key=cp.key)
 
     async def open(self) -> list[Checkpoint]:
         """Every open turn's checkpoint; one that cannot be read is logged and skipped.

@@ -19,10 +19,10 @@ HEALTH_TIMEOUT = 1.0  # /healthz waits this long for Redis's PONG
 def _full_access(request: web.Request) -> None:
     if not principal_of(request).full:
         raise ApiError(
-            403,
-            "forbidden",
             "this key may only use its own sessions (a KEY:own entry in SUBS_API_KEYS); "
             "the admin endpoints need a full-access key",
+            status=403,
+            code="forbidden",
         )
 
 
@@ -40,7 +40,9 @@ async def admin_sessions(request: web.Request) -> web.Response:
     status = request.query.get("status") or None
     if status is not None and status not in STATUSES:
         raise ApiError(
-            400, "invalid_query", f"status: {status!r} is not one of {', '.join(STATUSES)}"
+            f"status: {status!r} is not one of {', '.join(STATUSES)}",
+            status=400,
+            code="invalid_query",
         )
     client = request.app[API].client
     if agent is None and status is None:
@@ -70,7 +72,7 @@ async def admin_events(request: web.Request) -> web.Response:
     limit = int_query(request, "limit", 100, lo=1, hi=1000)
     head = await store.head(sid)
     if head is None:
-        raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
+        raise ApiError(f"session {sid!r} does not exist", status=404, code="unknown_session")
     events = await store.read_log(sid, after, count=limit)
     last = events[-1]["seq"] if events else after
     body = {"events": events, "next_after_seq": last if last < head[0] else None}

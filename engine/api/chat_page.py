@@ -115,7 +115,7 @@ async def get_chat_asset(request: web.Request) -> web.Response:
     name = request.match_info["name"]
     content_type = _ASSETS.get(name)
     if content_type is None:
-        raise ApiError(404, "not_found", f"no chat page file {name!r}")
+        raise ApiError(f"no chat page file {name!r}", status=404, code="not_found")
     return _answer(_FILES[name], content_type)
 
 

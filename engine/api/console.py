@@ -36,7 +36,7 @@ _FILES = _load()
 def _file(name: str) -> web.Response:
     found = _FILES.get(name)
     if found is None:
-        raise ApiError(404, "not_found", f"the console has no file {name!r}")
+        raise ApiError(f"the console has no file {name!r}", status=404, code="not_found")
     body, kind = found
     return web.Response(body=body, headers={"Content-Type": kind, "Cache-Control": "no-cache"})
 

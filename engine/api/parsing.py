@@ -55,13 +55,15 @@ def _invalid(exc: ValidationError, prefix: str = "") -> ApiError:
     text = "required field is missing" if first["type"] == "missing" else first["msg"]
     if first["type"] == "extra_forbidden":
         text = "unknown field"
-    return ApiError(422, "invalid_input", f"{where}: {text}" if where else text, param=where)
+    return ApiError(
+        f"{where}: {text}" if where else text, status=422, code="invalid_input", param=where
+    )
 
 
 def validate(model: type[BaseModel], data: Any, prefix: str = "") -> Any:
     """`data` as a `model`, or a 422 naming the first bad field (under `prefix`)."""
     if not isinstance(data, dict):
-        raise ApiError(422, "invalid_input", "the body must be a JSON object")
+        raise ApiError("the body must be a JSON object", status=422, code="invalid_input")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -72,7 +74,7 @@ def integer(raw: str, name: str, code: str, *, lo: int, hi: int) -> int:
     """A plain decimal in lo..hi: ASCII digits and nothing else, or a 400 naming `name`."""
     if _DIGITS.fullmatch(raw) is None or not lo <= int(raw) <= hi:
         message = f"{name}: expected an integer {lo}..{hi}, got {excerpt(raw)}"
-        raise ApiError(400, code, message, param=name)
+        raise ApiError(message, status=400, code=code, param=name)
     return int(raw)
 
 
@@ -90,9 +92,9 @@ async def json_body(request: web.Request) -> Any:
         got = request.headers.get("Content-Type")
         sent = f"Content-Type {excerpt(got)}" if got is not None else "no Content-Type"
         message = f"the body must be sent as Content-Type: application/json, not with {sent}"
-        raise ApiError(415, "unsupported_media_type", message)
+        raise ApiError(message, status=415, code="unsupported_media_type")
     limit = request.app[API].max_body
-    too_large = ApiError(413, "too_large", f"the body is larger than {limit} bytes")
+    too_large = ApiError(f"the body is larger than {limit} bytes", status=413, code="too_large")
     if request.content_length is not None and request.content_length > limit:
         raise too_large
     try:
@@ -103,5 +105,5 @@ async def json_body(request: web.Request) -> Any:
         return loads_checked(raw)
     except JsonEdgeError as err:
         if err.param is None:
-            raise ApiError(400, "invalid_json", f"the body: {err.message}") from None
-        raise ApiError(400, "invalid_json", err.message, param=err.param) from None
+            raise ApiError(f"the body: {err.message}", status=400, code="invalid_json") from None
+        raise ApiError(err.message, status=400, code="invalid_json", param=err.param) from None

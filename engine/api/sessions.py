@@ -30,9 +30,9 @@ async def _owned_state(request: web.Request, sid: str) -> SessionState:
     """The session's state, 404 when unknown, 403 when the caller does not own it."""
     state = await load_state(request.app[API].store, sid)
     if state is None:
-        raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
+        raise ApiError(f"session {sid!r} does not exist", status=404, code="unknown_session")
     if not principal_of(request).owns(state.identity):
-        raise ApiError(403, "forbidden", f"session {sid!r} belongs to another key")
+        raise ApiError(f"session {sid!r} belongs to another key", status=403, code="forbidden")
     return state
 
 
@@ -43,7 +43,9 @@ async def post_input(request: web.Request) -> web.Response:
     identity = principal.identity()
     if body.identity is not None:
         if not principal.full:
-            raise ApiError(403, "forbidden", "identity: only a full-access key may set it")
+            raise ApiError(
+                "identity: only a full-access key may set it", status=403, code="forbidden"
+            )
         given = {"metadata": {}, **body.identity}
         supplied = validate(WorkerIdentity, given, "identity").model_dump(
             mode="json", exclude_unset=True
@@ -53,7 +55,9 @@ async def post_input(request: web.Request) -> web.Response:
     if body.session_id is not None and not principal.full:
         head = await api.store.head(body.session_id)
         if head is not None and not principal.owns(head[1]):
-            raise ApiError(403, "forbidden", f"session {body.session_id!r} belongs to another key")
+            raise ApiError(
+                f"session {body.session_id!r} belongs to another key", status=403, code="forbidden"
+            )
     reply = await api.client.submit(
         body.input,
         session_id=body.session_id,
@@ -83,16 +87,20 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     try:
         head = await api.store.head(sid)
         if head is None:
-            raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
+            raise ApiError(f"session {sid!r} does not exist", status=404, code="unknown_session")
         seq, identity = head
         if not principal_of(request).owns(identity):
-            raise ApiError(403, "forbidden", f"session {sid!r} belongs to another key")
+            raise ApiError(f"session {sid!r} belongs to another key", status=403, code="forbidden")
         if after > seq:
-            raise ApiError(400, "invalid_query", f"seq {after} is past the log's end ({seq})")
+            raise ApiError(
+                f"seq {after} is past the log's end ({seq})", status=400, code="invalid_query"
+            )
         async with api.hub.watch(sid) as watch:
             cut = await read_cut(api.store, sid)  # after joining: see `fanout`
             if cut is None:
-                raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
+                raise ApiError(
+                    f"session {sid!r} does not exist", status=404, code="unknown_session"
+                )
             limits = api.limits
             feed = session_feed(
                 api.store,
@@ -150,7 +158,9 @@ async def post_settle(request: web.Request) -> web.Response:
     sid = request.match_info["sid"]
     body: SettleBody = validate(SettleBody, await json_body(request))
     if body.error is not None and "result" in body.model_fields_set:
-        raise ApiError(422, "invalid_input", "result: give either result or error, not both")
+        raise ApiError(
+            "result: give either result or error, not both", status=422, code="invalid_input"
+        )
     if not principal_of(request).full:
         await _owned_state(request, sid)
     reply = await api.client.settle(

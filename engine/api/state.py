@@ -50,10 +50,10 @@ class ApiState:
         if held >= self.max_streams_per_key:
             who = "this key" if key_id is not None else "this address"
             raise ApiError(
-                429,
-                "too_many_streams",
                 f"too many event streams: {who} already has {held} open, the limit set by "
                 "[serve] max_streams_per_key (or SUBS_MAX_STREAMS_PER_KEY); close one first",
+                status=429,
+                code="too_many_streams",
                 headers={"Retry-After": "1"},
                 limit=self.max_streams_per_key,
             )

@@ -475,7 +475,7 @@ def api_settles_call(st: Step, inp: CallSettled) -> None:
     call = settleable(st, inp.call_id, inp.attempt, client_input=False)
     if inp.message_id is not None and inp.message_id in st.s.nodes:
         raise MachineError(
-            "duplicate_message_id", f"message {inp.message_id!r} is already recorded"
+            f"message {inp.message_id!r} is already recorded", code="duplicate_message_id"
         )
     if inp.error is None:
         result = tool_result_of(inp.result, inp.content)
@@ -493,23 +493,23 @@ def settleable(st: Step, call_id: str, attempt: int | None, *, client_input: boo
     """The open call a settle names, or a MachineError that says why not."""
     call = st.state.calls.get(call_id) if st.state is not None else None
     if call is None or call.kind != "tool" or call.status not in ("running", "waiting"):
-        raise MachineError("call_not_open", f"tool call {call_id!r} is not open", status=409)
+        raise MachineError(f"tool call {call_id!r} is not open", code="call_not_open", status=409)
     if client_input and call.handler != "client":
         raise MachineError(
-            "call_not_open",
             f"tool call {call.id!r} runs on the {call.handler}, not the client",
+            code="call_not_open",
         )
     kind = st.kinds.of(call.kind, call.handler)
     if not client_input and call.status != "waiting" and not (kind and kind.outside_settles):
         raise MachineError(
-            "call_not_open",
             f"tool call {call.id!r} is being run by the {call.handler}; only an async call "
             "(answered with an empty decision) can be settled",
+            code="call_not_open",
         )
     if attempt is not None and attempt != call.attempt:
         raise MachineError(
-            "stale_attempt",
             f"tool call {call.id!r} is at attempt {call.attempt}, not {attempt}",
+            code="stale_attempt",
         )
     return call
 

@@ -30,7 +30,7 @@ class Ids(Protocol):
 class MachineError(SubsError):
     """An input the session refuses. `status` is the HTTP status hint."""
 
-    def __init__(self, code: str, message: str, status: int = 409, **detail: Any) -> None:
+    def __init__(self, message: str, *, code: str, status: int = 409, **detail: Any) -> None:
         super().__init__(message)
         self.code = code
         self.message = message

@@ -78,7 +78,9 @@ def client_submitted(st: Step, inp: ClientSubmitted) -> None:
     kind = body["type"]
     s = st.state
     if inp.owner is not None and s is not None and s.identity.get("subject") != inp.owner:
-        raise MachineError("forbidden", f"session {st.session_id} belongs to another owner", 403)
+        raise MachineError(
+            f"session {st.session_id} belongs to another owner", code="forbidden", status=403
+        )
     if kind in TURN_STARTS:
         turns.submit_turn(st, inp)
     elif kind in ("tool.result", "tool.error"):
@@ -87,12 +89,14 @@ def client_submitted(st: Step, inp: ClientSubmitted) -> None:
         resumed = turns.resume_interrupt(st, body["interrupt_id"], body.get("payload"))
         st.out.reply = {"session_id": st.session_id, "resumed": resumed}
     else:
-        raise MachineError("invalid_input", f"unsupported input type {kind!r}", status=422)
+        raise MachineError(f"unsupported input type {kind!r}", code="invalid_input", status=422)
 
 
 def interrupt_requested(st: Step, inp: InterruptRequested) -> None:
     if st.s.turn is None:
-        raise MachineError("no_turn", f"session {st.session_id} has no running turn to interrupt")
+        raise MachineError(
+            f"session {st.session_id} has no running turn to interrupt", code="no_turn"
+        )
     action = {"interrupt_id": inp.interrupt_id, "reason": inp.reason, "payload": inp.payload}
     before = set(st.s.interrupts)
     raise_interrupt(st, action, "client")
@@ -107,7 +111,7 @@ def cancel_requested(st: Step, inp: CancelRequested) -> None:
     turn = st.s.turn
     if turn is None:
         raise MachineError(
-            "no_turn_running", f"session {st.session_id} has no running turn to cancel"
+            f"session {st.session_id} has no running turn to cancel", code="no_turn_running"
         )
     # The protocol's error codes are a closed set a worker may validate against (a
     # cancelled child's error reaches its parent's worker): the client's own doing
@@ -222,9 +226,13 @@ def step(
         raise TypeError(f"unknown input {type(inp).__name__}")
     if state is None:
         if isinstance(inp, ClientSubmitted) and inp.input["type"] not in TURN_STARTS:
-            raise MachineError("unknown_session", f"session {session_id!r} does not exist", 404)
+            raise MachineError(
+                f"session {session_id!r} does not exist", code="unknown_session", status=404
+            )
         if isinstance(inp, CallSettled | InterruptRequested | CancelRequested):
-            raise MachineError("unknown_session", f"session {session_id!r} does not exist", 404)
+            raise MachineError(
+                f"session {session_id!r} does not exist", code="unknown_session", status=404
+            )
         if not isinstance(inp, ClientSubmitted | ChildSpawned):
             return Transition(state=None, ignored=f"session {session_id!r} does not exist")
     before = armed(state, kinds)

@@ -55,8 +55,8 @@ def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> N
     s = st.state
     if s is not None and s.agent_id != inp.agent_id:
         raise MachineError(
-            "agent_mismatch",
             f"session {st.session_id} runs agent {s.agent_id!r}, not {inp.agent_id!r}",
+            code="agent_mismatch",
         )
     turn_id = body.get("turn_id")
     if s is not None and turn_id and turn_id in s.turns:
@@ -66,14 +66,14 @@ def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> N
     if s is not None and s.interrupts and not delivered:
         iid = next(iter(s.interrupts))
         raise MachineError(
-            "session_interrupted",
             f"session {st.session_id} is paused at interrupt {iid!r}: resume it first",
+            code="session_interrupted",
             interrupt_id=iid,
         )
     _check_client_tools(st, inp)
     clash = id_clash(_drafts(st, body), _recorded_or_queued(st))
     if clash is not None:
-        raise MachineError("duplicate_message_id", clash, status=409)
+        raise MachineError(clash, code="duplicate_message_id", status=409)
     if s is not None and body["type"] == "client.append" and not _fresh(st, body["messages"]):
         st.out.reply = {"session_id": st.session_id, "turn_id": None, "queued": False}
         st.ignore("every appended message is already recorded")
@@ -98,8 +98,8 @@ def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> N
             st.out.reply = _reply(st, turn_id, queued=True)
             return
         raise MachineError(
-            "turn_already_active",
             f"turn {s.turn.id} is still running in session {st.session_id}",
+            code="turn_already_active",
             turn_id=s.turn.id,
         )
     if s is not None and body["type"] == "client.messages" and _only_moves_head(st, body):
@@ -137,7 +137,7 @@ def _check_client_tools(st: Step, inp: ClientSubmitted) -> None:
     if clash is not None:
         index, why = clash
         param = f"input.client.tools.{index}.name"
-        raise MachineError("invalid_input", f"{param}: {why}", status=422, param=param)
+        raise MachineError(f"{param}: {why}", code="invalid_input", status=422, param=param)
 
 
 def _fresh(st: Step, drafts: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -228,9 +228,9 @@ class Applier:
         decl = self.project.agents.get(agent_id)
         if decl is None and state is None:
             raise MachineError(
-                "unknown_agent",
                 f"no agent {agent_id!r} in {self.project.path}; "
                 f"declared: {', '.join(sorted(self.project.agents)) or 'none'}",
+                code="unknown_agent",
                 status=404,
             )
         config = self.agent_configs.get(agent_id)

@@ -37,8 +37,8 @@ class ProviderError(SubsError):
     def __init__(
         self,
         message: str,
-        code: str = "provider_error",
         *,
+        code: str = "provider_error",
         retryable: bool = False,
         retry_after: float | None = None,
         vendor_status: int | None = None,
@@ -135,7 +135,7 @@ def http_error(
     message = f"{vendor} returned HTTP {status}" + (f": {said}" if said else "")
     return ProviderError(
         message,
-        code,
+        code=code,
         retryable=retryable,
         retry_after=retry_after(headers),
         vendor_status=status,
