@@ -16,6 +16,7 @@ import orjson
 
 from engine.errors import ClientError as ClientError  # re-exported for the bot and the CLI
 from engine.errors import ProtocolError
+from engine.ids import new_id
 from engine.jsonedge import JsonEdgeError, check
 from engine.machine import (
     CallSettled,
@@ -30,7 +31,6 @@ from engine.machine.tree import path_to
 from engine.machine.turns import TURN_STARTS
 from engine.messages import text_of
 from engine.protocol import parse_client_input
-from engine.runtime.apply import new_id
 from engine.store.snapshots import load_state, load_states
 from engine.store.store import Store
 

@@ -36,7 +36,7 @@ from pydantic import (
 
 from engine.errors import SubsError
 from engine.machine import default_kinds
-from engine.redact import redact_url
+from engine.redact import redact_url, url_secrets
 
 LLM_DEFAULTS: dict[str, tuple[str, str]] = {
     "anthropic": ("ANTHROPIC_API_KEY", "https://api.anthropic.com"),
@@ -1054,3 +1054,20 @@ def _apply_env(project: Project, env: Mapping[str, str]) -> Project:
         streams = int(raw)
     serve = dataclasses.replace(project.serve, host=host, port=port, max_streams_per_key=streams)
     return dataclasses.replace(project, redis=redis, serve=serve)
+
+
+def project_secrets(project: Project, env: Mapping[str, str], *urls: str | None) -> list[str]:
+    """The secrets a project names (vendor keys, signing secrets, MCP tokens and what
+    `env_from` hands a server) and the credentials inside its URLs and `urls` (the Redis
+    URL given on the command line). Here, not in engine/redact.py, which stays below the
+    config (it masks what the config's own errors print)."""
+    values = [env.get(b.api_key_env, "") for b in project.llm.values() if b.api_key_env]
+    for agent in project.agents.values():
+        if agent.signing_secret_env:
+            values.append(env.get(agent.signing_secret_env, ""))
+    for conn in project.mcp.values():  # a server's token, and what it is handed from ours
+        values += [env.get(var, "") for var in (conn.token_env, *conn.env_from) if var]
+    for url in (project.redis, *urls, *(a.worker for a in project.agents.values())):
+        if url:
+            values += url_secrets(url)
+    return values

@@ -26,7 +26,7 @@ from urllib.parse import quote, urlsplit
 
 from engine.cli.text import short
 from engine.errors import ClientError, SubsError, describe
-from engine.redact import Redactor, env_secrets, project_secrets, redact_url
+from engine.redact import Redactor, env_secrets, redact_url
 
 # The engine, Redis, Slack, MCP and the config's models are imported by the functions
 # that use them: `subs sessions list --url` needs none of them, and would wait for them.
@@ -129,7 +129,7 @@ async def _redis_for(project: Project, url: str | None) -> AsyncIterator[RedisCl
 
 def _load(args: argparse.Namespace) -> Project:
     """The project, its secrets (and those in `--redis`) known to the redactor from now on."""
-    from engine.config import load_project
+    from engine.config import load_project, project_secrets
 
     redis = getattr(args, "redis", None)
     if redis is not None and urlsplit(redis).scheme not in ("redis", "rediss", "unix"):

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TextIO
 
 from engine.cli.text import short
-from engine.client import ClientError
+from engine.errors import ClientError
 from engine.machine import events as ev
 from engine.session_client import SessionClient
 

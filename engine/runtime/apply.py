@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import secrets
 import time
 import traceback
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Any
 
 from engine.config import Project
 from engine.errors import describe
+from engine.ids import new_id
 from engine.jsonedge import encode
 from engine.machine import (
     Call,
@@ -54,11 +54,6 @@ log = logging.getLogger("subs.engine")
 # this often took its engine down each time (or never got an answer): the same.
 POISON_FAILURES = 3
 POISON_DELIVERIES = 10
-
-
-def new_id(prefix: str) -> str:
-    """Time-ordered, unique: 48 bits of milliseconds, 64 random bits."""
-    return f"{prefix}_{int(time.time() * 1000):012x}{secrets.token_hex(8)}"
 
 
 @dataclass

@@ -29,8 +29,9 @@ from typing import Any
 from engine.config import Project
 from engine.effects.mcp.runners import McpRunners
 from engine.effects.runner import EffectRunner, Runners, builtin_runners, worker_targets
+from engine.ids import new_id
 from engine.machine import Deliver, Input, Kinds, Transition, default_kinds, input_to_json
-from engine.runtime.apply import Applier, EngineStats, lost_work, new_id
+from engine.runtime.apply import Applier, EngineStats, lost_work
 from engine.runtime.metrics import Metrics
 from engine.runtime.retrying import Backoff, Trouble
 from engine.store.durability import check_server

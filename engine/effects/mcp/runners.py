@@ -20,7 +20,7 @@ from typing import Any
 
 from mcp_types import CallToolResult
 
-from engine.config import Project
+from engine.config import Project, project_secrets
 from engine.effects.mcp.connection import McpConnection, McpTrouble
 from engine.effects.runner import Done, EffectRunner, Runner, Tasks
 from engine.machine import CallAnswered, Input, SessionState
@@ -28,7 +28,7 @@ from engine.machine.connections import prefix_of
 from engine.machine.connectors import AUTH, RunConnectorSync, RunMcpCall
 from engine.machine.retry import Fault
 from engine.machine.tools import validate_input
-from engine.redact import Redactor, env_secrets, project_secrets
+from engine.redact import Redactor, env_secrets
 
 
 class Connectors:
