@@ -31,6 +31,7 @@ from engine.machine.tree import path_to
 from engine.machine.turns import TURN_STARTS
 from engine.messages import text_of
 from engine.protocol import parse_client_input
+from engine.statuses import ListedStatus
 from engine.store.snapshots import load_state, load_states
 from engine.store.store import Store
 
@@ -101,7 +102,7 @@ def session_view(state: SessionState) -> dict[str, Any]:
     }
 
 
-def row_matches(row: dict[str, Any], agent: str | None, status: str | None) -> bool:
+def row_matches(row: dict[str, Any], agent: str | None, status: ListedStatus | None) -> bool:
     """A listing filter on the row's agent and `status` (as `session_row` words it)."""
     if agent is not None and row["agent_id"] != agent:
         return False
@@ -266,7 +267,13 @@ class Client:
         ]
 
     async def find_rows(
-        self, offset: int, limit: int, *, agent: str | None, status: str | None, scan: int
+        self,
+        offset: int,
+        limit: int,
+        *,
+        agent: str | None,
+        status: ListedStatus | None,
+        scan: int,
     ) -> tuple[list[dict[str, Any]], int | None]:
         """Up to `limit` rows matching the filter (`row_matches`), newest first, from index
         position `offset` on, reading at most `scan` sessions (the work stays O(scan) however

@@ -21,6 +21,7 @@ from typing import Any
 
 from bot.rendering.mrkdwn import escape, to_mrkdwn
 from bot.rendering.split import split_markdown
+from engine.statuses import LineState
 
 MARKDOWN_BLOCK_LIMIT = 12_000
 DEFAULT_LIMIT = 9_000
@@ -56,7 +57,7 @@ class Line:
     name: str
     started_ms: int
     arguments: str | None = None
-    state: str = "running"  # running | ok | error
+    state: LineState = "running"
     attempt: int = 1
     retrying: bool = False
     ended_ms: int | None = None

@@ -12,6 +12,7 @@ from engine.api.parsing import MAX_SEQ, int_query
 from engine.api.state import API, principal_of
 from engine.errors import SubsError
 from engine.jsonedge import compact_json
+from engine.statuses import LISTED_STATUSES, is_listed_status
 
 HEALTH_TIMEOUT = 1.0  # /healthz waits this long for Redis's PONG
 
@@ -27,7 +28,6 @@ def _full_access(request: web.Request) -> None:
 
 
 FILTER_SCAN = 1000  # sessions one filtered page reads at most, matches or not
-STATUSES = ("idle", "running", "interrupted", "failed")
 
 
 async def admin_sessions(request: web.Request) -> web.Response:
@@ -38,9 +38,9 @@ async def admin_sessions(request: web.Request) -> web.Response:
     limit = int_query(request, "limit", 50, lo=1, hi=500)
     agent = request.query.get("agent") or None
     status = request.query.get("status") or None
-    if status is not None and status not in STATUSES:
+    if status is not None and not is_listed_status(status):
         raise ApiError(
-            f"status: {status!r} is not one of {', '.join(STATUSES)}",
+            f"status: {status!r} is not one of {', '.join(LISTED_STATUSES)}",
             status=400,
             code="invalid_query",
         )

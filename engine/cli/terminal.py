@@ -19,6 +19,7 @@ from engine.cli.text import short
 from engine.errors import ClientError
 from engine.machine import events as ev
 from engine.session_client import SessionClient
+from engine.statuses import WatchedStatus
 
 _SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 _STEPS = {
@@ -116,7 +117,7 @@ class Printer:
 class TurnOutcome:
     session_id: str
     turn_id: str | None
-    status: str  # completed | failed | detached
+    status: WatchedStatus
     error: str | None = None
 
 
