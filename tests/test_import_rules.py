@@ -225,13 +225,31 @@ def test_the_machine_rule_sees_every_spelling(source: str, expected: list[str]) 
 # the engine only through its client (its own checkpoint store aside).
 BOT_LAYERS: dict[str, tuple[set[str], set[str]]] = {
     "bot": (set(), set()),  # the package, and any folder not given a layer: nothing of ours
+    # Slack's payload shapes (TypedDicts): types only, for every layer below.
+    "bot.payloads": (set(), {"slack_sdk", "slack_bolt", "aiohttp", "asyncio", *REDIS}),
     "bot.rendering": (
-        {"bot.rendering", "engine.machine.events", "engine.messages", "engine.statuses"},
+        {
+            "bot.payloads",
+            "bot.rendering",
+            "engine.machine.events",
+            "engine.messages",
+            "engine.statuses",
+        },
         {"slack_sdk", "slack_bolt", "aiohttp", "asyncio", *REDIS},
     ),
-    "bot.slack": ({"bot.rendering", "bot.slack", "engine.errors", "engine.config"}, set(REDIS)),
+    "bot.slack": (
+        {"bot.payloads", "bot.rendering", "bot.slack", "engine.errors", "engine.config"},
+        set(REDIS),
+    ),
     "bot.turns": (
-        {"bot.rendering", "bot.slack", "bot.turns", "engine.client", "engine.errors"},
+        {
+            "bot.payloads",
+            "bot.rendering",
+            "bot.slack",
+            "bot.turns",
+            "engine.client",
+            "engine.errors",
+        },
         set(REDIS),
     ),
     "bot.turns.store": ({"bot.turns.checkpoint", "engine.store.store"}, set()),
@@ -280,6 +298,8 @@ def test_every_bot_module_keeps_to_its_layer() -> None:
         ("bot.rendering.probe", "import slack_sdk"),
         ("bot.rendering.probe", "def f():\n    import asyncio"),
         ("bot.rendering.probe", "from engine.client import Client"),
+        ("bot.payloads", "from bot.rendering.layout import clip"),
+        ("bot.payloads", "import slack_sdk"),
         ("bot.slack.probe", "from bot.turns.checkpoint import Checkpoint"),
         ("bot.slack.probe", "from ..turns import follower"),
         ("bot.turns.probe", "from engine.store.snapshots import load_state"),

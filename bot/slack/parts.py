@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from bot.payloads import SlackMessage
+
 __all__ = ["STAMP", "ReplyState", "Save", "stamp", "stamped_parts"]
 
 STAMP = "subs_turn"  # message metadata event_type on every message the bot posts for a turn
@@ -39,7 +41,7 @@ def stamp(turn_id: str, part: str) -> dict[str, Any]:
     return {"event_type": STAMP, "event_payload": {"turn_id": turn_id, "part": part}}
 
 
-def stamped_parts(messages: list[dict[str, Any]], turn_id: str) -> dict[str, str]:
+def stamped_parts(messages: list[SlackMessage], turn_id: str) -> dict[str, str]:
     """`part -> ts` of the thread's messages stamped for `turn_id`."""
     parts: dict[str, str] = {}
     for msg in messages:

@@ -13,6 +13,7 @@ from typing import Any
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.payloads import SlackMessage
 from bot.slack.governor import RateGovernor, RateLimited, scope
 
 __all__ = ["ATTEMPTS", "call", "every_message", "governed", "slack_error", "thread_messages"]
@@ -66,7 +67,7 @@ async def governed(
 
 async def thread_messages(
     governor: RateGovernor, team: str, web: AsyncWebClient, channel: str, ts: str, **extra: Any
-) -> list[dict[str, Any]]:
+) -> list[SlackMessage]:
     """Every message of a thread (`conversations.replies`, all pages), oldest first."""
     args = {"channel": channel, "ts": ts, **extra}
     return await every_message(governor, team, web, "conversations.replies", args)
@@ -74,9 +75,9 @@ async def thread_messages(
 
 async def every_message(
     governor: RateGovernor, team: str, web: AsyncWebClient, method: str, args: dict[str, Any]
-) -> list[dict[str, Any]]:
+) -> list[SlackMessage]:
     """The `messages` of every page of a cursor-paged read."""
-    messages: list[dict[str, Any]] = []
+    messages: list[SlackMessage] = []
     cursor = ""
     while True:
         page_args = {"limit": 200, **args, **({"cursor": cursor} if cursor else {})}

@@ -20,6 +20,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from bot.payloads import Mention
 from bot.turns.routing import session_id_for
 from engine.errors import SubsError
 
@@ -50,7 +51,7 @@ class Checkpoint:
     trigger: str = ""  # the message a working reaction goes on
     since: str = ""  # ts the turn began at: its messages in the thread come after it
     bot_id: str = ""  # this app's bot id, to know its own unstamped messages
-    mention: dict[str, Any] | None = None  # {event, bot_user, bot_id} to build `payload` from
+    mention: Mention | None = None  # to build `payload` from
     quiet: bool = False  # a button's turn: no "No reply." message when it has nothing to say
     failures: int = 0  # followers that failed on it (not those that died or handed it over)
     retry_at: float = 0.0  # epoch seconds: not resumed before (backing off after a failure)

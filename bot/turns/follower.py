@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
+from bot.payloads import SlackMessage
 from bot.rendering.message_text import attributed, wanted_ids
 from bot.rendering.mrkdwn import escape
 from bot.rendering.prompts import prompt_for
@@ -171,7 +172,7 @@ class Followers:
         assert cp.mention is not None
         event, bot_user, bot_id = cp.mention["event"], cp.mention["bot_user"], cp.mention["bot_id"]
         ts = event["ts"]
-        missed: list[dict[str, Any]] = []
+        missed: list[SlackMessage] = []
         if cp.thread_ts != ts:
             thread = await thread_messages(
                 self.paced.governor, cp.team, bot.web, cp.channel, cp.thread_ts

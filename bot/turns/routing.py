@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from bot.payloads import SlackMessage
+
 __all__ = [
     "ANSWERS",
     "is_dm",
@@ -23,7 +25,7 @@ ANSWERS = frozenset({"dm", "channels", "both"})
 # Subtypes of messages someone posted (a person, another app, an integration); the others
 # are notices (joins, topic changes, …) Slack writes itself.
 SAID = frozenset({"bot_message", "thread_broadcast", "file_share", "me_message"})
-Event = dict[str, Any]
+Event = SlackMessage
 
 
 def session_id_for(agent: str, channel: str, thread_ts: str) -> str:
@@ -81,13 +83,13 @@ def wants_turn(event: Event, answers: str, bot_user: str | None, bot_id: str | N
 
 
 def missed_messages(
-    replies: list[dict[str, Any]], before_ts: str, bot_user: str | None, bot_id: str | None
-) -> list[dict[str, Any]]:
+    replies: list[SlackMessage], before_ts: str, bot_user: str | None, bot_id: str | None
+) -> list[SlackMessage]:
     """The messages of a thread (`conversations.replies`, oldest first) after the app's last
     message and before `before_ts`: what the agent has not seen yet. People's, and other
     apps' and integrations' (an alert at the thread's root is what people ask about); never
     the app's own."""
-    missed: list[dict[str, Any]] = []
+    missed: list[SlackMessage] = []
     for msg in replies:
         ts = _ts_key(msg.get("ts"))
         if ts is None or ts >= (_ts_key(before_ts) or ts):
@@ -99,7 +101,7 @@ def missed_messages(
     return missed
 
 
-def _posted(msg: dict[str, Any]) -> bool:
+def _posted(msg: SlackMessage) -> bool:
     """Someone's message: a person's (`user`) or an app's (`bot_id`), of a kind people post."""
     subtype = msg.get("subtype")
     if subtype is not None and subtype not in SAID:
