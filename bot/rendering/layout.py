@@ -135,6 +135,7 @@ def message_content(value: Any) -> dict[str, Any] | None:
 
 
 def clip(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters with an ellipsis: Slack refuses longer fields."""
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
@@ -191,6 +192,7 @@ def _fit_lines(lines: list[str]) -> str:
 
 
 def context(mrkdwn: str) -> dict[str, Any]:
+    """A context block of one mrkdwn element: the small grey line under a reply."""
     return {"type": "context", "elements": [{"type": "mrkdwn", "text": mrkdwn}]}
 
 

@@ -38,6 +38,8 @@ Save = Callable[[], Awaitable[None]]  # make what `ReplyState` holds durable
 
 
 def stamp(turn_id: str, part: str) -> dict[str, Any]:
+    """The message metadata that marks a reply part as this turn's, so a follower that takes
+    over finds what an earlier one posted."""
     return {"event_type": STAMP, "event_payload": {"turn_id": turn_id, "part": part}}
 
 

@@ -60,6 +60,7 @@ class Checkpoint:
 
     @property
     def session_id(self) -> str:
+        """The engine session of this thread (a thread is a session)."""
         return session_id_for(self.agent, self.channel, self.thread_ts)
 
     @property
@@ -68,6 +69,7 @@ class Checkpoint:
         return f"{self.agent} {self.channel} {self.turn_id}"
 
     def dumps(self) -> str:
+        """As stored in Redis: compact JSON, read back by `loads`."""
         return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod

@@ -29,6 +29,7 @@ Event = SlackMessage
 
 
 def session_id_for(agent: str, channel: str, thread_ts: str) -> str:
+    """The session a Slack thread maps to; one per agent, channel and root ts."""
     return f"slack:{agent}:{channel}:{thread_ts}"
 
 

@@ -130,4 +130,5 @@ class Checkpoints:
         return bool(await self._renew(keys=[lease], args=[self.owner, self.lease_ms]))
 
     async def release(self, cp: Checkpoint) -> None:
+        """Give up following this turn, if this follower still holds it."""
         await self._release(keys=[checkpoint_keys(cp)[1]], args=[self.owner])
