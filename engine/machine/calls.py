@@ -58,6 +58,7 @@ def llm_handler(st: Step, block: str | None) -> tuple[str, str | None]:
 
 
 def start_llm_call(st: Step, action: dict[str, Any]) -> None:
+    """Record and dispatch a model call the agent asked for."""
     call_id = action.get("id") or st.ids("llm")
     params = {k: action[k] for k in _LLM_PARAMS if action.get(k) is not None}
     handler, fmt = llm_handler(st, params.get("llm") or (st.s.agent or {}).get("llm"))
@@ -77,6 +78,7 @@ def start_llm_call(st: Step, action: dict[str, Any]) -> None:
 
 
 def start_tool_call(st: Step, action: dict[str, Any], unrunnable: list[tuple[Call, str]]) -> None:
+    """Record and dispatch a tool call, or note why it cannot run."""
     call_id = action.get("id") or st.ids("tool")
     name = action["name"]
     arguments = action.get("arguments")
@@ -111,6 +113,7 @@ def start_tool_call(st: Step, action: dict[str, Any], unrunnable: list[tuple[Cal
 
 
 def dispatch(st: Step, call: Call, attempt: int) -> None:
+    """Send a call's attempt under its kind's deadline."""
     kind = st.kinds.of(call.kind, call.handler)
     if kind is not None and kind.attempt_deadline is not None:
         deadline = kind.attempt_deadline(call, st.now)
@@ -134,6 +137,7 @@ def dispatch(st: Step, call: Call, attempt: int) -> None:
 
 
 def live_call(st: Step, call_id: str, attempt: int, kind: str | None) -> Call | None:
+    """The call an answer is for, if that attempt is still out; else ignored."""
     call = st.s.calls.get(call_id)
     if call is None or (kind is not None and call.kind != kind):
         st.ignore(f"call {call_id!r} is not open")
@@ -174,6 +178,7 @@ def answered(st: Step, call: Call, inp: CallAnswered) -> None:
 
 
 def llm_settled(st: Step, inp: LlmCallSettled) -> None:
+    """A model call's answer or failure for the attempt still out."""
     call = live_call(st, inp.call_id, inp.attempt, "llm")
     if call is None:
         return
@@ -338,6 +343,7 @@ def call_failed(
 
 
 def timer_fired(st: Step, inp: TimerFired) -> None:
+    """A backoff ended: dispatch the call's next attempt, unless the timer is stale."""
     call = st.s.calls.get(inp.call_id)
     if call is None or call.status != "retry_scheduled" or inp.attempt != call.attempt + 1:
         st.ignore(f"timer for {inp.call_id!r} attempt {inp.attempt} is stale")
@@ -346,6 +352,7 @@ def timer_fired(st: Step, inp: TimerFired) -> None:
 
 
 def call_lost(st: Step, inp: CallLost) -> None:
+    """The engine running an attempt stopped: a failed attempt, retried at once."""
     decision = st.s.decision
     if decision is not None and decision.id == inp.call_id:
         decision_lost(st, inp)

@@ -364,6 +364,7 @@ def evolve(state: SessionState | None, event: Event) -> SessionState:
 
 
 def fold(events: Iterable[Event]) -> SessionState | None:
+    """The state a log folds to: None for no events."""
     state: SessionState | None = None
     for e in events:
         state = evolve(state, e)

@@ -306,10 +306,12 @@ _KINDS: dict[str, type] = {
 
 
 def input_to_json(inp: Input) -> dict[str, Any]:
+    """An input as the work stream carries it, tagged with its kind."""
     return {"kind": type(inp).__name__, **inp.__dict__}
 
 
 def input_from_json(d: dict[str, Any]) -> Input:
+    """The input `input_to_json` wrote; an unknown kind is a ValueError."""
     fields = dict(d)
     kind = _KINDS.get(fields.pop("kind", ""))
     if kind is None:

@@ -13,6 +13,7 @@ from .core import Step
 
 
 def raise_interrupt(st: Step, action: dict[str, Any], origin: str) -> None:
+    """Open an interrupt (once per id) and pause the turn on it."""
     iid = action.get("interrupt_id") or st.ids("int")
     if iid in st.s.interrupts:
         return

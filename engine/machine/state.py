@@ -81,6 +81,8 @@ class Decision:
 
 @dataclass
 class Turn:
+    """The running turn: when it started, what it cost and who runs it."""
+
     id: str
     started_at: int
     usage: dict[str, int] = field(default_factory=lambda: dict(ZERO_USAGE))
@@ -91,6 +93,8 @@ class Turn:
 
 @dataclass
 class SessionState:
+    """Everything the machine knows of a session: the fold of its log."""
+
     session_id: str
     agent_id: str
     decider: str  # "engine" | "worker"

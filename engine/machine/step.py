@@ -74,6 +74,7 @@ from .turns import TURN_STARTS
 
 
 def client_submitted(st: Step, inp: ClientSubmitted) -> None:
+    """A client's input: checked against the owner, then handled by its type."""
     body = inp.input
     kind = body["type"]
     s = st.state
@@ -93,6 +94,7 @@ def client_submitted(st: Step, inp: ClientSubmitted) -> None:
 
 
 def interrupt_requested(st: Step, inp: InterruptRequested) -> None:
+    """A client pauses the running turn; refused when none runs."""
     if st.s.turn is None:
         raise MachineError(
             f"session {st.session_id} has no running turn to interrupt", code="no_turn"
@@ -108,6 +110,7 @@ def interrupt_requested(st: Step, inp: InterruptRequested) -> None:
 
 
 def cancel_requested(st: Step, inp: CancelRequested) -> None:
+    """A client ends the running turn as failed; refused when none runs."""
     turn = st.s.turn
     if turn is None:
         raise MachineError(
@@ -129,6 +132,7 @@ def cancel_requested(st: Step, inp: CancelRequested) -> None:
 
 
 def input_rejected(st: Step, inp: InputRejected) -> None:
+    """An input the engine could not apply: recorded, and its turn failed."""
     st.emit({"type": ev.INPUT_REJECTED, "input_kind": inp.kind, "error": inp.error})
     if st.s.turn is not None:
         ending.fail_turn(st, inp.error)

@@ -50,6 +50,7 @@ LLM_CALL = {"type": "llm.call"}
 
 
 def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> None:
+    """A turn-starting input: started now, queued behind the running turn, or refused."""
     body = inp.input
     st.slash_commands = inp.slash_commands
     s = st.state
@@ -210,6 +211,7 @@ def _reply(st: Step, turn_id: str, *, queued: bool, existing: bool = False) -> d
 def start_turn(
     st: Step, turn_id: str, body: dict[str, Any], start_config: dict[str, Any] | None = None
 ) -> None:
+    """Record the turn's start and what opens it; `advance` asks for its first decision."""
     started: ev.TurnStarted = {"type": ev.TURN_STARTED, "turn_id": turn_id}
     tools = submitted_tools(body.get("client"))
     if tools:
@@ -302,6 +304,7 @@ def _client_context(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def record_messages(st: Step, drafts: list[dict[str, Any]]) -> None:
+    """Add messages to the tree at the head; their ids were checked before."""
     clash = id_clash(drafts, st.s.nodes)
     if clash is not None:  # inputs and answers are checked before this: a bug if reached
         raise ValueError(clash)
@@ -350,6 +353,7 @@ def resume_interrupt(st: Step, iid: str, payload: Any) -> bool:
 
 
 def send_message(st: Step, action: dict[str, Any]) -> None:
+    """Record a message for another session and hand it over after the commit."""
     message = {k: v for k, v in action["message"].items() if v is not None}
     # The id travels with the message: the receiver drops one it has seen.
     message["id"] = message.get("id") or f"{st.session_id}:{st.s.seq + 1}"
@@ -358,6 +362,7 @@ def send_message(st: Step, action: dict[str, Any]) -> None:
 
 
 def message_delivered(st: Step, inp: MessageDelivered) -> None:
+    """Another session's message arrives: it starts or queues a turn here."""
     s = st.state
     if s is None:
         st.ignore(f"message.send to {st.session_id!r}, which does not exist")
