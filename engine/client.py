@@ -312,6 +312,7 @@ class Client:
         return await self.store.dead_letters(limit)
 
     async def events(self, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
+        """The session's log after `after_seq`, oldest first."""
         return await self.store.read_log(session_id, after_seq)
 
     async def last_seq(self, session_id: str) -> int:

@@ -87,6 +87,8 @@ class ConfigError(SubsError):
 
 @dataclass(frozen=True)
 class ServeConfig:
+    """`[serve]`: where the API listens and what it allows browsers and streams."""
+
     host: str = "127.0.0.1"
     port: int = 8080
     cors_origins: tuple[str, ...] = ()  # browser origins the API answers; none: no CORS
@@ -129,6 +131,8 @@ class StoreConfig:
 
 @dataclass(frozen=True)
 class LlmBlock:
+    """`[llm.<id>]`: one model vendor (or a worker) and how to reach it."""
+
     id: str
     type: str  # anthropic | openai | openrouter | worker
     api_key_env: str | None  # None for worker, and for a server that takes no key (auth = "none")
@@ -138,6 +142,8 @@ class LlmBlock:
 
 @dataclass(frozen=True)
 class SlackBlock:
+    """`[agent.<id>.slack]`: how the agent appears and answers in Slack."""
+
     name: str
     description: str
     answers: str  # both | dm | channels
@@ -165,6 +171,7 @@ class McpBlock:
 
     @property
     def path(self) -> str:
+        """Its name in tool ids and errors: `mcp.<id>`."""
         return f"mcp.{self.id}"
 
     def command_vars(self) -> list[str]:
@@ -209,6 +216,8 @@ def _expand(text: str, env: Mapping[str, str]) -> str:
 
 @dataclass(frozen=True)
 class MissingEnv:
+    """An environment variable the project needs and lacks, and who needs it."""
+
     var: str
     needed_by: str  # agent id(s) or "llm.<id>", comma-joined when several
     why: str
@@ -216,6 +225,8 @@ class MissingEnv:
 
 @dataclass(frozen=True)
 class SlackOff:
+    """An agent whose Slack app will not start, and what to set to start it."""
+
     agent: str
     why: str  # one line naming the variables to set
     partial: bool  # some of its variables are set, not enough: a mistake, not a choice
@@ -223,6 +234,8 @@ class SlackOff:
 
 @dataclass(frozen=True)
 class AgentDecl:
+    """`[agent.<id>]`, checked: what the engine needs to run the agent."""
+
     id: str
     llm: str | None
     model: str | None
@@ -269,6 +282,8 @@ class AgentDecl:
 
 @dataclass(frozen=True)
 class Project:
+    """A whole subs.toml, checked against itself and the environment."""
+
     path: str
     name: str
     redis: str | None  # None: the embedded server
@@ -582,6 +597,7 @@ def load_project(
     *,
     tool_handlers: Collection[str] | None = None,
 ) -> Project:
+    """Read, check and build subs.toml; every mistake is a ConfigError naming its key."""
     file = os.fspath(path)
     try:
         raw = Path(file).read_bytes()

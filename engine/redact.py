@@ -66,6 +66,7 @@ class Redactor(logging.Filter):
         self.add(values)
 
     def add(self, values: Iterable[str]) -> None:
+        """Mask these values from now on (too short ones would mask common words)."""
         fresh = {v for v in values if len(v) >= MIN_SECRET} - self._values
         if not fresh:
             return
@@ -74,11 +75,13 @@ class Redactor(logging.Filter):
         self._pattern = re.compile("|".join(map(re.escape, longest_first)))
 
     def scrub(self, text: str) -> str:
+        """`text` with every known secret and every URL credential masked."""
         if self._pattern is not None:
             text = self._pattern.sub(MASK, text)
         return _scrub_urls(text)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """As a logging filter: scrub the record's final text; never drops a record."""
         try:
             message = record.getMessage()
         except Exception:  # bad format arguments: the handler reports it; show nothing raw

@@ -65,6 +65,7 @@ async def admin_dead_letters(request: web.Request) -> web.Response:
 
 
 async def admin_events(request: web.Request) -> web.Response:
+    """A session's raw log, paged by seq: for operators, not for clients."""
     _full_access(request)
     store = request.app[API].store
     sid = request.match_info["sid"]
@@ -114,6 +115,7 @@ async def get_healthz(request: web.Request) -> web.Response:
 
 
 async def get_metrics(request: web.Request) -> web.Response:
+    """Prometheus text exposition of the engine's counters and histograms."""
     api = request.app[API]
     api.metrics.set("subs_sse_readers", len(api.hub.readers))
     text = api.metrics.render()

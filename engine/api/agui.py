@@ -167,6 +167,7 @@ async def _turn_start(api: ApiState, sid: str, turn_id: str) -> int:
 
 
 async def post_run(request: web.Request) -> web.StreamResponse:
+    """An AG-UI run: submits the run's input and streams the turn as AG-UI events."""
     api = request.app[API]
     agent_id = request.match_info["agent_id"]
     run = _run_input(await json_body(request))

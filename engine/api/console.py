@@ -47,10 +47,12 @@ async def console_page(request: web.Request) -> web.Response:
 
 
 async def console_static(request: web.Request) -> web.Response:
+    """One of the console's static files."""
     return _file(request.match_info["name"])
 
 
 def add_console_routes(router: web.UrlDispatcher) -> None:
+    """Mount the operator console; the API app calls this once."""
     router.add_get("/console", console_page)
     router.add_get("/console/sessions/{sid}", console_page)
     router.add_get("/console/static/{name}", console_static)

@@ -18,6 +18,8 @@ _DIGITS = re.compile(r"[0-9]{1,19}")  # int() also takes ' 7', '+7', '7_0', non-
 
 
 class InputBody(BaseModel):
+    """`POST /api/client/sessions/input`: the ClientInput and where it goes."""
+
     model_config = ConfigDict(extra="forbid")
 
     session_id: str | None = Field(default=None, min_length=1, max_length=200)
@@ -26,6 +28,8 @@ class InputBody(BaseModel):
 
 
 class SettleBody(BaseModel):
+    """`POST .../calls/settle`: a result or an error for an open call."""
+
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(min_length=1)
@@ -36,6 +40,8 @@ class SettleBody(BaseModel):
 
 
 class InterruptBody(BaseModel):
+    """`POST .../interrupt`: why the turn pauses, and what the prompt carries."""
+
     model_config = ConfigDict(extra="forbid")
 
     reason: str
@@ -43,6 +49,8 @@ class InterruptBody(BaseModel):
 
 
 class CancelBody(BaseModel):
+    """`POST .../cancel`: an optional reason recorded with the failed turn."""
+
     model_config = ConfigDict(extra="forbid")
 
     reason: str | None = Field(default=None, max_length=1000)
@@ -79,6 +87,7 @@ def integer(raw: str, name: str, code: str, *, lo: int, hi: int) -> int:
 
 
 def int_query(request: web.Request, name: str, default: int, *, lo: int, hi: int) -> int:
+    """An integer query parameter within bounds; a bad one is a 400 naming it."""
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default

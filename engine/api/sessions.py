@@ -37,6 +37,7 @@ async def _owned_state(request: web.Request, sid: str) -> SessionState:
 
 
 async def post_input(request: web.Request) -> web.Response:
+    """Submit one ClientInput: answers once the engine has committed it."""
     api = request.app[API]
     body: InputBody = validate(InputBody, await json_body(request))
     principal = principal_of(request)
@@ -69,12 +70,15 @@ async def post_input(request: web.Request) -> web.Response:
 
 
 async def get_session(request: web.Request) -> web.Response:
+    """The session as a client reads it, if the caller may read it."""
     state = await _owned_state(request, request.match_info["sid"])
     view = session_view(state)
     return web.json_response(view, dumps=compact_json)
 
 
 async def stream_events(request: web.Request) -> web.StreamResponse:
+    """The session's events as SSE, from `after_seq` or `Last-Event-ID`, so a client
+    that reconnects misses nothing and sees nothing twice."""
     api = request.app[API]
     sid = request.match_info["sid"]
     header = request.headers.get("Last-Event-ID")
@@ -124,6 +128,7 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
 
 
 async def post_interrupt(request: web.Request) -> web.Response:
+    """Pause the running turn with a prompt (SPEC §8)."""
     api = request.app[API]
     sid = request.match_info["sid"]
     body: InterruptBody = validate(InterruptBody, await json_body(request))
@@ -154,6 +159,7 @@ async def delete_session(request: web.Request) -> web.Response:
 
 
 async def post_settle(request: web.Request) -> web.Response:
+    """Settle an async worker or client tool call from outside (SPEC §6)."""
     api = request.app[API]
     sid = request.match_info["sid"]
     body: SettleBody = validate(SettleBody, await json_body(request))

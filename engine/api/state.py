@@ -61,6 +61,7 @@ class ApiState:
         return caller
 
     def free_stream_slot(self, caller: str) -> None:
+        """A stream of `caller` closed: its slot counts no more against the key's limit."""
         held = self.streams_by_caller.pop(caller) - 1
         if held:
             self.streams_by_caller[caller] = held

@@ -786,6 +786,7 @@ class OneLine(logging.Formatter):
         self.scrub = scrub
 
     def format(self, record: logging.LogRecord) -> str:
+        """The record as one `subs:` line, its exception (scrubbed) at the end."""
         text = record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:
             text = f"{text} ({self.scrub(describe(record.exc_info[1]))})"

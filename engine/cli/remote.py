@@ -45,11 +45,13 @@ class HttpClient:
 
     @property
     def http(self) -> aiohttp.ClientSession:
+        """The HTTP session, made in the running loop on first use."""
         if self._http is None:
             self._http = new_session()
         return self._http
 
     async def aclose(self) -> None:
+        """Close the HTTP session if this client made it."""
         if self._owned and self._http is not None:
             await self._http.close()
 
@@ -108,6 +110,7 @@ class HttpClient:
         session_id: str | None = None,
         identity: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """`POST /api/client/sessions/input`, as `Client.submit`."""
         body: dict[str, Any] = {"input": payload}
         if session_id:
             body["session_id"] = session_id
@@ -132,6 +135,7 @@ class HttpClient:
         error: str | None = None,
         retryable: bool = False,
     ) -> dict[str, Any]:
+        """`POST .../calls/settle`, as `Client.settle`."""
         body: dict[str, Any] = {"id": call_id}
         if attempt is not None:
             body["attempt"] = attempt
@@ -142,17 +146,21 @@ class HttpClient:
         return await self._object("POST", f"/api/machine/sessions/{session_id}/calls/settle", body)
 
     async def interrupt(self, session_id: str, reason: str, payload: Any = None) -> dict[str, Any]:
+        """`POST .../interrupt`, as `Client.interrupt`."""
         body = {"reason": reason, "payload": payload}
         return await self._object("POST", f"/api/client/sessions/{session_id}/interrupt", body)
 
     async def cancel(self, session_id: str, reason: str | None = None) -> dict[str, Any]:
+        """`POST .../cancel`, as `Client.cancel`."""
         body = {"reason": reason} if reason else {}
         return await self._object("POST", f"/api/client/sessions/{session_id}/cancel", body)
 
     async def delete(self, session_id: str) -> None:
+        """`DELETE` the session, as `Client.delete`."""
         await self._call("DELETE", f"/api/client/sessions/{session_id}")
 
     async def events(self, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
+        """The whole log after `after_seq`, read page by page from the admin route."""
         out: list[dict[str, Any]] = []
         while True:
             page = await self._object(
@@ -172,11 +180,13 @@ class HttpClient:
     async def session_rows(
         self, offset: int = 0, limit: int = 50
     ) -> tuple[list[dict[str, Any]], bool]:
+        """One page of the listing, and whether the server says more follow."""
         page = await self._object("GET", "/api/admin/sessions", offset=offset, limit=limit)
         rows: list[dict[str, Any]] = page["sessions"]
         return rows, page["next_offset"] is not None
 
     async def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
+        """Inputs the engine could not apply, newest first."""
         page = await self._object("GET", "/api/admin/dead-letters", limit=limit)
         letters: list[dict[str, Any]] = page["dead_letters"]
         return letters

@@ -49,6 +49,7 @@ class Printer:
         self.tool_names: dict[str, str] = {}  # call id -> tool name, for the status line
 
     def clear_status(self) -> None:
+        """Erase the status line so the next output starts on a clean line."""
         if self.status_shown and self.status_out is not None:
             self.status_out.write("\r\x1b[2K")
             self.status_out.flush()
@@ -70,6 +71,7 @@ class Printer:
         self.status_shown = True
 
     def write(self, text: str) -> None:
+        """Output, with the status line out of its way."""
         self.clear_status()
         self.out.write(text)
         self.out.flush()
@@ -84,12 +86,15 @@ class Printer:
         self.write(text + "\n")
 
     def delta(self, delta: dict[str, Any]) -> None:
+        """A token as it streams (a JSON line in jsonl mode)."""
         if self.jsonl:
             self.write(json.dumps({"type": "llm.token.delta", **delta}) + "\n")
         elif delta.get("text"):
             self.write(delta["text"])
 
     def event(self, event: dict[str, Any]) -> None:
+        """One recorded event: a compact line for what a person follows, the status line
+        for the step it starts."""
         p = event["payload"]
         kind = p["type"]
         if kind == ev.TOOL_CALL_REQUESTED:
@@ -115,6 +120,8 @@ class Printer:
 
 @dataclass
 class TurnOutcome:
+    """How a watched turn ended, for the command's exit status."""
+
     session_id: str
     turn_id: str | None
     status: WatchedStatus
@@ -122,6 +129,7 @@ class TurnOutcome:
 
 
 async def ask_line(prompt: str) -> str:
+    """A line typed at the terminal, read off the event loop so streaming goes on."""
     sys.stderr.write(prompt)
     sys.stderr.flush()
     return await asyncio.to_thread(sys.stdin.readline)

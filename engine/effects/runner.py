@@ -113,9 +113,11 @@ class EffectRunner:
         self.checked = CheckedMessages()
 
     async def aclose(self) -> None:
+        """Close the shared HTTP session."""
         await self.http.close()
 
     def now_ms(self) -> int:
+        """The clock effects read, in ms; injected so tests can move it."""
         return int(self.clock() * 1000)
 
     def runs(self, effect: object) -> bool:
@@ -123,6 +125,7 @@ class EffectRunner:
         return type(effect) in self.runners
 
     def start(self, state: SessionState, effect: object, done: Done, tasks: Tasks) -> None:
+        """Start `effect` by its type's runner; its end comes back through `done`."""
         self.runners[type(effect)](self, state, effect, done, tasks)
 
     def run(
@@ -328,6 +331,7 @@ class DeltaWriter:
         self.ended = False
 
     def add(self, delta: dict[str, Any]) -> None:
+        """Queue a delta; a write starts unless one is already out."""
         self.buffer.append(delta)
         if not self.ended and (self.task is None or self.task.done()):
             self.task = asyncio.create_task(self._flush())
@@ -349,6 +353,7 @@ class DeltaWriter:
         return rest
 
     def abandon(self) -> None:
+        """The call ended: stop writing; the rest goes out with the commit."""
         self.ended = True
         if self.task is not None:
             self.task.cancel()

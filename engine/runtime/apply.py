@@ -104,6 +104,7 @@ class Applier:
         self.llm_routes = {b.id: {"type": b.type, "format": b.format} for b in project.llm.values()}
 
     def now_ms(self) -> int:
+        """The clock steps are stamped with, in ms; injected so tests can move it."""
         return int(self.clock() * 1000)
 
     def forget(self, p: int) -> None:
@@ -191,6 +192,7 @@ class Applier:
         return t
 
     async def load(self, sid: str) -> SessionState | None:
+        """The session's state: cached, or its snapshot plus the log tail."""
         state = self.cache.get(sid)
         if state is None:
             snap = await self.store.load_snapshot(sid)

@@ -139,6 +139,7 @@ class Engine:
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Open the store and start taking partitions; returns once running."""
         durability = self.project.store
         self.store = await Store.open(
             self.redis,
@@ -185,6 +186,7 @@ class Engine:
         await self.effects.aclose()
 
     def now_ms(self) -> int:
+        """The engine's clock in ms; injected so tests can move it."""
         return int(self.clock() * 1000)
 
     async def wait_owned(self, count: int, timeout: float = 30.0) -> None:

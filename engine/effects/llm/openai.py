@@ -81,6 +81,7 @@ def message_groups(
 
 
 def convert_group(group: list[dict[str, Any]]) -> dict[str, Any]:
+    """One neutral message as an OpenAI chat message (OpenAI needs no grouping)."""
     return _message(group[0])
 
 
