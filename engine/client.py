@@ -31,6 +31,7 @@ from engine.machine.tree import path_to
 from engine.machine.turns import TURN_STARTS
 from engine.messages import text_of
 from engine.protocol import parse_client_input
+from engine.session_client import SessionRow
 from engine.statuses import ListedStatus
 from engine.store.snapshots import load_state, load_states
 from engine.store.store import Store
@@ -55,7 +56,7 @@ def validate_client_input(data: Any) -> None:
         ) from None
 
 
-def session_row(state: SessionState, last: dict[str, Any] | None) -> dict[str, Any]:
+def session_row(state: SessionState, last: dict[str, Any] | None) -> SessionRow:
     """A session as a listing shows it; `last` is its newest event. `failed` says its last
     turn failed (`error`: why, while that failure is the newest event); `status` is the
     session's, `failed` instead of `idle` then. Times are ISO 8601 UTC text.
@@ -102,7 +103,7 @@ def session_view(state: SessionState) -> dict[str, Any]:
     }
 
 
-def row_matches(row: dict[str, Any], agent: str | None, status: ListedStatus | None) -> bool:
+def row_matches(row: SessionRow, agent: str | None, status: ListedStatus | None) -> bool:
     """A listing filter on the row's agent and `status` (as `session_row` words it)."""
     if agent is not None and row["agent_id"] != agent:
         return False
@@ -249,14 +250,12 @@ class Client:
         """Session ids, newest first."""
         return await self.store.list_sessions(offset, limit)
 
-    async def session_rows(
-        self, offset: int = 0, limit: int = 50
-    ) -> tuple[list[dict[str, Any]], bool]:
+    async def session_rows(self, offset: int = 0, limit: int = 50) -> tuple[list[SessionRow], bool]:
         """Listing rows (`session_row`), newest first; and whether more may follow."""
         ids = await self.store.list_sessions(offset, limit)
         return await self._rows(ids), len(ids) == limit
 
-    async def _rows(self, ids: list[str]) -> list[dict[str, Any]]:
+    async def _rows(self, ids: list[str]) -> list[SessionRow]:
         states, lasts = await asyncio.gather(
             load_states(self.store, ids), self.store.last_events(ids)
         )
@@ -274,11 +273,11 @@ class Client:
         agent: str | None,
         status: ListedStatus | None,
         scan: int,
-    ) -> tuple[list[dict[str, Any]], int | None]:
+    ) -> tuple[list[SessionRow], int | None]:
         """Up to `limit` rows matching the filter (`row_matches`), newest first, from index
         position `offset` on, reading at most `scan` sessions (the work stays O(scan) however
         many sessions there are); and the offset to go on from, None at the index's end."""
-        found: list[dict[str, Any]] = []
+        found: list[SessionRow] = []
         at = offset
         size = max(limit, 50)  # doubled while matches are sparse: dense ones read little more
         while at - offset < scan:

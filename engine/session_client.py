@@ -5,13 +5,37 @@ and `engine.cli.remote.HttpClient` (a remote engine's HTTP API). The CLI holds o
 them through this Protocol, so a command written once works both ways; mypy holds both
 classes to these signatures where the CLI hands either out as one (`cli/commands.py`).
 
-Imports only typing: `subs sessions list --url` loads it without loading the engine.
+Imports only typing (and the status words): `subs sessions list --url` loads it without
+loading the engine.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
+
+from engine.statuses import ListedStatus
+
+
+class SessionRow(TypedDict):
+    """A session as a listing shows it (`engine.client.session_row`, the admin API's rows).
+
+    Times are ISO 8601 UTC text; `failed` says the last turn failed, and `error` why while
+    that failure is the newest event; `first_message` is None for a session not yet asked.
+    """
+
+    session_id: str
+    agent_id: str
+    status: ListedStatus
+    created_at: str
+    seq: int
+    last_activity_at: str | None
+    turns: int
+    first_message: str | None
+    tokens: int
+    cost: str
+    failed: bool
+    error: str | None
 
 
 class SessionClient(Protocol):
@@ -60,9 +84,7 @@ class SessionClient(Protocol):
         """Session ids, newest first."""
         ...
 
-    async def session_rows(
-        self, offset: int = 0, limit: int = 50
-    ) -> tuple[list[dict[str, Any]], bool]:
+    async def session_rows(self, offset: int = 0, limit: int = 50) -> tuple[list[SessionRow], bool]:
         """Listing rows, newest first; and whether more may follow."""
         ...
 

@@ -970,6 +970,16 @@ async def test_both_clients_answer_alike_for_one_session(engine, vendor, metrics
         reply = await remote.submit(say("hi"))
         sid = reply["session_id"]
         assert await remote.sessions() == await local.sessions() == [sid]
+        # A row says what SessionRow declares, no more and no less, over either client.
+        from typing import get_type_hints
+
+        from engine.session_client import SessionRow
+
+        [(remote_row,), _], [(local_row,), _] = (
+            await remote.session_rows(),
+            await local.session_rows(),
+        )
+        assert set(remote_row) == set(local_row) == set(get_type_hints(SessionRow))
         assert await remote.session("ses_nope") is None
         assert await local.session("ses_nope") is None
         view = await remote.session(sid)

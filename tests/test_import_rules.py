@@ -349,7 +349,8 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
     "engine.sse": (set(), set()),
     "engine.statuses": (set(), set()),
     "engine.redact": (set(), set()),  # below the config, whose errors it masks
-    "engine.session_client": (set(), set()),  # typing only: `sessions list --url` loads it
+    # Typing only, and the status words: `sessions list --url` loads it.
+    "engine.session_client": ({"engine.statuses"}, set()),
     "engine.jsonedge": ({"engine.errors"}, set()),
     "engine.protocol": ({"engine.errors"}, set()),
     # The pure core: itself and the edge it shares with clients.

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from engine.cli.remote import HttpClient
     from engine.client import Client
     from engine.config import Project
-    from engine.session_client import SessionClient
+    from engine.session_client import SessionClient, SessionRow
     from engine.store.store import RedisClient
 
 # Masks secrets in every log record (installed by `run_command`) and in the errors it prints.
@@ -708,7 +708,7 @@ async def _sessions(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_sessions(rows: list[dict[str, Any]], jsonl: bool) -> None:
+def _print_sessions(rows: list[SessionRow], jsonl: bool) -> None:
     """One JSON object a line, or a table with the first words of each conversation."""
     if jsonl:
         for row in rows:

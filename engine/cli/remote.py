@@ -18,6 +18,7 @@ import aiohttp
 from engine.effects.http_pool import failure_name, failure_text, new_session
 from engine.errors import ClientError
 from engine.jsonedge import compact_json
+from engine.session_client import SessionRow
 from engine.sse import SseDecoder
 
 # Dropped: resume from the last event yielded. Timeouts are ClientConnectionErrors too.
@@ -177,12 +178,10 @@ class HttpClient:
         rows, _ = await self.session_rows(offset, limit)
         return [row["session_id"] for row in rows]
 
-    async def session_rows(
-        self, offset: int = 0, limit: int = 50
-    ) -> tuple[list[dict[str, Any]], bool]:
+    async def session_rows(self, offset: int = 0, limit: int = 50) -> tuple[list[SessionRow], bool]:
         """One page of the listing, and whether the server says more follow."""
         page = await self._object("GET", "/api/admin/sessions", offset=offset, limit=limit)
-        rows: list[dict[str, Any]] = page["sessions"]
+        rows: list[SessionRow] = page["sessions"]
         return rows, page["next_offset"] is not None
 
     async def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
