@@ -22,7 +22,7 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from tests.fakes.slack import FakeSlack, Limit
+from tests.fakes.slack import FakeSlack, Limit, alerts
 
 APPROVAL = [
     {"type": "section", "text": {"type": "mrkdwn", "text": "*Approval needed*: deploy?"}},
@@ -657,3 +657,96 @@ async def test_waits_time_out_instead_of_hanging(fake: FakeSlack) -> None:
         await fake.wait_for("chat.postMessage", timeout=0.05)
     with pytest.raises(TimeoutError):
         await fake.wait_ack("nope", timeout=0.05)
+
+
+# --- files ------------------------------------------------------------------------------
+
+
+async def test_files_download_with_the_bot_token_else_the_sign_in_page(
+    fake: FakeSlack,
+) -> None:
+    """oncall-facts §2.2: Bearer bot token with files:read gets the bytes; anything else
+    gets Slack's sign-in page, HTML with status 200 (not a 401)."""
+    obj = fake.add_file("a.log", b"hello\n", "text/plain")
+    url = obj["url_private_download"]
+    assert url.startswith(fake.base) and obj["size"] == 6
+    bearer = {"Authorization": f"Bearer {fake.bot_token}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url, headers=bearer) as got:
+            assert (got.status, got.content_type, await got.read()) == (
+                200,
+                "text/plain",
+                b"hello\n",
+            )
+        for headers in ({}, {"Authorization": "Bearer xoxb-wrong"}):
+            async with http.get(url, headers=headers) as page:
+                assert (page.status, page.content_type) == (200, "text/html")
+        fake.scopes = fake.scopes.replace("files:read,", "")
+        async with http.get(url, headers=bearer) as page:
+            assert page.content_type == "text/html" and "Sign in" in await page.text()
+    assert fake.file_state.signin_pages == 3
+
+
+async def test_files_upload_v2_shares_the_file_in_the_thread(
+    fake: FakeSlack, client: AsyncWebClient
+) -> None:
+    """slack_sdk's files_upload_v2: getUploadURLExternal, the bytes, completeUploadExternal."""
+    root = fake.post_as_user(fake.general, "graph please")
+    png = b"\x89PNG\r\n\x1a\n" + bytes(100)
+    done = await client.files_upload_v2(
+        channel=fake.general.id, thread_ts=root.ts, filename="g.png", content=png
+    )
+    assert done["file"]["title"] == "g.png"
+    [shared] = fake.shared_files(fake.general.id, root.ts)
+    assert (shared.name, shared.mimetype, shared.data) == ("g.png", "image/png", png)
+    [reply] = [m for m in fake.thread(fake.general.id, root.ts) if fake.by_app(m)]
+    assert reply.extra["subtype"] == "file_share" and reply.extra["files"][0]["id"] == shared.id
+    unknown = await slack_error(client.files_completeUploadExternal(files=[{"id": "F0"}]))
+    assert unknown.response["error"] == "file_not_found"
+    fake.scopes = fake.scopes.replace("files:write,", "")
+    err = await slack_error(
+        client.files_upload_v2(channel=fake.general.id, filename="h.png", content=png)
+    )
+    assert err.response["error"] == "missing_scope"
+
+
+async def test_events_for_a_new_message_are_what_slack_sends_with_channel_messages(
+    fake: FakeSlack,
+) -> None:
+    asked = fake.post_as_user(fake.general, fake.mention("help"))
+    events = fake.events_for(asked)
+    assert [e["type"] for e in events] == ["message", "app_mention"]
+    assert events[0]["channel_type"] == "channel" and "channel_type" not in events[1]
+    assert {e["ts"] for e in events} == {asked.ts}
+    ids = {fake.envelope(e)["event_id"] for e in events}
+    assert len(ids) == 2  # two deliveries, each its own event_id
+
+    alertmanager = fake.add_integration("Alertmanager", classic=True)
+    alert = fake.post_as_integration(alertmanager, fake.general, alerts.ALERTMANAGER_FIRING)
+    [event] = fake.events_for(alert)
+    assert (event["type"], event["subtype"], event["text"]) == ("message", "bot_message", "")
+    assert event["bot_id"] == alertmanager.bot_id and "user" not in event
+    assert event["attachments"][0]["color"] == "a30200"
+
+    grafana = fake.add_integration("Grafana")
+    panel = fake.post_as_integration(
+        grafana, fake.general, alerts.GRAFANA_PANEL_IMAGE, thread_ts=alert.ts
+    )
+    [event] = fake.events_for(panel)
+    assert "subtype" not in event and event["bot_profile"]["name"] == "Grafana"
+    assert event["thread_ts"] == alert.ts
+
+    [dm] = fake.events_for(fake.post_as_user(fake.dm, fake.mention("hi")))
+    assert (dm["type"], dm["channel_type"]) == ("message", "im")  # no app_mention in a DM
+    fake.subscriptions = {"app_mention"}
+    assert [e["type"] for e in fake.events_for(asked)] == ["app_mention"]
+
+    before = fake.edit_post(alert, alerts.ALERTMANAGER_RESOLVED)
+    changed = fake.changed_event(alert, before)
+    assert changed["subtype"] == "message_changed" and changed["ts"] != alert.ts
+    assert changed["message"]["ts"] == alert.ts and "edited" in changed["message"]
+    assert "[RESOLVED]" in changed["message"]["attachments"][0]["title"]
+    assert "[FIRING:2]" in changed["previous_message"]["attachments"][0]["title"]
+    alert.deleted = True
+    deleted = fake.deleted_event(alert)
+    assert (deleted["subtype"], deleted["deleted_ts"]) == ("message_deleted", alert.ts)

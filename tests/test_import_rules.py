@@ -331,6 +331,7 @@ def test_the_layer_rule_lets_each_layer_use_those_below() -> None:
 # packages are held by the rules above (the machine's purity, Redis in the store alone).
 _BELOW_ALL = {
     "engine.errors",
+    "engine.files",
     "engine.ids",
     "engine.jsonedge",
     "engine.messages",
@@ -348,6 +349,7 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
     "engine.messages": (set(), set()),
     "engine.sse": (set(), set()),
     "engine.statuses": (set(), set()),
+    "engine.files": (set(), set()),  # a stored file's reference: the client and the vendors
     "engine.redact": (set(), set()),  # below the config, whose errors it masks
     # Typing only, and the status words: `sessions list --url` loads it.
     "engine.session_client": ({"engine.statuses"}, set()),
@@ -371,6 +373,7 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
             "engine.protocol",
             "engine.redact",
             "engine.store.store",
+            "engine.telemetry.spans",
             *_RUNTIME_HELPERS,
             *_BELOW_ALL,
         },
@@ -378,13 +381,27 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
     ),
     # The engine process: the composition root of machine, store and effects.
     "engine.runtime": (
-        {"engine.runtime", "engine.machine", "engine.store", "engine.effects", "engine.config"}
+        {
+            "engine.runtime",
+            "engine.machine",
+            "engine.store",
+            "engine.effects",
+            "engine.config",
+            "engine.telemetry",
+        }
         | _BELOW_ALL,
         set(),
     ),
     # Submit and read over Redis: never the runtime (a client runs no engine).
     "engine.client": (
-        {"engine.machine", "engine.store", "engine.protocol", "engine.session_client"} | _BELOW_ALL,
+        {
+            "engine.machine",
+            "engine.store",
+            "engine.protocol",
+            "engine.session_client",
+            "engine.telemetry.ids",
+        }
+        | _BELOW_ALL,
         set(),
     ),
     # The HTTP API: through the client and the store's readers; the runtime's metrics only.
@@ -401,6 +418,12 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
         set(),
     ),
     "engine.console": (set(), set()),  # browser files; the API serves them
+    # Spans projected from committed facts (pure, over the machine's state), and their export.
+    "engine.telemetry": (
+        {"engine.telemetry", "engine.machine", "engine.config"} | _BELOW_ALL,
+        set(),
+    ),
+    "engine.telemetry.ids": (set(), set()),  # trace ids from session facts: clients mint them
     # `subs`: everything (the engine, the bot), lazily where a light command needs it.
     "engine.cli": ({"engine", "bot"}, set()),
     # The HTTP client: light enough for `sessions list --url` (the test below loads it).
@@ -443,6 +466,10 @@ ENGINE_BREACHES = [
     ("engine.messages", "from engine.machine.tree import path_to"),
     ("engine.sse", "from engine.jsonedge import encode"),
     ("engine.statuses", "from engine.machine.state import SessionState"),
+    ("engine.files", "from engine.store.files import FileStore"),
+    ("engine.telemetry.probe", "from engine.runtime.apply import Applier"),
+    ("engine.telemetry.probe", "from engine.store.store import Store"),
+    ("engine.telemetry.ids", "from engine.machine import SessionState"),
     # The config <-> redact circle this table ended (project_secrets moved to config).
     ("engine.redact", "from engine.config import Project"),
     ("engine.session_client", "from engine.client import Client"),

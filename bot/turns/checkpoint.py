@@ -51,7 +51,9 @@ class Checkpoint:
     trigger: str = ""  # the message a working reaction goes on
     since: str = ""  # ts the turn began at: its messages in the thread come after it
     bot_id: str = ""  # this app's bot id, to know its own unstamped messages
-    mention: Mention | None = None  # to build `payload` from
+    # The message (a mention, DM, alert or follow-up) `payload` is built from.
+    mention: Mention | None = None
+    by_app: bool = False  # started by an app's post (an alert): no person to stream to natively
     quiet: bool = False  # a button's turn: no "No reply." message when it has nothing to say
     failures: int = 0  # followers that failed on it (not those that died or handed it over)
     retry_at: float = 0.0  # epoch seconds: not resumed before (backing off after a failure)

@@ -51,7 +51,7 @@ LLM_CALL = {"type": "llm.call"}
 
 def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> None:
     """A turn-starting input: started now, queued behind the running turn, or refused."""
-    body = inp.input
+    body = inp.input if inp.traceparent is None else {**inp.input, "traceparent": inp.traceparent}
     st.slash_commands = inp.slash_commands
     s = st.state
     if s is not None and s.agent_id != inp.agent_id:
@@ -216,6 +216,8 @@ def start_turn(
     tools = submitted_tools(body.get("client"))
     if tools:
         started["client_tools"] = tools
+    if body.get("traceparent"):
+        started["traceparent"] = body["traceparent"]
     if body.get("parent"):
         started["parent"] = body["parent"]
         parent = body["parent"]

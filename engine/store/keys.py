@@ -66,6 +66,10 @@ class Keys:
         """The session's token delta stream."""
         return self._key(self.partition_of(session_id), f"deltas:{session_id}")
 
+    def files_key(self, session_id: str) -> str:
+        """The session's files (engine/store/files.py), a hash from SHA-256 to bytes."""
+        return self._key(self.partition_of(session_id), f"files:{session_id}")
+
     def work_key(self, p: int) -> str:
         """The partition's work stream: inputs waiting for its owner."""
         return self._key(p, "work")
