@@ -27,6 +27,7 @@ from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncBoltContext
 from slack_bolt.context.ack.async_ack import AsyncAck
 
+from bot.payloads import BlockActions, EventCallback, SlashCommand
 from bot.rendering.prompts import ACTION_PREFIX
 from bot.slack.agent_app import Bot, connect_socket_mode, new_bot, socket_mode
 from bot.slack.governor import Paced, RateGovernor
@@ -125,20 +126,18 @@ class Bots:
         self.listeners.access[agent] = access or Access()
         self.listeners.approvers[agent] = tuple(approvers)
 
-        async def on_event(body: dict[str, Any], context: AsyncBoltContext) -> None:
+        async def on_event(body: EventCallback, context: AsyncBoltContext) -> None:
             await self.listeners.event(bot, body, context)
 
-        async def on_command(
-            ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext
-        ) -> None:
+        async def on_command(ack: AsyncAck, body: SlashCommand, context: AsyncBoltContext) -> None:
             await ack()  # sent once the listener returns: the turn is recorded by then
             await self.listeners.command(bot, body, context.bot_id or "")
 
-        async def on_click(ack: AsyncAck, body: dict[str, Any]) -> None:
+        async def on_click(ack: AsyncAck, body: BlockActions) -> None:
             await ack()  # sent once the resume is recorded (or refused)
             await self.listeners.click(bot, body)
 
-        async def on_button(ack: AsyncAck, body: dict[str, Any], context: AsyncBoltContext) -> None:
+        async def on_button(ack: AsyncAck, body: BlockActions, context: AsyncBoltContext) -> None:
             await ack()
             await self.listeners.button(bot, body, context.bot_id or "")
 

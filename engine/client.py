@@ -14,8 +14,10 @@ from typing import Any
 
 import orjson
 
-from engine.errors import ClientError, ProtocolError
+from engine.errors import ClientError as ClientError  # re-exported for the bot and the CLI
+from engine.errors import ProtocolError
 from engine.files import file_link
+from engine.ids import new_id
 from engine.jsonedge import JsonEdgeError, check
 from engine.machine import (
     CallSettled,
@@ -30,7 +32,8 @@ from engine.machine.tree import path_to
 from engine.machine.turns import TURN_STARTS
 from engine.messages import text_of
 from engine.protocol import parse_client_input
-from engine.runtime.apply import new_id
+from engine.session_client import SessionRow
+from engine.statuses import ListedStatus
 from engine.store.snapshots import load_state, load_states
 from engine.store.store import Store
 from engine.telemetry.ids import parse_traceparent
@@ -55,7 +58,7 @@ def validate_client_input(data: Any) -> None:
         ) from None
 
 
-def session_row(state: SessionState, last: dict[str, Any] | None) -> dict[str, Any]:
+def session_row(state: SessionState, last: dict[str, Any] | None) -> SessionRow:
     """A session as a listing shows it; `last` is its newest event. `failed` says its last
     turn failed (`error`: why, while that failure is the newest event); `status` is the
     session's, `failed` instead of `idle` then. Times are ISO 8601 UTC text.
@@ -102,7 +105,7 @@ def session_view(state: SessionState) -> dict[str, Any]:
     }
 
 
-def row_matches(row: dict[str, Any], agent: str | None, status: str | None) -> bool:
+def row_matches(row: SessionRow, agent: str | None, status: ListedStatus | None) -> bool:
     """A listing filter on the row's agent and `status` (as `session_row` words it)."""
     if agent is not None and row["agent_id"] != agent:
         return False
@@ -119,6 +122,9 @@ FIND_BATCH = 400  # most sessions a filtered read loads at once: few round trips
 
 
 class Client:
+    """A `SessionClient` over the engine's own Redis: for a process that runs an engine
+    (or shares its Redis) and so needs no HTTP hop."""
+
     def __init__(self, store: Store) -> None:
         self.store = store
 
@@ -175,7 +181,7 @@ class Client:
                 status=503,
                 detail={},
             )
-        reply = orjson.loads(answer)
+        reply: dict[str, Any] = orjson.loads(answer)
         if not reply.pop("ok"):
             raise ClientError(
                 reply.pop("error"), code=reply.pop("code"), status=reply.pop("status"), detail=reply
@@ -258,12 +264,12 @@ class Client:
         """Session ids, newest first."""
         return await self.store.list_sessions(offset, limit)
 
-    async def session_rows(self, offset: int = 0, limit: int = 50) -> tuple[list[dict], bool]:
+    async def session_rows(self, offset: int = 0, limit: int = 50) -> tuple[list[SessionRow], bool]:
         """Listing rows (`session_row`), newest first; and whether more may follow."""
         ids = await self.store.list_sessions(offset, limit)
         return await self._rows(ids), len(ids) == limit
 
-    async def _rows(self, ids: list[str]) -> list[dict[str, Any]]:
+    async def _rows(self, ids: list[str]) -> list[SessionRow]:
         states, lasts = await asyncio.gather(
             load_states(self.store, ids), self.store.last_events(ids)
         )
@@ -274,12 +280,18 @@ class Client:
         ]
 
     async def find_rows(
-        self, offset: int, limit: int, *, agent: str | None, status: str | None, scan: int
-    ) -> tuple[list[dict[str, Any]], int | None]:
+        self,
+        offset: int,
+        limit: int,
+        *,
+        agent: str | None,
+        status: ListedStatus | None,
+        scan: int,
+    ) -> tuple[list[SessionRow], int | None]:
         """Up to `limit` rows matching the filter (`row_matches`), newest first, from index
         position `offset` on, reading at most `scan` sessions (the work stays O(scan) however
         many sessions there are); and the offset to go on from, None at the index's end."""
-        found: list[dict[str, Any]] = []
+        found: list[SessionRow] = []
         at = offset
         size = max(limit, 50)  # doubled while matches are sparse: dense ones read little more
         while at - offset < scan:
@@ -313,6 +325,7 @@ class Client:
         return await self.store.dead_letters(limit)
 
     async def events(self, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
+        """The session's log after `after_seq`, oldest first."""
         return await self.store.read_log(session_id, after_seq)
 
     async def last_seq(self, session_id: str) -> int:

@@ -36,7 +36,7 @@ from pydantic import (
 
 from engine.errors import SubsError
 from engine.machine import default_kinds
-from engine.redact import redact_url
+from engine.redact import redact_url, url_secrets
 
 LLM_DEFAULTS: dict[str, tuple[str, str]] = {
     "anthropic": ("ANTHROPIC_API_KEY", "https://api.anthropic.com"),
@@ -75,7 +75,7 @@ class ConfigError(SubsError):
     code = "invalid_config"
     exit_status = 2
 
-    def __init__(self, file: str, key: str, message: str) -> None:
+    def __init__(self, message: str, *, file: str, key: str = "") -> None:
         where = f"{file}: {key}" if key else file
         super().__init__(f"{where}: {message}", param=key or None)
         self.file = file
@@ -88,6 +88,8 @@ class ConfigError(SubsError):
 
 @dataclass(frozen=True)
 class ServeConfig:
+    """`[serve]`: where the API listens and what it allows browsers and streams."""
+
     host: str = "127.0.0.1"
     port: int = 8080
     cors_origins: tuple[str, ...] = ()  # browser origins the API answers; none: no CORS
@@ -130,6 +132,8 @@ class StoreConfig:
 
 @dataclass(frozen=True)
 class LlmBlock:
+    """`[llm.<id>]`: one model vendor (or a worker) and how to reach it."""
+
     id: str
     type: str  # anthropic | openai | openrouter | worker
     api_key_env: str | None  # None for worker, and for a server that takes no key (auth = "none")
@@ -139,6 +143,8 @@ class LlmBlock:
 
 @dataclass(frozen=True)
 class SlackBlock:
+    """`[agent.<id>.slack]`: how the agent appears and answers in Slack."""
+
     name: str
     description: str
     answers: str  # both | dm | channels
@@ -197,6 +203,7 @@ class McpBlock:
 
     @property
     def path(self) -> str:
+        """Its name in tool ids and errors: `mcp.<id>`."""
         return f"mcp.{self.id}"
 
     def command_vars(self) -> list[str]:
@@ -241,6 +248,8 @@ def _expand(text: str, env: Mapping[str, str]) -> str:
 
 @dataclass(frozen=True)
 class MissingEnv:
+    """An environment variable the project needs and lacks, and who needs it."""
+
     var: str
     needed_by: str  # agent id(s) or "llm.<id>", comma-joined when several
     why: str
@@ -248,6 +257,8 @@ class MissingEnv:
 
 @dataclass(frozen=True)
 class SlackOff:
+    """An agent whose Slack app will not start, and what to set to start it."""
+
     agent: str
     why: str  # one line naming the variables to set
     partial: bool  # some of its variables are set, not enough: a mistake, not a choice
@@ -255,26 +266,29 @@ class SlackOff:
 
 @dataclass(frozen=True)
 class AgentDecl:
+    """`[agent.<id>]`, checked: what the engine needs to run the agent."""
+
     id: str
     llm: str | None
     model: str | None
     system: str | None
     effort: str | None
     description: str | None
-    tools: tuple[dict, ...]
+    tools: tuple[dict[str, Any], ...]
     subagents: tuple[str, ...]
     max_subagent_depth: int
     worker: str | None
     signing_secret_env: str | None
-    retry: dict | None
+    retry: dict[str, Any] | None
     slack: SlackBlock | None
-    mcp: tuple[dict, ...] = ()  # wire McpServer entries: {id: "mcp.<id>", tools?, auth_failure?}
+    # wire McpServer entries: {id: "mcp.<id>", tools?, auth_failure?}
+    mcp: tuple[dict[str, Any], ...] = ()
     # Who may answer its interrupts in Slack: user ("U…"/"W…") and user group ("S…") ids;
     # empty: the person whose message started the turn.
     approvers: tuple[str, ...] = ()
     subagent_modes: dict[str, str] = field(default_factory=dict)  # child -> SubagentMode
 
-    def wire_config(self, project: Project) -> dict | None:
+    def wire_config(self, project: Project) -> dict[str, Any] | None:
         """The protocol AgentConfig for this agent; None when its worker supplies it.
 
         Validation guarantees llm and model are set together, so `model` decides.
@@ -315,6 +329,8 @@ class TelemetryConfig:
 
 @dataclass(frozen=True)
 class Project:
+    """A whole subs.toml, checked against itself and the environment."""
+
     path: str
     name: str
     redis: str | None  # None: the embedded server
@@ -693,15 +709,16 @@ def load_project(
     *,
     tool_handlers: Collection[str] | None = None,
 ) -> Project:
+    """Read, check and build subs.toml; every mistake is a ConfigError naming its key."""
     file = os.fspath(path)
     try:
         raw = Path(file).read_bytes()
     except OSError as e:
-        raise ConfigError(file, "", f"cannot read: {e.strerror}") from None
+        raise ConfigError(f"cannot read: {e.strerror}", file=file, key="") from None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise ConfigError(file, "", "not UTF-8 text") from None
+        raise ConfigError("not UTF-8 text", file=file, key="") from None
     return parse_project(text, file, env, tool_handlers=tool_handlers)
 
 
@@ -718,7 +735,7 @@ def parse_project(
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError(file, "", f"invalid TOML: {e}") from None
+        raise ConfigError(f"invalid TOML: {e}", file=file, key="") from None
     _scan_secrets(data, (), file, data)
     try:
         root = _Root.model_validate(data, context={"tool_handlers": tool_handlers})
@@ -732,7 +749,7 @@ def _dotted(path: tuple[str | int, ...]) -> str:
     return ".".join(str(p) for p in path)
 
 
-def _scan_secrets(node: Any, path: tuple[str | int, ...], file: str, data: dict) -> None:
+def _scan_secrets(node: Any, path: tuple[str | int, ...], file: str, data: dict[str, Any]) -> None:
     """Refuse literal secrets: by key name, by value prefix, and in *_env values.
 
     Inside a tool's input/output JSON Schema, keys are property names, not
@@ -749,9 +766,9 @@ def _scan_secrets(node: Any, path: tuple[str | int, ...], file: str, data: dict)
             child = (*path, key)
             if not in_schema and _SECRET_KEY.fullmatch(key.lower()):
                 raise ConfigError(
-                    file,
-                    _dotted(child),
                     f"literal secrets are not allowed in subs.toml; {_secret_hint(child, data)}",
+                    file=file,
+                    key=_dotted(child),
                 )
             if (
                 not in_schema
@@ -759,20 +776,20 @@ def _scan_secrets(node: Any, path: tuple[str | int, ...], file: str, data: dict)
                 and isinstance(value, str)
                 and value.startswith(_ENV_SECRET_PREFIXES + _SECRET_PREFIXES)
             ):
-                raise ConfigError(file, _dotted(child), _LITERAL_IN_ENV)
+                raise ConfigError(_LITERAL_IN_ENV, file=file, key=_dotted(child))
             _scan_secrets(value, child, file, data)
     elif isinstance(node, list):
         for i, value in enumerate(node):
             _scan_secrets(value, (*path, i), file, data)
     elif isinstance(node, str) and node.startswith(_SECRET_PREFIXES):
         raise ConfigError(
-            file,
-            _dotted(path),
             "looks like a literal secret; put the secret in the environment, not in subs.toml",
+            file=file,
+            key=_dotted(path),
         )
 
 
-def _secret_hint(path: tuple[str | int, ...], data: dict) -> str:
+def _secret_hint(path: tuple[str | int, ...], data: dict[str, Any]) -> str:
     """Which environment variable should hold the secret at `path`."""
     key = str(path[-1]).lower()
     if path[0] == "llm" and len(path) == 3:
@@ -815,7 +832,7 @@ def _from_pydantic(file: str, error: ValidationError) -> ConfigError:
     if tagged:
         first = next((e for e in tagged if not e["type"].endswith("_type")), tagged[0])
     loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and _UNION_TAG.fullmatch(p)))
-    return ConfigError(file, _dotted(loc), _human(first, loc))
+    return ConfigError(_human(first, loc), file=file, key=_dotted(loc))
 
 
 def _describe(value: Any) -> str:
@@ -897,22 +914,26 @@ def _check(root: _Root, file: str) -> None:
             for key in ("auth", "api_key_env", "base_url"):
                 if key in block.model_fields_set:
                     raise ConfigError(
-                        file,
-                        f"llm.{lid}.{key}",
                         'not allowed with type = "worker": the worker makes the call',
+                        file=file,
+                        key=f"llm.{lid}.{key}",
                     )
         elif block.format is not None:
-            raise ConfigError(file, f"llm.{lid}.format", 'only allowed with type = "worker"')
+            raise ConfigError(
+                'only allowed with type = "worker"', file=file, key=f"llm.{lid}.format"
+            )
         elif block.auth == "none" and block.api_key_env is not None:
             raise ConfigError(
-                file, f"llm.{lid}.api_key_env", 'not allowed with auth = "none": no key is sent'
+                'not allowed with auth = "none": no key is sent',
+                file=file,
+                key=f"llm.{lid}.api_key_env",
             )
         elif block.auth == "none" and block.base_url is None:
             raise ConfigError(
-                file,
-                f"llm.{lid}.base_url",
                 f'required with auth = "none": the {block.type} API itself takes a key, '
                 "so name the server that needs none",
+                file=file,
+                key=f"llm.{lid}.base_url",
             )
     for mid, conn in root.mcp.items():
         _check_mcp(file, mid, conn)
@@ -927,31 +948,39 @@ _COMMAND_ONLY = ("env", "env_from", "cwd")
 def _check_mcp(file: str, mid: str, block: _Mcp) -> None:
     at = f"mcp.{mid}"
     if not _AGENT_ID.fullmatch(mid):
-        raise ConfigError(file, at, "a connection id may use only letters, digits, '_' and '-'")
+        raise ConfigError(
+            "a connection id may use only letters, digits, '_' and '-'", file=file, key=at
+        )
     if (block.url is None) == (block.command is None):
         raise ConfigError(
-            file,
-            at,
             "set exactly one of url (a streamable HTTP server) or command "
             "(a local server the engine starts over stdio)",
+            file=file,
+            key=at,
         )
     wrong = _COMMAND_ONLY if block.url is not None else _URL_ONLY
     for key in wrong:
         if key in block.model_fields_set:
             other = "command" if block.url is not None else "url"
-            raise ConfigError(file, f"{at}.{key}", f"only allowed with {other}")
+            raise ConfigError(f"only allowed with {other}", file=file, key=f"{at}.{key}")
     if block.auth == "none" and (block.token_env or block.header):
         key = "token_env" if block.token_env else "header"
-        raise ConfigError(file, f"{at}.{key}", 'not allowed with auth = "none"')
+        raise ConfigError('not allowed with auth = "none"', file=file, key=f"{at}.{key}")
     if block.auth == "token" and block.token_env is None:
         raise ConfigError(
-            file, f"{at}.token_env", 'required with auth = "token": name the token\'s variable'
+            'required with auth = "token": name the token\'s variable',
+            file=file,
+            key=f"{at}.token_env",
         )
     if block.header is not None and block.token_env is None:
-        raise ConfigError(file, f"{at}.header", "needs token_env: the header carries the token")
+        raise ConfigError(
+            "needs token_env: the header carries the token", file=file, key=f"{at}.header"
+        )
     for name in block.env:
         if not _ENV_NAME.fullmatch(name):
-            raise ConfigError(file, f"{at}.env.{name}", "must be an environment variable name")
+            raise ConfigError(
+                "must be an environment variable name", file=file, key=f"{at}.env.{name}"
+            )
 
 
 def _mcp_refs(root: _Root, file: str, at: str, agent: _Agent) -> list[dict[str, Any]]:
@@ -963,9 +992,9 @@ def _mcp_refs(root: _Root, file: str, at: str, agent: _Agent) -> list[dict[str, 
         mid = entry.id.removeprefix("mcp.")
         if mid not in root.mcp:
             declared = ", ".join(f"mcp.{m}" for m in root.mcp) or "none"
-            raise ConfigError(file, key, f"no [mcp.{mid}] block; declared: {declared}")
+            raise ConfigError(f"no [mcp.{mid}] block; declared: {declared}", file=file, key=key)
         if any(r["id"] == f"mcp.{mid}" for r in refs):
-            raise ConfigError(file, key, f"mcp.{mid} is listed twice")
+            raise ConfigError(f"mcp.{mid} is listed twice", file=file, key=key)
         out = entry.model_dump(exclude_none=True)
         out["id"] = f"mcp.{mid}"
         refs.append(out)
@@ -975,26 +1004,30 @@ def _mcp_refs(root: _Root, file: str, at: str, agent: _Agent) -> list[dict[str, 
 def _check_agent(root: _Root, file: str, aid: str, agent: _Agent) -> None:
     at = f"agent.{aid}"
     if not _AGENT_ID.fullmatch(aid):
-        raise ConfigError(file, at, "an agent id may use only letters, digits, '_' and '-'")
+        raise ConfigError(
+            "an agent id may use only letters, digits, '_' and '-'", file=file, key=at
+        )
     if agent.llm is not None and agent.llm not in root.llm:
         declared = ", ".join(root.llm) or "none"
-        raise ConfigError(file, f"{at}.llm", f"no [llm.{agent.llm}] block; declared: {declared}")
+        raise ConfigError(
+            f"no [llm.{agent.llm}] block; declared: {declared}", file=file, key=f"{at}.llm"
+        )
     model_keys = [k for k in _MODEL_KEYS if k in agent.model_fields_set]
     if model_keys:
         missing = [k for k in ("llm", "model") if getattr(agent, k) is None]
         if missing:
             raise ConfigError(
-                file,
-                f"{at}.{missing[0]}",
                 f"missing {' and '.join(missing)}: an agent that sets {', '.join(model_keys)} "
                 "needs both llm and model (or leave all model config to its worker)",
+                file=file,
+                key=f"{at}.{missing[0]}",
             )
     elif agent.worker is None:
         raise ConfigError(
-            file,
-            at,
             "missing llm and model, or worker: set llm and model for the engine to run it, "
             "or worker to have a worker return its config",
+            file=file,
+            key=at,
         )
     children: list[str] = []
     for i, entry in enumerate(agent.subagents):
@@ -1002,40 +1035,42 @@ def _check_agent(root: _Root, file: str, aid: str, agent: _Agent) -> None:
         ref = entry.id
         child = ref.removeprefix("agent.")
         if child == ref or not child:
-            raise ConfigError(file, key, f'must be "agent.<id>", got {ref!r}')
+            raise ConfigError(f'must be "agent.<id>", got {ref!r}', file=file, key=key)
         if child == aid:
-            raise ConfigError(file, key, "an agent cannot be its own subagent")
+            raise ConfigError("an agent cannot be its own subagent", file=file, key=key)
         if child not in root.agent:
             declared = ", ".join(root.agent)
-            raise ConfigError(file, key, f"no [agent.{child}]; declared: {declared}")
+            raise ConfigError(f"no [agent.{child}]; declared: {declared}", file=file, key=key)
         if child in children:
-            raise ConfigError(file, key, f"agent.{child} is listed twice")
+            raise ConfigError(f"agent.{child} is listed twice", file=file, key=key)
         children.append(child)
     names: set[str] = set()
     for i, tool in enumerate(agent.tools):
         key = f"{at}.tools.{i}"
         if not _TOOL_NAME.fullmatch(tool.name):
-            raise ConfigError(file, f"{key}.name", "must be 1-64 letters, digits, '_' or '-'")
+            raise ConfigError(
+                "must be 1-64 letters, digits, '_' or '-'", file=file, key=f"{key}.name"
+            )
         if tool.name in names:
-            raise ConfigError(file, f"{key}.name", f"duplicate tool name {tool.name!r}")
+            raise ConfigError(f"duplicate tool name {tool.name!r}", file=file, key=f"{key}.name")
         if tool.name in children:
             raise ConfigError(
-                file, f"{key}.name", f"clashes with the tool offered for agent.{tool.name}"
+                f"clashes with the tool offered for agent.{tool.name}", file=file, key=f"{key}.name"
             )
         names.add(tool.name)
         if tool.handler in (None, "worker") and agent.worker is None:
             raise ConfigError(
-                file,
-                f"{key}.handler" if tool.handler else key,
                 'a worker tool needs the agent to have a worker; set handler = "client" '
                 "or set worker",
+                file=file,
+                key=f"{key}.handler" if tool.handler else key,
             )
     _mcp_refs(root, file, at, agent)
     if agent.slack is not None and agent.slack.name is None and len(aid) > 35:
         raise ConfigError(
-            file,
-            f"{at}.slack.name",
             "required: the default, the agent id, is longer than 35 characters",
+            file=file,
+            key=f"{at}.slack.name",
         )
 
 
@@ -1138,14 +1173,14 @@ def _apply_env(project: Project, env: Mapping[str, str]) -> Project:
         try:
             _redis_url(env["SUBS_REDIS"])
         except ValueError as e:
-            raise ConfigError("environment", "SUBS_REDIS", str(e)) from None
+            raise ConfigError(str(e), file="environment", key="SUBS_REDIS") from None
     host = env.get("SUBS_HOST") or project.serve.host
     port = project.serve.port
     if env.get("SUBS_PORT"):
         raw = env["SUBS_PORT"]
         if not re.fullmatch(r"[0-9]{1,5}", raw) or int(raw) > 65535:
             raise ConfigError(
-                "environment", "SUBS_PORT", f"expected a port number 0-65535, got {raw!r}"
+                f"expected a port number 0-65535, got {raw!r}", file="environment", key="SUBS_PORT"
             )
         port = int(raw)
     streams = project.serve.max_streams_per_key
@@ -1153,10 +1188,27 @@ def _apply_env(project: Project, env: Mapping[str, str]) -> Project:
         raw = env["SUBS_MAX_STREAMS_PER_KEY"]
         if not re.fullmatch(r"[0-9]{1,9}", raw) or int(raw) < 1:
             raise ConfigError(
-                "environment",
-                "SUBS_MAX_STREAMS_PER_KEY",
                 f"expected a count of 1 or more, got {raw!r}",
+                file="environment",
+                key="SUBS_MAX_STREAMS_PER_KEY",
             )
         streams = int(raw)
     serve = dataclasses.replace(project.serve, host=host, port=port, max_streams_per_key=streams)
     return dataclasses.replace(project, redis=redis, serve=serve)
+
+
+def project_secrets(project: Project, env: Mapping[str, str], *urls: str | None) -> list[str]:
+    """The secrets a project names (vendor keys, signing secrets, MCP tokens and what
+    `env_from` hands a server) and the credentials inside its URLs and `urls` (the Redis
+    URL given on the command line). Here, not in engine/redact.py, which stays below the
+    config (it masks what the config's own errors print)."""
+    values = [env.get(b.api_key_env, "") for b in project.llm.values() if b.api_key_env]
+    for agent in project.agents.values():
+        if agent.signing_secret_env:
+            values.append(env.get(agent.signing_secret_env, ""))
+    for conn in project.mcp.values():  # a server's token, and what it is handed from ours
+        values += [env.get(var, "") for var in (conn.token_env, *conn.env_from) if var]
+    for url in (project.redis, *urls, *(a.worker for a in project.agents.values())):
+        if url:
+            values += url_secrets(url)
+    return values

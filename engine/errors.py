@@ -33,6 +33,9 @@ ERROR_CODES: frozenset[str] = frozenset(get_args(ErrorCode))
 class SubsError(Exception):
     """Root of every failure subs reports.
 
+    Every constructor, here and in the subclasses, takes the message first and all else by
+    name: one order to remember, and a call that names what each value is.
+
     Attributes:
         message: what is wrong and what to do, for a person.
         code: the word to branch on (an `ErrorCode` where it becomes an ErrorInfo).
@@ -95,7 +98,7 @@ class ProtocolError(SubsError):
 
     code = "invalid_response"
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message, param=param)
 
 
@@ -105,7 +108,7 @@ class ClientError(SubsError):
     Here, not in engine/client.py, so the CLI's HTTP client can raise it without
     loading the engine (engine.client re-exports it)."""
 
-    def __init__(self, message: str, *, code: str, status: int, detail: dict[str, Any]) -> None:
+    def __init__(self, message: str, *, code: str, status: int, detail: Mapping[str, Any]) -> None:
         super().__init__(message, code=code, status=status, detail=detail)
 
 

@@ -30,7 +30,7 @@ class JsonEdgeError(SubsError, ValueError):
     code = "invalid_json"
     status = 400
 
-    def __init__(self, message: str, param: str | None = None, *, syntax: bool = False) -> None:
+    def __init__(self, message: str, *, param: str | None = None, syntax: bool = False) -> None:
         super().__init__(message, param=param)
         self.syntax = syntax  # not UTF-8 or not JSON at all, rather than a value refused
 
@@ -113,7 +113,7 @@ def _checked(value: Any, max_depth: int, *, wide: bool) -> None:
     except _Refused as refused:
         path = ".".join(reversed(refused.path[:-1]))
         message = f"{path}: {refused.problem}" if path else refused.problem
-        raise JsonEdgeError(message, path or None) from None
+        raise JsonEdgeError(message, param=path or None) from None
 
 
 def _check(node: list[Any] | dict[str, Any], depth: int, max_depth: int, wide: bool) -> None:

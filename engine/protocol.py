@@ -247,6 +247,8 @@ def to_json(model: BaseModel) -> dict[str, Any]:
 
 
 class ErrorInfo(WireModel):
+    """SPEC §5: a failure as a worker or client reads it; `code` is a closed set."""
+
     message: str
     code: ErrorCode
     param: Nullable[str] = None
@@ -254,6 +256,8 @@ class ErrorInfo(WireModel):
 
 
 class Usage(WireModel):
+    """Token counts of a call or a turn."""
+
     input: UInt
     output: UInt
     uncached_input: UInt
@@ -264,17 +268,23 @@ class Usage(WireModel):
 
 
 class Subject(WireModel):
+    """Who a session belongs to: an id within its issuer."""
+
     issuer: str
     id: str
 
 
 class WorkerIdentity(WireModel):
+    """The session's identity as a worker receives it."""
+
     metadata: dict[str, str]
     subject: Nullable[Subject] = None
     visibility: Literal["shared", "private"] | None = None
 
 
 class WorkerRef(WireModel):
+    """The worker a request comes from or goes to."""
+
     id: str
     url: Nullable[str] = None
 
@@ -290,11 +300,15 @@ class TextContent(WireModel):
 
 
 class BlobContent(WireModel):
+    """A content part stored elsewhere, by URI."""
+
     type: Literal["blob"] = "blob"
     uri: str
 
 
 class LinkContent(WireModel):
+    """A content part that is a link, not its bytes."""
+
     type: Literal["link"] = "link"
     uri: str
     mimeType: Nullable[str] = None
@@ -312,39 +326,55 @@ class AttachmentContent(WireModel):
 
 
 class ImageUrl(WireModel):
+    """An image part's URL (or data: URL), as OpenAI's chat format spells it."""
+
     url: str
 
 
 class FileData(WireModel):
+    """A file part's name and base64 data."""
+
     filename: str
     file_data: str
 
 
 class AudioData(WireModel):
+    """An audio part's base64 data and format."""
+
     data: str
     format: str
 
 
 class VideoUrl(WireModel):
+    """A video part's URL."""
+
     url: str
 
 
 class ImageUrlPart(WireModel):
+    """An image in a message's content."""
+
     type: Literal["image_url"] = "image_url"
     image_url: ImageUrl
 
 
 class FilePart(WireModel):
+    """A file in a message's content."""
+
     type: Literal["file"] = "file"
     file: FileData
 
 
 class InputAudioPart(WireModel):
+    """Audio in a message's content."""
+
     type: Literal["input_audio"] = "input_audio"
     input_audio: AudioData
 
 
 class VideoUrlPart(WireModel):
+    """A video in a message's content."""
+
     type: Literal["video_url"] = "video_url"
     video_url: VideoUrl
 
@@ -388,6 +418,8 @@ Content = Annotated[
 
 
 class ResourceContents(WireModel):
+    """An MCP embedded resource's contents: text or a blob, by URI."""
+
     uri: str
     blob: Nullable[str] = None
     mimeType: Nullable[str] = None
@@ -395,23 +427,31 @@ class ResourceContents(WireModel):
 
 
 class ImageContent(WireModel):
+    """An MCP tool result's image, inline."""
+
     type: Literal["image"] = "image"
     data: str
     mimeType: str
 
 
 class AudioContent(WireModel):
+    """An MCP tool result's audio, inline."""
+
     type: Literal["audio"] = "audio"
     data: str
     mimeType: str
 
 
 class ResourceContent(WireModel):
+    """An MCP tool result's embedded resource."""
+
     type: Literal["resource"] = "resource"
     resource: ResourceContents
 
 
 class ResourceLinkContent(WireModel):
+    """An MCP tool result's link to a resource it does not embed."""
+
     type: Literal["resource_link"] = "resource_link"
     uri: str
     mimeType: Nullable[str] = None
@@ -436,29 +476,39 @@ class StoredResult(WireModel):
 
 
 class ToolCallFunction(WireModel):
+    """The function a tool call names, its arguments as JSON text."""
+
     name: str
     arguments: str
 
 
 class ToolCall(WireModel):
+    """A tool call in an assistant message."""
+
     id: str
     type: str
     function: ToolCallFunction
 
 
 class ToolCallChunk(WireModel):
+    """A piece of a tool call as it streams."""
+
     id: str
     arguments: Nullable[str] = None
     name: Nullable[str] = None
 
 
 class Reasoning(WireModel):
+    """A model's reasoning, kept in its vendor's form to send back to that vendor."""
+
     provider: ReasoningProvider
     text: Nullable[str] = None
     blocks: list[Any] | None = None
 
 
 class ReasoningConfig(WireModel):
+    """How much a model should reason, and whether to return it."""
+
     effort: Nullable[ReasoningEffort] = None
     enabled: Nullable[bool] = None
     exclude: Nullable[bool] = None
@@ -490,11 +540,15 @@ class DraftMessage(WireModel):
 
 
 class MessageTreeNode(WireModel):
+    """One message of the tree and its parent."""
+
     message: Message
     parent_id: Nullable[str] = None
 
 
 class MessageTree(WireModel):
+    """Every message of a session, branches included, and the head of the active path."""
+
     nodes: list[MessageTreeNode]
     head_id: Nullable[str] = None
 
@@ -503,6 +557,8 @@ class MessageTree(WireModel):
 
 
 class LlmTool(WireModel):
+    """A tool as a model is offered it: name, description, input schema."""
+
     name: str
     description: str
     input: Any = None
@@ -522,6 +578,8 @@ class LlmRequest(WireModel):
 
 
 class ResponseImage(WireModel):
+    """An image a model answered with."""
+
     url: str
 
 
@@ -548,6 +606,8 @@ class StreamDelta(WireModel):
 
 
 class TokenDelta(WireModel):
+    """One streamed piece of a model call, as readers of a session receive it."""
+
     tenant_id: str
     root_session_id: str
     session_id: str
@@ -566,6 +626,8 @@ class TokenDelta(WireModel):
 
 
 class RetryOverride(WireModel):
+    """Retry settings that override the defaults for one kind of call."""
+
     queue_timeout_secs: Nullable[UInt] = None
     run_timeout_secs: Nullable[UInt] = None
     total_timeout_secs: Nullable[UInt] = None
@@ -575,6 +637,8 @@ class RetryOverride(WireModel):
 
 
 class RetryPolicy(WireModel):
+    """A whole retry policy: attempts, backoff and timeouts."""
+
     max_attempts: UInt
     backoff_base_secs: UInt
     backoff_max_secs: UInt
@@ -584,6 +648,8 @@ class RetryPolicy(WireModel):
 
 
 class RetryConfig(WireModel):
+    """An agent's retry overrides, by kind of call."""
+
     default: Nullable[RetryOverride] = None
     llm: Nullable[RetryOverride] = None
     tool: Nullable[RetryOverride] = None
@@ -592,6 +658,8 @@ class RetryConfig(WireModel):
 
 
 class AgentTool(WireModel):
+    """A tool the agent declares, and who runs it."""
+
     name: str
     description: str | None = None
     handler: Nullable[Handler] = None
@@ -601,6 +669,8 @@ class AgentTool(WireModel):
 
 
 class Subagent(WireModel):
+    """An agent this agent may spawn, and how."""
+
     id: str
     description: str | None = None
     mode: Nullable[SubagentMode] = None
@@ -609,6 +679,8 @@ class Subagent(WireModel):
 
 
 class SubagentTools(WireModel):
+    """How subagents are offered to the model as tools."""
+
     strategy: Literal["per_agent", "single"] | None = None
     wait: Nullable[bool] = None
 
@@ -653,17 +725,23 @@ class AgentConfig(WireModel):
 
 
 class ToolInputValid(WireModel):
+    """Tool arguments that parsed and fit the tool's input schema."""
+
     status: Literal["valid"] = "valid"
     value: Any
 
 
 class ToolInputInvalid(WireModel):
+    """Tool arguments that parsed but break the input schema, and how."""
+
     status: Literal["invalid"] = "invalid"
     value: Any
     error: str
 
 
 class ToolInputMalformed(WireModel):
+    """Tool arguments that are not JSON at all."""
+
     status: Literal["malformed"] = "malformed"
     error: str
 
@@ -691,6 +769,8 @@ class Effect(WireModel):
 
 
 class ClientContext(WireModel):
+    """What the client sent with its input for the worker (AG-UI's context)."""
+
     context: list[Any] | None = None
     forwarded_props: Any = None
     state: Any = None
@@ -701,6 +781,8 @@ class ClientContext(WireModel):
 
 
 class InterruptOption(WireModel):
+    """One answer a prompt offers."""
+
     label: str
     value: Any
     style: Nullable[str] = None
@@ -730,6 +812,8 @@ class InterruptPayload(WireModel):
 
 
 class InterruptResponder(WireModel):
+    """Who answered an interrupt, and where."""
+
     channel: str
     user: Nullable[str] = None
     label: Nullable[str] = None
@@ -737,6 +821,8 @@ class InterruptResponder(WireModel):
 
 
 class InterruptResolution(WireModel):
+    """How an interrupt ended, for the worker."""
+
     status: ResumeStatus
     payload: Any = None
     responder: Nullable[InterruptResponder] = None
@@ -746,10 +832,14 @@ class InterruptResolution(WireModel):
 
 
 class SessionStartTrigger(WireModel):
+    """A session's first decision: the worker may set the agent config."""
+
     type: Literal["session.start"] = "session.start"
 
 
 class ClientMessagesTrigger(WireModel):
+    """New client messages to answer; `new_from` is where they start."""
+
     type: Literal["client.messages"] = "client.messages"
     messages: list[DraftMessage]
     new_from: UInt
@@ -757,12 +847,16 @@ class ClientMessagesTrigger(WireModel):
 
 
 class ClientActionTrigger(WireModel):
+    """A named client action (a button, a slash command) to handle."""
+
     type: Literal["client.action"] = "client.action"
     name: str
     args: Any = None
 
 
 class ToolExecuteTrigger(WireModel):
+    """The worker is asked to run one of its tools."""
+
     type: Literal["tool.execute"] = "tool.execute"
     id: str
     name: str
@@ -773,6 +867,8 @@ class ToolExecuteTrigger(WireModel):
 
 
 class ToolFinishedTrigger(WireModel):
+    """A tool call ended: what to do next."""
+
     type: Literal["tool.finished"] = "tool.finished"
     id: str
     ok: bool
@@ -782,6 +878,8 @@ class ToolFinishedTrigger(WireModel):
 
 
 class LlmExecuteTrigger(WireModel):
+    """The worker is asked to make a model call itself."""
+
     type: Literal["llm.execute"] = "llm.execute"
     id: str
     request: Any
@@ -792,6 +890,8 @@ class LlmExecuteTrigger(WireModel):
 
 
 class LlmFinishedTrigger(WireModel):
+    """A model call ended: what to do next."""
+
     type: Literal["llm.finished"] = "llm.finished"
     id: str
     ok: bool
@@ -804,6 +904,8 @@ class LlmFinishedTrigger(WireModel):
 
 
 class SubagentFinishedTrigger(WireModel):
+    """A child session's run ended: what to do next."""
+
     type: Literal["subagent.finished"] = "subagent.finished"
     id: str
     ok: bool
@@ -814,12 +916,16 @@ class SubagentFinishedTrigger(WireModel):
 
 
 class InterruptResumedTrigger(WireModel):
+    """A paused turn was answered: what to do next."""
+
     type: Literal["interrupt.resumed"] = "interrupt.resumed"
     interrupt_id: str
     payload: Any = None
 
 
 class TurnFinishedTrigger(WireModel):
+    """The turn's work is done (its cost so far); the engine proposes `done`."""
+
     type: Literal["turn.finished"] = "turn.finished"
     turn_id: str
     data: Any = None
@@ -846,6 +952,8 @@ DecisionTrigger = Annotated[
 
 
 class LlmCallAction(WireModel):
+    """Make a model call, with per-call overrides."""
+
     type: Literal["llm.call"] = "llm.call"
     id: Nullable[str] = None
     llm: Nullable[str] = None
@@ -860,6 +968,8 @@ class LlmCallAction(WireModel):
 
 
 class ToolCallAction(WireModel):
+    """Call a tool."""
+
     type: Literal["tool.call"] = "tool.call"
     name: str
     arguments: Any
@@ -868,6 +978,8 @@ class ToolCallAction(WireModel):
 
 
 class ToolResultAction(WireModel):
+    """Settle a tool call with its result."""
+
     type: Literal["tool.result"] = "tool.result"
     id: Nullable[str] = None
     attempt: Nullable[UInt] = None
@@ -889,10 +1001,14 @@ class _SettleError(WireModel):
 
 
 class ToolErrorAction(_SettleError):
+    """Settle a tool call as failed."""
+
     type: Literal["tool.error"] = "tool.error"
 
 
 class LlmErrorAction(_SettleError):
+    """The worker's failure of a model call it was asked to make (`llm.execute`)."""
+
     type: Literal["llm.error"] = "llm.error"
 
 
@@ -906,6 +1022,8 @@ class LlmResultAction(WireModel):
 
 
 class SubagentSpawnAction(WireModel):
+    """Run a child session for a tool call."""
+
     type: Literal["subagent.spawn"] = "subagent.spawn"
     agent_id: str
     tool_call_id: str
@@ -916,12 +1034,16 @@ class SubagentSpawnAction(WireModel):
 
 
 class MessageSendAction(WireModel):
+    """Send a message to another session."""
+
     type: Literal["message.send"] = "message.send"
     session_id: str
     message: DraftMessage
 
 
 class InterruptAction(WireModel):
+    """Pause the turn on a question."""
+
     type: Literal["interrupt"] = "interrupt"
     reason: str
     interrupt_id: Nullable[str] = None
@@ -929,22 +1051,30 @@ class InterruptAction(WireModel):
 
 
 class InterruptResolveAction(WireModel):
+    """Resume an open interrupt from the worker's side (a prompt button's action)."""
+
     type: Literal["interrupt.resolve"] = "interrupt.resolve"
     interrupt_id: str
     payload: Any = None
 
 
 class ConnectorSyncAction(WireModel):
+    """Fetch a connection's tool list again."""
+
     type: Literal["connector.sync"] = "connector.sync"
     path: str
 
 
 class DoneAction(WireModel):
+    """Complete the turn."""
+
     type: Literal["done"] = "done"
     data: Any = None
 
 
 class FailAction(WireModel):
+    """Fail the turn with this error."""
+
     type: Literal["fail"] = "fail"
     error: ErrorInfo
 
@@ -981,6 +1111,8 @@ class DecisionResponse(WireModel):
 
 
 class DecisionRequest(WireModel):
+    """What a worker is sent for a decision: the trigger, the session, what is proposed."""
+
     session_id: str
     decision_id: str
     agent_id: str
@@ -1004,6 +1136,8 @@ class DecisionRequest(WireModel):
 
 
 class ClientMessage(WireModel):
+    """A client's one message: starts (or queues) a turn."""
+
     type: Literal["client.message"] = "client.message"
     agent_id: str
     message: DraftMessage
@@ -1013,6 +1147,8 @@ class ClientMessage(WireModel):
 
 
 class ClientMessages(WireModel):
+    """A client's full view, matched by message id: the first new one branches (SPEC §10)."""
+
     type: Literal["client.messages"] = "client.messages"
     agent_id: str
     messages: list[DraftMessage]
@@ -1022,6 +1158,8 @@ class ClientMessages(WireModel):
 
 
 class ClientAppend(WireModel):
+    """Messages added at the head, never branching; ids already recorded are dropped."""
+
     type: Literal["client.append"] = "client.append"
     agent_id: str
     messages: list[DraftMessage]
@@ -1032,6 +1170,8 @@ class ClientAppend(WireModel):
 
 
 class ClientAction(WireModel):
+    """A named action from the client (a button, a command): starts a turn."""
+
     type: Literal["client.action"] = "client.action"
     agent_id: str
     name: str
@@ -1040,12 +1180,16 @@ class ClientAction(WireModel):
 
 
 class ClientInterruptResume(WireModel):
+    """A client's answer to an open interrupt."""
+
     type: Literal["interrupt.resume"] = "interrupt.resume"
     interrupt_id: str
     payload: Any = None
 
 
 class ClientToolResult(WireModel):
+    """A client's result for a client tool call."""
+
     type: Literal["tool.result"] = "tool.result"
     id: str
     attempt: Nullable[UInt] = None
@@ -1056,6 +1200,8 @@ class ClientToolResult(WireModel):
 
 
 class ClientToolError(WireModel):
+    """A client's failure for a client tool call."""
+
     type: Literal["tool.error"] = "tool.error"
     id: str
     error: str
@@ -1087,6 +1233,8 @@ class EventPayload(WireModel):
 
 
 class Event(WireModel):
+    """SPEC §13: an event as clients read it: the session, its seq and time, its payload."""
+
     session_id: str
     seq: Annotated[int, Field(ge=1)]
     occurred_at: Timestamp
@@ -1182,7 +1330,7 @@ def _protocol_error(what: str, exc: ValidationError, data: Any) -> ProtocolError
     more = len(described) - 3
     if more > 0:
         lines.append(f"and {more} more")
-    return ProtocolError(f"invalid {what}: " + "; ".join(lines), described[0][0] or None)
+    return ProtocolError(f"invalid {what}: " + "; ".join(lines), param=described[0][0] or None)
 
 
 def parse_decision_response(data: Any) -> DecisionResponse:
@@ -1216,7 +1364,7 @@ def parse_client_input(data: Any) -> ClientInput:
             if getattr(message, name) is None:
                 param = f"{where}.{name}"
                 why = f"a {message.role} message needs {name} ({_NEEDED[name]})"
-                raise ProtocolError(f"invalid client input: {param}: {why}", param)
+                raise ProtocolError(f"invalid client input: {param}: {why}", param=param)
     return parsed
 
 

@@ -12,11 +12,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote, urlsplit
-
-if TYPE_CHECKING:
-    from engine.config import Project
 
 MASK = "***"
 MIN_SECRET = 4  # shorter values would mask common words and numbers, and guard nothing
@@ -70,6 +66,7 @@ class Redactor(logging.Filter):
         self.add(values)
 
     def add(self, values: Iterable[str]) -> None:
+        """Mask these values from now on (too short ones would mask common words)."""
         fresh = {v for v in values if len(v) >= MIN_SECRET} - self._values
         if not fresh:
             return
@@ -78,11 +75,13 @@ class Redactor(logging.Filter):
         self._pattern = re.compile("|".join(map(re.escape, longest_first)))
 
     def scrub(self, text: str) -> str:
+        """`text` with every known secret and every URL credential masked."""
         if self._pattern is not None:
             text = self._pattern.sub(MASK, text)
         return _scrub_urls(text)
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """As a logging filter: scrub the record's final text; never drops a record."""
         try:
             message = record.getMessage()
         except Exception:  # bad format arguments: the handler reports it; show nothing raw
@@ -109,22 +108,6 @@ def env_secrets(env: Mapping[str, str]) -> list[str]:
     values.append(env.get("SUBS_API_KEY", ""))
     for entry in env.get("SUBS_API_KEYS", "").split(","):
         values.append(entry.strip().removesuffix(":own"))
-    return values
-
-
-def project_secrets(project: Project, env: Mapping[str, str], *urls: str | None) -> list[str]:
-    """The secrets a project names (vendor keys, signing secrets, MCP tokens and what
-    `env_from` hands a server) and the credentials inside its URLs and `urls` (the Redis
-    URL given on the command line)."""
-    values = [env.get(b.api_key_env, "") for b in project.llm.values() if b.api_key_env]
-    for agent in project.agents.values():
-        if agent.signing_secret_env:
-            values.append(env.get(agent.signing_secret_env, ""))
-    for conn in project.mcp.values():  # a server's token, and what it is handed from ours
-        values += [env.get(var, "") for var in (conn.token_env, *conn.env_from) if var]
-    for url in (project.redis, *urls, *(a.worker for a in project.agents.values())):
-        if url:
-            values += url_secrets(url)
     return values
 
 

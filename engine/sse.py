@@ -51,6 +51,7 @@ class SseDecoder:
         self.pending = 0
 
     def feed(self, chunk: bytes) -> list[Event]:
+        """The events the bytes complete; a partial line or UTF-8 sequence waits for more."""
         self.pending += len(chunk)
         return self._lines(self._utf8.decode(chunk))
 

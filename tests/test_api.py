@@ -1022,3 +1022,34 @@ async def test_an_expires_at_that_is_not_a_time_is_refused_at_the_edge(http, ven
     assert bad.status_code == 422 and bad.json()["code"] == "invalid_input"
     assert bad.json()["error"].startswith("payload.expiresAt: ")
     assert "RFC 3339" in bad.json()["error"]
+
+
+async def test_both_clients_answer_alike_for_one_session(engine, vendor, metrics):
+    """`SessionClient` has one return type per method: the in-process Client and the HTTP
+    client give the same ids from `sessions()` and None from `session()` for one that is
+    not there (the HTTP client used to give rows, and raise on a 404)."""
+    from engine.cli.remote import HttpClient
+    from engine.client import Client
+
+    vendor.push(Text("hi back"))
+    local = Client(engine.store)
+    async with serve(app_for(engine, metrics)) as url:
+        remote = HttpClient(url, ROOT)
+        reply = await remote.submit(say("hi"))
+        sid = reply["session_id"]
+        assert await remote.sessions() == await local.sessions() == [sid]
+        # A row says what SessionRow declares, no more and no less, over either client.
+        from typing import get_type_hints
+
+        from engine.session_client import SessionRow
+
+        [(remote_row,), _], [(local_row,), _] = (
+            await remote.session_rows(),
+            await local.session_rows(),
+        )
+        assert set(remote_row) == set(local_row) == set(get_type_hints(SessionRow))
+        assert await remote.session("ses_nope") is None
+        assert await local.session("ses_nope") is None
+        view = await remote.session(sid)
+        assert view is not None and view["session_id"] == sid
+        await remote.aclose()

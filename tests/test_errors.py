@@ -41,6 +41,38 @@ def test_every_exception_subs_defines_is_a_subs_error() -> None:
     assert outside == []
 
 
+def positional_beyond_the_message(cls: type[BaseException]) -> list[str]:
+    """The parameters of `cls(...)` that may be given by position, other than `message`."""
+    params = list(inspect.signature(cls.__init__).parameters.values())[1:]  # past `self`
+    positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return positional[1:] if positional[:1] == ["message"] else positional
+
+
+def test_every_error_takes_its_message_first_and_all_else_by_name() -> None:
+    """One constructor order (there were four: `(code, message, status)`, `(status, code,
+    message)`, `(file, key, message)`, `(message, code)`): a call names what each value is."""
+    loose = {
+        cls.__qualname__: extra
+        for cls in _exception_classes()
+        if issubclass(cls, SubsError) and (extra := positional_beyond_the_message(cls))
+    }
+    assert loose == {}
+
+
+def test_the_constructor_rule_sees_a_positional_parameter() -> None:
+    class Old(SubsError):
+        def __init__(self, status: int, code: str, message: str) -> None:
+            super().__init__(message, code=code, status=status)
+
+    class Built(SubsError):
+        def __init__(self, key: str) -> None:
+            super().__init__(f"lost {key}")
+
+    assert positional_beyond_the_message(Old) == ["status", "code", "message"]
+    assert positional_beyond_the_message(Built) == ["key"]
+    assert positional_beyond_the_message(SubsError) == []
+
+
 def test_private_exceptions_are_raised_and_caught_in_their_own_module() -> None:
     for cls in _exception_classes():
         if issubclass(cls, SubsError):

@@ -48,3 +48,33 @@ def test_the_golden_logs_hold_every_catalogued_kind():
     """A new kind of event needs a golden log that records it (record.py)."""
     seen = {e["payload"]["type"] for log in LOGS for e in read_log(log)}
     assert set(EVENTS) - seen == set()
+
+
+def test_every_status_a_golden_log_folds_to_is_a_declared_one():
+    """The statuses of engine/statuses.py are closed sets mypy holds the code to; the
+    logs are data mypy never sees, so each prefix of each log is folded here and every
+    status word of the state checked against its set."""
+    from typing import get_args
+
+    from engine.statuses import CallStatus, DecisionStatus, SessionStatus, TurnStatus
+
+    seen: dict[str, set[str]] = {"session": set(), "turn": set(), "call": set(), "decision": set()}
+    for log in LOGS:
+        events = read_log(log)
+        for n in range(1, len(events) + 1):
+            state = fold(events[:n])
+            assert state is not None
+            seen["session"].add(state.status)
+            seen["turn"] |= set(state.turns.values())
+            seen["call"] |= {c.status for c in state.calls.values()}
+            if state.decision is not None:
+                seen["decision"].add(state.decision.status)
+    declared = {
+        "session": set(get_args(SessionStatus)),
+        "turn": set(get_args(TurnStatus)),
+        "call": set(get_args(CallStatus)),
+        "decision": set(get_args(DecisionStatus)),
+    }
+    for what, words in seen.items():
+        assert words, f"no {what} status seen: the check would check nothing"
+        assert words <= declared[what], f"{what} statuses not declared: {words - declared[what]}"

@@ -123,7 +123,7 @@ class Slack:
         self.calls.append((self.world.now, team, method, payload))
         retry_after = self.limited.get(len(self.calls) - 1)
         if retry_after is not None:
-            raise RateLimited(retry_after)
+            raise RateLimited(retry_after=retry_after)
         if payload in self.fail:
             raise RuntimeError(f"cannot send {payload}")
 

@@ -326,6 +326,27 @@ def test_snapshot_and_inputs_round_trip_through_json():
     assert input_from_json(input_to_json(inp)) == inp
 
 
+def test_stored_inputs_carry_explicit_wire_names_and_old_items_still_read():
+    """Inputs are stored by a name of their own, not their class's (a rename would strand
+    every timer, outbox entry and dead letter in Redis); what an older version stored under
+    the class's name reads all the same."""
+    from typing import get_args
+
+    from engine.machine import Input
+    from engine.machine.inputs import WIRE_NAMES
+
+    assert set(WIRE_NAMES) == set(get_args(Input)), "every input kind needs its wire name"
+    assert len(set(WIRE_NAMES.values())) == len(WIRE_NAMES)
+    assert all(name != cls.__name__ and "." in name for cls, name in WIRE_NAMES.items())
+    fired = TimerFired("call_1", 2)
+    stored = input_to_json(fired)
+    assert stored == {"kind": "timer.fired", "call_id": "call_1", "attempt": 2}
+    assert input_from_json(stored) == fired
+    assert input_from_json({**stored, "kind": "TimerFired"}) == fired  # an older version's
+    with pytest.raises(ValueError, match="unknown input kind"):
+        input_from_json({**stored, "kind": "timer.fires"})
+
+
 @pytest.mark.parametrize(
     ("name", "args", "recorded"),
     [

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine.config import parse_project
-from engine.redact import Redactor, env_secrets, project_secrets, redact_url, url_secrets
+from engine.config import parse_project, project_secrets
+from engine.redact import Redactor, env_secrets, redact_url, url_secrets
 
 URLS = [
     ("redis://:secret@h:6379/0", "redis://:***@h:6379/0"),

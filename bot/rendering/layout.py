@@ -21,6 +21,7 @@ from typing import Any
 
 from bot.rendering.mrkdwn import escape, to_mrkdwn
 from bot.rendering.split import split_markdown
+from engine.statuses import LineState
 
 MARKDOWN_BLOCK_LIMIT = 12_000
 DEFAULT_LIMIT = 9_000
@@ -56,7 +57,7 @@ class Line:
     name: str
     started_ms: int
     arguments: str | None = None
-    state: str = "running"  # running | ok | error
+    state: LineState = "running"
     attempt: int = 1
     retrying: bool = False
     ended_ms: int | None = None
@@ -134,6 +135,7 @@ def message_content(value: Any) -> dict[str, Any] | None:
 
 
 def clip(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters with an ellipsis: Slack refuses longer fields."""
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
@@ -190,6 +192,7 @@ def _fit_lines(lines: list[str]) -> str:
 
 
 def context(mrkdwn: str) -> dict[str, Any]:
+    """A context block of one mrkdwn element: the small grey line under a reply."""
     return {"type": "context", "elements": [{"type": "mrkdwn", "text": mrkdwn}]}
 
 

@@ -14,6 +14,7 @@ import logging
 from datetime import UTC, datetime
 from typing import Any
 
+from bot.payloads import BlockAction
 from bot.rendering.layout import FALLBACK_LIMIT, MARKDOWN_BLOCK_LIMIT, clip, clip_mrkdwn, context
 from bot.rendering.mrkdwn import escape, to_mrkdwn
 from bot.rendering.split import split_markdown
@@ -105,7 +106,7 @@ def _expiry(expires: str) -> str:
     return f"Expires <!date^{stamp}^{{date_short_pretty}} at {{time}}|{escape(expires)}>"
 
 
-def parse_interrupt_action(action: dict[str, Any]) -> tuple[str, int] | None:
+def parse_interrupt_action(action: BlockAction) -> tuple[str, int] | None:
     """`(interrupt_id, option index)` from a block_actions `actions[]` entry of a prompt
     button, or None when the action is not one (or its id and value disagree)."""
     action_id = str(action.get("action_id") or "")

@@ -22,7 +22,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from bot.rendering.files import FilePlan, is_sign_in, size_text
 from bot.slack.governor import RateGovernor
 from bot.slack.webapi import slack_error, slot_for
-from engine.errors import describe
+from engine.errors import SubsError, describe
 
 __all__ = ["DOWNLOAD", "DOWNLOAD_SECONDS", "FileRefused", "download", "upload"]
 
@@ -33,7 +33,7 @@ _CHUNK = 64 * 1024
 SIGN_IN = "Slack answered its sign-in page instead of the file (the app lacks files:read)"
 
 
-class FileRefused(Exception):
+class FileRefused(SubsError):
     """A file that could not be read; the message says why, in a few words."""
 
 

@@ -164,7 +164,7 @@ class RateLimited(SubsError):
 
     code = "rate_limited"
 
-    def __init__(self, retry_after: float) -> None:
+    def __init__(self, *, retry_after: float) -> None:
         super().__init__(f"rate limited; retry after {retry_after} s", retryable=True)
         self.retry_after = retry_after
 

@@ -29,6 +29,9 @@ _OBJECTS = ("event", "view", "container", "channel", "user", "team", "message", 
 
 
 def events_handler(app: AsyncApp, verifier: SignatureVerifier) -> Handler:
+    """The aiohttp handler for Slack's HTTP deliveries: checks the signature before Bolt sees
+    the body, so an unsigned or stale request is refused without running a listener."""
+
     async def events(request: web.Request) -> web.StreamResponse:
         timestamp = request.headers.get("X-Slack-Request-Timestamp")
         signature = request.headers.get("X-Slack-Signature")

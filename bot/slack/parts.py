@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from bot.payloads import SlackMessage
+
 __all__ = ["STAMP", "ReplyState", "Save", "stamp", "stamped_parts"]
 
 STAMP = "subs_turn"  # message metadata event_type on every message the bot posts for a turn
@@ -36,10 +38,12 @@ Save = Callable[[], Awaitable[None]]  # make what `ReplyState` holds durable
 
 
 def stamp(turn_id: str, part: str) -> dict[str, Any]:
+    """The message metadata that marks a reply part as this turn's, so a follower that takes
+    over finds what an earlier one posted."""
     return {"event_type": STAMP, "event_payload": {"turn_id": turn_id, "part": part}}
 
 
-def stamped_parts(messages: list[dict[str, Any]], turn_id: str) -> dict[str, str]:
+def stamped_parts(messages: list[SlackMessage], turn_id: str) -> dict[str, str]:
     """`part -> ts` of the thread's messages stamped for `turn_id`."""
     parts: dict[str, str] = {}
     for msg in messages:

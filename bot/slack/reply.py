@@ -57,6 +57,7 @@ class Reply:
 
     @property
     def ts(self) -> str | None:
+        """The ts of the reply's first message, once posted."""
         return self.cp.posted.get("reply")
 
     async def adopt_stamps(self) -> None:

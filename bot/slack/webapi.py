@@ -13,6 +13,7 @@ from typing import Any
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
+from bot.payloads import SlackMessage
 from bot.slack.governor import RateGovernor, RateLimited, scope
 from engine.telemetry.live import timed
 from engine.telemetry.spans import Attributes
@@ -45,7 +46,7 @@ async def call(web: AsyncWebClient, method: str, args: dict[str, Any]) -> Any:
             retry_after = headers.get("retry-after")
             if isinstance(retry_after, list):
                 retry_after = retry_after[0] if retry_after else None
-            raise RateLimited(float(retry_after or 1)) from err
+            raise RateLimited(retry_after=float(retry_after or 1)) from err
         raise
 
 
@@ -98,7 +99,7 @@ async def slot_for(governor: RateGovernor, budget: str, method: str) -> None:
 
 async def thread_messages(
     governor: RateGovernor, team: str, web: AsyncWebClient, channel: str, ts: str, **extra: Any
-) -> list[dict[str, Any]]:
+) -> list[SlackMessage]:
     """Every message of a thread (`conversations.replies`, all pages), oldest first."""
     args = {"channel": channel, "ts": ts, **extra}
     return await every_message(governor, team, web, "conversations.replies", args)
@@ -106,9 +107,9 @@ async def thread_messages(
 
 async def every_message(
     governor: RateGovernor, team: str, web: AsyncWebClient, method: str, args: dict[str, Any]
-) -> list[dict[str, Any]]:
+) -> list[SlackMessage]:
     """The `messages` of every page of a cursor-paged read."""
-    messages: list[dict[str, Any]] = []
+    messages: list[SlackMessage] = []
     cursor = ""
     while True:
         page_args = {"limit": 200, **args, **({"cursor": cursor} if cursor else {})}

@@ -20,6 +20,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from bot.payloads import Mention
 from bot.turns.routing import session_id_for
 from engine.errors import SubsError
 
@@ -29,7 +30,7 @@ __all__ = ["Checkpoint", "LeaseLost"]
 class LeaseLost(SubsError):
     """Another follower holds the turn now: this one must stop writing to Slack."""
 
-    def __init__(self, key: str) -> None:
+    def __init__(self, *, key: str) -> None:
         super().__init__(f"the lease on following {key} moved to another follower")
         self.key = key
 
@@ -50,9 +51,8 @@ class Checkpoint:
     trigger: str = ""  # the message a working reaction goes on
     since: str = ""  # ts the turn began at: its messages in the thread come after it
     bot_id: str = ""  # this app's bot id, to know its own unstamped messages
-    # {event, bot_user, bot_id}: the message (a mention, DM, alert or follow-up) `payload`
-    # is built from
-    mention: dict[str, Any] | None = None
+    # The message (a mention, DM, alert or follow-up) `payload` is built from.
+    mention: Mention | None = None
     by_app: bool = False  # started by an app's post (an alert): no person to stream to natively
     quiet: bool = False  # a button's turn: no "No reply." message when it has nothing to say
     failures: int = 0  # followers that failed on it (not those that died or handed it over)
@@ -62,6 +62,7 @@ class Checkpoint:
 
     @property
     def session_id(self) -> str:
+        """The engine session of this thread (a thread is a session)."""
         return session_id_for(self.agent, self.channel, self.thread_ts)
 
     @property
@@ -70,6 +71,7 @@ class Checkpoint:
         return f"{self.agent} {self.channel} {self.turn_id}"
 
     def dumps(self) -> str:
+        """As stored in Redis: compact JSON, read back by `loads`."""
         return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod

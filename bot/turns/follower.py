@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
+from bot.payloads import SlackMessage
 from bot.rendering.files import files_of, tool_images
 from bot.rendering.message_text import attributed, message_text, poster, wanted_ids
 from bot.rendering.mrkdwn import escape
@@ -214,7 +215,7 @@ class Followers:
         assert cp.mention is not None
         event, bot_user, bot_id = cp.mention["event"], cp.mention["bot_user"], cp.mention["bot_id"]
         ts = event["ts"]
-        missed: list[dict[str, Any]] = []
+        missed: list[SlackMessage] = []
         if cp.thread_ts != ts:
             thread = await thread_messages(
                 self.paced.governor, cp.team, bot.web, cp.channel, cp.thread_ts
@@ -470,7 +471,7 @@ def queued_text(ahead: int, limit: int) -> str:
     return QUEUED.format(where=where, limit=limit) + ANSWER_HERE
 
 
-def _said(msg: dict[str, Any], names: dict[str, str], addressed_to: str | None) -> str:
+def _said(msg: SlackMessage, names: dict[str, str], addressed_to: str | None) -> str:
     """`Name: text`; a message of only files says so rather than `(no text)`."""
     if files_of(msg) and not message_text(msg, names, addressed_to=addressed_to):
         count = len(files_of(msg))

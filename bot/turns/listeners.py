@@ -21,6 +21,7 @@ from typing import Any
 
 from slack_bolt.async_app import AsyncBoltContext
 
+from bot.payloads import BlockActions, EventCallback, SlashCommand
 from bot.rendering.prompts import option_of, parse_interrupt_action, prompt_for, resolved_prompt
 from bot.slack.agent_app import Bot
 from bot.slack.webapi import call
@@ -83,7 +84,7 @@ class Listeners:
         self.follow[agent] = follow
         self.watches[agent] = tuple(watches)
 
-    async def event(self, bot: Bot, body: dict[str, Any], context: AsyncBoltContext) -> None:
+    async def event(self, bot: Bot, body: EventCallback, context: AsyncBoltContext) -> None:
         """After Bolt verified the signature; Slack gets its ack once the turn is recorded.
 
         A mention, a DM, a watched channel's new alert, or a follow-up in a thread the app
@@ -136,7 +137,7 @@ class Listeners:
         )
         await self.followers.start_turn(cp, [seen_key("event", event_id)])
 
-    async def command(self, bot: Bot, body: dict[str, Any], bot_id: str) -> None:
+    async def command(self, bot: Bot, body: SlashCommand, bot_id: str) -> None:
         """A slash command: its turn is recorded at once; its follower posts the root message
         naming who ran what, whose thread is the session."""
         args = {key: str(body.get(key) or "") for key in COMMAND_ARGS}
@@ -164,7 +165,7 @@ class Listeners:
         )
         await self.followers.start_turn(cp, [seen_key("command", args["trigger_id"])])
 
-    async def button(self, bot: Bot, body: dict[str, Any], bot_id: str) -> None:
+    async def button(self, bot: Bot, body: BlockActions, bot_id: str) -> None:
         """A custom button (from `channels.slack`): `client.action` named by its action_id."""
         actions = body.get("actions")
         action = actions[0] if isinstance(actions, list) and actions else None
@@ -211,7 +212,7 @@ class Listeners:
         seen = f"{channel}:{message_ts}:{action['action_id']}:{action_ts}:{user}"
         await self.followers.start_turn(cp, [seen_key("action", seen)])
 
-    async def click(self, bot: Bot, body: dict[str, Any]) -> None:
+    async def click(self, bot: Bot, body: BlockActions) -> None:
         """A prompt button: resume with the recorded option, then show who answered."""
         actions = body.get("actions")
         action = actions[0] if isinstance(actions, list) and actions else None

@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterable
 from typing import Any, Literal
 
+from bot.payloads import SlackMessage
 from bot.turns.watch import Watch, watched
 
 __all__ = [
@@ -28,13 +29,14 @@ ANSWERS = frozenset({"dm", "channels", "both"})
 # Subtypes of messages someone posted (a person, another app, an integration); the others
 # are notices (joins, topic changes, …) Slack writes itself.
 SAID = frozenset({"bot_message", "thread_broadcast", "file_share", "me_message"})
-Event = dict[str, Any]
+Event = SlackMessage
 Route = Literal["mention", "dm", "alert", "reply"]
 _USER_MENTION = re.compile(r"<@([UW][A-Z0-9]+)(?:\|[^>]*)?>")
 _GROUP_MENTION = re.compile(r"<!subteam\^")
 
 
 def session_id_for(agent: str, channel: str, thread_ts: str) -> str:
+    """The session a Slack thread maps to; one per agent, channel and root ts."""
     return f"slack:{agent}:{channel}:{thread_ts}"
 
 
@@ -95,13 +97,13 @@ def wants_turn(event: Event, answers: str, bot_user: str | None, bot_id: str | N
 
 
 def missed_messages(
-    replies: list[dict[str, Any]], before_ts: str, bot_user: str | None, bot_id: str | None
-) -> list[dict[str, Any]]:
+    replies: list[SlackMessage], before_ts: str, bot_user: str | None, bot_id: str | None
+) -> list[SlackMessage]:
     """The messages of a thread (`conversations.replies`, oldest first) after the app's last
     message and before `before_ts`: what the agent has not seen yet. People's, and other
     apps' and integrations' (an alert at the thread's root is what people ask about); never
     the app's own."""
-    missed: list[dict[str, Any]] = []
+    missed: list[SlackMessage] = []
     for msg in replies:
         ts = _ts_key(msg.get("ts"))
         if ts is None or ts >= (_ts_key(before_ts) or ts):
@@ -113,7 +115,7 @@ def missed_messages(
     return missed
 
 
-def _posted(msg: dict[str, Any]) -> bool:
+def _posted(msg: SlackMessage) -> bool:
     """Someone's message: a person's (`user`) or an app's (`bot_id`), of a kind people post."""
     subtype = msg.get("subtype")
     if subtype is not None and subtype not in SAID:

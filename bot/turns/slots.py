@@ -80,9 +80,11 @@ class TurnSlots:
         self._order = itertools.count()
 
     def slot(self, agent: str, turn_key: str, limit: int) -> Slot:
+        """A turn's slot, named by this process and the turn so a resumed turn finds its own."""
         return Slot(self, agent, f"{self.owner} {turn_key}", limit)
 
     async def take(self, slot: Slot, queued: Queued) -> None:
+        """Run now if the app is under its limit, else wait in ticket order (`queued` is told)."""
         agent = slot.agent
         self._limits[agent] = slot.limit
         running, ticket, ahead = await self.store.take(agent, slot.member, slot.limit)
@@ -106,6 +108,7 @@ class TurnSlots:
         slot.running = True
 
     async def release(self, slot: Slot) -> None:
+        """Give the slot back and wake this process's next waiting turn."""
         self._running.get(slot.agent, set()).discard(slot.member)
         await self.store.leave(slot.agent, slot.member)
         self._wake.setdefault(slot.agent, asyncio.Event()).set()
@@ -118,6 +121,7 @@ class TurnSlots:
             await self.store.keep(agent, sorted(members))
 
     async def aclose(self) -> None:
+        """Stop the pumps; the leases lapse, so other processes take the slots up."""
         pumps, self._pumps = list(self._pumps.values()), {}
         for task in pumps:
             task.cancel()

@@ -92,7 +92,7 @@ class Checkpoints:
         """
         keys = list(checkpoint_keys(cp))
         if not await self._write(keys=keys, args=[cp.key, self.owner, cp.dumps()]):
-            raise LeaseLost(cp.key)
+            raise LeaseLost(key=cp.key)
 
     async def drop(self, cp: Checkpoint) -> None:
         """The turn's reply is whole in Slack (or given up): nothing is left to resume.
@@ -101,7 +101,7 @@ class Checkpoints:
             LeaseLost: another follower took the turn over.
         """
         if not await self._write(keys=list(checkpoint_keys(cp)), args=[cp.key, self.owner]):
-            raise LeaseLost(cp.key)
+            raise LeaseLost(key=cp.key)
 
     async def open(self) -> list[Checkpoint]:
         """Every open turn's checkpoint; one that cannot be read is logged and skipped.
@@ -141,6 +141,7 @@ class Checkpoints:
         return bool(await self._renew(keys=[lease], args=[self.owner, self.lease_ms]))
 
     async def release(self, cp: Checkpoint) -> None:
+        """Give up following this turn, if this follower still holds it."""
         await self._release(keys=[checkpoint_keys(cp)[1]], args=[self.owner])
 
 

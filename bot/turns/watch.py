@@ -31,10 +31,12 @@ class Watch:
 
     @classmethod
     def of(cls, channel: str, posters: Iterable[str], match: str | None) -> Watch:
+        """A watch as subs.toml declares it: names trimmed and lower-cased, `match` compiled."""
         names = frozenset(p.strip().lower() for p in posters if p.strip())
         return cls(channel, names, re.compile(match) if match is not None else None)
 
     def admits(self, event: Mapping[str, Any]) -> bool:
+        """Whether a post here starts a turn: by one of the posters, matching the pattern."""
         if self.posters and not (poster_names(event) & self.posters):
             return False
         return self.pattern is None or self.pattern.search(message_text(event, {})) is not None

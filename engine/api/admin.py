@@ -12,6 +12,7 @@ from engine.api.parsing import MAX_SEQ, int_query
 from engine.api.state import API, principal_of
 from engine.errors import SubsError
 from engine.jsonedge import compact_json
+from engine.statuses import LISTED_STATUSES, is_listed_status
 
 HEALTH_TIMEOUT = 1.0  # /healthz waits this long for Redis's PONG
 
@@ -19,15 +20,14 @@ HEALTH_TIMEOUT = 1.0  # /healthz waits this long for Redis's PONG
 def _full_access(request: web.Request) -> None:
     if not principal_of(request).full:
         raise ApiError(
-            403,
-            "forbidden",
             "this key may only use its own sessions (a KEY:own entry in SUBS_API_KEYS); "
             "the admin endpoints need a full-access key",
+            status=403,
+            code="forbidden",
         )
 
 
 FILTER_SCAN = 1000  # sessions one filtered page reads at most, matches or not
-STATUSES = ("idle", "running", "interrupted", "failed")
 
 
 async def admin_sessions(request: web.Request) -> web.Response:
@@ -38,9 +38,11 @@ async def admin_sessions(request: web.Request) -> web.Response:
     limit = int_query(request, "limit", 50, lo=1, hi=500)
     agent = request.query.get("agent") or None
     status = request.query.get("status") or None
-    if status is not None and status not in STATUSES:
+    if status is not None and not is_listed_status(status):
         raise ApiError(
-            400, "invalid_query", f"status: {status!r} is not one of {', '.join(STATUSES)}"
+            f"status: {status!r} is not one of {', '.join(LISTED_STATUSES)}",
+            status=400,
+            code="invalid_query",
         )
     client = request.app[API].client
     if agent is None and status is None:
@@ -63,6 +65,7 @@ async def admin_dead_letters(request: web.Request) -> web.Response:
 
 
 async def admin_events(request: web.Request) -> web.Response:
+    """A session's raw log, paged by seq: for operators, not for clients."""
     _full_access(request)
     store = request.app[API].store
     sid = request.match_info["sid"]
@@ -70,7 +73,7 @@ async def admin_events(request: web.Request) -> web.Response:
     limit = int_query(request, "limit", 100, lo=1, hi=1000)
     head = await store.head(sid)
     if head is None:
-        raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
+        raise ApiError(f"session {sid!r} does not exist", status=404, code="unknown_session")
     events = await store.read_log(sid, after, count=limit)
     last = events[-1]["seq"] if events else after
     body = {"events": events, "next_after_seq": last if last < head[0] else None}
@@ -112,6 +115,7 @@ async def get_healthz(request: web.Request) -> web.Response:
 
 
 async def get_metrics(request: web.Request) -> web.Response:
+    """Prometheus text exposition of the engine's counters and histograms."""
     api = request.app[API]
     api.metrics.set("subs_sse_readers", len(api.hub.readers))
     text = api.metrics.render()

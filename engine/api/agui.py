@@ -50,7 +50,9 @@ def _run_input(body: Any) -> RunAgentInput:
     run: RunAgentInput = validate(RunAgentInput, body)
     for name, value in (("threadId", run.thread_id), ("runId", run.run_id)):
         if not 0 < len(value) <= _MAX_ID:
-            raise ApiError(422, "invalid_input", f"{name}: 1 to {_MAX_ID} characters", param=name)
+            raise ApiError(
+                f"{name}: 1 to {_MAX_ID} characters", status=422, code="invalid_input", param=name
+            )
     return run
 
 
@@ -68,9 +70,9 @@ def draft_messages(run: RunAgentInput) -> list[dict[str, Any]]:
         if isinstance(content, list):
             if any(part.get("type") != "text" for part in content):
                 raise ApiError(
-                    422,
-                    "invalid_input",
                     f"messages.{i}.content: only text parts are supported",
+                    status=422,
+                    code="invalid_input",
                     param=f"messages.{i}.content",
                 )
             content = text_of(content)
@@ -142,12 +144,12 @@ async def _owned(
     if state is None:
         return None
     if not principal_of(request).owns(state.identity):
-        raise ApiError(403, "forbidden", f"thread {sid!r} belongs to another key")
+        raise ApiError(f"thread {sid!r} belongs to another key", status=403, code="forbidden")
     if state.agent_id != agent_id:
         raise ApiError(
-            409,
-            "agent_mismatch",
             f"thread {sid!r} runs agent {state.agent_id!r}, not {agent_id!r}",
+            status=409,
+            code="agent_mismatch",
         )
     return state
 
@@ -165,6 +167,7 @@ async def _turn_start(api: ApiState, sid: str, turn_id: str) -> int:
 
 
 async def post_run(request: web.Request) -> web.StreamResponse:
+    """An AG-UI run: submits the run's input and streams the turn as AG-UI events."""
     api = request.app[API]
     agent_id = request.match_info["agent_id"]
     run = _run_input(await json_body(request))
@@ -202,7 +205,9 @@ async def _begin(
     after = joined = state.seq if state is not None else 0
     translator = RunTranslator(sid, run.run_id, None)
     if state is None and run.resume:
-        raise ApiError(404, "unknown_session", f"thread {sid!r} has no interrupt to resume")
+        raise ApiError(
+            f"thread {sid!r} has no interrupt to resume", status=404, code="unknown_session"
+        )
     for entry in run.resume or ():
         payload = {"status": entry.status, "payload": entry.payload}
         resume = {
@@ -352,7 +357,7 @@ async def post_connect(request: web.Request) -> web.StreamResponse:
     sid = body.threadId
     state = await _owned(request, api, sid, request.match_info["agent_id"])
     if state is None:
-        raise ApiError(404, "unknown_session", f"thread {sid!r} does not exist")
+        raise ApiError(f"thread {sid!r} does not exist", status=404, code="unknown_session")
     translator = RunTranslator(sid, body.runId or f"run_{secrets.token_hex(8)}", None)
     events = [*translator.started(), snapshot(path_to(state.nodes, state.head_id))]
     waiting = waiting_for_client(state)

@@ -160,6 +160,7 @@ class RunTranslator:
     _waiting: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # early deltas
 
     def started(self) -> list[BaseEvent]:
+        """RUN_STARTED: the first event of every AG-UI run."""
         return [
             RunStartedEvent(
                 thread_id=self.thread_id, run_id=self.run_id, protocol_version=PROTOCOL_VERSION

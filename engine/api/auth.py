@@ -77,10 +77,12 @@ class ApiKeys:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ApiKeys:
+        """The keys `SUBS_API_KEYS` lists; none when it is unset."""
         return cls.parse(env.get("SUBS_API_KEYS", ""))
 
     @property
     def open(self) -> bool:
+        """No keys configured: the API answers without authentication."""
         return not self.keys
 
     def authenticate(self, authorization: str | None) -> Principal | None:

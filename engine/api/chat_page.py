@@ -52,6 +52,7 @@ def _answer(body: bytes | str, content_type: str, status: int = 200) -> web.Resp
 
 
 def chat_href(agent: str) -> str:
+    """The chat page of an agent, its id quoted for a URL path."""
     return f"/console/chat/{quote(agent, safe='')}"
 
 
@@ -112,14 +113,16 @@ async def get_chat_index(request: web.Request) -> web.Response:
 
 
 async def get_chat_asset(request: web.Request) -> web.Response:
+    """One of the chat page's own files; any other name is a 404."""
     name = request.match_info["name"]
     content_type = _ASSETS.get(name)
     if content_type is None:
-        raise ApiError(404, "not_found", f"no chat page file {name!r}")
+        raise ApiError(f"no chat page file {name!r}", status=404, code="not_found")
     return _answer(_FILES[name], content_type)
 
 
 def add_chat_routes(router: web.UrlDispatcher) -> None:
+    """Mount the chat page; the API app calls this with the console's routes."""
     router.add_get("/console/chat", get_chat_index)
     router.add_get("/console/chat/assets/{name}", get_chat_asset)
     router.add_get("/console/chat/{agent_id:[^/]*}", get_chat_page)  # empty: as above

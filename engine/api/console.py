@@ -36,7 +36,7 @@ _FILES = _load()
 def _file(name: str) -> web.Response:
     found = _FILES.get(name)
     if found is None:
-        raise ApiError(404, "not_found", f"the console has no file {name!r}")
+        raise ApiError(f"the console has no file {name!r}", status=404, code="not_found")
     body, kind = found
     return web.Response(body=body, headers={"Content-Type": kind, "Cache-Control": "no-cache"})
 
@@ -47,10 +47,12 @@ async def console_page(request: web.Request) -> web.Response:
 
 
 async def console_static(request: web.Request) -> web.Response:
+    """One of the console's static files."""
     return _file(request.match_info["name"])
 
 
 def add_console_routes(router: web.UrlDispatcher) -> None:
+    """Mount the operator console; the API app calls this once."""
     router.add_get("/console", console_page)
     router.add_get("/console/sessions/{sid}", console_page)
     router.add_get("/console/static/{name}", console_static)

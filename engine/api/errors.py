@@ -17,10 +17,10 @@ class ApiError(SubsError):
 
     def __init__(
         self,
-        status: int,
-        code: str,
         message: str,
         *,
+        status: int,
+        code: str,
         headers: Mapping[str, str] | None = None,
         param: str | None = None,
         **detail: Any,
@@ -39,11 +39,11 @@ def error_response(err: SubsError) -> web.Response:
 
 
 _HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
-INTERNAL = ApiError(500, "internal", "internal error (logged by the API)")
+INTERNAL = ApiError("internal error (logged by the API)", status=500, code="internal")
 STORE_DOWN = ApiError(
-    503,
-    "store_unavailable",
     "the store (Redis) is not reachable; retry shortly",
+    status=503,
+    code="store_unavailable",
     headers={"Retry-After": "1"},
 )
 
@@ -52,7 +52,7 @@ def http_error(err: web.HTTPException) -> ApiError:
     """aiohttp's own refusal in the API's shape, keeping the headers it must carry."""
     code = _HTTP_CODES.get(err.status, "http_error")
     kept = {k: v for k, v in err.headers.items() if k in ("Allow", "Retry-After")}
-    return ApiError(err.status, code, err.reason, headers=kept)
+    return ApiError(err.reason, status=err.status, code=code, headers=kept)
 
 
 def excerpt(raw: str, limit: int = 40) -> str:

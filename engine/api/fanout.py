@@ -73,6 +73,7 @@ class Watch:
         return True
 
     def end(self, reason: str, overflowed: bool = False) -> None:
+        """No more frames: the reader finishes what is buffered; the first reason given stays."""
         if self.ended is None:
             self.ended, self.overflowed = reason, overflowed
             self._more.set()

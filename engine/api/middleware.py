@@ -79,7 +79,9 @@ async def preflight(request: web.Request, handler: Handler) -> web.StreamRespons
         return await handler(request)
     if _listed_origin(request) is None:
         raise ApiError(
-            403, "origin_not_allowed", "this origin is not in the API's [serve] cors_origins"
+            "this origin is not in the API's [serve] cors_origins",
+            status=403,
+            code="origin_not_allowed",
         )
     return web.Response(
         status=204,
@@ -101,9 +103,11 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
         return await handler(request)
     principal = api.keys.authenticate(request.headers.get("Authorization"))
     if principal is None:
-        raise ApiError(401, "unauthorized", unauthorized(request.headers.get("Authorization")))
+        raise ApiError(
+            unauthorized(request.headers.get("Authorization")), status=401, code="unauthorized"
+        )
     if principal.read_only and (refusal := read_only_refusal(request.method, request.path)):
-        raise ApiError(403, "forbidden", refusal)
+        raise ApiError(refusal, status=403, code="forbidden")
     request[PRINCIPAL] = principal
     return await handler(request)
 

@@ -18,6 +18,8 @@ _DIGITS = re.compile(r"[0-9]{1,19}")  # int() also takes ' 7', '+7', '7_0', non-
 
 
 class InputBody(BaseModel):
+    """`POST /api/client/sessions/input`: the ClientInput and where it goes."""
+
     model_config = ConfigDict(extra="forbid")
 
     session_id: str | None = Field(default=None, min_length=1, max_length=200)
@@ -26,6 +28,8 @@ class InputBody(BaseModel):
 
 
 class SettleBody(BaseModel):
+    """`POST .../calls/settle`: a result or an error for an open call."""
+
     model_config = ConfigDict(extra="forbid")
 
     id: str = Field(min_length=1)
@@ -36,6 +40,8 @@ class SettleBody(BaseModel):
 
 
 class InterruptBody(BaseModel):
+    """`POST .../interrupt`: why the turn pauses, and what the prompt carries."""
+
     model_config = ConfigDict(extra="forbid")
 
     reason: str
@@ -43,6 +49,8 @@ class InterruptBody(BaseModel):
 
 
 class CancelBody(BaseModel):
+    """`POST .../cancel`: an optional reason recorded with the failed turn."""
+
     model_config = ConfigDict(extra="forbid")
 
     reason: str | None = Field(default=None, max_length=1000)
@@ -55,13 +63,15 @@ def _invalid(exc: ValidationError, prefix: str = "") -> ApiError:
     text = "required field is missing" if first["type"] == "missing" else first["msg"]
     if first["type"] == "extra_forbidden":
         text = "unknown field"
-    return ApiError(422, "invalid_input", f"{where}: {text}" if where else text, param=where)
+    return ApiError(
+        f"{where}: {text}" if where else text, status=422, code="invalid_input", param=where
+    )
 
 
 def validate(model: type[BaseModel], data: Any, prefix: str = "") -> Any:
     """`data` as a `model`, or a 422 naming the first bad field (under `prefix`)."""
     if not isinstance(data, dict):
-        raise ApiError(422, "invalid_input", "the body must be a JSON object")
+        raise ApiError("the body must be a JSON object", status=422, code="invalid_input")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -72,11 +82,12 @@ def integer(raw: str, name: str, code: str, *, lo: int, hi: int) -> int:
     """A plain decimal in lo..hi: ASCII digits and nothing else, or a 400 naming `name`."""
     if _DIGITS.fullmatch(raw) is None or not lo <= int(raw) <= hi:
         message = f"{name}: expected an integer {lo}..{hi}, got {excerpt(raw)}"
-        raise ApiError(400, code, message, param=name)
+        raise ApiError(message, status=400, code=code, param=name)
     return int(raw)
 
 
 def int_query(request: web.Request, name: str, default: int, *, lo: int, hi: int) -> int:
+    """An integer query parameter within bounds; a bad one is a 400 naming it."""
     raw = request.query.get(name)
     if raw is None or raw == "":
         return default
@@ -90,9 +101,9 @@ async def json_body(request: web.Request) -> Any:
         got = request.headers.get("Content-Type")
         sent = f"Content-Type {excerpt(got)}" if got is not None else "no Content-Type"
         message = f"the body must be sent as Content-Type: application/json, not with {sent}"
-        raise ApiError(415, "unsupported_media_type", message)
+        raise ApiError(message, status=415, code="unsupported_media_type")
     limit = request.app[API].max_body
-    too_large = ApiError(413, "too_large", f"the body is larger than {limit} bytes")
+    too_large = ApiError(f"the body is larger than {limit} bytes", status=413, code="too_large")
     if request.content_length is not None and request.content_length > limit:
         raise too_large
     try:
@@ -103,5 +114,5 @@ async def json_body(request: web.Request) -> Any:
         return loads_checked(raw)
     except JsonEdgeError as err:
         if err.param is None:
-            raise ApiError(400, "invalid_json", f"the body: {err.message}") from None
-        raise ApiError(400, "invalid_json", err.message, param=err.param) from None
+            raise ApiError(f"the body: {err.message}", status=400, code="invalid_json") from None
+        raise ApiError(err.message, status=400, code="invalid_json", param=err.param) from None

@@ -30,20 +30,23 @@ async def _owned_state(request: web.Request, sid: str) -> SessionState:
     """The session's state, 404 when unknown, 403 when the caller does not own it."""
     state = await load_state(request.app[API].store, sid)
     if state is None:
-        raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
+        raise ApiError(f"session {sid!r} does not exist", status=404, code="unknown_session")
     if not principal_of(request).owns(state.identity):
-        raise ApiError(403, "forbidden", f"session {sid!r} belongs to another key")
+        raise ApiError(f"session {sid!r} belongs to another key", status=403, code="forbidden")
     return state
 
 
 async def post_input(request: web.Request) -> web.Response:
+    """Submit one ClientInput: answers once the engine has committed it."""
     api = request.app[API]
     body: InputBody = validate(InputBody, await json_body(request))
     principal = principal_of(request)
     identity = principal.identity()
     if body.identity is not None:
         if not principal.full:
-            raise ApiError(403, "forbidden", "identity: only a full-access key may set it")
+            raise ApiError(
+                "identity: only a full-access key may set it", status=403, code="forbidden"
+            )
         given = {"metadata": {}, **body.identity}
         supplied = validate(WorkerIdentity, given, "identity").model_dump(
             mode="json", exclude_unset=True
@@ -53,7 +56,9 @@ async def post_input(request: web.Request) -> web.Response:
     if body.session_id is not None and not principal.full:
         head = await api.store.head(body.session_id)
         if head is not None and not principal.owns(head[1]):
-            raise ApiError(403, "forbidden", f"session {body.session_id!r} belongs to another key")
+            raise ApiError(
+                f"session {body.session_id!r} belongs to another key", status=403, code="forbidden"
+            )
     reply = await api.client.submit(
         body.input,
         session_id=body.session_id,
@@ -66,12 +71,15 @@ async def post_input(request: web.Request) -> web.Response:
 
 
 async def get_session(request: web.Request) -> web.Response:
+    """The session as a client reads it, if the caller may read it."""
     state = await _owned_state(request, request.match_info["sid"])
     view = session_view(state)
     return web.json_response(view, dumps=compact_json)
 
 
 async def stream_events(request: web.Request) -> web.StreamResponse:
+    """The session's events as SSE, from `after_seq` or `Last-Event-ID`, so a client
+    that reconnects misses nothing and sees nothing twice."""
     api = request.app[API]
     sid = request.match_info["sid"]
     header = request.headers.get("Last-Event-ID")
@@ -84,16 +92,20 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
     try:
         head = await api.store.head(sid)
         if head is None:
-            raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
+            raise ApiError(f"session {sid!r} does not exist", status=404, code="unknown_session")
         seq, identity = head
         if not principal_of(request).owns(identity):
-            raise ApiError(403, "forbidden", f"session {sid!r} belongs to another key")
+            raise ApiError(f"session {sid!r} belongs to another key", status=403, code="forbidden")
         if after > seq:
-            raise ApiError(400, "invalid_query", f"seq {after} is past the log's end ({seq})")
+            raise ApiError(
+                f"seq {after} is past the log's end ({seq})", status=400, code="invalid_query"
+            )
         async with api.hub.watch(sid) as watch:
             cut = await read_cut(api.store, sid)  # after joining: see `fanout`
             if cut is None:
-                raise ApiError(404, "unknown_session", f"session {sid!r} does not exist")
+                raise ApiError(
+                    f"session {sid!r} does not exist", status=404, code="unknown_session"
+                )
             limits = api.limits
             feed = session_feed(
                 api.store,
@@ -117,6 +129,7 @@ async def stream_events(request: web.Request) -> web.StreamResponse:
 
 
 async def post_interrupt(request: web.Request) -> web.Response:
+    """Pause the running turn with a prompt (SPEC §8)."""
     api = request.app[API]
     sid = request.match_info["sid"]
     body: InterruptBody = validate(InterruptBody, await json_body(request))
@@ -147,11 +160,14 @@ async def delete_session(request: web.Request) -> web.Response:
 
 
 async def post_settle(request: web.Request) -> web.Response:
+    """Settle an async worker or client tool call from outside (SPEC §6)."""
     api = request.app[API]
     sid = request.match_info["sid"]
     body: SettleBody = validate(SettleBody, await json_body(request))
     if body.error is not None and "result" in body.model_fields_set:
-        raise ApiError(422, "invalid_input", "result: give either result or error, not both")
+        raise ApiError(
+            "result: give either result or error, not both", status=422, code="invalid_input"
+        )
     if not principal_of(request).full:
         await _owned_state(request, sid)
     reply = await api.client.settle(

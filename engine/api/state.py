@@ -50,10 +50,10 @@ class ApiState:
         if held >= self.max_streams_per_key:
             who = "this key" if key_id is not None else "this address"
             raise ApiError(
-                429,
-                "too_many_streams",
                 f"too many event streams: {who} already has {held} open, the limit set by "
                 "[serve] max_streams_per_key (or SUBS_MAX_STREAMS_PER_KEY); close one first",
+                status=429,
+                code="too_many_streams",
                 headers={"Retry-After": "1"},
                 limit=self.max_streams_per_key,
             )
@@ -61,6 +61,7 @@ class ApiState:
         return caller
 
     def free_stream_slot(self, caller: str) -> None:
+        """A stream of `caller` closed: its slot counts no more against the key's limit."""
         held = self.streams_by_caller.pop(caller) - 1
         if held:
             self.streams_by_caller[caller] = held

@@ -227,6 +227,7 @@ class SseStream:
         self.watch.end("the server is shutting down")
 
     async def run(self, feed: AsyncGenerator[Sent, None]) -> web.StreamResponse:
+        """Write the feed until it ends, the client leaves or it falls too far behind."""
         resp = web.StreamResponse(headers=SSE_HEADERS)
         resp.force_close()
         sock = self.request.transport.get_extra_info("socket") if self.request.transport else None

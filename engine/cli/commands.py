@@ -26,7 +26,7 @@ from urllib.parse import quote, urlsplit
 
 from engine.cli.text import short
 from engine.errors import ClientError, SubsError, describe
-from engine.redact import Redactor, env_secrets, project_secrets, redact_url
+from engine.redact import Redactor, env_secrets, redact_url
 
 # The engine, Redis, Slack, MCP and the config's models are imported by the functions
 # that use them: `subs sessions list --url` needs none of them, and would wait for them.
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from engine.cli.remote import HttpClient
     from engine.client import Client
     from engine.config import Project
+    from engine.session_client import SessionClient, SessionRow
     from engine.store.store import RedisClient
 
 # Masks secrets in every log record (installed by `run_command`) and in the errors it prints.
@@ -128,7 +129,7 @@ async def _redis_for(project: Project, url: str | None) -> AsyncIterator[RedisCl
 
 def _load(args: argparse.Namespace) -> Project:
     """The project, its secrets (and those in `--redis`) known to the redactor from now on."""
-    from engine.config import load_project
+    from engine.config import load_project, project_secrets
 
     redis = getattr(args, "redis", None)
     if redis is not None and urlsplit(redis).scheme not in ("redis", "rediss", "unix"):
@@ -195,7 +196,7 @@ def _key_refused(url: str, reason: str, key: str | None) -> str:
 
 
 @contextlib.asynccontextmanager
-async def _session_client(args: argparse.Namespace) -> AsyncIterator[Any]:
+async def _session_client(args: argparse.Namespace) -> AsyncIterator[SessionClient]:
     """A remote engine's HTTP API with `--url`, else an engine in this process. An
     agent that is not there is a command-line mistake either way (exit 2)."""
     if getattr(args, "url", None):
@@ -800,7 +801,7 @@ def _not_https(base: str, *, given: bool) -> str:
 
 
 @contextlib.asynccontextmanager
-async def _reader(args: argparse.Namespace) -> AsyncIterator[Any]:
+async def _reader(args: argparse.Namespace) -> AsyncIterator[SessionClient]:
     """Read sessions from a remote engine (`--url`) or straight from Redis."""
     if args.url:
         async with _remote(args.url) as client:
@@ -857,7 +858,7 @@ async def _sessions(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_sessions(rows: list[dict[str, Any]], jsonl: bool) -> None:
+def _print_sessions(rows: list[SessionRow], jsonl: bool) -> None:
     """One JSON object a line, or a table with the first words of each conversation."""
     if jsonl:
         for row in rows:
@@ -935,6 +936,7 @@ class OneLine(logging.Formatter):
         self.scrub = scrub
 
     def format(self, record: logging.LogRecord) -> str:
+        """The record as one `subs:` line, its exception (scrubbed) at the end."""
         text = record.getMessage()
         if record.exc_info and record.exc_info[1] is not None:
             text = f"{text} ({self.scrub(describe(record.exc_info[1]))})"

@@ -39,6 +39,7 @@ class Keyboard:
 
     @property
     def is_terminal(self) -> bool:
+        """Whether a person types here (else the input is piped: no prompts to redraw)."""
         return os.isatty(self.fd)
 
     async def line(self) -> str | None:

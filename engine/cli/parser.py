@@ -84,6 +84,7 @@ def _version() -> str:
 
 
 def parser() -> argparse.ArgumentParser:
+    """Every command and flag of `subs`; imports nothing heavy, so `--help` is instant."""
     top = _Parser(
         prog="subs",
         description="A durable agent engine: run agents from subs.toml, in Slack and over HTTP.",
@@ -261,6 +262,7 @@ subs manifest oncall --url https://bot.example.com""",
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`subs` itself: parse, then load the engine only for a command that needs it."""
     args = parser().parse_args(argv)
     from engine.cli.commands import run_command  # the engine, Redis and Slack: only now
 

@@ -20,6 +20,7 @@ import aiohttp
 from engine.effects.http_pool import failure_name, failure_text, new_session
 from engine.errors import ClientError
 from engine.jsonedge import compact_json
+from engine.session_client import SessionRow
 from engine.sse import SseDecoder
 
 # Dropped: resume from the last event yielded. Timeouts are ClientConnectionErrors too.
@@ -57,6 +58,7 @@ class HttpClient:
 
     @property
     def http(self) -> aiohttp.ClientSession:
+        """The HTTP session, made in the running loop on first use."""
         if self._http is None:
             if self.connect_timeout is None:
                 self._http = new_session()
@@ -65,8 +67,24 @@ class HttpClient:
         return self._http
 
     async def aclose(self) -> None:
+        """Close the HTTP session if this client made it."""
         if self._owned and self._http is not None:
             await self._http.close()
+
+    async def _object(
+        self, method: str, path: str, body: Any = None, **params: Any
+    ) -> dict[str, Any]:
+        """`_call` for the routes that answer a JSON object: anything else is the engine's
+        fault, said as one ClientError rather than a KeyError further on."""
+        answer = await self._call(method, path, body, **params)
+        if not isinstance(answer, dict):
+            raise ClientError(
+                f"{self.base_url}{path} answered {type(answer).__name__}, not a JSON object",
+                code="invalid_response",
+                status=502,
+                detail={},
+            )
+        return answer
 
     async def _call(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
         headers = self.headers
@@ -120,13 +138,20 @@ class HttpClient:
         session_id: str | None = None,
         identity: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """`POST /api/client/sessions/input`, as `Client.submit`."""
         body: dict[str, Any] = {"input": payload}
         if session_id:
             body["session_id"] = session_id
-        return await self._call("POST", "/api/client/sessions/input", body)
+        return await self._object("POST", "/api/client/sessions/input", body)
 
-    async def session(self, session_id: str) -> dict[str, Any]:
-        return await self._call("GET", f"/api/client/sessions/{session_id}")
+    async def session(self, session_id: str) -> dict[str, Any] | None:
+        """None for a session the engine does not have, as `Client.session` says it."""
+        try:
+            return await self._object("GET", f"/api/client/sessions/{session_id}")
+        except ClientError as err:
+            if err.code == "unknown_session":
+                return None
+            raise
 
     async def settle(
         self,
@@ -138,6 +163,7 @@ class HttpClient:
         error: str | None = None,
         retryable: bool = False,
     ) -> dict[str, Any]:
+        """`POST .../calls/settle`, as `Client.settle`."""
         body: dict[str, Any] = {"id": call_id}
         if attempt is not None:
             body["attempt"] = attempt
@@ -145,42 +171,51 @@ class HttpClient:
             body.update(error=error, retryable=retryable)
         else:
             body["result"] = result
-        return await self._call("POST", f"/api/machine/sessions/{session_id}/calls/settle", body)
+        return await self._object("POST", f"/api/machine/sessions/{session_id}/calls/settle", body)
 
     async def interrupt(self, session_id: str, reason: str, payload: Any = None) -> dict[str, Any]:
+        """`POST .../interrupt`, as `Client.interrupt`."""
         body = {"reason": reason, "payload": payload}
-        return await self._call("POST", f"/api/client/sessions/{session_id}/interrupt", body)
+        return await self._object("POST", f"/api/client/sessions/{session_id}/interrupt", body)
 
     async def cancel(self, session_id: str, reason: str | None = None) -> dict[str, Any]:
+        """`POST .../cancel`, as `Client.cancel`."""
         body = {"reason": reason} if reason else {}
-        return await self._call("POST", f"/api/client/sessions/{session_id}/cancel", body)
+        return await self._object("POST", f"/api/client/sessions/{session_id}/cancel", body)
 
     async def delete(self, session_id: str) -> None:
+        """`DELETE` the session, as `Client.delete`."""
         await self._call("DELETE", f"/api/client/sessions/{session_id}")
 
     async def events(self, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]:
+        """The whole log after `after_seq`, read page by page from the admin route."""
         out: list[dict[str, Any]] = []
         while True:
-            page = await self._call(
+            page = await self._object(
                 "GET", f"/api/admin/sessions/{session_id}/events", after_seq=after_seq, limit=500
             )
-            events = page["events"] if isinstance(page, dict) else page
+            events: list[dict[str, Any]] = page["events"]
             out += events
             if len(events) < 500:
                 return out
             after_seq = events[-1]["seq"]
 
-    async def sessions(self, offset: int = 0, limit: int = 50) -> list[dict[str, Any]]:
-        page = await self._call("GET", "/api/admin/sessions", offset=offset, limit=limit)
-        return page["sessions"] if isinstance(page, dict) else page
+    async def sessions(self, offset: int = 0, limit: int = 50) -> list[str]:
+        """Session ids, newest first, as `Client.sessions` gives them."""
+        rows, _ = await self.session_rows(offset, limit)
+        return [row["session_id"] for row in rows]
 
-    async def session_rows(self, offset: int = 0, limit: int = 50) -> tuple[list[dict], bool]:
-        page = await self._call("GET", "/api/admin/sessions", offset=offset, limit=limit)
-        return page["sessions"], page["next_offset"] is not None
+    async def session_rows(self, offset: int = 0, limit: int = 50) -> tuple[list[SessionRow], bool]:
+        """One page of the listing, and whether the server says more follow."""
+        page = await self._object("GET", "/api/admin/sessions", offset=offset, limit=limit)
+        rows: list[SessionRow] = page["sessions"]
+        return rows, page["next_offset"] is not None
 
     async def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
-        page = await self._call("GET", "/api/admin/dead-letters", limit=limit)
-        return page["dead_letters"]
+        """Inputs the engine could not apply, newest first."""
+        page = await self._object("GET", "/api/admin/dead-letters", limit=limit)
+        letters: list[dict[str, Any]] = page["dead_letters"]
+        return letters
 
     async def delta_cursor(self, session_id: str) -> str:
         """The event stream interleaves the deltas of the call in flight itself."""

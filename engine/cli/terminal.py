@@ -11,14 +11,16 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TextIO
+from typing import Any, TextIO
 
 from engine.cli.keyboard import keyboard
 from engine.cli.text import short
-from engine.client import ClientError
+from engine.errors import ClientError
 from engine.machine import events as ev
+from engine.session_client import SessionClient
+from engine.statuses import WatchedStatus
 
 _SPINNER = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 _STEPS = {
@@ -28,24 +30,6 @@ _STEPS = {
     ev.SESSION_INTERRUPTED: "paused",
     ev.CONNECTOR_SYNC_DISPATCHED: "loading MCP tools",
 }
-
-
-class SessionClient(Protocol):
-    async def submit(
-        self,
-        payload: dict[str, Any],
-        *,
-        session_id: str | None = None,
-        identity: dict[str, Any] | None = None,
-    ) -> dict[str, Any]: ...
-
-    async def events(self, session_id: str, after_seq: int = 0) -> list[dict[str, Any]]: ...
-
-    async def delta_cursor(self, session_id: str) -> str: ...
-
-    def follow(
-        self, session_id: str, after_seq: int = 0, *, delta_cursor: str | None = None
-    ) -> AsyncIterator[tuple[str, dict[str, Any]]]: ...
 
 
 Ask = Callable[[str], "asyncio.Future[str] | Any"]
@@ -66,6 +50,7 @@ class Printer:
         self.tool_names: dict[str, str] = {}  # call id -> tool name, for the status line
 
     def clear_status(self) -> None:
+        """Erase the status line so the next output starts on a clean line."""
         if self.status_shown and self.status_out is not None:
             self.status_out.write("\r\x1b[2K")
             self.status_out.flush()
@@ -87,6 +72,7 @@ class Printer:
         self.status_shown = True
 
     def write(self, text: str) -> None:
+        """Output, with the status line out of its way."""
         self.clear_status()
         self.out.write(text)
         self.out.flush()
@@ -112,12 +98,15 @@ class Printer:
         sys.stderr.flush()  # the person types on where it says `>` again
 
     def delta(self, delta: dict[str, Any]) -> None:
+        """A token as it streams (a JSON line in jsonl mode)."""
         if self.jsonl:
             self.write(json.dumps({"type": "llm.token.delta", **delta}) + "\n")
         elif delta.get("text"):
             self.write(delta["text"])
 
     def event(self, event: dict[str, Any]) -> None:
+        """One recorded event: a compact line for what a person follows, the status line
+        for the step it starts."""
         p = event["payload"]
         kind = p["type"]
         if kind == ev.TOOL_CALL_REQUESTED:
@@ -143,9 +132,11 @@ class Printer:
 
 @dataclass
 class TurnOutcome:
+    """How a watched turn ended, for the command's exit status."""
+
     session_id: str
     turn_id: str | None
-    status: str  # completed | failed | detached
+    status: WatchedStatus
     error: str | None = None
 
 
@@ -161,6 +152,7 @@ class OpenTurn:
 
     @property
     def waits_on_a_person(self) -> bool:
+        """Whether the turn is stopped on a question only a person can answer."""
         return bool(self.asking or self.interrupts)
 
 

@@ -119,9 +119,11 @@ class EffectRunner:
         self.checked = CheckedMessages()
 
     async def aclose(self) -> None:
+        """Close the shared HTTP session."""
         await self.http.close()
 
     def now_ms(self) -> int:
+        """The clock effects read, in ms; injected so tests can move it."""
         return int(self.clock() * 1000)
 
     def runs(self, effect: object) -> bool:
@@ -129,6 +131,8 @@ class EffectRunner:
         return type(effect) in self.runners
 
     def start(self, state: SessionState, effect: object, done: Done, tasks: Tasks) -> None:
+        """Start `effect` by its type's runner; its end comes back through `done` (in its
+        span's context when tracing is on, so what it logs names the span)."""
         runner = self.runners[type(effect)]
         span = effect_context(state, effect) if self.sampled else None
         if span is None:
@@ -366,6 +370,7 @@ class DeltaWriter:
         self.ended = False
 
     def add(self, delta: dict[str, Any]) -> None:
+        """Queue a delta; a write starts unless one is already out."""
         self.buffer.append(delta)
         if not self.ended and (self.task is None or self.task.done()):
             self.task = asyncio.create_task(self._flush())
@@ -387,6 +392,7 @@ class DeltaWriter:
         return rest
 
     def abandon(self) -> None:
+        """The call ended: stop writing; the rest goes out with the commit."""
         self.ended = True
         if self.task is not None:
             self.task.cancel()

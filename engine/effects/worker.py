@@ -46,6 +46,8 @@ _VENDORS: dict[str, Any] = {"openai": openai, "anthropic": anthropic}
 
 @dataclass(frozen=True)
 class WorkerTarget:
+    """Where an agent's worker answers, and the secret its requests are signed with."""
+
     url: str
     secret: str | None
 
@@ -83,6 +85,7 @@ class DecisionRun:
         )
 
     async def run(self, http: aiohttp.ClientSession) -> Input:
+        """Deliver the decision; the answer or the failure is one machine input."""
         try:
             response = await deliver(http, self.delivery)
         except DecisionFailure as failure:
@@ -129,6 +132,8 @@ class ExecuteRun:
         self.delta_seq = 0
 
     async def run(self, http: aiohttp.ClientSession, add_delta: AddDelta) -> Input:
+        """Deliver the call to the worker, streaming its deltas; one machine input at the end."""
+
         async def on_delta(frame: dict[str, Any]) -> None:
             for delta in self._deltas(frame):
                 self.delta_seq += 1
@@ -235,6 +240,7 @@ class CheckedMessages:
         self._held: dict[int, Any] = {}
 
     def check(self, where: str, message: Any) -> None:
+        """Refuse a message the protocol would not accept, before it is sent anywhere."""
         if id(message) in self._held:
             return
         try:

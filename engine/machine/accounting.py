@@ -13,5 +13,6 @@ def add_usage(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
 
 
 def add_cost(a: str, b: str) -> str:
+    """Costs are decimal strings, added exactly (floats would drift over a long session)."""
     total = Decimal(a) + Decimal(b)
     return format(total.normalize(), "f") if total else "0"

@@ -37,6 +37,7 @@ def decide(st: Step, trigger: dict[str, Any], proposed: dict[str, Any]) -> None:
 def dispatch_decision(
     st: Step, trigger: dict[str, Any], proposed: dict[str, Any], *, from_queue: bool
 ) -> None:
+    """Send `trigger` to the worker as a new decision, attempt 1, under the decision policy."""
     decision_id = st.ids("dec")
     # Before session.start is answered, the file's config (its proposal) sets the policy.
     agent = st.s.agent if st.s.agent is not None else proposed.get("agent")
@@ -58,6 +59,7 @@ def dispatch_decision(
 
 
 def redispatch(st: Step, decision: Decision, attempt: int) -> None:
+    """Send the live decision again as attempt `attempt`, under a new run deadline."""
     deadline = run_deadline(decision.retry, st.now)
     st.emit(
         {
@@ -97,6 +99,7 @@ def finish_with_worker(st: Step, data: Any) -> None:
 
 
 def live_decision(st: Step, decision_id: str, attempt: int) -> Decision | None:
+    """The decision an answer is for, if it is still the one waited on; else ignored."""
     d = st.s.decision
     if d is None or d.id != decision_id:
         st.ignore(f"decision {decision_id!r} is not live (answered already?)")
@@ -108,12 +111,14 @@ def live_decision(st: Step, decision_id: str, attempt: int) -> Decision | None:
 
 
 def decision_failed_input(st: Step, inp: DecisionFailed) -> None:
+    """A delivery of the live decision failed: retry or fail the turn."""
     d = live_decision(st, inp.decision_id, inp.attempt)
     if d is not None:
         decision_failed(st, d, inp.error, inp.retryable)
 
 
 def decision_lost(st: Step, inp: CallLost) -> None:
+    """The engine waiting on the decision stopped: retry at once."""
     d = live_decision(st, inp.call_id, inp.attempt)
     if d is not None:
         lost = Fault.LOST
@@ -159,6 +164,7 @@ def decision_failed(
 
 
 def decision_deadline(st: Step, inp: DecisionDeadline) -> None:
+    """The worker did not answer in time: a failed attempt like any other."""
     d = live_decision(st, inp.decision_id, inp.attempt)
     if d is not None:
         late = Fault.DEADLINE
@@ -169,6 +175,7 @@ def decision_deadline(st: Step, inp: DecisionDeadline) -> None:
 
 
 def decision_timer_fired(st: Step, inp: DecisionTimerFired) -> None:
+    """A backoff ended: send the decision's next attempt, unless the timer is stale."""
     d = st.s.decision
     if d is None or d.id != inp.decision_id or d.status != "retry_scheduled":
         st.ignore(f"timer for decision {inp.decision_id!r} is stale")

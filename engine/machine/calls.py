@@ -101,6 +101,7 @@ def llm_handler(st: Step, block: str | None) -> tuple[str, str | None]:
 
 
 def start_llm_call(st: Step, action: dict[str, Any]) -> None:
+    """Record and dispatch a model call the agent asked for."""
     call_id = action.get("id") or st.ids("llm")
     params = {k: action[k] for k in _LLM_PARAMS if action.get(k) is not None}
     handler, fmt = llm_handler(st, params.get("llm") or (st.s.agent or {}).get("llm"))
@@ -120,6 +121,7 @@ def start_llm_call(st: Step, action: dict[str, Any]) -> None:
 
 
 def start_tool_call(st: Step, action: dict[str, Any], unrunnable: list[tuple[Call, str]]) -> None:
+    """Record and dispatch a tool call, or note why it cannot run."""
     call_id = action.get("id") or st.ids("tool")
     name = action["name"]
     arguments = action.get("arguments")
@@ -157,6 +159,7 @@ def start_tool_call(st: Step, action: dict[str, Any], unrunnable: list[tuple[Cal
 
 
 def dispatch(st: Step, call: Call, attempt: int) -> None:
+    """Send a call's attempt under its kind's deadline."""
     kind = st.kinds.of(call.kind, call.handler)
     if kind is not None and kind.attempt_deadline is not None:
         deadline = kind.attempt_deadline(call, st.now)
@@ -180,6 +183,7 @@ def dispatch(st: Step, call: Call, attempt: int) -> None:
 
 
 def live_call(st: Step, call_id: str, attempt: int, kind: str | None) -> Call | None:
+    """The call an answer is for, if that attempt is still out; else ignored."""
     call = st.s.calls.get(call_id)
     if call is None or (kind is not None and call.kind != kind):
         st.ignore(f"call {call_id!r} is not open")
@@ -220,6 +224,7 @@ def answered(st: Step, call: Call, inp: CallAnswered) -> None:
 
 
 def llm_settled(st: Step, inp: LlmCallSettled) -> None:
+    """A model call's answer or failure for the attempt still out."""
     call = live_call(st, inp.call_id, inp.attempt, "llm")
     if call is None:
         return
@@ -384,6 +389,7 @@ def call_failed(
 
 
 def timer_fired(st: Step, inp: TimerFired) -> None:
+    """A backoff ended: dispatch the call's next attempt, unless the timer is stale."""
     call = st.s.calls.get(inp.call_id)
     if call is None or call.status != "retry_scheduled" or inp.attempt != call.attempt + 1:
         st.ignore(f"timer for {inp.call_id!r} attempt {inp.attempt} is stale")
@@ -392,6 +398,7 @@ def timer_fired(st: Step, inp: TimerFired) -> None:
 
 
 def call_lost(st: Step, inp: CallLost) -> None:
+    """The engine running an attempt stopped: a failed attempt, retried at once."""
     decision = st.s.decision
     if decision is not None and decision.id == inp.call_id:
         decision_lost(st, inp)
@@ -521,7 +528,7 @@ def api_settles_call(st: Step, inp: CallSettled) -> None:
     call = settleable(st, inp.call_id, inp.attempt, client_input=False)
     if inp.message_id is not None and inp.message_id in st.s.nodes:
         raise MachineError(
-            "duplicate_message_id", f"message {inp.message_id!r} is already recorded"
+            f"message {inp.message_id!r} is already recorded", code="duplicate_message_id"
         )
     if inp.error is None:
         result = tool_result_of(inp.result, inp.content)
@@ -539,23 +546,23 @@ def settleable(st: Step, call_id: str, attempt: int | None, *, client_input: boo
     """The open call a settle names, or a MachineError that says why not."""
     call = st.state.calls.get(call_id) if st.state is not None else None
     if call is None or call.kind != "tool" or call.status not in ("running", "waiting"):
-        raise MachineError("call_not_open", f"tool call {call_id!r} is not open", status=409)
+        raise MachineError(f"tool call {call_id!r} is not open", code="call_not_open", status=409)
     if client_input and call.handler != "client":
         raise MachineError(
-            "call_not_open",
             f"tool call {call.id!r} runs on the {call.handler}, not the client",
+            code="call_not_open",
         )
     kind = st.kinds.of(call.kind, call.handler)
     if not client_input and call.status != "waiting" and not (kind and kind.outside_settles):
         raise MachineError(
-            "call_not_open",
             f"tool call {call.id!r} is being run by the {call.handler}; only an async call "
             "(answered with an empty decision) can be settled",
+            code="call_not_open",
         )
     if attempt is not None and attempt != call.attempt:
         raise MachineError(
-            "stale_attempt",
             f"tool call {call.id!r} is at attempt {call.attempt}, not {attempt}",
+            code="stale_attempt",
         )
     return call
 

@@ -104,4 +104,5 @@ def connector_of(interrupt: dict[str, Any]) -> str | None:
 
 
 def connector_interrupt(s: SessionState) -> bool:
+    """Whether a connection's question (sign in) holds the turn."""
     return any(connector_of(i) is not None for i in s.interrupts.values())

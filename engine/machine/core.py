@@ -24,13 +24,17 @@ from .state import Call, SessionState
 
 
 class Ids(Protocol):
-    def __call__(self, prefix: str) -> str: ...
+    """Mints ids; passed in so the machine stays free of clock and randomness."""
+
+    def __call__(self, prefix: str) -> str:
+        """A new id starting `prefix`."""
+        ...
 
 
 class MachineError(SubsError):
     """An input the session refuses. `status` is the HTTP status hint."""
 
-    def __init__(self, code: str, message: str, status: int = 409, **detail: Any) -> None:
+    def __init__(self, message: str, *, code: str, status: int = 409, **detail: Any) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -40,6 +44,8 @@ class MachineError(SubsError):
 
 @dataclass
 class Transition:
+    """What one step produced: the new state and the events, effects and reply to commit."""
+
     state: SessionState | None
     events: list[Event] = field(default_factory=list)
     effects: list[Effect] = field(default_factory=list)
@@ -207,6 +213,7 @@ class Step:
 
     @property
     def by_worker(self) -> bool:
+        """Whether the agent's worker decides (else the engine does)."""
         return self.s.decider == "worker"
 
     def emit(self, payload: ev.Payload, turn_id: str | None = None) -> None:
@@ -236,4 +243,5 @@ class Step:
         return facts
 
     def ignore(self, reason: str) -> None:
+        """Record why the input changed nothing (stale, duplicate): said, not raised."""
         self.out.ignored = reason

@@ -42,6 +42,7 @@ _SETTLES = {"tool.result": "tool", "tool.error": "tool", "llm.result": "llm", "l
 
 
 def decision_answered(st: Step, inp: DecisionAnswered) -> None:
+    """The worker answered the live decision: apply it, or fail the attempt if it is invalid."""
     d = live_decision(st, inp.decision_id, inp.attempt)
     if d is None:
         return
@@ -57,6 +58,7 @@ def decision_answered(st: Step, inp: DecisionAnswered) -> None:
 
 
 def execute_answered(st: Step, inp: ExecuteAnswered) -> None:
+    """The worker ran a call it was asked to execute: settle the call."""
     call = live_call(st, inp.call_id, inp.attempt, None)
     if call is None:
         return
@@ -79,6 +81,7 @@ def execute_answered(st: Step, inp: ExecuteAnswered) -> None:
 
 
 def execute_failed(st: Step, inp: ExecuteFailed) -> None:
+    """Delivering a call to the worker failed: retry or fail it."""
     call = live_call(st, inp.call_id, inp.attempt, None)
     if call is None:
         return
@@ -128,6 +131,7 @@ def check_response(st: Step, resp: dict[str, Any], trigger: dict[str, Any]) -> s
 
 
 def apply_decision(st: Step, resp: dict[str, Any], trigger: dict[str, Any]) -> None:
+    """Record a valid decision: its messages and state first, then its actions."""
     if resp.get("messages"):
         record_messages(st, resp["messages"])
     if resp.get("state") is not None:
@@ -151,6 +155,7 @@ def apply_decision(st: Step, resp: dict[str, Any], trigger: dict[str, Any]) -> N
 def apply_action(
     st: Step, action: dict[str, Any], trigger: dict[str, Any], unrunnable: list[tuple[Call, str]]
 ) -> None:
+    """One action of a decision, by its type."""
     kind = action["type"]
     if kind == "llm.call":
         if not st.s.interrupts:  # a paused branch makes no new model call
@@ -181,6 +186,7 @@ def apply_action(
 
 
 def settle_from_worker(st: Step, action: dict[str, Any], trigger: dict[str, Any]) -> None:
+    """A decision that settles one of its trigger's calls itself."""
     call = st.s.calls[action.get("id") or trigger["id"]]
     kind = action["type"]
     if kind == "tool.result":

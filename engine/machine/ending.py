@@ -17,6 +17,7 @@ from .state import ZERO_USAGE, Call, Turn
 
 
 def open_calls(st: Step) -> list[Call]:
+    """The running turn's calls still open."""
     turn = st.s.turn
     return [c for c in st.s.calls.values() if turn is not None and c.turn_id == turn.id]
 
@@ -28,6 +29,7 @@ def busy(st: Step) -> bool:
 
 
 def end_turn(st: Step, data: Any) -> None:
+    """Complete the turn, closing whatever it left open first."""
     turn = st.s.turn
     assert turn is not None
     close_open_calls(st)
@@ -44,6 +46,7 @@ def end_turn(st: Step, data: Any) -> None:
 
 
 def fail_turn(st: Step, error: dict[str, Any]) -> None:
+    """Fail the turn with `error`, closing whatever it left open first."""
     turn = st.s.turn
     assert turn is not None
     close_open_calls(st)

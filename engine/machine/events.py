@@ -93,6 +93,8 @@ class Envelope(TypedDict):
 
 @with_config(_STRICT)
 class SessionCreated(TypedDict):
+    """The session's first event: its agent, who decides, and whom it belongs to."""
+
     type: str
     agent_id: str
     decider: str  # engine | worker
@@ -103,6 +105,8 @@ class SessionCreated(TypedDict):
 
 @with_config(_STRICT)
 class AgentUpdated(TypedDict):
+    """The agent config a `session.start` answer set, at the head it was written at."""
+
     type: str
     agent: JSON
     anchor: NotRequired[str | None]  # the head it was written at
@@ -110,6 +114,8 @@ class AgentUpdated(TypedDict):
 
 @with_config(_STRICT)
 class WorkerStateUpdated(TypedDict):
+    """The worker's own state, kept for it at the head it was written at."""
+
     type: str
     state: Any
     anchor: NotRequired[str | None]
@@ -125,6 +131,8 @@ class ChannelsUpdated(TypedDict):
 
 @with_config(_STRICT)
 class MessageNew(TypedDict):
+    """A message added to the tree, under `parent_id` (the head, unless it branches)."""
+
     type: str
     message: JSON  # carries its `id`
     parent_id: NotRequired[str | None]
@@ -141,6 +149,8 @@ class MessageSent(TypedDict):
 
 @with_config(_STRICT)
 class HeadMoved(TypedDict):
+    """The active path ends elsewhere (a client resent an earlier view): state is read along it."""
+
     type: str
     head_id: str | None
 
@@ -156,6 +166,8 @@ class InputRejected(TypedDict):
 
 @with_config(_STRICT)
 class TurnQueued(TypedDict):
+    """A turn waits behind the running one; its input starts it later."""
+
     type: str
     turn_id: str
     input: JSON  # the client input, started as is when the turn's time comes
@@ -165,6 +177,8 @@ class TurnQueued(TypedDict):
 
 @with_config(_STRICT)
 class TurnStarted(TypedDict):
+    """A turn began; its calls and decisions belong to it until it ends."""
+
     type: str
     turn_id: str
     parent: NotRequired[JSON]  # {session_id, call_id} when a parent's call runs it
@@ -178,6 +192,8 @@ class TurnStarted(TypedDict):
 
 @with_config(_STRICT)
 class TurnCompleted(TypedDict):
+    """The turn ended well; its usage and cost are final."""
+
     type: str
     turn_id: str
     cost: str
@@ -187,6 +203,8 @@ class TurnCompleted(TypedDict):
 
 @with_config(_STRICT)
 class TurnFailed(TypedDict):
+    """The turn ended with `error`; its usage and cost are final all the same."""
+
     type: str
     turn_id: str
     error: JSON
@@ -196,6 +214,8 @@ class TurnFailed(TypedDict):
 
 @with_config(_STRICT)
 class LlmCallRequested(TypedDict):
+    """A model call opens: who runs it, from which head, under which retry policy."""
+
     type: str
     id: str
     handler: str  # server | worker
@@ -206,6 +226,8 @@ class LlmCallRequested(TypedDict):
 
 @with_config(_STRICT)
 class ToolCallRequested(TypedDict):
+    """A tool call opens, with the model's arguments and who runs it."""
+
     type: str
     id: str
     name: str
@@ -253,6 +275,8 @@ class DecisionHeld(TypedDict):
 
 @with_config(_STRICT)
 class DecisionReleased(TypedDict):
+    """The held first decision goes out: its connections' tool lists are in."""
+
     type: str
 
 
@@ -268,6 +292,8 @@ class CallDispatched(TypedDict):
 
 @with_config(_STRICT)
 class LlmCallCompleted(TypedDict):
+    """A model call's attempt answered: its usage and cost roll into the turn."""
+
     type: str
     id: str
     attempt: int
@@ -288,6 +314,8 @@ class ToolCallWaiting(TypedDict):
 
 @with_config(_STRICT)
 class ToolCallCompleted(TypedDict):
+    """A tool call's result, which closes the call."""
+
     type: str
     id: str
     result: JSON  # MCP content blocks
@@ -318,6 +346,8 @@ class RetryScheduled(TypedDict):
 
 @with_config(_STRICT)
 class DecisionQueued(TypedDict):
+    """A trigger waits for the session's one decision slot."""
+
     type: str
     trigger: JSON
     proposed: JSON
@@ -339,6 +369,8 @@ class DecisionDispatched(TypedDict):
 
 @with_config(_STRICT)
 class DecisionCompleted(TypedDict):
+    """The worker's answer to the live decision was applied; the slot is free."""
+
     type: str
     decision_id: str
     attempt: int
@@ -346,6 +378,8 @@ class DecisionCompleted(TypedDict):
 
 @with_config(_STRICT)
 class DecisionErrored(TypedDict):
+    """An attempt of the live decision failed; `final` closes it."""
+
     type: str
     decision_id: str
     attempt: int
@@ -356,6 +390,8 @@ class DecisionErrored(TypedDict):
 
 @with_config(_STRICT)
 class SessionInterrupted(TypedDict):
+    """The turn pauses on a question until it is resumed."""
+
     type: str
     interrupt_id: str
     origin: str  # client | worker | connector | approval
@@ -366,6 +402,8 @@ class SessionInterrupted(TypedDict):
 
 @with_config(_STRICT)
 class SessionInterruptResumed(TypedDict):
+    """An open interrupt was answered; the turn goes on."""
+
     type: str
     interrupt_id: str
     payload: NotRequired[Any]
@@ -374,6 +412,8 @@ class SessionInterruptResumed(TypedDict):
 
 @with_config(_STRICT)
 class SubagentRequested(TypedDict):
+    """A tool call spawns a child session running `agent_id`."""
+
     type: str
     id: str  # the child session
     tool_call_id: str
@@ -383,6 +423,8 @@ class SubagentRequested(TypedDict):
 
 @with_config(_STRICT)
 class SubagentStarted(TypedDict):
+    """The child's turn for the call started (its queue wait is over)."""
+
     type: str
     id: str
     tool_call_id: str

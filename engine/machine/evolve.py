@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from engine.statuses import TurnStatus
+
 from . import events as ev
 from .accounting import add_cost, add_usage
 from .state import Call, Decision, Node, SessionState, Turn
@@ -102,7 +104,7 @@ def _turn_started(s: SessionState, e: Event, p: ev.TurnStarted) -> None:
 
 
 def _turn_ended(
-    status: str,
+    status: TurnStatus,
 ) -> Callable[[SessionState, Event, ev.TurnCompleted | ev.TurnFailed], None]:
     def end(s: SessionState, e: Event, p: ev.TurnCompleted | ev.TurnFailed) -> None:
         tid = p["turn_id"]
@@ -373,6 +375,7 @@ def evolve(state: SessionState | None, event: Event) -> SessionState:
 
 
 def fold(events: Iterable[Event]) -> SessionState | None:
+    """The state a log folds to: None for no events."""
     state: SessionState | None = None
     for e in events:
         state = evolve(state, e)

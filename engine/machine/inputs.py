@@ -289,41 +289,47 @@ Input = (
     | ChildCancelled
 )
 
-_KINDS: dict[str, type] = {
-    c.__name__: c
-    for c in (
-        ClientSubmitted,
-        LlmCallSettled,
-        TimerFired,
-        CallLost,
-        DecisionAnswered,
-        DecisionFailed,
-        DecisionTimerFired,
-        DecisionDeadline,
-        ExecuteAnswered,
-        ExecuteFailed,
-        CallAnswered,
-        CallDeadline,
-        QueueDeadline,
-        InterruptDeadline,
-        CallSettled,
-        InterruptRequested,
-        CancelRequested,
-        InputRejected,
-        MessageDelivered,
-        ChildSpawned,
-        SubagentStarted,
-        SubagentFinished,
-        ChildCancelled,
-    )
+# Each input's name where it is stored: work streams, timers, the outbox, dead letters.
+# Written by `input_to_json`, read back by `input_from_json`. Named here rather than by the
+# class, so renaming a class changes no stored data; an item stored by a version before
+# these names (its class's name) still reads.
+WIRE_NAMES: dict[type, str] = {
+    ClientSubmitted: "client.submitted",
+    LlmCallSettled: "llm.settled",
+    TimerFired: "timer.fired",
+    CallLost: "call.lost",
+    DecisionAnswered: "decision.answered",
+    DecisionFailed: "decision.failed",
+    DecisionTimerFired: "decision.timer_fired",
+    DecisionDeadline: "decision.deadline",
+    ExecuteAnswered: "execute.answered",
+    ExecuteFailed: "execute.failed",
+    CallAnswered: "call.answered",
+    CallDeadline: "call.deadline",
+    QueueDeadline: "queue.deadline",
+    InterruptDeadline: "interrupt.deadline",
+    CallSettled: "call.settled",
+    InterruptRequested: "interrupt.requested",
+    CancelRequested: "cancel.requested",
+    InputRejected: "input.rejected",
+    MessageDelivered: "message.delivered",
+    ChildSpawned: "child.spawned",
+    SubagentStarted: "subagent.started",
+    SubagentFinished: "subagent.finished",
+    ChildCancelled: "child.cancelled",
+}
+_KINDS: dict[str, type] = {c.__name__: c for c in WIRE_NAMES} | {
+    name: c for c, name in WIRE_NAMES.items()
 }
 
 
 def input_to_json(inp: Input) -> dict[str, Any]:
-    return {"kind": type(inp).__name__, **inp.__dict__}
+    """An input as the work stream carries it, tagged with its wire name (`WIRE_NAMES`)."""
+    return {"kind": WIRE_NAMES[type(inp)], **inp.__dict__}
 
 
 def input_from_json(d: dict[str, Any]) -> Input:
+    """The input `input_to_json` wrote; an unknown kind is a ValueError."""
     fields = dict(d)
     kind = _KINDS.get(fields.pop("kind", ""))
     if kind is None:

@@ -31,6 +31,7 @@ EXPIRED = {"status": "cancelled", "reason": "expired"}
 
 
 def raise_interrupt(st: Step, action: dict[str, Any], origin: str) -> None:
+    """Open an interrupt (once per id) and pause the turn on it."""
     iid = action.get("interrupt_id") or st.ids("int")
     if iid in st.s.interrupts:
         return
@@ -80,6 +81,8 @@ def expires_ms(interrupt: dict[str, Any]) -> int | None:
 
 
 def expired(interrupt: dict[str, Any], now: int) -> bool:
+    """Whether the interrupt's `expiresAt` has come (at `now`, ms): it can no longer be
+    answered."""
     due = expires_ms(interrupt)
     return due is not None and now >= due
 

@@ -39,14 +39,17 @@ def backstop(grace_ms: int) -> Deadline:
 
 
 def no_deadline(call: Call) -> int | None:
+    """For kinds whose attempts have no run deadline of their own."""
     return None
 
 
 def always(state: SessionState) -> bool:
+    """A kind available to every session."""
     return True
 
 
 def by_worker(state: SessionState) -> bool:
+    """A kind only a worker-decided session has."""
     return state.decider == "worker"
 
 

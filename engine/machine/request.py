@@ -137,12 +137,14 @@ _NOT_ON_WIRE = ("handler", "format", "stream")
 
 
 def wire_agent(agent: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The agent config as the protocol sends it, without engine-only keys; None without a model."""
     if not agent or "model" not in agent:
         return None
     return {k: v for k, v in agent.items() if k not in _NOT_ON_WIRE}
 
 
 def wire_proposed(proposed: dict[str, Any]) -> dict[str, Any]:
+    """A proposal as the protocol sends it, its agent cut to the wire's keys."""
     if proposed.get("agent") is None:
         return proposed
     out = dict(proposed)

@@ -94,6 +94,7 @@ class Fault(Enum):
         self.retryable = retryable
 
     def error(self, message: str) -> dict[str, Any]:
+        """An ErrorInfo with this fault's code."""
         return {"message": message, "code": self.code}
 
 
@@ -194,10 +195,12 @@ def queue_timeout(what: str, policy: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_deadline(policy: dict[str, Any], now: int) -> int | None:
+    """When an attempt started `now` must end; None for no run timeout."""
     run = policy.get("run_timeout_secs")
     return None if run is None else now + run * 1000
 
 
 def past_total(policy: dict[str, Any], started_at: int, at: int) -> bool:
+    """Whether a call started at `started_at` is past its total timeout at `at`."""
     total = policy.get("total_timeout_secs")
     return total is not None and at - started_at > total * 1000

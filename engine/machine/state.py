@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.statuses import CallStatus, DecisionStatus, SessionStatus, TurnStatus
+
 # How `evolve` folds the log and how the snapshot spells the state. A snapshot written
 # under another version (or before versions: none) is not trusted: its reader folds the
 # session's log again (engine/store/snapshots.py). Raise it with any change to either; the
@@ -49,7 +51,7 @@ class Call:
     turn_id: str
     handler: str
     attempt: int
-    status: str
+    status: CallStatus
     started_at: int  # ms, first attempt: the total-timeout clock
     retry: dict[str, Any]  # resolved RetryPolicy
     name: str | None = None
@@ -71,7 +73,7 @@ class Decision:
     trigger: dict[str, Any]
     proposed: dict[str, Any]
     attempt: int
-    status: str  # running | retry_scheduled
+    status: DecisionStatus
     started_at: int
     retry: dict[str, Any]
     deadline: int | None = None
@@ -79,6 +81,8 @@ class Decision:
 
 @dataclass
 class Turn:
+    """The running turn: when it started, what it cost and who runs it."""
+
     id: str
     started_at: int
     usage: dict[str, int] = field(default_factory=lambda: dict(ZERO_USAGE))
@@ -91,6 +95,8 @@ class Turn:
 
 @dataclass
 class SessionState:
+    """Everything the machine knows of a session: the fold of its log."""
+
     session_id: str
     agent_id: str
     decider: str  # "engine" | "worker"
@@ -103,9 +109,7 @@ class SessionState:
     head_id: str | None = None
     turn: Turn | None = None
     queue: list[dict[str, Any]] = field(default_factory=list)  # queued turn starts, FIFO
-    turns: dict[str, str] = field(
-        default_factory=dict
-    )  # turn_id -> queued|running|completed|failed
+    turns: dict[str, TurnStatus] = field(default_factory=dict)  # by turn id
     last_turn: str | None = None
     calls: dict[str, Call] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=lambda: dict(ZERO_USAGE))
@@ -132,7 +136,8 @@ class SessionState:
         return (self.turn.tools or []) if self.turn is not None else []
 
     @property
-    def status(self) -> str:
+    def status(self) -> SessionStatus:
+        """Derived, not stored: an open interrupt outranks a running turn."""
         if self.interrupts:
             return "interrupted"
         return "running" if self.turn is not None else "idle"

@@ -75,11 +75,14 @@ from .turns import TURN_STARTS
 
 
 def client_submitted(st: Step, inp: ClientSubmitted) -> None:
+    """A client's input: checked against the owner, then handled by its type."""
     body = inp.input
     kind = body["type"]
     s = st.state
     if inp.owner is not None and s is not None and s.identity.get("subject") != inp.owner:
-        raise MachineError("forbidden", f"session {st.session_id} belongs to another owner", 403)
+        raise MachineError(
+            f"session {st.session_id} belongs to another owner", code="forbidden", status=403
+        )
     if kind in TURN_STARTS:
         turns.submit_turn(st, inp)
     elif kind in ("tool.result", "tool.error"):
@@ -90,10 +93,10 @@ def client_submitted(st: Step, inp: ClientSubmitted) -> None:
         privilege = "frontend" if inp.owner is not None else "operator"
         if interrupt is not None and not may_resume(interrupt, privilege):
             raise MachineError(
-                "forbidden",
                 f"interrupt {iid!r} was raised in a turn a more privileged key started: "
                 "resume it with a key of that privilege",
-                403,
+                code="forbidden",
+                status=403,
             )
         expired = interrupt is not None and interrupts.expired(interrupt, st.now)
         resumed = turns.resume_interrupt(st, iid, body.get("payload"))
@@ -101,12 +104,15 @@ def client_submitted(st: Step, inp: ClientSubmitted) -> None:
         if expired:
             st.out.reply["expired"] = True
     else:
-        raise MachineError("invalid_input", f"unsupported input type {kind!r}", status=422)
+        raise MachineError(f"unsupported input type {kind!r}", code="invalid_input", status=422)
 
 
 def interrupt_requested(st: Step, inp: InterruptRequested) -> None:
+    """A client pauses the running turn; refused when none runs."""
     if st.s.turn is None:
-        raise MachineError("no_turn", f"session {st.session_id} has no running turn to interrupt")
+        raise MachineError(
+            f"session {st.session_id} has no running turn to interrupt", code="no_turn"
+        )
     action = {"interrupt_id": inp.interrupt_id, "reason": inp.reason, "payload": inp.payload}
     before = set(st.s.interrupts)
     raise_interrupt(st, action, "client")
@@ -118,10 +124,11 @@ def interrupt_requested(st: Step, inp: InterruptRequested) -> None:
 
 
 def cancel_requested(st: Step, inp: CancelRequested) -> None:
+    """A client ends the running turn as failed; refused when none runs."""
     turn = st.s.turn
     if turn is None:
         raise MachineError(
-            "no_turn_running", f"session {st.session_id} has no running turn to cancel"
+            f"session {st.session_id} has no running turn to cancel", code="no_turn_running"
         )
     # The protocol's error codes are a closed set a worker may validate against (a
     # cancelled child's error reaches its parent's worker): the client's own doing
@@ -139,6 +146,7 @@ def cancel_requested(st: Step, inp: CancelRequested) -> None:
 
 
 def input_rejected(st: Step, inp: InputRejected) -> None:
+    """An input the engine could not apply: recorded, and its turn failed."""
     st.emit({"type": ev.INPUT_REJECTED, "input_kind": inp.kind, "error": inp.error})
     if st.s.turn is not None:
         ending.fail_turn(st, inp.error)
@@ -237,9 +245,13 @@ def step(
         raise TypeError(f"unknown input {type(inp).__name__}")
     if state is None:
         if isinstance(inp, ClientSubmitted) and inp.input["type"] not in TURN_STARTS:
-            raise MachineError("unknown_session", f"session {session_id!r} does not exist", 404)
+            raise MachineError(
+                f"session {session_id!r} does not exist", code="unknown_session", status=404
+            )
         if isinstance(inp, CallSettled | InterruptRequested | CancelRequested):
-            raise MachineError("unknown_session", f"session {session_id!r} does not exist", 404)
+            raise MachineError(
+                f"session {session_id!r} does not exist", code="unknown_session", status=404
+            )
         if not isinstance(inp, ClientSubmitted | ChildSpawned):
             return Transition(state=None, ignored=f"session {session_id!r} does not exist")
     before = armed(state, kinds)

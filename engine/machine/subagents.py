@@ -253,6 +253,7 @@ def attempt_deadline(call: Call, now: int) -> int | None:
 
 
 def dispatched(st: Step, call: Call, attempt: int) -> None:
+    """A retried spawn starts the child's turn again; the first attempt already did."""
     if attempt > 1:
         respawn(st, call, attempt)
 

@@ -137,5 +137,6 @@ def tool_result_of(
 
 
 def result_text(result: dict[str, Any]) -> str:
+    """A tool result's text parts, joined: what a model reads of it."""
     parts = [b.get("text", "") for b in result.get("content") or () if b.get("type") == "text"]
     return "\n".join(parts)

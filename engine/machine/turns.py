@@ -52,13 +52,14 @@ LLM_CALL = {"type": "llm.call"}
 
 
 def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> None:
+    """A turn-starting input: started now, queued behind the running turn, or refused."""
     body = inp.input if inp.traceparent is None else {**inp.input, "traceparent": inp.traceparent}
     st.slash_commands = inp.slash_commands
     s = st.state
     if s is not None and s.agent_id != inp.agent_id:
         raise MachineError(
-            "agent_mismatch",
             f"session {st.session_id} runs agent {s.agent_id!r}, not {inp.agent_id!r}",
+            code="agent_mismatch",
         )
     turn_id = body.get("turn_id")
     if s is not None and turn_id and turn_id in s.turns:
@@ -68,14 +69,14 @@ def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> N
     if s is not None and s.interrupts and not delivered:
         iid = next(iter(s.interrupts))
         raise MachineError(
-            "session_interrupted",
             f"session {st.session_id} is paused at interrupt {iid!r}: resume it first",
+            code="session_interrupted",
             interrupt_id=iid,
         )
     _check_client_tools(st, inp)
     clash = id_clash(_drafts(st, body), _recorded_or_queued(st))
     if clash is not None:
-        raise MachineError("duplicate_message_id", clash, status=409)
+        raise MachineError(clash, code="duplicate_message_id", status=409)
     if s is not None and body["type"] == "client.append" and not _fresh(st, body["messages"]):
         st.out.reply = {"session_id": st.session_id, "turn_id": None, "queued": False}
         st.ignore("every appended message is already recorded")
@@ -102,8 +103,8 @@ def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> N
             st.out.reply = _reply(st, turn_id, queued=True)
             return
         raise MachineError(
-            "turn_already_active",
             f"turn {s.turn.id} is still running in session {st.session_id}",
+            code="turn_already_active",
             turn_id=s.turn.id,
         )
     if s is not None and body["type"] == "client.messages" and _only_moves_head(st, body):
@@ -142,7 +143,7 @@ def _check_client_tools(st: Step, inp: ClientSubmitted) -> None:
     if clash is not None:
         index, why = clash
         param = f"input.client.tools.{index}.name"
-        raise MachineError("invalid_input", f"{param}: {why}", status=422, param=param)
+        raise MachineError(f"{param}: {why}", code="invalid_input", status=422, param=param)
 
 
 def _fresh(st: Step, drafts: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -219,6 +220,7 @@ def start_turn(
     start_config: dict[str, Any] | None = None,
     by: dict[str, Any] | None = None,
 ) -> None:
+    """Record the turn's start and what opens it; `advance` asks for its first decision."""
     started: ev.TurnStarted = {"type": ev.TURN_STARTED, "turn_id": turn_id}
     if by:
         started["by"] = by
@@ -315,6 +317,7 @@ def _client_context(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def record_messages(st: Step, drafts: list[dict[str, Any]]) -> None:
+    """Add messages to the tree at the head; their ids were checked before."""
     clash = id_clash(drafts, st.s.nodes)
     if clash is not None:  # inputs and answers are checked before this: a bug if reached
         raise ValueError(clash)
@@ -400,6 +403,7 @@ def _approval_answered(st: Step, interrupt: dict[str, Any], payload: Any, expire
 
 
 def send_message(st: Step, action: dict[str, Any]) -> None:
+    """Record a message for another session and hand it over after the commit."""
     message = {k: v for k, v in action["message"].items() if v is not None}
     # The id travels with the message: the receiver drops one it has seen.
     message["id"] = message.get("id") or f"{st.session_id}:{st.s.seq + 1}"
@@ -408,6 +412,7 @@ def send_message(st: Step, action: dict[str, Any]) -> None:
 
 
 def message_delivered(st: Step, inp: MessageDelivered) -> None:
+    """Another session's message arrives: it starts or queues a turn here."""
     s = st.state
     if s is None:
         st.ignore(f"message.send to {st.session_id!r}, which does not exist")

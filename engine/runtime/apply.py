@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import secrets
 import time
 import traceback
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Any
 
 from engine.config import Project
 from engine.errors import describe
+from engine.ids import new_id
 from engine.jsonedge import encode
 from engine.machine import (
     Call,
@@ -56,11 +56,6 @@ log = logging.getLogger("subs.engine")
 # this often took its engine down each time (or never got an answer): the same.
 POISON_FAILURES = 3
 POISON_DELIVERIES = 10
-
-
-def new_id(prefix: str) -> str:
-    """Time-ordered, unique: 48 bits of milliseconds, 64 random bits."""
-    return f"{prefix}_{int(time.time() * 1000):012x}{secrets.token_hex(8)}"
 
 
 @dataclass
@@ -114,6 +109,7 @@ class Applier:
         self.llm_routes = {b.id: {"type": b.type, "format": b.format} for b in project.llm.values()}
 
     def now_ms(self) -> int:
+        """The clock steps are stamped with, in ms; injected so tests can move it."""
         return int(self.clock() * 1000)
 
     def forget(self, p: int) -> None:
@@ -203,6 +199,7 @@ class Applier:
         return t
 
     async def load(self, sid: str) -> SessionState | None:
+        """The session's state: cached, or its snapshot plus the log tail."""
         state = self.cache.get(sid)
         if state is None:
             snap = await self.store.load_snapshot(sid)
@@ -235,9 +232,9 @@ class Applier:
         decl = self.project.agents.get(agent_id)
         if decl is None and state is None:
             raise MachineError(
-                "unknown_agent",
                 f"no agent {agent_id!r} in {self.project.path}; "
                 f"declared: {', '.join(sorted(self.project.agents)) or 'none'}",
+                code="unknown_agent",
                 status=404,
             )
         config = self.agent_configs.get(agent_id)

@@ -29,8 +29,9 @@ from typing import Any
 from engine.config import Project
 from engine.effects.mcp.runners import McpRunners
 from engine.effects.runner import EffectRunner, Runners, builtin_runners, worker_targets
+from engine.ids import new_id
 from engine.machine import Deliver, Input, Kinds, Transition, default_kinds, input_to_json
-from engine.runtime.apply import Applier, EngineStats, lost_work, new_id
+from engine.runtime.apply import Applier, EngineStats, lost_work
 from engine.runtime.metrics import Metrics
 from engine.runtime.retrying import Backoff, Trouble
 from engine.store.durability import check_server
@@ -142,6 +143,7 @@ class Engine:
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Open the store and start taking partitions; returns once running."""
         durability = self.project.store
         self.store = await Store.open(
             self.redis,
@@ -192,6 +194,7 @@ class Engine:
             await self.tracing.aclose()
 
     def now_ms(self) -> int:
+        """The engine's clock in ms; injected so tests can move it."""
         return int(self.clock() * 1000)
 
     async def wait_owned(self, count: int, timeout: float = 30.0) -> None:

@@ -90,14 +90,17 @@ class Metrics:
         }
 
     def inc(self, name: str, amount: float = 1, **labels: str) -> None:
+        """Add to a counter."""
         series = self._values[name]
         key = tuple(sorted(labels.items()))
         series[key] = series.get(key, 0) + amount
 
     def set(self, name: str, value: float, **labels: str) -> None:
+        """Set a gauge."""
         self._values[name][tuple(sorted(labels.items()))] = value
 
     def observe(self, name: str, value: float, **labels: str) -> None:
+        """Add one observation to a histogram."""
         series = self._histograms[name]
         key = tuple(sorted(labels.items()))
         histogram = series.get(key)
@@ -106,28 +109,36 @@ class Metrics:
         histogram.observe(value)
 
     def value(self, name: str, **labels: str) -> float:
+        """A counter's or gauge's value now (tests, benches)."""
         return self._values[name].get(tuple(sorted(labels.items())), 0)
 
     # The engine's hooks.
     def turn_started(self) -> None:
+        """Hook: a turn started."""
         self.inc("subs_turns_started_total")
 
     def turn_completed(self) -> None:
+        """Hook: a turn completed."""
         self.inc("subs_turns_completed_total")
 
     def turn_failed(self) -> None:
+        """Hook: a turn failed."""
         self.inc("subs_turns_failed_total")
 
     def steps_committed(self, n: int = 1) -> None:
+        """Hook: `n` steps were committed."""
         self.inc("subs_steps_committed_total", n)
 
     def lease_lost(self) -> None:
+        """Hook: another engine took one of our partitions."""
         self.inc("subs_partition_leases_lost_total")
 
     def partitions_owned(self, n: int) -> None:
+        """Hook: how many partitions this engine holds now."""
         self.set("subs_partitions_owned", n)
 
     def observe_model_call(self, seconds: float) -> None:
+        """Hook: one model call attempt took `seconds`."""
         self.observe("subs_model_call_seconds", seconds)
 
     def observe_chat(
@@ -153,9 +164,11 @@ class Metrics:
             self.observe("gen_ai_client_token_usage", count, gen_ai_token_type=kind, **labels)
 
     def observe_worker_call(self, seconds: float) -> None:
+        """Hook: one worker delivery took `seconds`."""
         self.observe("subs_worker_call_seconds", seconds)
 
     def render(self) -> str:
+        """Everything in Prometheus' text format, with HELP and TYPE lines."""
         lines: list[str] = []
         for name, (kind, text) in self._HELP.items():
             lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]

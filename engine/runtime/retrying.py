@@ -15,10 +15,12 @@ class Backoff:
         self.first, self.most, self.next = first, most, first
 
     async def wait(self) -> None:
+        """Sleep the current delay, then double it up to `most`."""
         await asyncio.sleep(self.next)
         self.next = min(self.next * 2, self.most)
 
     def reset(self) -> None:
+        """It worked: the next fault starts from the first delay again."""
         self.next = self.first
 
 
@@ -29,6 +31,7 @@ class Trouble:
         self.log, self.every, self._last = log, every, -math.inf
 
     def __call__(self, what: str, err: BaseException) -> None:
+        """Report `err` from `what`, unless reported less than `every` seconds ago."""
         now = time.monotonic()
         if now - self._last >= self.every:
             self._last = now

@@ -58,7 +58,7 @@ def cluster_enabled(url: str) -> bool:
         retry=Retry(NoBackoff(), 0),
     )
     try:
-        info = cast(dict[str, Any], probe.info("cluster"))
+        info = probe.info("cluster")
     except (RedisError, OSError):
         return False
     finally:
@@ -215,7 +215,8 @@ class PackedConnections:
         one of the master that owns the key's slot (after a fault, the slot map is read
         again first: the slot may have a new master)."""
         if self.cluster is None:
-            return await self._pool().get_connection()
+            connection: AbstractConnection = await self._pool().get_connection()
+            return connection
         if self._stale:
             self._stale = False
             await self.cluster.nodes_manager.initialize()

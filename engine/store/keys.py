@@ -48,18 +48,22 @@ class Keys:
     tags: list[str]
 
     def partition_of(self, session_id: str) -> int:
+        """A session's partition: a stable hash, so every engine agrees on it."""
         return zlib.crc32(session_id.encode()) % self.partitions
 
     def _key(self, p: int, name: str) -> str:
         return f"subs:{{{self.tags[p]}}}:{name}"
 
     def log_key(self, session_id: str) -> str:
+        """The session's event log (a stream, one entry per event)."""
         return self._key(self.partition_of(session_id), f"log:{session_id}")
 
     def snap_key(self, session_id: str) -> str:
+        """The session's latest snapshot."""
         return self._key(self.partition_of(session_id), f"snap:{session_id}")
 
     def delta_key(self, session_id: str) -> str:
+        """The session's token delta stream."""
         return self._key(self.partition_of(session_id), f"deltas:{session_id}")
 
     def files_key(self, session_id: str) -> str:
@@ -67,28 +71,38 @@ class Keys:
         return self._key(self.partition_of(session_id), f"files:{session_id}")
 
     def work_key(self, p: int) -> str:
+        """The partition's work stream: inputs waiting for its owner."""
         return self._key(p, "work")
 
     def lease_key(self, p: int) -> str:
+        """Who owns the partition, until when."""
         return self._key(p, "lease")
 
     def fence_key(self, p: int) -> str:
+        """The partition's fencing counter: a lease taken later always reads higher."""
         return self._key(p, "fence")
 
     def timers_key(self, p: int) -> str:
+        """The partition's timers, scored by when they fire."""
         return self._key(p, "timers")
 
     def inflight_key(self, p: int) -> str:
+        """Sessions with effects out, to find after a crash."""
         return self._key(p, "inflight")
 
     def outbox_key(self, p: int) -> str:
+        """Messages committed for other sessions, not yet handed over."""
         return self._key(p, "outbox")
 
     def sessions_key(self, p: int) -> str:
+        """The partition's session index, by creation time; listings merge them."""
         return self._key(p, "sessions")
 
     def dead_key(self, p: int) -> str:
+        """Inputs the engine could not apply."""
         return self._key(p, "dead")
 
     def reply_key(self, session_id: str, request_id: str) -> str:
+        """Where the owner answers one request; in the session's partition, so on a cluster
+        the commit script can write it."""
         return self._key(self.partition_of(session_id), f"reply:{request_id}")

@@ -282,6 +282,7 @@ class SessionLog(SessionStreams):
     async def read_log(
         self, session_id: str, after_seq: int = 0, count: int | None = None
     ) -> list[dict[str, Any]]:
+        """The session's events after `after_seq`, oldest first, at most `count`."""
         entries = cast(
             Entries,
             await self.redis.xrange(

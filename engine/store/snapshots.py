@@ -39,6 +39,7 @@ class Mark:
 
 
 def mark_of(snap: Snapshot) -> Mark:
+    """The snapshot's sizes, to decide when the next one is due."""
     return Mark(snap.state_bytes, snap.tail_bytes)
 
 
@@ -68,6 +69,7 @@ async def load(store: Store, session_id: str, snap: Snapshot) -> SessionState:
 
 
 async def load_state(store: Store, session_id: str) -> SessionState | None:
+    """The session's current state from Redis; None for no session."""
     snap = await store.load_snapshot(session_id)
     return None if snap is None else await load(store, session_id, snap)
 

@@ -21,11 +21,11 @@ from typing import cast
 
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import RedisError
 
 from engine.store.connection import (
     STORE_FAULTS,
     RedisClient,
-    RedisError,
     cluster_enabled,
     cluster_shape,
     connect,

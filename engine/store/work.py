@@ -36,6 +36,8 @@ RELEASE_SCRIPT = lua_script(__package__, "release.lua")
 
 @dataclass(frozen=True)
 class WorkItem:
+    """One input read off a work stream (or made in process), with where to answer it."""
+
     entry_id: str | None  # None for in-process completions
     session_id: str
     input: dict[str, Any]
@@ -53,6 +55,7 @@ class PartitionWork(Keys, PackedConnections):
     _readers: dict[int, AbstractConnection]  # each partition's work reader
 
     async def ensure_group(self, p: int) -> None:
+        """Create the partition's consumer group, once; an existing one is fine."""
         try:
             await self.redis.xgroup_create(self.work_key(p), GROUP, id="0", mkstream=True)
         except ResponseError as err:
@@ -60,6 +63,7 @@ class PartitionWork(Keys, PackedConnections):
                 raise
 
     async def enqueue(self, session_id: str, inp: dict[str, Any], reply_to: str | None) -> str:
+        """Put an input on its session's partition's work stream; its entry id."""
         body = {"sid": session_id, "input": inp, "reply_to": reply_to}
         p = self.partition_of(session_id)
         entry = cast(bytes, await self.redis.xadd(self.work_key(p), {"w": encode(body)}))
@@ -157,6 +161,7 @@ class PartitionWork(Keys, PackedConnections):
                 return items
 
     async def inflight_sessions(self, p: int) -> list[str]:
+        """Sessions of the partition with effects out when their engine stopped."""
         members = cast(set[bytes], await self.redis.smembers(self.inflight_key(p)))
         return [s.decode() for s in members]
 
@@ -170,6 +175,7 @@ class PartitionWork(Keys, PackedConnections):
         return out
 
     async def outbox_done(self, p: int, entry_id: str) -> None:
+        """A message handed over: drop it from the outbox."""
         await self.redis.xdel(self.outbox_key(p), entry_id)
 
     async def due_timers_all(self, partitions: list[int], now_ms: int) -> list[str]:
@@ -181,6 +187,7 @@ class PartitionWork(Keys, PackedConnections):
         return [m.decode() for members in replies for m in members]
 
     async def acquire(self, p: int, owner: str, ttl_ms: int) -> str | None:
+        """Take the partition's lease if free; the fenced lease value, or None."""
         value = await self._acquire(
             keys=[self.lease_key(p), self.fence_key(p)], args=[owner, ttl_ms]
         )
@@ -196,6 +203,7 @@ class PartitionWork(Keys, PackedConnections):
         return [p for p, ok in zip(leases, renewed, strict=True) if not ok]
 
     async def release(self, p: int, lease: str) -> None:
+        """Give the lease up, if it is still ours."""
         await self._release(keys=[self.lease_key(p)], args=[lease])
 
     async def heartbeat(self, owner: str, until_ms: int, now_ms: int) -> int:
@@ -208,4 +216,5 @@ class PartitionWork(Keys, PackedConnections):
         return int(live)
 
     async def leave(self, owner: str) -> None:
+        """This engine stops: no longer counted among the live ones."""
         await self.redis.zrem("subs:engines", owner)

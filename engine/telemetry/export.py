@@ -76,6 +76,7 @@ class Exporter:
         self.processor = BatchSpanProcessor(exporter or OTLPSpanExporter(endpoint=endpoint))
 
     def emit(self, records: Iterable[SpanRecord]) -> None:
+        """Queue finished spans; the SDK's batch processor sends them off the loop."""
         for record in records:
             self.processor.on_end(readable(record, self.resource))
 

@@ -24,6 +24,7 @@ class SpanFields(logging.Filter):
     """Adds the current span's `trace_id` and `span_id` to a record (empty outside one)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """Always passes the record, with the span's ids set on it."""
         span = CURRENT.get()
         record.trace_id = span.trace_id if span else ""
         record.span_id = span.span_id if span else ""
@@ -34,6 +35,7 @@ class WithSpan(logging.Formatter):
     """A record as its format says, then ` trace_id=… span_id=…` when it has a span."""
 
     def format(self, record: logging.LogRecord) -> str:
+        """The record's line, its span's ids after it."""
         text = super().format(record)
         trace, span = getattr(record, "trace_id", ""), getattr(record, "span_id", "")
         return f"{text} trace_id={trace} span_id={span}" if trace else text
@@ -43,6 +45,7 @@ class JsonLines(logging.Formatter):
     """`{"time", "level", "logger", "message", "trace_id"?, "span_id"?, "exception"?}`."""
 
     def format(self, record: logging.LogRecord) -> str:
+        """The record as one JSON object, on one line."""
         line: dict[str, str] = {
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname,

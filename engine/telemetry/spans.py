@@ -76,6 +76,7 @@ class Before:
 
     @classmethod
     def of(cls, state: SessionState | None, session_id: str) -> Before:
+        """What the projector needs of `state` before a step (None: the session is new)."""
         if state is None:
             return cls(session_id, "", None, None, {}, None, None)
         agent = state.agent or {}

@@ -26,6 +26,7 @@ class Tracing:
         self.sink = sink
 
     def committed(self, before: Before, envelopes: Iterable[Mapping[str, Any]]) -> None:
+        """A commit landed: its events become spans, the finished ones handed to the sink."""
         spans = self.projector.project(before, envelopes)
         if spans:
             self.sink.emit(spans)
@@ -35,6 +36,7 @@ class Tracing:
         self.sink.emit(records)
 
     async def aclose(self) -> None:
+        """Flush and close the sink: spans of a stopping engine are not lost."""
         await self.sink.aclose()
 
 

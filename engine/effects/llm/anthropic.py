@@ -424,10 +424,10 @@ def stream_error(error: Any) -> ProviderError:
     said = quote(error.get("message")) or quote(error.get("type"))
     return ProviderError(
         "Anthropic reported an error mid-answer" + (f": {said}" if said else "."),
-        code,
+        code=code,
         retryable=True,
     )
 
 
 def _invalid(what: str) -> ProviderError:
-    return ProviderError(f"Anthropic sent {what}.", "invalid_response", retryable=True)
+    return ProviderError(f"Anthropic sent {what}.", code="invalid_response", retryable=True)

@@ -175,7 +175,7 @@ async def complete(
         if is_decoding(exc):
             raise ProviderError(
                 f"{adapter.name} sent a body that could not be decoded.",
-                "invalid_response",
+                code="invalid_response",
                 retryable=True,
             ) from exc
         raise ProviderError(
@@ -201,7 +201,7 @@ async def _whole(
         problem = "that is not JSON" if exc.syntax else f"this engine refuses ({exc.message})"
         raise ProviderError(
             f"{adapter.name} sent a response {problem}.",
-            "invalid_response",
+            code="invalid_response",
             retryable=True,
             vendor_status=response.status,
         ) from None
@@ -224,7 +224,7 @@ async def _streamed(
         if "text/event-stream" not in response.headers.get("Content-Type", "").lower():
             raise ProviderError(
                 f"{adapter.name} answered a streaming call without an event stream.",
-                "invalid_response",
+                code="invalid_response",
                 retryable=True,
             )
         accumulator = adapter.accumulator()
@@ -239,7 +239,7 @@ async def _streamed(
         except UnicodeDecodeError as exc:
             raise ProviderError(
                 f"{adapter.name} sent a stream that is not UTF-8 ({exc.reason}).",
-                "invalid_response",
+                code="invalid_response",
                 retryable=True,
             ) from None
         except TimeoutError:
@@ -282,7 +282,7 @@ def _read(adapter: _Adapter, reader: Callable[[Any], _T], document: Any, what: s
         raise ProviderError(
             f"{adapter.name} sent a {what} this engine cannot read "
             f"({type(exc).__name__}: {quote(str(exc))}).",
-            "invalid_response",
+            code="invalid_response",
             retryable=True,
         ) from None
 
@@ -302,7 +302,7 @@ def _check(adapter: _Adapter, model: type[BaseModel], value: Any, what: str) -> 
         where = ".".join(str(p) for p in first["loc"])
         raise ProviderError(
             f"{adapter.name} sent a {what} this engine cannot record: {where}: {first['msg']}.",
-            "invalid_response",
+            code="invalid_response",
             retryable=True,
         ) from None
 
@@ -314,14 +314,14 @@ def _event_json(name: str, data: str) -> dict[str, Any]:
         if not exc.syntax:
             raise ProviderError(
                 f"{name} sent a stream event this engine refuses ({exc.message}).",
-                "invalid_response",
+                code="invalid_response",
                 retryable=True,
             ) from None
         payload = None
     if not isinstance(payload, dict):
         raise ProviderError(
             f"{name} sent a stream event that is not a JSON object.",
-            "invalid_response",
+            code="invalid_response",
             retryable=True,
         )
     return payload

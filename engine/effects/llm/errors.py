@@ -37,8 +37,8 @@ class ProviderError(SubsError):
     def __init__(
         self,
         message: str,
-        code: str = "provider_error",
         *,
+        code: str = "provider_error",
         retryable: bool = False,
         retry_after: float | None = None,
         vendor_status: int | None = None,
@@ -108,9 +108,8 @@ def error_body(body: bytes) -> dict[str, Any]:
         doc = json.loads(body)
     except ValueError:
         return {}
-    if isinstance(doc, dict) and isinstance(doc.get("error"), dict):
-        return doc["error"]
-    return {}
+    error = doc.get("error") if isinstance(doc, dict) else None
+    return error if isinstance(error, dict) else {}
 
 
 def quote(text: object) -> str:
@@ -136,7 +135,7 @@ def http_error(
     message = f"{vendor} returned HTTP {status}" + (f": {said}" if said else "")
     return ProviderError(
         message,
-        code,
+        code=code,
         retryable=retryable,
         retry_after=retry_after(headers),
         vendor_status=status,

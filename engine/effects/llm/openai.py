@@ -81,6 +81,7 @@ def message_groups(
 
 
 def convert_group(group: list[dict[str, Any]]) -> dict[str, Any]:
+    """One neutral message as an OpenAI chat message (OpenAI needs no grouping)."""
     return _message(group[0])
 
 
@@ -303,7 +304,7 @@ def stream_error(error: Any, name: str) -> ProviderError:
     said = quote(error.get("message"))
     return ProviderError(
         f"{name} reported an error mid-answer" + (f": {said}" if said else "."),
-        "rate_limited" if rate_limited else "provider_error",
+        code="rate_limited" if rate_limited else "provider_error",
         retryable=True,
     )
 
@@ -346,4 +347,4 @@ def _response(
 
 
 def _invalid(name: str, what: str) -> ProviderError:
-    return ProviderError(f"{name} sent {what}.", "invalid_response", retryable=True)
+    return ProviderError(f"{name} sent {what}.", code="invalid_response", retryable=True)

@@ -46,6 +46,8 @@ class EncodedMessages:
         return True
 
     def fragment(self, key: tuple[str, ...] | None, make: Callable[[], Any]) -> bytes:
+        """The encoded message for `key`, made once and reused while kept: a turn re-sends its
+        whole history at every model call."""
         if key is None:
             return orjson.dumps(make())
         kept = self._kept.get(key)

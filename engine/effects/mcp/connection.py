@@ -62,6 +62,8 @@ class McpTrouble(SubsError):
 
 
 class McpConnection:
+    """One MCP server as subs.toml declares it: opened on first use, reopened after a fault."""
+
     def __init__(self, block: McpBlock, env: Mapping[str, str], base_dir: str) -> None:
         self.block = block
         self.env = env
@@ -84,6 +86,7 @@ class McpConnection:
 
     @property
     def path(self) -> str:
+        """Its name in tool ids and errors: `mcp.<id>`."""
         return self.block.path
 
     # -- opening -----------------------------------------------------------------------
@@ -333,6 +336,7 @@ class McpConnection:
         return self.tools
 
     async def close(self) -> None:
+        """Close for good: no reopening after this."""
         self._stopped = True
         if self._restarting is not None:
             self._restarting.cancel()

@@ -20,7 +20,7 @@ from typing import Any
 
 from mcp_types import CallToolResult
 
-from engine.config import Project
+from engine.config import Project, project_secrets
 from engine.effects.mcp.connection import McpConnection, McpTrouble
 from engine.effects.runner import Done, EffectRunner, Runner, Tasks
 from engine.machine import CallAnswered, Input, SessionState
@@ -28,7 +28,7 @@ from engine.machine.connections import prefix_of
 from engine.machine.connectors import AUTH, RunConnectorSync, RunMcpCall
 from engine.machine.retry import Fault
 from engine.machine.tools import validate_input
-from engine.redact import Redactor, env_secrets, project_secrets
+from engine.redact import Redactor, env_secrets
 
 
 class Connectors:
@@ -43,6 +43,7 @@ class Connectors:
         self.redactor = Redactor([*env_secrets(env), *project_secrets(project, env)])
 
     def get(self, path: str) -> McpConnection:
+        """The connection at `path`; an unknown one is a non-retryable McpTrouble."""
         conn = self.by_path.get(path)
         if conn is None:
             known = ", ".join(self.by_path) or "none"
@@ -54,6 +55,7 @@ class Connectors:
         return conn
 
     async def aclose(self) -> None:
+        """Close every connection."""
         await asyncio.gather(*(c.close() for c in self.by_path.values()))
 
 
@@ -66,9 +68,11 @@ class McpRunners:
         self.connectors = Connectors(project, env)
 
     def runners(self) -> dict[type, Runner]:
+        """The effect types this runs, for the engine's runner table."""
         return {RunConnectorSync: self.run_sync, RunMcpCall: self.run_call}
 
     async def aclose(self) -> None:
+        """Close the connections these runners use."""
         await self.connectors.aclose()
 
     def _failure(
@@ -123,6 +127,7 @@ class McpRunners:
         done: Done,
         tasks: Tasks,
     ) -> None:
+        """List a connection's tools; the result is one machine input."""
         call = state.calls[effect.call_id]
         path, force = call.name or "", bool(call.params.get("force"))
 
@@ -147,6 +152,7 @@ class McpRunners:
         done: Done,
         tasks: Tasks,
     ) -> None:
+        """Call one MCP tool; the result or the failure is one machine input."""
         call = state.calls[effect.call_id]
         path, tool = call.params["connector"], call.params["tool"]
         synced = next(
