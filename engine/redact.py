@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ def env_secrets(env: Mapping[str, str]) -> list[str]:
     values = [v for k, v in env.items() if k.startswith(_SLACK_SECRET_VARS)]
     values.append(env.get("SUBS_API_KEY", ""))
     for entry in env.get("SUBS_API_KEYS", "").split(","):
-        values.append(entry.strip().removesuffix(":own"))
+        values.append(entry.strip().removesuffix(":own").removesuffix(":read"))
     return values
 
 
@@ -121,11 +121,23 @@ def project_secrets(project: Project, env: Mapping[str, str], *urls: str | None)
         if agent.signing_secret_env:
             values.append(env.get(agent.signing_secret_env, ""))
     for conn in project.mcp.values():  # a server's token, and what it is handed from ours
-        values += [env.get(var, "") for var in (conn.token_env, *conn.env_from) if var]
+        handed = (conn.token_env, *conn.env_from, *conn.command_vars())  # `${VAR}`s too
+        values += [env.get(var, "") for var in handed if var]
     for url in (project.redis, *urls, *(a.worker for a in project.agents.values())):
         if url:
             values += url_secrets(url)
     return values
+
+
+def scrubbed(value: Any, scrub: Callable[[str], str]) -> Any:
+    """`value` (JSON-like: dicts, lists, strings) with every string in it scrubbed."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {k: scrubbed(v, scrub) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrubbed(v, scrub) for v in value]
+    return value
 
 
 def url_secrets(url: str) -> list[str]:

@@ -228,7 +228,15 @@ BOT_LAYERS: dict[str, tuple[set[str], set[str]]] = {
     ),
     "bot.slack": ({"bot.rendering", "bot.slack", "engine.errors", "engine.config"}, set(REDIS)),
     "bot.turns": (
-        {"bot.rendering", "bot.slack", "bot.turns", "engine.client", "engine.errors"},
+        # engine.session_ids: the one list of ids the engine reserves (a thread's is one)
+        {
+            "bot.rendering",
+            "bot.slack",
+            "bot.turns",
+            "engine.client",
+            "engine.errors",
+            "engine.session_ids",
+        },
         set(REDIS),
     ),
     "bot.turns.store": ({"bot.turns.checkpoint", "engine.store.store"}, set()),

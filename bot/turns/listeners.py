@@ -23,7 +23,7 @@ from bot.rendering.prompts import option_of, parse_interrupt_action, prompt_for,
 from bot.slack.agent_app import Bot
 from bot.slack.webapi import call
 from bot.turns.checkpoint import Checkpoint
-from bot.turns.follower import Followers
+from bot.turns.follower import SLACK_OWNER, Followers
 from bot.turns.routing import session_id_for, thread_ts_of, wants_turn
 from bot.turns.store import seen_key
 from engine.client import ClientError
@@ -163,7 +163,9 @@ class Listeners:
                 "payload": {"value": option.get("value"), "responder": responder},
             }
             try:
-                reply = await self.followers.client.submit(resume, session_id=sid)
+                reply = await self.followers.client.submit(
+                    resume, session_id=sid, owner=SLACK_OWNER
+                )
             except ClientError as err:
                 log.warning("slack prompt %s: %s", interrupt_id, err)
             else:

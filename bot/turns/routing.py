@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.session_ids import slack_session_id
+
 __all__ = [
     "ANSWERS",
     "is_dm",
@@ -27,7 +29,7 @@ Event = dict[str, Any]
 
 
 def session_id_for(agent: str, channel: str, thread_ts: str) -> str:
-    return f"slack:{agent}:{channel}:{thread_ts}"
+    return slack_session_id(agent, channel, thread_ts)
 
 
 def _str(event: Event, key: str) -> str | None:

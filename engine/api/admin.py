@@ -112,6 +112,14 @@ async def get_healthz(request: web.Request) -> web.Response:
 
 
 async def get_metrics(request: web.Request) -> web.Response:
+    """Counts across every session and key: a full-access or `KEY:read` key's."""
+    if not principal_of(request).full:
+        raise ApiError(
+            403,
+            "forbidden",
+            "this key may only use its own sessions (a KEY:own entry in SUBS_API_KEYS); "
+            "/metrics needs a full-access or a KEY:read key",
+        )
     api = request.app[API]
     api.metrics.set("subs_sse_readers", len(api.hub.readers))
     text = api.metrics.render()

@@ -15,6 +15,7 @@ here (`builtin_runners`), each call kind's from its own module (MCP's in
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -42,6 +43,7 @@ from engine.machine import (
     build_llm_request,
 )
 from engine.machine.retry import Fault
+from engine.redact import Redactor, env_secrets, project_secrets, scrubbed
 from engine.runtime.metrics import Metrics
 from engine.runtime.retrying import Trouble
 from engine.store.store import Store
@@ -109,6 +111,10 @@ class EffectRunner:
 
     def __post_init__(self) -> None:
         self.http: aiohttp.ClientSession = new_session()
+        # What a vendor, a worker or an MCP server says in an error may echo a secret it
+        # was sent (a key in a 401's body, a token in a server's stderr): scrubbed before
+        # it is recorded, since the log is read by the API, the console and Slack.
+        self.redactor = Redactor([*env_secrets(self.env), *project_secrets(self.project, self.env)])
         self.prompts = EncodedMessages()
         self.checked = CheckedMessages()
 
@@ -143,6 +149,10 @@ class EffectRunner:
         so it is not retried. `deltas` is the writer the effect streams tokens into:
         what it still holds at the end is handed to `done`, to go out with the commit.
         """
+
+        def report(result: Input, deltas_left: Deltas) -> None:
+            done(self.scrubbed(result), deltas_left)
+
         try:
             run = prepare()
         except Exception as err:
@@ -150,7 +160,7 @@ class EffectRunner:
             if code == "internal":  # not a failure the protocol names: a bug
                 log.exception("preparing the %s of %s failed", what, sid)
             error = {"message": f"the {what} could not be prepared: {describe(err)}", "code": code}
-            done(failed(error, False), ())
+            report(failed(error, False), ())
             return
 
         async def guarded() -> None:
@@ -167,11 +177,19 @@ class EffectRunner:
                     "code": "internal",
                 }
                 result = failed(error, True)
-            done(result, () if deltas is None else await deltas.end())
+            report(result, () if deltas is None else await deltas.end())
 
         task = asyncio.create_task(guarded())
         tasks.add(task)
         task.add_done_callback(tasks.discard)
+
+    def scrubbed(self, result: Input) -> Input:
+        """`result` with the known secrets masked in its error (the one place every failed
+        attempt of an effect passes before it is recorded)."""
+        error = getattr(result, "error", None)
+        if not error:
+            return result
+        return dataclasses.replace(result, error=scrubbed(error, self.redactor.scrub))  # type: ignore[type-var]
 
     def _start_llm_call(
         self, state: SessionState, effect: RunLlmCall, done: Done, tasks: set[asyncio.Task[None]]
