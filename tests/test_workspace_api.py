@@ -190,6 +190,10 @@ async def test_open_mode_answers_only_requests_for_its_own_host(engine: Engine) 
             ok = await http.get("/api/admin/sessions", headers={"Host": host})
             assert ok.status_code == 200, (host, ok.text)
         assert (await http.get("/api/admin/sessions")).status_code == 200  # 127.0.0.1:<port>
+        # Slack's route is Slack's signature's to refuse, whatever name a tunnel gives it.
+        tunnel = {"Host": "abc.tunnel.example", "Content-Type": "application/x-www-form-urlencoded"}
+        slack = await http.post("/slack/ops_openai/events", headers=tunnel, content=b"x=1")
+        assert slack.status_code == 404, slack.text  # no Slack app here: the router's 404
         # With keys the key is the guard: any name a proxy forwards is served.
         async with api(engine) as keyed:
             named = await keyed.get(

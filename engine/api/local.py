@@ -2,9 +2,9 @@
 that machine's browser opens (SPEC §13): with no key to check, a request must name this
 server in `Host` (a DNS-rebound name does not), come from no other page's `Origin`, and
 send every `POST` and `DELETE` as JSON, which a plain form or a simple cross-origin fetch
-cannot (they are refused before any handler runs). Slack's route is left to its
-signature. Plain functions of the request and the allowed names; the middleware is
-`local_only`."""
+cannot (they are refused before any handler runs). Slack's route is left to its signature
+(it posts forms, through whatever name a tunnel gives it). Plain functions of the request
+and the allowed names; the middleware is `local_only`."""
 
 from __future__ import annotations
 
@@ -24,11 +24,11 @@ def host_name(value: str) -> str | None:
     """The name in a `Host` header or an origin (`h`, `h:port`, `[v6]:port`), lower-cased,
     or None when it is not one."""
     try:
-        name = urlsplit(f"//{value}").hostname
-        urlsplit(f"//{value}").port  # noqa: B018 (raises on a port that is no number)
+        parts = urlsplit(f"//{value}")
+        _ = parts.port  # raises on a port that is not a number
     except ValueError:
         return None
-    return name or None
+    return parts.hostname or None
 
 
 def allowed_hosts(names: Iterable[str | None]) -> frozenset[str]:
@@ -40,7 +40,10 @@ def local_refusal(
     request: web.Request, hosts: frozenset[str], origins: frozenset[str]
 ) -> ApiError | None:
     """Why an open API refuses this request, or None: 421 for another `Host`, 403 for
-    another page's `Origin`, 415 for a write that is not JSON."""
+    another page's `Origin`, 415 for a write that is not JSON. Slack's route answers
+    only what Slack signed, under whatever name a tunnel gives it."""
+    if request.path.startswith(_SIGNED_PREFIX):
+        return None
     host = request.headers.get("Host", "")
     if host_name(host) not in hosts:
         return ApiError(
@@ -59,8 +62,7 @@ def local_refusal(
                 f"Origin {excerpt(origin)} is not this server's and not in [serve] "
                 "cors_origins: with no SUBS_API_KEYS other pages may not call the API",
             )
-    writes = request.method in ("POST", "DELETE") and not request.path.startswith(_SIGNED_PREFIX)
-    if writes and (
+    if request.method in ("POST", "DELETE") and (
         request.content_type != "application/json" or "Content-Type" not in request.headers
     ):
         got = request.headers.get("Content-Type")
