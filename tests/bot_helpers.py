@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,15 +93,18 @@ async def serve_bots(
     *,
     socket: bool = False,
     engine_env: dict[str, str] | None = None,
+    slack_env: Callable[[FakeSlack], dict[str, str]] | None = None,
 ) -> AsyncIterator[World]:
     """The engine (its environment: `engine_env`, default the suite's vendor keys), a
     FakeSlack and the bots of `project` (only `agent` has a Slack block), over HTTP or,
-    with `socket`, over Socket Mode."""
+    with `socket`, over Socket Mode. `slack_env` adds to the bots' environment what it
+    makes of the started fake (a watched channel's id, say)."""
     engine = Engine(project, redis, env=ENV if engine_env is None else engine_env, lease_ms=3000)
     await engine.start()
     suffix = slack_env_suffix(agent)
     async with FakeSlack() as fake:
         env = {f"SLACK_BOT_TOKEN_{suffix}": fake.bot_token, "SLACK_API_URL": fake.url}
+        env |= slack_env(fake) if slack_env is not None else {}
         if socket:
             env[f"SLACK_APP_TOKEN_{suffix}"] = fake.app_token
         else:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
-from bot.rendering.message_text import attributed, wanted_ids
+from bot.rendering.message_text import attributed, poster, wanted_ids
 from bot.rendering.mrkdwn import escape
 from bot.rendering.prompts import prompt_for
 from bot.rendering.turn_view import TurnView
@@ -138,7 +138,8 @@ class Followers:
         console = self.console(cp.session_id) if self.console else None
         view = TurnView(cp.turn_id, console=console)
         save = functools.partial(self.checkpoints.save, cp)
-        reply = Reply(cp, view, bot.web, self.paced, save, native=bot.native)
+        # Slack's native stream is addressed to a person: an app's alert has none.
+        reply = Reply(cp, view, bot.web, self.paced, save, native=bot.native and not cp.by_app)
         working: Indicator | None = None
         try:
             if not cp.thread_ts:
@@ -169,8 +170,9 @@ class Followers:
                 await working.clear(stale=resumed)
 
     async def _mention_payload(self, bot: Bot, cp: Checkpoint) -> dict[str, Any]:
-        """A mention or a DM: its message, and those the agent missed since (other apps'
-        alerts included), as one input; each as a person reads it, `Name: text`.
+        """A mention, a DM, an alert or a follow-up: its message, and those the agent missed
+        since (other apps' alerts included), as one input; each as a person reads it,
+        `Name: text`. An alert is its thread's root: nothing came before it.
 
         Its author reaches a worker in the trigger's client context (the session's identity
         is its first asker's): `client.forwarded_props.slack.author` = `{issuer, id, name?}`.
@@ -192,9 +194,10 @@ class Followers:
         ]
         said = attributed(event, names, addressed_to=bot_user)
         messages.append({"id": f"slack:{ts}", "role": "user", "content": said})
-        author = {"issuer": "slack", "id": event["user"]}
-        if event["user"] in names:
-            author["name"] = names[event["user"]]
+        author = {"issuer": "slack", "id": cp.user}  # a person's user id, or an app's bot id
+        name = poster(event, names)
+        if name != cp.user:
+            author["name"] = name
         client = {"forwarded_props": {"slack": {"author": author}}}
         return {"type": "client.append", "messages": messages, "queue": True, "client": client}
 
