@@ -11,12 +11,16 @@ import json
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from engine.client import Client
+from engine.config import parse_project
+from engine.runtime.engine import Engine
 from tests.api_helpers import INPUT, auth, read_stream
-from tests.engine_helpers import ROOT, start_subs, subs
-from tests.fakes.llm_vendor import FakeVendor, HttpError
+from tests.engine_helpers import ENV, ROOT, start_subs, subs, turn_ended, wait_for_event
+from tests.fakes.llm_vendor import FakeVendor, HttpError, Text, ToolCalls
 
 SERVER = str(ROOT / "tests" / "mcp_server.py")
 SECRETS = {
@@ -141,3 +145,56 @@ async def test_check_warns_about_a_secret_in_an_mcp_command_line(tmp_path: Path)
     assert "${DB_API_KEY}" in warned["mcp.db"] and "env_from" in warned["mcp.db"]
     assert "--password" in warned["mcp.files"] and "hunter22" not in warned["mcp.files"]
     assert code == 0, err  # a warning, not an error
+
+
+LOOKUP = (
+    '{ name = "lookup", description = "Look a thing up", input = { type = "object", '
+    'properties = { q = { type = "string" } }, required = ["q"] } }'
+)
+
+
+async def test_a_workers_error_echoing_a_secret_is_recorded_masked(
+    redis, vendor: FakeVendor, test_worker, tmp_path: Path
+) -> None:
+    """A worker's `tool.error` that quotes the signing secret (a backend's error passed on
+    as it came) is stored masked: the model, the API and Slack read `***`."""
+    secret = "worker-signing-9d8c7b"
+
+    async def decide(request: dict[str, Any]) -> Any:
+        if request["trigger"]["type"] == "tool.execute":
+            error = f"backend said: bad credentials {secret}"
+            return {"actions": [{"type": "tool.error", "error": error}]}
+        return request["proposed"]
+
+    worker = await test_worker(decide, secret=secret)
+    text = textwrap.dedent(
+        f"""\
+        [llm.openai]
+        type = "openai"
+        base_url = "{vendor.url}/v1"
+
+        [agent.helper]
+        llm = "openai"
+        model = "gpt-4.1-mini"
+        worker = "{worker.url}"
+        signing_secret_env = "HELPER_SECRET"
+        tools = [{LOOKUP}]
+        """
+    )
+    project = parse_project(text, str(tmp_path / "subs.toml"), env={})
+    engine = Engine(project, redis, env={**ENV, "HELPER_SECRET": secret}, lease_ms=3000)
+    await engine.start()
+    vendor.push(ToolCalls([("lookup", {"q": "x"})]), Text("It failed."))
+    try:
+        client = Client(engine.store)
+        message = {"role": "user", "content": "look"}
+        sent = await client.submit(
+            {"type": "client.message", "agent_id": "helper", "message": message}
+        )
+        await wait_for_event(client, sent["session_id"], turn_ended(sent["turn_id"]))
+        events = json.dumps(await client.events(sent["session_id"]))
+    finally:
+        await engine.stop()
+    assert secret not in events
+    assert "backend said: bad credentials ***" in events
+    assert secret not in json.dumps(vendor.requests[-1].body)  # nor what the model is told

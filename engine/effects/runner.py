@@ -184,12 +184,30 @@ class EffectRunner:
         task.add_done_callback(tasks.discard)
 
     def scrubbed(self, result: Input) -> Input:
-        """`result` with the known secrets masked in its error (the one place every failed
-        attempt of an effect passes before it is recorded)."""
+        """`result` with the known secrets masked wherever outside text says something went
+        wrong: its ErrorInfo `error`, an MCP result marked `isError`, and the `error` of a
+        worker's actions (`tool.error`, `fail`). The one place every attempt of an effect
+        passes before it is recorded; results that went well are left as they are."""
+        scrub = self.redactor.scrub
+        changes: dict[str, Any] = {}
         error = getattr(result, "error", None)
-        if not error:
-            return result
-        return dataclasses.replace(result, error=scrubbed(error, self.redactor.scrub))  # type: ignore[type-var]
+        if error:
+            changes["error"] = scrubbed(error, scrub)
+        answer = getattr(result, "result", None)
+        if isinstance(answer, dict) and answer.get("isError"):
+            changes["result"] = scrubbed(answer, scrub)
+        response = getattr(result, "response", None)
+        actions = response.get("actions") if isinstance(response, dict) else None
+        if isinstance(actions, list) and any(isinstance(a, dict) and "error" in a for a in actions):
+            assert isinstance(response, dict)
+            said = [
+                {**a, "error": scrubbed(a["error"], scrub)}
+                if isinstance(a, dict) and "error" in a
+                else a
+                for a in actions
+            ]
+            changes["response"] = {**response, "actions": said}
+        return dataclasses.replace(result, **changes) if changes else result  # type: ignore[type-var]
 
     def _start_llm_call(
         self, state: SessionState, effect: RunLlmCall, done: Done, tasks: set[asyncio.Task[None]]
