@@ -33,7 +33,8 @@ from bot.slack.governor import Paced, RateGovernor
 from bot.slack.intake import events_handler
 from bot.turns.follower import LEASE_MS, RETRY_SECONDS, Followers
 from bot.turns.listeners import Listeners
-from bot.turns.store import Checkpoints
+from bot.turns.slots import TurnSlots
+from bot.turns.store import Checkpoints, Slots
 from bot.turns.watch import Watch
 from engine.client import Client
 from engine.config import Project, WatchEntry, slack_env_suffix
@@ -61,10 +62,12 @@ class Bots:
         """`redis` keeps the bot's checkpoints (bot/turns/store.py); `console` gives a
         session's console page, linked from failed turns' messages."""
         self.paced = Paced(governor or RateGovernor(), _send)
-        checkpoints = Checkpoints(redis, owner or f"bot-{secrets.token_hex(6)}", lease_ms)
+        owner = owner or f"bot-{secrets.token_hex(6)}"
+        checkpoints = Checkpoints(redis, owner, lease_ms)
+        slots = TurnSlots(Slots(redis, lease_ms), owner)
         self.bots: dict[str, Bot] = {}
         self.followers = Followers(
-            client, self.paced, checkpoints, self.bots, retry_s, console=console
+            client, self.paced, checkpoints, self.bots, retry_s, console=console, slots=slots
         )
         self.listeners = Listeners(self.followers)
         self._sockets: list[AsyncSocketModeHandler] = []
@@ -81,14 +84,25 @@ class Bots:
         *,
         app_token: str | None = None,
         stream: str = "edit",
+        max_concurrent_turns: int = 4,
+        files: bool = True,
+        file_text_limit: int = 256 * 1024,
         follow: bool = False,
         watches: Sequence[Watch] = (),
     ) -> None:
         """One agent's app, its inputs handed to the listeners: with `follow`, a person's
         reply in a thread it answered starts a turn; `watches` are its alert channels."""
         bot = new_bot(
-            agent, answers, token, signing_secret, api_url, app_token=app_token, stream=stream
+            agent,
+            answers,
+            token,
+            signing_secret,
+            api_url,
+            app_token=app_token,
+            stream=stream,
+            max_concurrent_turns=max_concurrent_turns,
         )
+        bot.files, bot.file_text_limit = files, file_text_limit
         app = bot.app
         self.listeners.configure(agent, follow=follow, watches=watches)
 
@@ -232,6 +246,9 @@ def start_bots(
             agent.slack.commands,
             app_token=app_token,
             stream=agent.slack.stream,
+            max_concurrent_turns=agent.slack.max_concurrent_turns,
+            files=agent.slack.files,
+            file_text_limit=agent.slack.file_text_limit,
             follow=agent.slack.follow,
             watches=_watches(agent.id, agent.slack.watch, env),
         )

@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from engine.errors import ClientError, ProtocolError
+from engine.files import file_link
 from engine.jsonedge import JsonEdgeError, check
 from engine.machine import (
     CallSettled,
@@ -32,6 +33,7 @@ from engine.protocol import parse_client_input
 from engine.runtime.apply import new_id
 from engine.store.snapshots import load_state, load_states
 from engine.store.store import Store
+from engine.telemetry.ids import parse_traceparent
 
 
 def validate_client_input(data: Any) -> None:
@@ -127,12 +129,15 @@ class Client:
         session_id: str | None = None,
         identity: dict[str, Any] | None = None,
         owner: dict[str, Any] | None = None,
+        traceparent: str | None = None,
         timeout: float = 30.0,
     ) -> dict[str, Any]:
         """Send one ClientInput; returns `{session_id, turn_id, queued}` once committed.
         One the protocol refuses is a ClientError (`validate_client_input`), sent nowhere.
 
         With `owner`, an existing session must belong to that subject (else 403).
+        A valid W3C `traceparent` makes the turn it starts join the caller's trace (an
+        invalid one is ignored, as the spec asks of a receiver).
 
         An input that starts a turn gets its `turn_id` here when it has none: the write
         to Redis may be sent twice (a connection lost after Redis applied it, retried by
@@ -142,6 +147,9 @@ class Client:
         if payload.get("type") in TURN_STARTS and not payload.get("turn_id"):
             payload = {**payload, "turn_id": new_id("turn")}
         body = {"kind": "client", "input": payload, "identity": identity or {}, "owner": owner}
+        trace = parse_traceparent(traceparent)
+        if trace is not None:
+            body["traceparent"] = trace.traceparent()
         return await self._request(sid, body, timeout)
 
     async def _request(self, sid: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -247,6 +255,12 @@ class Client:
             status=409,
             detail={},
         )
+
+    async def put_file(self, session_id: str, data: bytes, mime: str, name: str) -> dict[str, Any]:
+        """Keep a file for the session (once, whatever number of messages carry it); returns
+        the `link` content part a message names it by (engine/files.py)."""
+        digest = await self.store.put_file(session_id, data)
+        return file_link(digest, mime, name)
 
     async def sessions(self, offset: int = 0, limit: int = 50) -> list[str]:
         """Session ids, newest first."""

@@ -151,6 +151,9 @@ class SlackBlock:
     answers: str  # both | dm | channels
     commands: tuple[str, ...]
     stream: str  # edit | native
+    max_concurrent_turns: int = 4  # this app's turns running at once, across processes
+    files: bool = True  # read the files on messages (files:read), upload the agent's images
+    file_text_limit: int = 256 * 1024  # bytes of a text file the model reads, then cut
     follow: bool = True  # a person's reply in a thread the app answered starts a turn
     watch: tuple[WatchEntry, ...] = ()  # alert channels: new posts triaged without a mention
 
@@ -317,6 +320,18 @@ class AgentDecl:
 
 
 @dataclass(frozen=True)
+class TelemetryConfig:
+    """Where turns' traces go (docs/telemetry.md): an OTLP/HTTP collector's base URL.
+
+    None, with no `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT` in the environment: nothing is
+    traced or exported.
+    """
+
+    endpoint: str | None = None
+    service_name: str = "subs"
+
+
+@dataclass(frozen=True)
 class Project:
     path: str
     name: str
@@ -326,6 +341,7 @@ class Project:
     agents: dict[str, AgentDecl]
     store: StoreConfig = StoreConfig()
     mcp: dict[str, McpBlock] = dataclasses.field(default_factory=dict)
+    telemetry: TelemetryConfig = TelemetryConfig()
 
     def connections_off(self, env: Mapping[str, str]) -> dict[str, str]:
         """The MCP connections that cannot start here, and why (McpBlock.off_reason)."""
@@ -579,6 +595,9 @@ class _Slack(_Model):
     answers: Literal["both", "dm", "channels"] = "both"
     commands: list[Annotated[str, AfterValidator(_slash_command)]] = Field(default_factory=list)
     stream: Literal["edit", "native"] = "edit"
+    max_concurrent_turns: Annotated[int, Field(ge=1, le=1000)] = 4
+    files: bool = True
+    file_text_limit: Annotated[int, Field(ge=1, le=16 * 1024 * 1024)] = 256 * 1024
     follow: bool = True
     watch: list[_Watch] = Field(default_factory=list)
 
@@ -627,6 +646,11 @@ class _Agent(_Model):
     mcp: list[NonEmpty | _McpRef] = Field(default_factory=list)
 
 
+class _Telemetry(_Model):
+    endpoint: HttpUrl | None = None
+    service_name: NonEmpty = "subs"
+
+
 class _Root(_Model):
     name: NonEmpty | None = None
     redis: RedisUrl | None = None
@@ -636,6 +660,7 @@ class _Root(_Model):
     llm: dict[str, _Llm] = Field(default_factory=dict)
     agent: dict[str, _Agent] = Field(default_factory=dict)
     mcp: dict[str, _Mcp] = Field(default_factory=dict)
+    telemetry: _Telemetry = Field(default_factory=_Telemetry)
 
 
 # Setting any of these makes the file, not the worker, the source of the model config.
@@ -1046,6 +1071,9 @@ def _build(root: _Root, path: str) -> Project:
                 answers=a.slack.answers,
                 commands=tuple(a.slack.commands),
                 stream=a.slack.stream,
+                max_concurrent_turns=a.slack.max_concurrent_turns,
+                files=a.slack.files,
+                file_text_limit=a.slack.file_text_limit,
                 follow=a.slack.follow,
                 watch=tuple(WatchEntry(w.channel, tuple(w.from_), w.match) for w in a.slack.watch),
             ),
@@ -1086,6 +1114,9 @@ def _build(root: _Root, path: str) -> Project:
             )
             for mid, b in root.mcp.items()
         },
+        telemetry=TelemetryConfig(
+            endpoint=root.telemetry.endpoint, service_name=root.telemetry.service_name
+        ),
     )
 
 

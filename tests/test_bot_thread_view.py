@@ -36,8 +36,14 @@ async def world(redis, vendor: FakeVendor, tmp_path: Path) -> AsyncIterator[Worl
 
 
 def _user_texts(vendor: FakeVendor, call: int = 0) -> list[str]:
-    """The user messages of the model call `call`, as the vendor received them."""
-    return [m["content"] for m in vendor.requests[call].body["messages"] if m["role"] == "user"]
+    """The user messages of the model call `call`, as the vendor received them (the text
+    parts of one that carries a file)."""
+    return [
+        c if isinstance(c, str) else "\n".join(p["text"] for p in c if p["type"] == "text")
+        for m in vendor.requests[call].body["messages"]
+        if m["role"] == "user"
+        for c in [m["content"]]
+    ]
 
 
 async def _ask(world: World, text: str, thread: Message, **kw: Any) -> Message:
@@ -73,6 +79,7 @@ SHAPES = {
             " - summary = CPU above 95% for 5 minutes\n",
             "Panel: https://grafana.example.com/d/node-exporter?orgId=1&viewPanel=3\n",
             "Grafana: *Firing*: HighCPU, *Labels*: alertname=HighCPU",  # the image's reply
+            "[file panel-3.png (PNG, 47.1 KiB)]",  # its panel image, given to the model
         ],
     ),
     "sentry": (
@@ -199,6 +206,22 @@ async def test_names_are_kept_for_their_ttl_and_asked_once_at_a_time() -> None:
         again = await asyncio.gather(*(names.names(team, [bob.id]) for _ in range(5)))
         assert again == [{bob.id: "Bob"}] * 5
         assert [c.args["user"] for c in fake.calls("users.info")].count(bob.id) == 2
+
+
+async def test_names_kept_are_bounded_the_least_recently_used_going_first() -> None:
+    async with FakeSlack() as fake:
+        people = [fake.add_user(f"p{k}", display_name=f"P{k}") for k in range(4)]
+        web = AsyncWebClient(token=fake.bot_token, base_url=fake.url)
+        names = Directory(web, RateGovernor(FAST), max_names=2)
+        team = fake.team.id
+        ids = [p.id for p in people]
+        for ref in [ids[0], ids[1], ids[0], ids[2]]:  # p0 used again: p1 is the oldest
+            await names.names(team, [ref])
+        assert [ref for _, ref in names._known] == [ids[0], ids[2]]
+        assert await names.names(team, ids[:3]) == {ids[k]: f"P{k}" for k in range(3)}
+        assert len(names._known) == 2
+        asked = [c.args["user"] for c in fake.calls("users.info")]
+        assert asked == [ids[0], ids[1], ids[2], ids[1]]  # p1 was forgotten, asked again
 
 
 async def test_names_fall_back_to_ids_when_slack_is_away() -> None:

@@ -301,6 +301,12 @@ BROKEN = [
         "must be one of",
     ),
     (
+        "slack max_concurrent_turns",
+        OK + "[agent.oncall.slack]\nmax_concurrent_turns = 0\n",
+        "agent.oncall.slack.max_concurrent_turns",
+        "1 or more",
+    ),
+    (
         "watch match not a regex",
         OK + '[[agent.oncall.slack.watch]]\nchannel = "C0ALERTS"\nmatch = "FIRING:(["\n',
         "agent.oncall.slack.watch.0.match",
@@ -610,6 +616,9 @@ def test_defaults(tmp_path: Path):
         "answers": "both",
         "commands": (),
         "stream": "edit",
+        "max_concurrent_turns": 4,
+        "files": True,
+        "file_text_limit": 256 * 1024,
         "follow": True,
         "watch": (),
     }

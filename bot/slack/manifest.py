@@ -8,6 +8,9 @@ What the bot calls and why each grant is there:
   on the triggering message (reactions.add / reactions.remove).
 - `users:read`: the names of the people and apps in a thread (users.info / bots.info), so the
   model reads `Name: text`; without it the ids stand in.
+- `files:read` and `files:write` when the agent reads files (`files = true`, the default):
+  the files on a thread's messages are downloaded with the bot token (`url_private_download`),
+  and the images the agent's tools make are uploaded into the thread (`files_upload_v2`).
 - channels: `app_mention` with `app_mentions:read`, plus `channels:history` /
   `groups:history` for conversations.replies in public / private channels.
 - channel messages (`message.channels` / `message.groups`, same history scopes) when the app
@@ -55,6 +58,8 @@ def manifest(agent: AgentDecl, *, socket_mode: bool, request_url: str | None) ->
     channels = slack.answers in ("channels", "both")
 
     scopes = ["chat:write", "reactions:write", "users:read"]
+    if slack.files:
+        scopes += ["files:read", "files:write"]
     events: list[str] = []
     if channels:
         scopes += ["app_mentions:read", "channels:history", "groups:history"]

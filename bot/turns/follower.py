@@ -5,7 +5,9 @@ Every turn gets a turn id of the bot's choosing and a checkpoint in Redis, writt
 input's dedupe keys before the input is submitted (bot/turns/checkpoint.py). Its follower
 holds a lease on it, writes the turn into one Slack message (bot/slack/reply.py) and
 drops the checkpoint once the reply is whole. Leases are renewed in a loop that also takes
-over turns whose lease lapsed; a turn whose followers keep failing is given up.
+over turns whose lease lapsed; a turn whose followers keep failing is given up. A turn runs
+only in one of its app's slots (bot/turns/slots.py); until one is free, its reply says it is
+queued.
 """
 
 from __future__ import annotations
@@ -18,19 +20,23 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
-from bot.rendering.message_text import attributed, poster, wanted_ids
+from bot.rendering.files import files_of, tool_images
+from bot.rendering.message_text import attributed, message_text, poster, wanted_ids
 from bot.rendering.mrkdwn import escape
 from bot.rendering.prompts import prompt_for
 from bot.rendering.turn_view import TurnView
 from bot.slack.agent_app import Bot
 from bot.slack.directory import Directory
+from bot.slack.files import upload
 from bot.slack.governor import Paced
 from bot.slack.indicator import Indicator
 from bot.slack.parts import stamped_parts
 from bot.slack.reply import Reply
 from bot.slack.webapi import every_message, governed, thread_messages
 from bot.turns.checkpoint import Checkpoint, LeaseLost
+from bot.turns.files import FileReader
 from bot.turns.routing import missed_messages
+from bot.turns.slots import Slot, TurnSlots
 from bot.turns.store import Checkpoints, seen_key
 from engine.client import Client, ClientError
 
@@ -49,6 +55,8 @@ NOT_ADOPTED = (
     ":no_entry: This thread's session was not started from Slack (an API client created it "
     "first), so I will not use it. Mention me in a new thread to start one."
 )
+QUEUED = ":hourglass_flowing_sand: Queued: {where} (this app answers {limit} at a time)."
+ANSWER_HERE = " The answer will appear here."
 
 
 class Followers:
@@ -63,8 +71,10 @@ class Followers:
         retry_s: float = RETRY_SECONDS,
         *,
         console: Callable[[str], str] | None = None,
+        slots: TurnSlots,
     ) -> None:
         self.client = client
+        self.slots = slots
         self.console = console  # a session's console page, for failed turns' messages
         self.paced = paced
         self.checkpoints = checkpoints
@@ -97,6 +107,7 @@ class Followers:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.slots.aclose()
         for cp in following:
             await self.checkpoints.release(cp)
 
@@ -141,6 +152,7 @@ class Followers:
         # Slack's native stream is addressed to a person: an app's alert has none.
         reply = Reply(cp, view, bot.web, self.paced, save, native=bot.native and not cp.by_app)
         working: Indicator | None = None
+        slot = self.slots.slot(cp.agent, cp.key, bot.max_concurrent_turns)
         try:
             if not cp.thread_ts:
                 await self._post_root(cp, reply, resumed=resumed)
@@ -148,11 +160,15 @@ class Followers:
             if resumed:
                 await reply.adopt_stamps()
                 await reply.close_stale_stream()
+            await slot.take(functools.partial(self._queued, cp, reply, slot))
             if cp.payload is None:
                 cp.payload = await self._mention_payload(bot, cp)
                 await self.checkpoints.save(cp)
             if await self._submit(cp, reply):
-                await self._stream(cp, view, reply, working)
+                await self._stream(cp, view, reply, working, slot)
+            await slot.release()
+            # No longer renewed: the lease round must not take the drop for a lost lease.
+            self._following.pop(cp.key, None)
             await self.checkpoints.drop(cp)
         except LeaseLost:
             log.warning("slack: turn %s is followed elsewhere now", cp.key)
@@ -166,13 +182,32 @@ class Followers:
             raise
         finally:
             self._following.pop(cp.key, None)
+            with contextlib.suppress(Exception):  # Redis away: the slot's lease lapses anyway
+                await slot.release()
             if working is not None and not task.cancelling():  # shutting down: Slack times it out
                 await working.clear(stale=resumed)
+
+    async def _queued(
+        self, cp: Checkpoint, reply: Reply, slot: Slot, ahead: int, granted: asyncio.Future[None]
+    ) -> None:
+        """The turn waits for a slot: its reply, posted now, says so (a post the reply makes
+        anyway, so a storm costs no extra call). Its answer then grows in that message by
+        edits. A button's quiet turn, or one whose reply landed already, shows nothing new.
+
+        The note takes only a free chat.postMessage slot of the channel (one a second): the
+        replies of running turns must not queue behind a storm's notes. It is not posted
+        once the slot came first."""
+        if cp.quiet or "reply" in cp.posted:
+            return
+        note = {"text": queued_text(ahead, slot.limit)}
+        if await reply.post_unless("reply", note, granted):
+            reply.stream.active = False
 
     async def _mention_payload(self, bot: Bot, cp: Checkpoint) -> dict[str, Any]:
         """A mention, a DM, an alert or a follow-up: its message, and those the agent missed
         since (other apps' alerts included), as one input; each as a person reads it,
-        `Name: text`. An alert is its thread's root: nothing came before it.
+        `Name: text`, with its files after it (bot/turns/files.py). An alert is its thread's
+        root: nothing came before it.
 
         Its author reaches a worker in the trigger's client context (the session's identity
         is its first asker's): `client.forwarded_props.slack.author` = `{issuer, id, name?}`.
@@ -188,12 +223,14 @@ class Followers:
             missed = missed_messages(thread, ts, bot_user, bot_id)
         wanted = wanted_ids(missed) | wanted_ids([event], addressed_to=bot_user)
         names = await self.directory(bot).names(cp.team, wanted)
-        messages = [
-            {"id": f"slack:{msg['ts']}", "role": "user", "content": attributed(msg, names)}
-            for msg in missed
-        ]
-        said = attributed(event, names, addressed_to=bot_user)
-        messages.append({"id": f"slack:{ts}", "role": "user", "content": said})
+        messages = []
+        async with FileReader(
+            self.client, self.paced.governor, bot, cp.team, cp.session_id
+        ) as files:
+            for msg, to in [*((m, None) for m in missed), (event, bot_user)]:
+                said = _said(msg, names, to)
+                content = await files.content(msg, said)
+                messages.append({"id": f"slack:{msg['ts']}", "role": "user", "content": content})
         author = {"issuer": "slack", "id": cp.user}  # a person's user id, or an app's bot id
         name = poster(event, names)
         if name != cp.user:
@@ -264,10 +301,16 @@ class Followers:
         return answer.get("turn_id") is not None  # None: every message was known already
 
     async def _stream(
-        self, cp: Checkpoint, view: TurnView, reply: Reply, working: Indicator
+        self, cp: Checkpoint, view: TurnView, reply: Reply, working: Indicator, slot: Slot
     ) -> None:
-        """Fold the turn's events and deltas into its Slack message until the reply is whole."""
+        """Fold the turn's events and deltas into its Slack message until the reply is whole.
+
+        The slot is given back as the engine's turn ends, before the final edits (paced by
+        Slack's tiers) land: the next turn's model call need not wait for them. A turn that
+        waits for a person's decision gives it back then: a few open approvals must not
+        stop the app; what runs after the click is not counted (people click, not storms)."""
         follow = self.client.follow(cp.session_id, cp.after, delta_cursor=cp.cursor)
+        images: list[tuple[str, bytes]] = []  # the tools' images, uploaded once it is done
         async for kind, item in follow:
             if kind == "delta":
                 view.apply_delta(item)
@@ -281,18 +324,45 @@ class Followers:
                     continue
                 payload = item["payload"]
                 if payload["type"] == "session.interrupted":
+                    await slot.release()  # a person decides now, for minutes or days
                     prompt = prompt_for(payload)
                     if prompt is not None:
                         await reply.post(f"prompt-{payload['interrupt_id']}", prompt)
                 await reply.show_channel()
+                if payload["type"] == "tool.call.completed":
+                    images += tool_images(payload.get("result"), f"image-{len(images) + 1}")
             if view.done:
+                await slot.release()
                 await reply.finish(view.render())
+                await self._upload(cp, images)
                 return
             had_reply = reply.ts is not None
             await reply.show()
             if reply.ts is not None and not had_reply:
                 working.replied()
             working.show(view.status or "")
+
+    async def _upload(self, cp: Checkpoint, images: list[tuple[str, bytes]]) -> None:
+        """The images the agent's tools returned, uploaded into the thread after its reply,
+        each once (a resumed follower skips those it finds in `cp.posted`). One Slack refuses
+        is a note in the thread: the reply's text is there already."""
+        bot = self.bots[cp.agent]
+        for n, (name, data) in enumerate(images):
+            part = f"file-{n}"
+            if part in cp.posted:
+                continue
+            why = "files = false" if not bot.files else None
+            if why is None:
+                governor = self.paced.governor
+                why = await upload(bot.web, governor, cp.team, cp.channel, cp.thread_ts, name, data)
+            if why is not None:
+                log.warning("slack turn %s: could not upload %s: %s", cp.turn_id, name, why)
+                text = f":warning: The agent made an image ({escape(name)}) that could not be "
+                text += f"uploaded: {escape(why)}"
+                args = {"channel": cp.channel, "thread_ts": cp.thread_ts, "text": text}
+                await governed(self.paced.governor, cp.team, bot.web, "chat.postMessage", args)
+            cp.posted[part] = "uploaded" if why is None else "noted"
+            await self.checkpoints.save(cp)
 
     # -- resuming -----------------------------------------------------------------------------
 
@@ -335,9 +405,11 @@ class Followers:
             await asyncio.sleep(period)
             try:
                 for key, (cp, task) in list(self._following.items()):
-                    if not await self.checkpoints.renew(cp):
+                    renewed = await self.checkpoints.renew(cp)
+                    if not renewed and self._following.get(key, (None, None))[1] is task:
                         log.warning("slack: lost the lease on turn %s; another bot has it", key)
                         task.cancel()
+                await self.slots.keep()
                 await self._resume_orphans()
             except Exception as err:  # Redis away for a moment: the next round retries
                 log.warning("slack: lease round failed: %s", err)
@@ -351,3 +423,18 @@ class Followers:
     async def tell(self, bot: Bot, team: str, ephemeral: dict[str, Any]) -> None:
         """A message only its user sees: why their input started nothing."""
         await governed(self.paced.governor, team, bot.web, "chat.postEphemeral", ephemeral)
+
+
+def queued_text(ahead: int, limit: int) -> str:
+    """What a waiting turn's reply says: how many wait before it, and the app's limit."""
+    many = f"{ahead} request{'s' if ahead > 1 else ''} ahead of this one"
+    where = "next in line" if ahead == 0 else many
+    return QUEUED.format(where=where, limit=limit) + ANSWER_HERE
+
+
+def _said(msg: dict[str, Any], names: dict[str, str], addressed_to: str | None) -> str:
+    """`Name: text`; a message of only files says so rather than `(no text)`."""
+    if files_of(msg) and not message_text(msg, names, addressed_to=addressed_to):
+        count = len(files_of(msg))
+        return f"{poster(msg, names)}: (shared {count} file{'s' if count > 1 else ''})"
+    return attributed(msg, names, addressed_to=addressed_to)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -27,6 +28,7 @@ import aiohttp
 from engine.config import Project
 from engine.effects.http_pool import new_session
 from engine.effects.llm import LlmTarget, ProviderError, complete
+from engine.effects.llm.files import resolve_files
 from engine.effects.llm.prompts import EncodedMessages
 from engine.effects.worker import CheckedMessages, DecisionRun, ExecuteRun, WorkerTarget
 from engine.errors import SubsError, describe
@@ -108,6 +110,7 @@ class EffectRunner:
     metrics: Metrics
     clock: Callable[[], float]
     runners: Runners  # by effect type
+    sampled: bool = False  # tracing is on: worker requests say their span is recorded
 
     def __post_init__(self) -> None:
         self.http: aiohttp.ClientSession = new_session()
@@ -252,7 +255,7 @@ class EffectRunner:
 
         def prepare() -> Callable[[], Awaitable[Input]]:
             if isinstance(effect, RunDecision):
-                decision = DecisionRun(state, target, now, self.checked)
+                decision = DecisionRun(state, target, now, self.checked, self.sampled)
 
                 async def run_decision() -> Input:
                     started = time.perf_counter()
@@ -261,7 +264,9 @@ class EffectRunner:
                     return result
 
                 return run_decision
-            execute = ExecuteRun(state, effect.call_id, target, now, self.checked)
+            execute = ExecuteRun(
+                state, effect.call_id, target, now, self.checked, self.sampled
+            )
             assert deltas is not None
 
             async def run_execute() -> Input:
@@ -303,6 +308,14 @@ class EffectRunner:
             block=block.id,
         )
 
+    def _kept(self, sid: str, vendor: str, message: dict[str, Any]) -> bool:
+        """Whether the message's vendor form is kept encoded (so its files need no reading):
+        a message of its own group (not a system message, which goes in the head; not a tool
+        result, which Anthropic groups), under the key `prompts.encode_body` gives it."""
+        if message.get("role") in ("system", "tool") or message.get("id") is None:
+            return False
+        return self.prompts.holds((sid, vendor, str(message["id"])))
+
     async def _run_llm_call(
         self, sid: str, effect: RunLlmCall, plan: LlmCallPlan, deltas: DeltaWriter
     ) -> Input:
@@ -317,14 +330,19 @@ class EffectRunner:
 
         settled: LlmCallSettled
         started = time.perf_counter()
+        provider = "unknown"
         try:
             target = self._target(plan.llm)
+            provider = target.type
             timeout = None if effect.deadline is None else (effect.deadline - self.now_ms()) / 1000
             async with asyncio.timeout(timeout):
+                fetch = functools.partial(self.store.get_files, sid)
+                kept = functools.partial(self._kept, sid, target.type)
+                request = await resolve_files(plan.request, fetch, target.type, kept=kept)
                 response = await complete(
                     self.http,
                     target,
-                    plan.request,
+                    request,
                     stream=plan.stream,
                     on_delta=on_delta,
                     kept=self.prompts,
@@ -347,7 +365,16 @@ class EffectRunner:
                 effect.call_id, effect.attempt, error=info, retryable=late.retryable
             )
         finally:
-            self.metrics.observe_model_call(time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            self.metrics.observe_model_call(seconds)
+        usage = (settled.response or {}).get("usage") or {}
+        self.metrics.observe_chat(
+            seconds,
+            provider=provider,
+            model=str(plan.request.get("model") or "unknown"),
+            tokens={k: v for k in ("input", "output") if isinstance(v := usage.get(k), int)},
+            error=None if settled.error is None else str(settled.error.get("code", "error")),
+        )
         return settled
 
 

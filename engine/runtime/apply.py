@@ -46,6 +46,8 @@ from engine.runtime.metrics import Metrics
 from engine.runtime.retrying import Backoff, Trouble
 from engine.store.snapshots import SNAPSHOT_MIN_BYTES, Mark, current, load, mark_of
 from engine.store.store import STORE_FAULTS, Commit, Store, StoreConflict, WorkItem
+from engine.telemetry.spans import Before
+from engine.telemetry.tracing import Tracing
 
 log = logging.getLogger("subs.engine")
 
@@ -78,6 +80,7 @@ class _Planned:
     transition: Transition | None  # None: refused, nothing follows
     started: float  # perf_counter at the start of the step
     mark: Mark | None = None  # the stored snapshot's mark once this commit lands
+    before: Before | None = None  # what the spans this commit ends need (tracing on)
 
 
 class Applier:
@@ -93,8 +96,10 @@ class Applier:
         metrics: Metrics,
         stats: EngineStats,
         trouble: Trouble,
+        tracing: Tracing | None = None,
     ) -> None:
         self.project = project
+        self.tracing = tracing
         self.store = store
         self.kinds = kinds  # the call kinds every step runs by
         self.clock = clock
@@ -190,6 +195,8 @@ class Applier:
         if planned.mark is not None:
             self.marks[t.state.session_id] = planned.mark
         self._count(t.events)
+        if self.tracing is not None and planned.before is not None:
+            self.tracing.committed(planned.before, t.events)
         self.stats.steps += 1
         if self.stats.record_steps:
             self.stats.step_seconds.append(time.perf_counter() - planned.started)
@@ -246,6 +253,7 @@ class Applier:
             self.llm_routes,
             owner=body.get("owner"),
             slash_commands=commands,
+            traceparent=body.get("traceparent"),
         )
 
     async def _plan(self, item: WorkItem) -> _Planned:
@@ -254,6 +262,7 @@ class Applier:
         sid = item.session_id
         state = await self.load(sid)
         seq = state.seq if state else 0
+        before = None if self.tracing is None else Before.of(state, sid)
         try:
             inp = self._machine_input(state, item.input)
             t = step(state, sid, inp, self.now_ms(), new_id, self.kinds)
@@ -262,7 +271,7 @@ class Applier:
             commit = Commit(sid, seq, seq, (), None, reply=reply)
             return _Planned(self._finish(commit, item), None, started)
         commit, mark = self._commit_of(sid, seq, t, item)
-        return _Planned(commit, t, started, mark)
+        return _Planned(commit, t, started, mark, before)
 
     def _commit_of(
         self, sid: str, seq: int, t: Transition, item: WorkItem
