@@ -199,12 +199,20 @@ class Client:
         error: str | None = None,
         retryable: bool = False,
         message_id: str | None = None,
+        client_only: bool = False,
         timeout: float = 30.0,
     ) -> dict[str, Any]:
         """End an async worker tool call (or a client tool call) from outside (SPEC §6);
-        `message_id` names the tool message it records."""
+        `message_id` names the tool message it records. `client_only` (a scoped key's
+        settle) refuses any call but a client tool's with 403."""
         settled = CallSettled(
-            call_id, attempt, result=result, error=error, retryable=retryable, message_id=message_id
+            call_id,
+            attempt,
+            result=result,
+            error=error,
+            retryable=retryable,
+            message_id=message_id,
+            client_only=client_only,
         )
         return await self._request(session_id, input_to_json(settled), timeout)
 

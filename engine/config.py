@@ -62,6 +62,12 @@ _LITERAL_IN_ENV = (
 )
 _UINT32_MAX = 2**32 - 1
 _COMMAND_VAR = re.compile(r"\$\{([A-Z_][A-Z0-9_]*)\}")  # `${VAR}` in an MCP command line
+# A variable or a command-line flag named like a credential (`OPS_API_KEY`, `--token=…`).
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASS|PWD|AUTH|CRED", re.IGNORECASE)
+_SECRET_FLAG = re.compile(
+    r"(--?[A-Za-z0-9_-]*(?:key|token|secret|pass|pwd|auth|cred)[A-Za-z0-9_-]*)(=.+)?$",
+    re.IGNORECASE,
+)
 
 
 class ConfigError(SubsError):
@@ -95,6 +101,7 @@ class ServeConfig:
     cors_origins: tuple[str, ...] = ()  # browser origins the API answers; none: no CORS
     max_streams_per_key: int = 100  # event streams one API key (or address) may hold open
     public_url: str | None = None  # where people reach this API; links to the console use it
+    header_timeout_secs: float = 10.0  # a request's headers must arrive within this (slow-loris)
 
     def console_url(self, session_id: str) -> str:
         """The session's console page: at `public_url`, else where serve listens."""
@@ -232,6 +239,25 @@ class McpBlock:
         if shutil.which(program, path=path):
             return None
         return f"{program!r} is not installed (not found on PATH)"
+
+    def secret_in_command(self) -> str | None:
+        """Why this server's command line holds a secret, or None. Every local user reads
+        a process's arguments (/proc/<pid>/cmdline, `ps`): a secret belongs in `env_from`.
+        Says where it is (a `${VAR}` named like a secret, a credential flag), never it."""
+        for n, arg in enumerate(self.command or ()):
+            for var in _COMMAND_VAR.findall(arg):
+                if _SECRET_NAME.search(var):
+                    return (
+                        f"its command line passes ${{{var}}} (argument {n}), which every local "
+                        "user can read in /proc/<pid>/cmdline; pass it with env_from instead"
+                    )
+            flag = _SECRET_FLAG.match(arg)
+            if flag is not None and (flag.group(2) or n + 1 < len(self.command or ())):
+                return (
+                    f"its command line gives {flag.group(1)} a value (argument {n}), which every "
+                    "local user can read in /proc/<pid>/cmdline; pass it with env_from instead"
+                )
+        return None
 
     def argv(self, env: Mapping[str, str]) -> list[str]:
         """The command line with each `${VAR}` replaced by its value (unset: empty)."""
@@ -526,6 +552,7 @@ class _Serve(_Model):
     cors_origins: list[Origin] = Field(default_factory=list)
     max_streams_per_key: Annotated[int, Field(ge=1)] = 100
     public_url: PublicUrl | None = None
+    header_timeout_secs: Annotated[float, Field(gt=0, le=3600)] = 10.0
 
 
 class _Store(_Model):
@@ -1137,6 +1164,7 @@ def _build(root: _Root, path: str) -> Project:
             cors_origins=tuple(dict.fromkeys(root.serve.cors_origins)),
             max_streams_per_key=root.serve.max_streams_per_key,
             public_url=root.serve.public_url,
+            header_timeout_secs=root.serve.header_timeout_secs,
         ),
         llm=llm,
         agents=agents,
@@ -1207,7 +1235,8 @@ def project_secrets(project: Project, env: Mapping[str, str], *urls: str | None)
         if agent.signing_secret_env:
             values.append(env.get(agent.signing_secret_env, ""))
     for conn in project.mcp.values():  # a server's token, and what it is handed from ours
-        values += [env.get(var, "") for var in (conn.token_env, *conn.env_from) if var]
+        handed = (conn.token_env, *conn.env_from, *conn.command_vars())  # `${VAR}`s too
+        values += [env.get(var, "") for var in handed if var]
     for url in (project.redis, *urls, *(a.worker for a in project.agents.values())):
         if url:
             values += url_secrets(url)

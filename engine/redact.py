@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 MASK = "***"
@@ -107,8 +108,19 @@ def env_secrets(env: Mapping[str, str]) -> list[str]:
     values = [v for k, v in env.items() if k.startswith(_SLACK_SECRET_VARS)]
     values.append(env.get("SUBS_API_KEY", ""))
     for entry in env.get("SUBS_API_KEYS", "").split(","):
-        values.append(entry.strip().removesuffix(":own"))
+        values.append(entry.strip().removesuffix(":own").removesuffix(":read"))
     return values
+
+
+def scrubbed(value: Any, scrub: Callable[[str], str]) -> Any:
+    """`value` (JSON-like: dicts, lists, strings) with every string in it scrubbed."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {k: scrubbed(v, scrub) for k, v in value.items()}
+    if isinstance(value, list):
+        return [scrubbed(v, scrub) for v in value]
+    return value
 
 
 def url_secrets(url: str) -> list[str]:

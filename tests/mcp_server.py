@@ -11,7 +11,8 @@ test can kill the server in the middle of), `grow` (adds `later` and sends
 `picture` (an image block), `forecast` (structured
 content). `CLOCK_TZ` from its environment shows up in `now`; every `slow` call appends a
 line to the file named by `MCP_CALLS_LOG`, so a test can count how often it was sent; each
-start appends the server's pid to `MCP_PIDS_LOG`.
+start appends the server's pid to `MCP_PIDS_LOG`. `--say TEXT` and `--say-env NAME` write
+TEXT and the variable's value to stderr at start (a server that prints what it was given).
 """
 
 from __future__ import annotations
@@ -154,7 +155,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", type=int, default=None)
     parser.add_argument("--token", default="")
+    parser.add_argument("--say", default=None)
+    parser.add_argument("--say-env", default=None)
     args = parser.parse_args()
+    if args.say is not None:
+        print(f"started with {args.say}", file=sys.stderr, flush=True)
+    if args.say_env is not None:
+        print(f"my token is {os.environ.get(args.say_env, '')}", file=sys.stderr, flush=True)
     if args.http is None:
         server.run()
         return

@@ -12,12 +12,14 @@ TypeScript); `test_worker_ts_is_worker_mjs_with_types` holds it to its JavaScrip
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import os
 import re
 import shlex
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -25,7 +27,7 @@ import aiohttp
 import pytest
 
 from engine.config import load_project
-from engine.effects.delivery import sign
+from engine.effects.delivery import sign, sign_timestamped, verify_timestamped
 from tests.engine_helpers import ROOT, EngineProcess
 from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
 from tests.workers import RESPONSE_SCHEMA, schema_errors
@@ -119,9 +121,21 @@ async def test_the_example_worker_serves_a_turn(
 ) -> None:
     async with aiohttp.ClientSession() as http:
         body = json.dumps({"trigger": {"type": "session.start"}, "proposed": {}}).encode()
-        for headers in ({}, {"X-Substructure-Signature": sign("another-secret", body)}):
+        now = int(time.time())
+        for headers in (
+            {},
+            {"X-Subs-Signature": sign_timestamped("another-secret", body, now)},
+            # A request captured six minutes ago and sent again: signed right, too old.
+            {"X-Subs-Signature": sign_timestamped(SECRET, body, now - 360)},
+            {"X-Subs-Signature": sign_timestamped(SECRET, body, now + 360)},
+            # The original engine's header alone proves no time: not enough.
+            {"X-Substructure-Signature": sign(SECRET, body)},
+        ):
             async with http.post(example_worker, data=body, headers=headers) as response:
-                assert response.status == 401, await response.text()
+                assert response.status == 401, (headers, await response.text())
+        fresh = {"X-Subs-Signature": sign_timestamped(SECRET, body, now)}
+        async with http.post(example_worker, data=body, headers=fresh) as response:
+            assert response.status == 200, await response.text()
     commands = page_commands()
     serve_env, serve_argv = as_written(commands["serve"])
     config = ROOT / serve_argv[serve_argv.index("-c") + 1]
@@ -180,6 +194,28 @@ async def test_ctrl_c_stops_the_example_worker_quietly(kind: str) -> None:
     # 0, or ended by the signal itself (a shell says 130), as `node` is by default
     assert proc.returncode in (0, 130, -signal.SIGINT), (proc.returncode, err.decode())
     assert err.decode() == "", f"{kind} wrote on Ctrl-C:\n{err.decode()}"
+
+
+def test_the_python_examples_check_refuses_a_replay_outside_the_window(monkeypatch) -> None:
+    """docs/examples/worker.py's own `signed`, on what the engine sends (`deliver`'s
+    header): good within 5 minutes either way of the worker's clock, refused past them,
+    refused for another body or secret; the engine's `verify_timestamped` agrees."""
+    monkeypatch.setenv("ONCALL_WORKER_SECRET", SECRET)
+    spec = importlib.util.spec_from_file_location("example_worker", EXAMPLES / "worker.py")
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    body = b'{"trigger": {"type": "session.start"}, "proposed": {}}'
+    sent_at = 1_800_000_000
+    header = sign_timestamped(SECRET, body, sent_at)
+    for delay, good in [(0, True), (299, True), (-299, True), (301, False), (3600, False)]:
+        now = sent_at + delay
+        assert example.signed(body, header, now=now) is good, delay
+        assert verify_timestamped(SECRET, body, header, now) is good, delay
+    assert not example.signed(body + b" ", header, now=sent_at)
+    assert not example.signed(body, sign_timestamped("another", body, sent_at), now=sent_at)
+    assert not example.signed(body, header.replace(f"t={sent_at}", f"t={sent_at + 1}"), now=sent_at)
+    assert not example.signed(body, sign(SECRET, body), now=sent_at)
 
 
 def test_the_page_shows_the_example_config_whole() -> None:

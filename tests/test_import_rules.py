@@ -249,6 +249,7 @@ BOT_LAYERS: dict[str, tuple[set[str], set[str]]] = {
         set(REDIS),
     ),
     "bot.turns": (
+        # engine.session_ids: the one list of ids the engine reserves (a thread's is one)
         {
             "bot.payloads",
             "bot.rendering",
@@ -256,6 +257,7 @@ BOT_LAYERS: dict[str, tuple[set[str], set[str]]] = {
             "bot.turns",
             "engine.client",
             "engine.errors",
+            "engine.session_ids",
             "engine.telemetry",
         },
         set(REDIS),
@@ -348,6 +350,7 @@ _BELOW_ALL = {
     "engine.errors",
     "engine.files",
     "engine.ids",
+    "engine.session_ids",
     "engine.jsonedge",
     "engine.messages",
     "engine.sse",
@@ -361,6 +364,7 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
     # What every layer shares; each imports at most the error model.
     "engine.errors": (set(), set()),  # the machine raises these too
     "engine.ids": (set(), set()),
+    "engine.session_ids": (set(), set()),  # the ids the engine reserves (a Slack thread's)
     "engine.messages": (set(), set()),
     "engine.sse": (set(), set()),
     "engine.statuses": (set(), set()),
@@ -480,6 +484,7 @@ ENGINE_BREACHES = [
     ("engine", "from engine.machine import step"),
     ("engine.errors", "from engine.config import Project"),
     ("engine.ids", "from engine.runtime.apply import Applier"),
+    ("engine.session_ids", "from engine.config import Project"),
     ("engine.messages", "from engine.machine.tree import path_to"),
     ("engine.sse", "from engine.jsonedge import encode"),
     ("engine.statuses", "from engine.machine.state import SessionState"),

@@ -80,6 +80,7 @@ def test_the_secrets_a_project_and_its_environment_name(tmp_path) -> None:
         '[agent.w2]\nllm = "c"\nmodel = "m"\n'
         '[mcp.t]\nurl = "http://t/mcp"\ntoken_env = "T_TOKEN"\n'
         '[mcp.s]\ncommand = ["srv"]\nenv_from = ["GH_TOKEN"]\n'
+        '[mcp.v]\ncommand = ["srv", "--dsn", "${DB_DSN}"]\n'
     )
     env = {
         "OPENAI_API_KEY": "openai-key",
@@ -88,11 +89,12 @@ def test_the_secrets_a_project_and_its_environment_name(tmp_path) -> None:
         "SLACK_BOT_TOKEN_A": "xoxb-1",
         "SLACK_APP_TOKEN_A": "xapp-1",
         "SLACK_SIGNING_SECRET_A": "slack-sign",
-        "SUBS_API_KEYS": " k-one , k-two:own,,",
+        "SUBS_API_KEYS": " k-one , k-two:own,k-three:read,,",
         "SUBS_API_KEY": "client-key",
         "HOME": "/home/me",
         "T_TOKEN": "mcp-bearer",
         "GH_TOKEN": "gh-handed-on",
+        "DB_DSN": "postgres-dsn-pw",
     }
     project = parse_project(text, str(tmp_path / "subs.toml"), env=env)
     found = set(env_secrets(env)) | set(project_secrets(project, env, "redis://:argpw@h"))
@@ -105,6 +107,7 @@ def test_the_secrets_a_project_and_its_environment_name(tmp_path) -> None:
         "slack-sign",
         "k-one",
         "k-two",
+        "k-three",  # a KEY:read entry: the key, not its scope
         "client-key",
         "filepw",
         "argpw",
@@ -112,6 +115,7 @@ def test_the_secrets_a_project_and_its_environment_name(tmp_path) -> None:
         "wtok",
         "mcp-bearer",
         "gh-handed-on",
+        "postgres-dsn-pw",  # a ${VAR} of an MCP command line
     }
     assert expected <= found
     assert "/home/me" not in found and "u" not in found

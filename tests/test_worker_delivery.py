@@ -13,7 +13,15 @@ from typing import Any
 import aiohttp
 import pytest
 
-from engine.effects.delivery import DecisionFailure, Delivery, deliver, sign, verify
+from engine.effects.delivery import (
+    DecisionFailure,
+    Delivery,
+    deliver,
+    sign,
+    sign_timestamped,
+    verify,
+    verify_timestamped,
+)
 from engine.effects.http_pool import new_session
 from engine.effects.worker import CheckedMessages, Unsendable, _check_outgoing
 from engine.protocol import (
@@ -166,6 +174,12 @@ async def test_signed_request_passes_the_workers_own_check(
     worker = await test_worker(answer({"state": 1}), secret="s3cret")
     assert await deliver(http, to(worker, secret="s3cret")) == {"state": 1}
     assert worker.headers[0]["X-Substructure-Signature"] == sign("s3cret", BODY)
+    stamped = worker.headers[0]["X-Subs-Signature"]  # t=<unix>,v1=<hex of "t." + body>
+    sent_at = int(stamped.removeprefix("t=").partition(",")[0])
+    assert abs(time.time() - sent_at) < 60
+    assert stamped == sign_timestamped("s3cret", BODY, sent_at)
+    assert verify_timestamped("s3cret", BODY, stamped, time.time())
+    assert not verify_timestamped("s3cret", BODY, stamped, sent_at + 301)  # a replay
     assert len(worker.requests) == 1
 
 

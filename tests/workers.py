@@ -18,6 +18,7 @@ import hashlib
 import hmac
 import json
 import re
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,7 +182,9 @@ class TestWorker:
             return web.Response(status=400, text="not JSON")
         self.schema_errors.extend(schema_errors(REQUEST_SCHEMA, body))
         if self.secret is not None and not self._signed(raw, request):
-            return web.Response(status=401, text="bad or missing X-Substructure-Signature")
+            return web.Response(
+                status=401, text="bad or missing X-Substructure-Signature or X-Subs-Signature"
+            )
         self.requests.append(body)
         answer = await self.decide(body)
         if isinstance(answer, Hang):
@@ -211,10 +214,21 @@ class TestWorker:
             )
 
     def _signed(self, raw: bytes, request: web.Request) -> bool:
+        """Both signatures: the original engine's, and `X-Subs-Signature` (timestamped,
+        within 5 minutes of this clock); a request missing either is refused."""
         assert self.secret is not None
-        expected = "sha256=" + hmac.new(self.secret.encode(), raw, hashlib.sha256).hexdigest()
+        key = self.secret.encode()
+        expected = "sha256=" + hmac.new(key, raw, hashlib.sha256).hexdigest()
         given = request.headers.get("X-Substructure-Signature", "")
-        return hmac.compare_digest(expected.encode(), given.encode("utf-8", "replace"))
+        if not hmac.compare_digest(expected.encode(), given.encode("utf-8", "replace")):
+            return False
+        stamped = re.fullmatch(
+            r"t=(\d+),v1=([0-9a-f]{64})", request.headers.get("X-Subs-Signature", "")
+        )
+        if stamped is None or abs(time.time() - int(stamped[1])) > 300:
+            return False
+        mac = hmac.new(key, stamped[1].encode() + b"." + raw, hashlib.sha256).hexdigest()
+        return hmac.compare_digest(mac, stamped[2])
 
     def _check_response(self, value: Any) -> None:
         self.response_schema_errors.extend(schema_errors(RESPONSE_SCHEMA, value))

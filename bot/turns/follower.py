@@ -51,6 +51,13 @@ MAX_FAILURES = 5
 RETRY_SECONDS = 5.0  # a failed follower's turn is retried after 5 s, then 10, 20, 40
 GAVE_UP = ":warning: This reply could not be finished: Slack or the engine kept failing."
 BUSY = "Still working on this thread: try again once the reply is done."
+# The bot's own writes name this owner: a thread's session must have been started from
+# Slack (by any asker), never by an API key that picked the predictable id first.
+SLACK_OWNER = {"issuer": "slack"}
+NOT_ADOPTED = (
+    ":no_entry: This thread's session was not started from Slack (an API client created it "
+    "first), so I will not use it. Mention me in a new thread to start one."
+)
 QUEUED = ":hourglass_flowing_sand: Queued: {where} (this app answers {limit} at a time)."
 ANSWER_HERE = " The answer will appear here."
 
@@ -279,9 +286,14 @@ class Followers:
                 payload,
                 session_id=cp.session_id,
                 identity=identity,
+                owner=SLACK_OWNER,
                 traceparent=live.parent.traceparent() if live else None,
             )
         except ClientError as err:
+            if err.code == "forbidden":  # someone else's session under our thread's id
+                log.warning("slack: session %s was not started from Slack; not used", cp.session_id)
+                await reply.post("reply", {"text": NOT_ADOPTED})
+                return False
             if err.code == "turn_already_active":  # an action (not queueable) mid-turn
                 args = {"channel": cp.channel, "user": cp.user, "thread_ts": cp.thread_ts}
                 await self.tell(self.bots[cp.agent], cp.team, {**args, "text": BUSY})

@@ -28,7 +28,7 @@ from bot.slack.webapi import call
 from bot.turns.access import REFUSED, Access, refusal
 from bot.turns.approvers import approvers_of, named
 from bot.turns.checkpoint import Checkpoint
-from bot.turns.follower import Followers
+from bot.turns.follower import SLACK_OWNER, Followers
 from bot.turns.routing import route, session_id_for, thread_ts_of
 from bot.turns.store import seen_key
 from bot.turns.watch import Watch
@@ -251,7 +251,9 @@ class Listeners:
                 "payload": {"value": option.get("value"), "responder": responder},
             }
             try:
-                reply = await self.followers.client.submit(resume, session_id=sid)
+                reply = await self.followers.client.submit(
+                    resume, session_id=sid, owner=SLACK_OWNER
+                )
             except ClientError as err:
                 log.warning("slack prompt %s: %s", interrupt_id, err)
             else:

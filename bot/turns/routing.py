@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from bot.payloads import SlackMessage
 from bot.turns.watch import Watch, watched
+from engine.session_ids import slack_session_id
 
 __all__ = [
     "ANSWERS",
@@ -37,7 +38,7 @@ _GROUP_MENTION = re.compile(r"<!subteam\^")
 
 def session_id_for(agent: str, channel: str, thread_ts: str) -> str:
     """The session a Slack thread maps to; one per agent, channel and root ts."""
-    return f"slack:{agent}:{channel}:{thread_ts}"
+    return slack_session_id(agent, channel, thread_ts)
 
 
 def _str(event: Event, key: str) -> str | None:

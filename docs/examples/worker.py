@@ -15,21 +15,28 @@ import hashlib
 import hmac
 import json
 import os
+import re
 import signal
+import time
 from typing import Any
 
 from aiohttp import web
 
 SECRET = os.environ["ONCALL_WORKER_SECRET"].encode()  # what signing_secret_env names
+WINDOW = 300  # seconds a signed request stays good: one replayed later is refused
 RUNBOOKS = {
     "checkout": "kubectl rollout restart deploy/checkout; page payments if it still fails.",
 }
 
 
-def signed(body: bytes, header: str | None) -> bool:
-    """`X-Substructure-Signature` is `sha256=` + the hex HMAC-SHA256 of the raw body."""
-    expected = "sha256=" + hmac.new(SECRET, body, hashlib.sha256).hexdigest()
-    return header is not None and hmac.compare_digest(expected, header)
+def signed(body: bytes, header: str | None, now: float | None = None) -> bool:
+    """`X-Subs-Signature` is `t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>." + body>`.
+    A `t` more than WINDOW seconds from `now` (default: this clock) is a replay."""
+    match = re.fullmatch(r"t=(\d+),v1=([0-9a-f]+)", header or "")
+    if match is None or abs((time.time() if now is None else now) - int(match[1])) > WINDOW:
+        return False
+    expected = hmac.new(SECRET, match[1].encode() + b"." + body, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected, match[2])
 
 
 def run_tool(name: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -42,7 +49,7 @@ def run_tool(name: str, args: dict[str, Any]) -> dict[str, Any]:
 
 async def decide(request: web.Request) -> web.Response:
     body = await request.read()  # the raw bytes: the signature covers exactly these
-    if not signed(body, request.headers.get("X-Substructure-Signature")):
+    if not signed(body, request.headers.get("X-Subs-Signature")):
         return web.json_response({"error": "bad or missing signature"}, status=401)
     decision = json.loads(body)
     trigger = decision["trigger"]

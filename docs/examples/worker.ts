@@ -24,14 +24,19 @@ interface DecisionRequest {
 }
 
 const SECRET = process.env.ONCALL_WORKER_SECRET ?? "";
+const WINDOW = 300; // seconds a signed request stays good: one replayed later is refused
 const RUNBOOKS: { [service: string]: string } = {
   checkout: "kubectl rollout restart deploy/checkout; page payments if it still fails.",
 };
 
-// `X-Substructure-Signature` is `sha256=` + the hex HMAC-SHA256 of the raw body.
-function signed(body: Buffer, header: string | undefined): boolean {
-  const expected = Buffer.from("sha256=" + createHmac("sha256", SECRET).update(body).digest("hex"));
-  const given = Buffer.from(header ?? "");
+// `X-Subs-Signature` is `t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>." + body>`. A `t`
+// more than WINDOW seconds from `now` (default: this clock) is a replay.
+function signed(body: Buffer, header: string | undefined, now: number = Date.now() / 1000): boolean {
+  const match = /^t=(\d+),v1=([0-9a-f]+)$/.exec(header ?? "");
+  if (match === null || Math.abs(now - Number(match[1])) > WINDOW) return false;
+  const mac = createHmac("sha256", SECRET).update(`${match[1]}.`).update(body).digest("hex");
+  const expected = Buffer.from(mac);
+  const given = Buffer.from(match[2]);
   return given.length === expected.length && timingSafeEqual(given, expected);
 }
 
@@ -53,7 +58,7 @@ async function decide(req: IncomingMessage, res: ServerResponse): Promise<void> 
   const chunks: Buffer[] = [];
   for await (const chunk of req) chunks.push(chunk);
   const body = Buffer.concat(chunks); // the raw bytes: the signature covers exactly these
-  const header = req.headers["x-substructure-signature"];
+  const header = req.headers["x-subs-signature"];
   if (!signed(body, typeof header === "string" ? header : undefined)) {
     return answer(res, 401, { error: "bad or missing signature" });
   }

@@ -6,8 +6,16 @@ shared readers. Other layers import what they need to build, run and guard the a
 here; the modules below hold one idea each, and tests that look inside import from them.
 """
 
-from engine.api.app import make_app
+from engine.api.app import make_app, make_runner
 from engine.api.auth import ApiKeys, ApiKeysError, bind_warning, check_bind
 from engine.api.stream import SseLimits
 
-__all__ = ["ApiKeys", "ApiKeysError", "SseLimits", "bind_warning", "check_bind", "make_app"]
+__all__ = [
+    "ApiKeys",
+    "ApiKeysError",
+    "SseLimits",
+    "bind_warning",
+    "check_bind",
+    "make_app",
+    "make_runner",
+]

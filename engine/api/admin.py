@@ -115,7 +115,15 @@ async def get_healthz(request: web.Request) -> web.Response:
 
 
 async def get_metrics(request: web.Request) -> web.Response:
-    """Prometheus text exposition of the engine's counters and histograms."""
+    """Prometheus text exposition of the engine's counters and histograms: a full-access or
+    `KEY:read` key's (they count across every session and key)."""
+    if not principal_of(request).full:
+        raise ApiError(
+            "this key may only use its own sessions (a KEY:own entry in SUBS_API_KEYS); "
+            "/metrics needs a full-access or a KEY:read key",
+            status=403,
+            code="forbidden",
+        )
     api = request.app[API]
     api.metrics.set("subs_sse_readers", len(api.hub.readers))
     text = api.metrics.render()

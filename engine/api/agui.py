@@ -23,6 +23,7 @@ from engine.api.agui_events import RunTranslator, snapshot, sse
 from engine.api.errors import ApiError
 from engine.api.fanout import Watch
 from engine.api.parsing import json_body, validate
+from engine.api.sessions import refuse_reserved
 from engine.api.state import API, ApiState, principal_of
 from engine.api.stream import PING, SSE_HEADERS
 from engine.machine import SessionState
@@ -200,6 +201,7 @@ async def _begin(
     seq its stream starts after, and the seq the session had when the watch had joined.
     Raises an ApiError (no stream yet) when refused."""
     sid = run.thread_id
+    refuse_reserved(request, sid, "threadId")
     drafts = draft_messages(run)
     state = await _owned(request, api, sid, agent_id)
     after = joined = state.seq if state is not None else 0
@@ -226,6 +228,7 @@ async def _begin(
                 result=None if error else message.get("content", ""),
                 error=error,
                 message_id=message["id"],
+                client_only=not principal_of(request).full,
                 timeout=api.request_timeout,
             )
         translator.turn_id = state.turn.id

@@ -4,6 +4,7 @@ routes, and the shutdown hooks that end open streams and the shared reader."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 from aiohttp import web
 
@@ -19,10 +20,12 @@ from engine.api.auth import ApiKeys
 from engine.api.chat_page import add_chat_routes
 from engine.api.console import add_console_routes
 from engine.api.fanout import Hub
+from engine.api.local import allowed_hosts
 from engine.api.middleware import (
     authenticate,
     console_headers,
     cors_headers,
+    local_only,
     preflight,
     render_errors,
 )
@@ -40,6 +43,16 @@ from engine.api.stream import SseLimits, sse_frame
 from engine.client import Client
 from engine.runtime.metrics import Metrics
 from engine.store.store import Store
+
+
+def make_runner(app: web.Application, *, header_timeout: float, **kw: Any) -> web.AppRunner:
+    """The runner `subs serve` serves `app` with: handlers cancelled when their client
+    hangs up, and a request's headers given `header_timeout` seconds to arrive (from the
+    connection's start, or the previous answer's end) before the connection is closed, so
+    a client that trickles them (slow-loris) holds nothing for long. aiohttp's keep-alive
+    timer is that bound: it runs from those moments and closes a connection still waiting
+    for a request's head; an idle kept-alive connection closes after it too."""
+    return web.AppRunner(app, handler_cancellation=True, keepalive_timeout=header_timeout, **kw)
 
 
 async def _stop_streams(app: web.Application) -> None:
@@ -65,6 +78,7 @@ def make_app(
     max_streams_per_key: int = 100,
     agents: Iterable[str] = (),
     store_problem: Callable[[], str | None] = lambda: None,
+    hosts: Iterable[str | None] = (),
 ) -> web.Application:
     """The API as an aiohttp app; the caller runs it (and decides where, see `check_bind`).
 
@@ -74,10 +88,12 @@ def make_app(
     be on a connection pool of its own, apart from the engine's: the API's waits
     (submits, event-stream readers) must never hold up a lease renewal.
     `store_problem` says why the store is degraded though Redis answers (/healthz).
+    `hosts` are the names an open API (no keys) answers besides the loopback ones: the
+    address it is bound to and `[serve] public_url`'s host (engine/api/local.py).
     """
     limits = sse or SseLimits()
     app = web.Application(
-        middlewares=[render_errors, preflight, authenticate], client_max_size=max_body
+        middlewares=[render_errors, local_only, preflight, authenticate], client_max_size=max_body
     )
     app[API] = ApiState(
         client=engine_client,
@@ -93,6 +109,7 @@ def make_app(
         max_streams_per_key=max_streams_per_key,
         agents=tuple(sorted(agents)),
         store_problem=store_problem,
+        local_hosts=allowed_hosts(hosts),
     )
     app.on_response_prepare.append(cors_headers)
     app.on_response_prepare.append(console_headers)

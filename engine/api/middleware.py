@@ -1,7 +1,7 @@
 """The chain every request passes, outermost first (`make_app` sets the order): errors
-rendered as `{"error", "code"}` and requests counted, CORS preflights answered before
-auth (a browser sends no key with them), then the bearer key checked. CORS headers on
-every answer come from the `on_response_prepare` hook here too."""
+rendered as `{"error", "code"}` and requests counted, an open API's local-only checks,
+CORS preflights answered before auth (a browser sends no key with them), then the bearer
+key checked. CORS headers on every answer come from the `on_response_prepare` hook here too."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from aiohttp import web
 
 from engine.api.auth import read_only_refusal, unauthorized
 from engine.api.errors import INTERNAL, STORE_DOWN, ApiError, error_response, http_error
+from engine.api.local import local_refusal
 from engine.api.state import API, PRINCIPAL
 from engine.errors import SubsError
 from engine.store.store import STORE_FAULTS
@@ -70,6 +71,18 @@ def _listed_origin(request: web.Request) -> str | None:
     if origin is not None and origin.lower() in request.app[API].cors_origins:
         return origin
     return None
+
+
+@web.middleware
+async def local_only(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """With no keys configured: only requests for this server, from no other page (see
+    `engine.api.local`). With keys, the bearer key is what a page cannot send."""
+    api = request.app[API]
+    if api.keys.open:
+        refusal = local_refusal(request, api.local_hosts, api.cors_origins)
+        if refusal is not None:
+            raise refusal
+    return await handler(request)
 
 
 @web.middleware

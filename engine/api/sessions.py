@@ -23,7 +23,22 @@ from engine.client import session_view
 from engine.jsonedge import compact_json
 from engine.machine import SessionState
 from engine.protocol import InterruptPayload, WorkerIdentity
+from engine.session_ids import reserved_for
 from engine.store.snapshots import load_state
+
+
+def refuse_reserved(request: web.Request, sid: str, param: str = "session_id") -> None:
+    """403 when a key that is not a full-access key would create or write a session id one
+    of the engine's channels derives (engine/session_ids.py): it could plant a thread."""
+    why = reserved_for(sid)
+    if why is not None and not principal_of(request).full:
+        raise ApiError(
+            f"session {sid!r} is reserved: {why}; only a full-access key may create or "
+            "write it (pick another id, or leave session_id out)",
+            status=403,
+            code="reserved_session_id",
+            param=param,
+        )
 
 
 async def _owned_state(request: web.Request, sid: str) -> SessionState:
@@ -53,6 +68,8 @@ async def post_input(request: web.Request) -> web.Response:
         )
         metadata = {**identity["metadata"], **supplied.get("metadata", {})}
         identity = {**identity, **supplied, "metadata": metadata}
+    if body.session_id is not None:
+        refuse_reserved(request, body.session_id)
     if body.session_id is not None and not principal.full:
         head = await api.store.head(body.session_id)
         if head is not None and not principal.owns(head[1]):
@@ -132,6 +149,7 @@ async def post_interrupt(request: web.Request) -> web.Response:
     """Pause the running turn with a prompt (SPEC §8)."""
     api = request.app[API]
     sid = request.match_info["sid"]
+    refuse_reserved(request, sid)
     body: InterruptBody = validate(InterruptBody, await json_body(request))
     if body.payload is not None:
         validate(InterruptPayload, body.payload, "payload")
@@ -144,6 +162,7 @@ async def post_cancel(request: web.Request) -> web.Response:
     """End the running turn; the body (`{reason?}`) may be left out."""
     api = request.app[API]
     sid = request.match_info["sid"]
+    refuse_reserved(request, sid)
     raw = await json_body(request) if request.body_exists else {}
     body: CancelBody = validate(CancelBody, raw)
     await _owned_state(request, sid)
@@ -154,6 +173,7 @@ async def post_cancel(request: web.Request) -> web.Response:
 async def delete_session(request: web.Request) -> web.Response:
     """Remove an idle session and all it stored; 409 `turn_running` while a turn runs."""
     sid = request.match_info["sid"]
+    refuse_reserved(request, sid)
     await _owned_state(request, sid)
     await request.app[API].client.delete(sid)
     return web.Response(status=204)
@@ -163,16 +183,19 @@ async def post_settle(request: web.Request) -> web.Response:
     """Settle an async worker or client tool call from outside (SPEC §6)."""
     api = request.app[API]
     sid = request.match_info["sid"]
+    refuse_reserved(request, sid)
     body: SettleBody = validate(SettleBody, await json_body(request))
     if body.error is not None and "result" in body.model_fields_set:
         raise ApiError(
             "result: give either result or error, not both", status=422, code="invalid_input"
         )
-    if not principal_of(request).full:
+    full = principal_of(request).full
+    if not full:
         await _owned_state(request, sid)
     reply = await api.client.settle(
         sid,
         body.id,
+        client_only=not full,  # a scoped key answers its client tools, never a worker's call
         attempt=body.attempt,
         result=body.result,
         error=body.error,

@@ -33,6 +33,9 @@ class ApiState:
     hub: Hub
     max_streams_per_key: int
     agents: tuple[str, ...] = ()  # the project's agents: the chat page has a page for each
+    # The `Host` names an open API answers (engine.api.local): loopback, the bound address
+    # and `public_url`'s host.
+    local_hosts: frozenset[str] = frozenset()
     # Why the store is degraded though it answers (the embedded server's folder removed).
     store_problem: Callable[[], str | None] = lambda: None
     streams: set[SseStream] = field(default_factory=set)

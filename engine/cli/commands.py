@@ -593,7 +593,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from bot.app import start_bots  # the Slack stack: only serve needs it
-    from engine.api import ApiKeys, ApiKeysError, bind_warning, check_bind, make_app
+    from engine.api import ApiKeys, ApiKeysError, bind_warning, check_bind, make_app, make_runner
     from engine.client import Client
     from engine.runtime.engine import Engine
     from engine.runtime.metrics import Metrics
@@ -654,9 +654,12 @@ async def _serve(args: argparse.Namespace) -> int:
             max_streams_per_key=project.serve.max_streams_per_key,
             agents=project.agents,
             store_problem=store_problem,
+            hosts=(host, urlsplit(project.serve.public_url or "").hostname),
         )
         app.add_routes(bots.routes())  # POST /slack/<agent>/events
-        runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=3)
+        runner = make_runner(
+            app, header_timeout=project.serve.header_timeout_secs, shutdown_timeout=3
+        )
         await runner.setup()
         # Last in, first out: stop taking requests (open streams end), then the bots,
         # then the engine hands back partitions and calls.
@@ -713,6 +716,7 @@ def _check(args: argparse.Namespace) -> int:
     missing = project.missing_env(os.environ)
     off = project.connections_off(os.environ)
     slack = project.slack_off(os.environ)
+    exposed = {b.path: why for b in project.mcp.values() if (why := b.secret_in_command())}
     shape = _cluster_shape(args.redis or project.redis)
     if sys.stdout.isatty():
         agents = ", ".join(
@@ -731,6 +735,8 @@ def _check(args: argparse.Namespace) -> int:
             print(f"{path} is off: {why}; its agents run without its tools")
         for app in slack:
             print(app.why)
+        for path, why in exposed.items():
+            print(f"warning: {path}: {why}")
     else:
         if shape is not None:
             print(json.dumps({"redis_cluster": shape}))
@@ -740,6 +746,8 @@ def _check(args: argparse.Namespace) -> int:
             print(json.dumps({"off": path, "why": why}))
         for app in slack:
             print(json.dumps({"slack_off": app.agent, "why": app.why, "partial": app.partial}))
+        for path, why in exposed.items():
+            print(json.dumps({"warning": path, "why": why}))
     return 1 if missing or any(app.partial for app in slack) else 0
 
 

@@ -89,8 +89,10 @@ class HttpClient:
     async def _call(self, method: str, path: str, body: Any = None, **params: Any) -> Any:
         headers = self.headers
         data = None
-        if body is not None:
+        if body is not None or method in ("POST", "DELETE"):
+            # Every write says JSON, a body-less one too: an open API refuses it otherwise.
             headers = {**headers, "Content-Type": "application/json"}
+        if body is not None:
             data = compact_json(body).encode()
         try:
             async with self.http.request(

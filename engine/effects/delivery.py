@@ -12,7 +12,9 @@ import asyncio
 import hashlib
 import hmac
 import json
+import re
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,9 +27,21 @@ from engine.jsonedge import JsonEdgeError, loads_checked
 from engine.protocol import parse_decision_response, to_json
 from engine.sse import Event, SseDecoder
 
-__all__ = ["DecisionFailure", "Delivery", "deliver", "sign", "verify"]
+__all__ = [
+    "DecisionFailure",
+    "Delivery",
+    "deliver",
+    "sign",
+    "sign_timestamped",
+    "verify",
+    "verify_timestamped",
+]
 
-SIGNATURE_HEADER = "X-Substructure-Signature"
+SIGNATURE_HEADER = "X-Substructure-Signature"  # the original engine's: workers written for it
+# `t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>." + body>`: a captured request is refused
+# by a worker once `t` is more than REPLAY_WINDOW seconds away from its clock.
+TIMESTAMPED_HEADER = "X-Subs-Signature"
+REPLAY_WINDOW = 300
 _EXCERPT = 200
 _ERROR_BODY = 1024  # bytes of a non-2xx body worth reading for its excerpt
 
@@ -79,6 +93,26 @@ def verify(secret: str, body: bytes, header: str | None) -> bool:
     return hmac.compare_digest(sign(secret, body).encode(), header.encode("utf-8", "replace"))
 
 
+def sign_timestamped(secret: str, body: bytes, at: int) -> str:
+    """The `X-Subs-Signature` value for a request sent at `at` (unix seconds)."""
+    mac = hmac.new(secret.encode(), f"{at}.".encode() + body, hashlib.sha256).hexdigest()
+    return f"t={at},v1={mac}"
+
+
+def verify_timestamped(
+    secret: str, body: bytes, header: str | None, now: float, window: int = REPLAY_WINDOW
+) -> bool:
+    """Whether `header` signs `body` and was made within `window` seconds of `now`."""
+    match = _TIMESTAMPED.fullmatch(header or "")
+    if match is None or abs(now - int(match.group(1))) > window:
+        return False
+    expected = sign_timestamped(secret, body, int(match.group(1)))
+    return hmac.compare_digest(expected.encode(), (header or "").encode("utf-8", "replace"))
+
+
+_TIMESTAMPED = re.compile(r"t=([0-9]{1,12}),v1=[0-9a-f]{64}")
+
+
 def traceparent() -> str:
     """A fresh W3C trace context: version 00, random trace and parent ids, sampled."""
     trace_id = parent_id = 0
@@ -105,6 +139,7 @@ async def deliver(
     }
     if d.secret is not None:
         headers[SIGNATURE_HEADER] = sign(d.secret, d.body)
+        headers[TIMESTAMPED_HEADER] = sign_timestamped(d.secret, d.body, int(time.time()))
     try:
         async with asyncio.timeout(d.timeout):
             async with http.post(

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import dataclasses
 import functools
 import logging
 import time
@@ -25,7 +26,7 @@ from typing import Any
 
 import aiohttp
 
-from engine.config import Project
+from engine.config import Project, project_secrets
 from engine.effects.http_pool import new_session
 from engine.effects.llm import LlmTarget, ProviderError, complete
 from engine.effects.llm.files import resolve_files
@@ -45,6 +46,7 @@ from engine.machine import (
     build_llm_request,
 )
 from engine.machine.retry import Fault
+from engine.redact import Redactor, env_secrets, scrubbed
 from engine.runtime.metrics import Metrics
 from engine.runtime.retrying import Trouble
 from engine.store.store import Store
@@ -115,6 +117,10 @@ class EffectRunner:
 
     def __post_init__(self) -> None:
         self.http: aiohttp.ClientSession = new_session()
+        # What a vendor, a worker or an MCP server says in an error may echo a secret it
+        # was sent (a key in a 401's body, a token in a server's stderr): scrubbed before
+        # it is recorded, since the log is read by the API, the console and Slack.
+        self.redactor = Redactor([*env_secrets(self.env), *project_secrets(self.project, self.env)])
         self.prompts = EncodedMessages()
         self.checked = CheckedMessages()
 
@@ -163,6 +169,10 @@ class EffectRunner:
         so it is not retried. `deltas` is the writer the effect streams tokens into:
         what it still holds at the end is handed to `done`, to go out with the commit.
         """
+
+        def report(result: Input, deltas_left: Deltas) -> None:
+            done(self.scrubbed(result), deltas_left)
+
         try:
             run = prepare()
         except Exception as err:
@@ -170,7 +180,7 @@ class EffectRunner:
             if code == "internal":  # not a failure the protocol names: a bug
                 log.exception("preparing the %s of %s failed", what, sid)
             error = {"message": f"the {what} could not be prepared: {describe(err)}", "code": code}
-            done(failed(error, False), ())
+            report(failed(error, False), ())
             return
 
         async def guarded() -> None:
@@ -187,11 +197,37 @@ class EffectRunner:
                     "code": "internal",
                 }
                 result = failed(error, True)
-            done(result, () if deltas is None else await deltas.end())
+            report(result, () if deltas is None else await deltas.end())
 
         task = asyncio.create_task(guarded())
         tasks.add(task)
         task.add_done_callback(tasks.discard)
+
+    def scrubbed(self, result: Input) -> Input:
+        """`result` with the known secrets masked wherever outside text says something went
+        wrong: its ErrorInfo `error`, an MCP result marked `isError`, and the `error` of a
+        worker's actions (`tool.error`, `fail`). The one place every attempt of an effect
+        passes before it is recorded; results that went well are left as they are."""
+        scrub = self.redactor.scrub
+        changes: dict[str, Any] = {}
+        error = getattr(result, "error", None)
+        if error:
+            changes["error"] = scrubbed(error, scrub)
+        answer = getattr(result, "result", None)
+        if isinstance(answer, dict) and answer.get("isError"):
+            changes["result"] = scrubbed(answer, scrub)
+        response = getattr(result, "response", None)
+        actions = response.get("actions") if isinstance(response, dict) else None
+        if isinstance(actions, list) and any(isinstance(a, dict) and "error" in a for a in actions):
+            assert isinstance(response, dict)
+            said = [
+                {**a, "error": scrubbed(a["error"], scrub)}
+                if isinstance(a, dict) and "error" in a
+                else a
+                for a in actions
+            ]
+            changes["response"] = {**response, "actions": said}
+        return dataclasses.replace(result, **changes) if changes else result
 
     def _start_llm_call(
         self, state: SessionState, effect: RunLlmCall, done: Done, tasks: set[asyncio.Task[None]]

@@ -526,6 +526,13 @@ def client_settles_tool(st: Step, body: dict[str, Any]) -> None:
 def api_settles_call(st: Step, inp: CallSettled) -> None:
     """The settle API: ends an async (waiting) worker call or a client call."""
     call = settleable(st, inp.call_id, inp.attempt, client_input=False)
+    if inp.client_only and call.handler != "client":
+        raise MachineError(
+            f"tool call {call.id!r} runs on the {call.handler}, not the client: only a "
+            "full-access key may settle it (a KEY:own key answers its client tools)",
+            code="forbidden",
+            status=403,
+        )
     if inp.message_id is not None and inp.message_id in st.s.nodes:
         raise MachineError(
             f"message {inp.message_id!r} is already recorded", code="duplicate_message_id"

@@ -168,6 +168,9 @@ class CallSettled:
     # The id the tool message is recorded under: a client that already shows the
     # result (an AG-UI tool message) keeps its id, so its next view matches the tree.
     message_id: str | None = None
+    # A scoped API key's settle: only a client tool's call (one the client was asked to
+    # run) may be answered; a worker's async call is the worker's backend's to answer.
+    client_only: bool = False
 
 
 @dataclass(frozen=True)

@@ -74,12 +74,19 @@ from .turns import TURN_STARTS
 # -- the session's own inputs ----------------------------------------------------------
 
 
+def _subject_is(identity: dict[str, Any], owner: dict[str, Any]) -> bool:
+    """Whether the session's subject has every field of `owner`: a scoped key names its
+    `{issuer, id}`, the Slack bot only `{issuer: "slack"}` (any asker, but no API key)."""
+    subject = identity.get("subject")
+    return isinstance(subject, dict) and all(subject.get(k) == v for k, v in owner.items())
+
+
 def client_submitted(st: Step, inp: ClientSubmitted) -> None:
     """A client's input: checked against the owner, then handled by its type."""
     body = inp.input
     kind = body["type"]
     s = st.state
-    if inp.owner is not None and s is not None and s.identity.get("subject") != inp.owner:
+    if inp.owner is not None and s is not None and not _subject_is(s.identity, inp.owner):
         raise MachineError(
             f"session {st.session_id} belongs to another owner", code="forbidden", status=403
         )

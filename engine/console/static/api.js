@@ -25,10 +25,11 @@ function headers(extra = {}) {
 // One API call; an error answer becomes an ApiError with the server's message.
 export async function call(method, path, body) {
   const init = { method, headers: headers() };
-  if (body !== undefined) {
-    init.body = JSON.stringify(body);
+  if (body !== undefined || method === "POST" || method === "DELETE") {
+    // Every write says JSON, a body-less one too: an API with no keys refuses it otherwise.
     init.headers["Content-Type"] = "application/json";
   }
+  if (body !== undefined) init.body = JSON.stringify(body);
   const response = await fetch(path, init);
   const text = await response.text();
   const data = text ? JSON.parse(text) : null;
