@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import logging
 import zlib
+from collections.abc import Sequence
 
 from bot.turns.checkpoint import Checkpoint, LeaseLost
-from engine.store.store import RedisClient, lua_script
+from engine.store.store import RedisClient, Removed, lua_script, register_purge
 
 __all__ = ["BUCKETS", "LEGACY_TURNS", "Checkpoints", "checkpoint_keys", "seen_key", "turns_key"]
 
@@ -131,3 +132,53 @@ class Checkpoints:
 
     async def release(self, cp: Checkpoint) -> None:
         await self._release(keys=[checkpoint_keys(cp)[1]], args=[self.owner])
+
+
+def _thread_of(session_id: str) -> tuple[str, str] | None:
+    """(agent, channel) of a Slack thread's session id (`bot/turns/routing.py`); None for
+    a session no thread started."""
+    if not session_id.startswith("slack:"):
+        return None
+    rest, _, _thread = session_id[len("slack:") :].rpartition(":")
+    agent, _, channel = rest.rpartition(":")
+    return (agent, channel) if agent and channel else None
+
+
+async def purge_sessions(redis: RedisClient, removed: Sequence[Removed]) -> int:
+    """The store removed these sessions (retention): drop the bot's keys of their turns —
+    checkpoints left behind, their followers' leases, the turns' dedupe keys. Only turns
+    the removed log holds: a turn a thread starts meanwhile is another session's.
+    A Slack input's own dedupe key (`seen:event:…`) names no session; it expires."""
+    turns = {r.session_id: set(r.turn_ids) for r in removed}
+    async with redis.pipeline(transaction=False) as pipe:
+        for bucket in range(BUCKETS):
+            pipe.hgetall(turns_key(bucket))
+        buckets = await pipe.execute()
+    doomed: list[tuple[str, str | None]] = []  # (key, hash field or None)
+    for bucket, entries in enumerate(buckets):
+        for field, raw in entries.items():
+            try:
+                cp = Checkpoint.loads(raw)
+            except (ValueError, TypeError):
+                continue
+            if cp.turn_id in turns.get(cp.session_id, ()):
+                doomed += [(turns_key(bucket), field), (checkpoint_keys(cp)[1], None)]
+    for r in removed:
+        thread = _thread_of(r.session_id)
+        if thread is not None:
+            agent, channel = thread
+            for turn_id in r.turn_ids:
+                name = seen_key("turn", f"{agent} {channel} {turn_id}")
+                doomed.append((_tag(channel) + name, None))
+    if not doomed:
+        return 0
+    async with redis.pipeline(transaction=False) as pipe:
+        for key, field in doomed:
+            if field is None:
+                pipe.delete(key)
+            else:
+                pipe.hdel(key, field)
+        return sum(int(n) for n in await pipe.execute())
+
+
+register_purge("slack", purge_sessions)

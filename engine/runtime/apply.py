@@ -114,9 +114,10 @@ class Applier:
     def forget(self, p: int) -> None:
         """The partition is no longer ours: its cached states may go stale."""
         for sid in [s for s in self.cache if self.store.partition_of(s) == p]:
-            self._drop(sid)
+            self.drop(sid)
 
-    def _drop(self, sid: str) -> None:
+    def drop(self, sid: str) -> None:
+        """Forget a session's cached state (it was deleted, archived, or may be stale)."""
         self.cache.pop(sid, None)
         self.marks.pop(sid, None)
 
@@ -159,17 +160,17 @@ class Applier:
                     deltas = ()
                 return self._committed(planned)
             except StoreConflict as err:
-                self._drop(sid)
+                self.drop(sid)
                 if err.lease_lost:
                     raise
                 planned, faulted = None, False  # another writer won: re-read and apply again
             except STORE_FAULTS as err:
-                self._drop(sid)
+                self.drop(sid)
                 faulted = planned is not None
                 self.trouble(f"committing an input to {sid}", err)
                 await backoff.wait()
             except Exception as err:  # not CancelledError: that one leaves
-                self._drop(sid)
+                self.drop(sid)
                 planned, faulted = None, False
                 failures += 1
                 if failures >= POISON_FAILURES:

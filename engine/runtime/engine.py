@@ -24,6 +24,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from engine.config import Project
@@ -32,8 +33,10 @@ from engine.effects.runner import EffectRunner, Runners, builtin_runners, worker
 from engine.machine import Deliver, Input, Kinds, Transition, default_kinds, input_to_json
 from engine.runtime.apply import Applier, EngineStats, lost_work, new_id
 from engine.runtime.metrics import Metrics
+from engine.runtime.retention import Sweeper
 from engine.runtime.retrying import Backoff, Trouble
 from engine.store.durability import check_server
+from engine.store.retention import unwatch_removals, watch_removals
 from engine.store.store import STORE_FAULTS, RedisClient, Store, StoreConflict, WorkItem
 
 log = logging.getLogger("subs.engine")
@@ -113,9 +116,11 @@ class Engine:
         metrics: Metrics | None = None,
         kinds: Kinds | None = None,
         runners: Runners | None = None,
+        sweep: bool = False,
     ) -> None:
         """`kinds`: the call kinds the machine runs by (default: defaults.py's);
-        `runners`: runners of effects beside the built-in and MCP ones (a kind of its own)."""
+        `runners`: runners of effects beside the built-in and MCP ones (a kind of its own);
+        `sweep`: take part in the retention sweep (`subs serve` does; runtime/retention.py)."""
         self.project = project
         self.redis = redis
         self.env = os.environ if env is None else env
@@ -129,6 +134,8 @@ class Engine:
         self.metrics = metrics or Metrics()
         self.trouble = Trouble(log)
         self._want_partitions = partitions
+        self._sweep = sweep
+        self.sweeper: Sweeper | None = None
         self.store: Store
         self.owned: dict[int, _Partition] = {}
         self._background: list[asyncio.Task[None]] = []
@@ -172,10 +179,33 @@ class Engine:
             asyncio.create_task(self._lease_loop(), name="subs-leases"),
             asyncio.create_task(self._timer_loop(), name="subs-timers"),
         ]
+        watch_removals(self.applier.drop)
+        self.sweeper = self._sweeper()
+        if self.sweeper is not None and self._sweep:
+            self._background.append(asyncio.create_task(self.sweeper.run(), name="subs-sweep"))
+
+    def _sweeper(self) -> Sweeper | None:
+        """The retention sweep as `[store]` asks for it; None with `retention = "forever"`."""
+        conf = self.project.store
+        if conf.retention_ms is None:
+            return None
+        folder = None
+        if conf.archive_dir is not None:
+            folder = Path(conf.archive_dir)
+            if not folder.is_absolute():  # beside the project file, as `.subs/` is
+                folder = Path(self.project.path).resolve().parent / folder
+        return Sweeper(
+            self.store,
+            retention_ms=conf.retention_ms,
+            archive_dir=folder,
+            clock=self.clock,
+            owner=self.owner,
+        )
 
     async def stop(self) -> None:
         """Stop taking work, hand back in-flight calls, release leases."""
         await cancel_and_wait(self._background, patience=None)
+        unwatch_removals(self.applier.drop)
         # At once: a release on a connection Redis stopped answering costs a socket timeout.
         await asyncio.gather(*(self._drop(p, release=True) for p in list(self.owned)))
         with contextlib.suppress(Exception):

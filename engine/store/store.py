@@ -41,6 +41,13 @@ from engine.store.log import (
     Snapshot,
     StoreConflict,
 )
+from engine.store.retention import (
+    REMOVE_SCRIPT,
+    RESTORE_SCRIPT,
+    Removed,
+    SessionRetention,
+    register_purge,
+)
 from engine.store.work import ACQUIRE_SCRIPT, GROUP, RELEASE_SCRIPT, PartitionWork, WorkItem
 
 __all__ = [
@@ -50,6 +57,7 @@ __all__ = [
     "RedisClient",
     "RedisCluster",
     "RedisError",
+    "Removed",
     "Snapshot",
     "Store",
     "StoreConflict",
@@ -58,6 +66,7 @@ __all__ = [
     "cluster_shape",
     "connect",
     "lua_script",
+    "register_purge",
     "spread_tags",
     "unreachable",
 ]
@@ -65,7 +74,7 @@ __all__ = [
 META_SCRIPT = lua_script(__package__, "meta.lua")
 
 
-class Store(SessionLog, PartitionWork):
+class Store(SessionLog, SessionRetention, PartitionWork):
     """A thin, typed command layer over one Redis connection pool (or one cluster client).
 
     Every key of a partition carries the partition's hash tag: on a cluster each
@@ -94,6 +103,8 @@ class Store(SessionLog, PartitionWork):
         self._acquire = redis.register_script(ACQUIRE_SCRIPT)
         self._release = redis.register_script(RELEASE_SCRIPT)
         self._delete = redis.register_script(DELETE_SCRIPT)
+        self._remove = redis.register_script(REMOVE_SCRIPT)
+        self._restore = redis.register_script(RESTORE_SCRIPT)
 
     @classmethod
     async def open(
