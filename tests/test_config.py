@@ -580,7 +580,11 @@ def test_defaults(tmp_path: Path):
     ("text", "retention_ms", "archive_dir"),
     [
         ('retention = "forever"\narchive = "none"', None, None),
-        ('retention = "12h"\narchive = "dir:/var/subs/archive"', 12 * 3_600_000, "/var/subs/archive"),
+        (
+            'retention = "12h"\narchive = "dir:/var/subs/archive"',
+            12 * 3_600_000,
+            "/var/subs/archive",
+        ),
         ('retention = "90m"', 90 * 60_000, ".subs/archive"),
         ('retention = "45s"', 45_000, ".subs/archive"),
     ],

@@ -25,12 +25,14 @@ from engine.runtime.engine import Engine
 from engine.runtime.retention import RestoreRefused, Sweeper, held_by, restore
 from engine.store import archive
 from engine.store.snapshots import load_state
-from engine.store.store import Store
+from engine.store.store import Store, connect
 from tests.engine_helpers import (
     ENV,
     assert_consistent,
     make_project,
     payloads,
+    session_of,
+    subs,
     turn_ended,
     wait_for_event,
 )
@@ -342,3 +344,33 @@ async def test_turns_racing_a_sweep_run_on_the_session_as_it_was_or_on_a_fresh_o
         else:
             assert said[0].startswith("q") and said[1].startswith("a")
             assert said[2:] == ["again", "b"]
+
+
+async def test_cli_export_then_import_puts_a_session_back_equal(config, vendor, redis_url):
+    """`subs sessions export` a live session, delete it, `subs sessions import` it back:
+    the same log and fold; importing again is refused, naming the session."""
+    vendor.push(Text("all quiet"))
+    local = ("-c", str(config), "--redis", redis_url)
+    code, _, err = await subs("run", "-o", "pretty", "ops_openai", "status?", *local)
+    assert code == 0, err
+    sid = session_of(err)
+    redis = connect(redis_url)
+    try:
+        store = await Store.open(redis)
+        before = await assert_consistent(store, sid)
+        out = config.parent / "kept.jsonl.gz"
+        code, _, err = await subs("sessions", "export", sid, "-o", str(out), *local)
+        assert code == 0 and f"{len(before)} events" in err, err
+        assert archive.read(out).events == before
+        code, _, err = await subs("sessions", "import", str(out), *local)
+        assert code == 1 and f"session {sid} is in Redis already" in err, err
+        code, _, err = await subs("sessions", "delete", sid, *local)
+        assert code == 0, err
+        assert await keys_naming(store, sid) == []
+        code, _, err = await subs("sessions", "import", str(out), *local)
+        assert code == 0 and f"restored session {sid}" in err, err
+        assert await assert_consistent(store, sid) == before
+        code, _, err = await subs("sessions", "import", str(config), *local)
+        assert code == 1 and "not a gzip file" in err and "Traceback" not in err, err
+    finally:
+        await redis.aclose()

@@ -50,7 +50,12 @@ def file_name(session_id: str, last_activity_ms: int) -> str:
     session by id, a day's folder by date. The id is %-quoted where a file name could not
     hold it (a `/`)."""
     day = datetime.fromtimestamp(last_activity_ms / 1000, UTC).strftime("%Y-%m-%d")
-    return f"{day}/{quote(session_id, safe='-_.~:')}.jsonl.gz"
+    return f"{day}/{export_name(session_id)}"
+
+
+def export_name(session_id: str) -> str:
+    """`subs sessions export`'s default file name: `<session id>.jsonl.gz`."""
+    return f"{quote(session_id, safe='-_.~:')}.jsonl.gz"
 
 
 def dumps(archive: Archive) -> bytes:
