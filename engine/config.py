@@ -157,6 +157,12 @@ class StoreConfig:
     archive_dir: str | None = DEFAULT_ARCHIVE  # None: "none", swept sessions are not kept
     max_memory: str = "auto"  # the embedded server's maxmemory ("auto": a share of the box)
 
+    def max_memory_bytes(self) -> int:
+        """`max_memory` in bytes; "auto" is a quarter of the machine's memory."""
+        if self.max_memory != "auto":
+            return size_bytes(self.max_memory)
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+
 
 @dataclass(frozen=True)
 class LlmBlock:

@@ -82,7 +82,11 @@ async def _redis_url(project: Project, url: str | None) -> AsyncIterator[tuple[s
     if url is not None:
         yield url, lambda: None
         return
-    embedded = EmbeddedRedis(_data_dir(project), fsync=project.store.fsync)
+    embedded = EmbeddedRedis(
+        _data_dir(project),
+        fsync=project.store.fsync,
+        maxmemory=project.store.max_memory_bytes(),
+    )
     try:
         address = await asyncio.to_thread(embedded.start)
     except OSError as err:

@@ -46,7 +46,14 @@ from engine.runtime.cache import StateCache
 from engine.runtime.metrics import Metrics
 from engine.runtime.retrying import Backoff, Trouble
 from engine.store.snapshots import SNAPSHOT_MIN_BYTES, Mark, current, load, mark_of
-from engine.store.store import STORE_FAULTS, Commit, Store, StoreConflict, WorkItem
+from engine.store.store import (
+    STORE_FAULTS,
+    Commit,
+    OutOfMemoryError,
+    Store,
+    StoreConflict,
+    WorkItem,
+)
 
 log = logging.getLogger("subs.engine")
 
@@ -167,6 +174,8 @@ class Applier:
             except STORE_FAULTS as err:
                 self.drop(sid)
                 faulted = planned is not None
+                if isinstance(err, OutOfMemoryError):  # waited out: turns end as room is made
+                    self.metrics.inc("subs_store_oom_total")
                 self.trouble(f"committing an input to {sid}", err)
                 await backoff.wait()
             except Exception as err:  # not CancelledError: that one leaves

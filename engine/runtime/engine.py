@@ -36,7 +36,7 @@ from engine.runtime.metrics import Metrics
 from engine.runtime.retention import Sweeper
 from engine.runtime.retrying import Backoff, Trouble
 from engine.store.durability import check_server
-from engine.store.retention import unwatch_removals, watch_removals
+from engine.store.retention import FULL_AT, unwatch_removals, watch_removals
 from engine.store.store import STORE_FAULTS, RedisClient, Store, StoreConflict, WorkItem
 
 log = logging.getLogger("subs.engine")
@@ -200,6 +200,7 @@ class Engine:
             archive_dir=folder,
             clock=self.clock,
             owner=self.owner,
+            on_removed=lambda sid: self.metrics.inc("subs_sessions_archived_total"),
         )
 
     async def stop(self) -> None:
@@ -236,11 +237,15 @@ class Engine:
                 log.exception("lease round failed")
 
     async def _balance(self) -> None:
+        # Renewals first: a PEXPIRE is taken even by a Redis at maxmemory, which refuses
+        # the heartbeat's ZADD; the partitions held stay held while room is made.
+        leases = {p: part.lease for p, part in self.owned.items()}
+        lost = await self.store.renew(leases, self.lease_ms)
+        await self._read_memory()
         now = self.now_ms()
         live = await self.store.heartbeat(self.owner, now + self.lease_ms, now)
         share = math.ceil(self.store.partitions / max(live, 1))
-        leases = {p: part.lease for p, part in self.owned.items()}
-        for p in await self.store.renew(leases, self.lease_ms):
+        for p in lost:
             log.warning("lost the lease on partition %d", p)
             self.metrics.lease_lost()
             await self._drop(p, release=False)
@@ -255,6 +260,15 @@ class Engine:
             if lease is not None:
                 await self._take(p, lease)
         self.metrics.partitions_owned(len(self.owned))
+
+    async def _read_memory(self) -> None:
+        """Redis's memory for /metrics, each lease round; a server that will not say
+        (INFO refused) shows 0."""
+        try:
+            used, limit = await self.store.memory()
+        except Exception:  # Redis away (the round's other reads say so) or INFO refused
+            return
+        self.metrics.store_memory(used, limit, FULL_AT)
 
     async def _take(self, p: int, lease: str) -> None:
         part = _Partition(p, lease)

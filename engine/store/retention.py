@@ -38,6 +38,8 @@ SWEEP_FENCE = "subs:{retention}:fence"
 # removal gives up for now rather than scan a long stream inside a script.
 WORK_SCAN_LIMIT = 1000
 
+FULL_AT = 0.9  # of maxmemory: past it new sessions are refused (503 store_full)
+
 REMOVED = 1
 MOVED = 0  # a commit moved the session since the sweep read it
 IN_FLIGHT = -1  # a call of it is out

@@ -23,6 +23,7 @@ from redis.asyncio.connection import AbstractConnection
 
 from engine.store.connection import (
     STORE_FAULTS,
+    OutOfMemoryError,
     RedisClient,
     RedisError,
     cluster_enabled,
@@ -54,6 +55,7 @@ __all__ = [
     "GROUP",
     "STORE_FAULTS",
     "Commit",
+    "OutOfMemoryError",
     "RedisClient",
     "RedisCluster",
     "RedisError",
