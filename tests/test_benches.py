@@ -139,6 +139,17 @@ TINY: dict[str, tuple[str, list[str]]] = {
             ),
         ],
     ),
+    "retention.py": (
+        "--sessions 5 --turns 1 --words 5",
+        [
+            r"retention: one on-call session, 1 turns \(5-word answers\)",
+            *(rf"  {kind} +\d+ bytes +{NUMBER} per turn" for kind in ("log", "snapshot", "deltas")),
+            rf"  rate: {NUMBER} sessions/s",
+            rf"  archive on disk: {NUMBER} bytes per session",
+            rf"  Redis used_memory: empty {NUMBER} MB, full {NUMBER} MB, "
+            rf"after the sweep {NUMBER} MB",
+        ],
+    ),
     "history.py": (
         "--turns 6 --tool-every 3",
         [

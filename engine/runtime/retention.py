@@ -33,6 +33,7 @@ log = logging.getLogger("subs.retention")
 
 BATCH = 50  # sessions read per round trip, and removed before the lease is renewed
 SWEEP_EVERY_S = 60.0
+REMOVE_LANES = 8  # removals in flight at once (connections the sweep may hold)
 SWEEP_LEASE_MS = 30_000
 
 
@@ -135,9 +136,12 @@ class Sweeper:
     async def _batch(
         self, sids: list[str], cutoff: int, now: int, report: SweepReport
     ) -> list[Removed]:
-        removed = []
+        """Read a batch, archive the idle ones (one sync for all files), remove each if it
+        is still as read."""
         lasts = await self.store.last_activity(sids)
         snaps = await self.store.load_snapshots(sids)
+        taking: list[tuple[str, SessionState, Path | None]] = []
+        files: list[tuple[Path, archive.Archive]] = []
         for sid, last, snap in zip(sids, lasts, snaps, strict=True):
             report.seen += 1
             if snap is None or last is None or last > cutoff:
@@ -146,29 +150,36 @@ class Sweeper:
             if held_by(state) is not None:
                 report.kept += 1
                 continue
-            gone = await self._take(sid, state, last, now, report)
-            if gone is None:
-                report.kept += 1
-            else:
-                removed.append(gone)
-        return removed
+            await self._at("read", sid)
+            path = None
+            if self.archive_dir is not None:
+                events = await self.store.read_log(sid, count=state.seq)
+                if len(events) != state.seq or occurred_ms(events[-1]) != last:
+                    report.kept += 1  # it moved while we read: the next pass looks again
+                    continue
+                path = self.archive_dir / archive.file_name(sid, last)
+                files.append((path, archive.Archive(sid, events, last, now)))
+            taking.append((sid, state, path))
+        await asyncio.to_thread(archive.write_many, files)
+        # At once: Redis fsyncs its AOF once per batch of commands it runs together, so
+        # the removals share their fsyncs (one at a time, each waited for one).
+        lanes = asyncio.Semaphore(REMOVE_LANES)
 
-    async def _take(
-        self, sid: str, state: SessionState, last: int, now: int, report: SweepReport
+        async def remove(sid: str, state: SessionState, path: Path | None) -> Removed | None:
+            async with lanes:
+                return await self._remove(sid, state, path, report)
+
+        gone = await asyncio.gather(*(remove(*taken) for taken in taking))
+        return [r for r in gone if r is not None]
+
+    async def _remove(
+        self, sid: str, state: SessionState, path: Path | None, report: SweepReport
     ) -> Removed | None:
-        """Archive one session as read at `state.seq`, then remove it if still so."""
-        await self._at("read", sid)
-        path = None
-        if self.archive_dir is not None:
-            events = await self.store.read_log(sid, count=state.seq)
-            if len(events) != state.seq or occurred_ms(events[-1]) != last:
-                return None  # it moved while we read: the next pass looks again
-            kept = archive.Archive(sid, events, last, now)
-            path = self.archive_dir / archive.file_name(sid, last)
-            await asyncio.to_thread(archive.write, path, kept)
+        if path is not None:
             await self._at("archived", sid)
         result = await self.store.remove_session(sid, state.seq)
         if result != REMOVED:
+            report.kept += 1
             if path is not None:  # the session lives on: its archive would be stale
                 with contextlib.suppress(OSError):
                     path.unlink()

@@ -126,6 +126,18 @@ def write(path: Path, archive: Archive) -> Path:
     return path
 
 
+def write_many(items: list[tuple[Path, Archive]]) -> None:
+    """Write a batch of archives durably with one `sync(2)` for all of them (fsyncing
+    each file and folder cost ~20 ms a session here: the sweep ran at ~50 sessions/s)."""
+    for path, archive in items:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(dumps(archive))
+        os.replace(tmp, path)
+    if items:
+        os.sync()  # Linux waits for the writeback: the files and their renames are on disk
+
+
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY)
     try:
