@@ -374,3 +374,58 @@ async def test_cli_export_then_import_puts_a_session_back_equal(config, vendor, 
         assert code == 1 and "not a gzip file" in err and "Traceback" not in err, err
     finally:
         await redis.aclose()
+
+
+async def test_a_session_with_a_live_detached_child_is_never_archived(
+    redis, vendor, tmp_path, clock
+):
+    """The parent's turn ended long ago, but the child it started detached still runs
+    (waiting on a client tool): neither goes. Once the child ends, both do."""
+    parent, child = "lead-old", "lead-old~c1"
+
+    def model(body: dict):
+        system = body["messages"][0]["content"]
+        last = body["messages"][-1]
+        if system == "You help.":
+            return Text("found it") if last["role"] == "tool" else ToolCalls([("confirm", {})])
+        if last["role"] == "user":
+            return ToolCalls([("helper", {"message": "look", "mode": "detached"})], ids=["c1"])
+        return Text("started the helper")
+
+    vendor.responder = model
+    text = (
+        f'[llm.openai]\ntype = "openai"\nbase_url = "{vendor.url}/v1"\n\n'
+        '[agent.lead]\nllm = "openai"\nmodel = "m"\nsystem = "You lead."\n'
+        'subagents = [{ id = "agent.helper", mode = "detached" }]\n\n'
+        '[agent.helper]\nllm = "openai"\nmodel = "m"\nsystem = "You help."\n'
+        'tools = [{ name = "confirm", description = "Ask", handler = "client" }]\n'
+    )
+    (tmp_path / "subs.toml").write_text(text)
+    project = parse_project(text, str(tmp_path / "subs.toml"), env={})
+    eng = Engine(project, redis, env=ENV, lease_ms=3000, clock=clock)
+    await eng.start()
+    try:
+        client = Client(eng.store)
+        message = {"role": "user", "content": "go"}
+        with clock.back():
+            reply = await client.submit(
+                {"type": "client.message", "agent_id": "lead", "message": message},
+                session_id=parent,
+            )
+            await wait_for_event(client, parent, turn_ended(reply["turn_id"]))
+            call = await wait_for_event(
+                client, child, lambda e: e["payload"]["type"] == "tool.call.dispatched"
+            )
+        report = await sweeper_of(eng).sweep_once()
+        assert report is not None and report.archived == 0 and report.kept == 2
+        with clock.back():
+            result = {"type": "tool.result", "id": call["payload"]["id"], "result": "ok"}
+            await client.submit(result, session_id=child)
+            await wait_for_event(
+                client, parent, lambda e: e["payload"]["type"] == "subagent.completed"
+            )
+        report = await sweeper_of(eng).sweep_once()
+        assert report is not None and report.archived == 2
+        assert await keys_naming(eng.store, parent) == []
+    finally:
+        await eng.stop()
