@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import time
 from collections.abc import AsyncIterator
@@ -28,10 +29,11 @@ from engine.store.snapshots import load_state
 from engine.store.store import Store, connect
 from tests.engine_helpers import (
     ENV,
+    EngineProcess,
     assert_consistent,
     make_project,
     payloads,
-    session_of,
+    poll_until,
     subs,
     turn_ended,
     wait_for_event,
@@ -346,34 +348,26 @@ async def test_turns_racing_a_sweep_run_on_the_session_as_it_was_or_on_a_fresh_o
             assert said[2:] == ["again", "b"]
 
 
-async def test_cli_export_then_import_puts_a_session_back_equal(config, vendor, redis_url):
+async def test_cli_export_then_import_puts_a_session_back_equal(engine, vendor, config, redis_url):
     """`subs sessions export` a live session, delete it, `subs sessions import` it back:
-    the same log and fold; importing again is refused, naming the session."""
+    the same log and fold; a file that is not an archive is one clear error."""
     vendor.push(Text("all quiet"))
+    client = Client(engine.store)
+    sid, _ = await one_turn(client, "status?")
+    store = engine.store
+    before = await assert_consistent(store, sid)
     local = ("-c", str(config), "--redis", redis_url)
-    code, _, err = await subs("run", "-o", "pretty", "ops_openai", "status?", *local)
-    assert code == 0, err
-    sid = session_of(err)
-    redis = connect(redis_url)
-    try:
-        store = await Store.open(redis)
-        before = await assert_consistent(store, sid)
-        out = config.parent / "kept.jsonl.gz"
-        code, _, err = await subs("sessions", "export", sid, "-o", str(out), *local)
-        assert code == 0 and f"{len(before)} events" in err, err
-        assert archive.read(out).events == before
-        code, _, err = await subs("sessions", "import", str(out), *local)
-        assert code == 1 and f"session {sid} is in Redis already" in err, err
-        code, _, err = await subs("sessions", "delete", sid, *local)
-        assert code == 0, err
-        assert await keys_naming(store, sid) == []
-        code, _, err = await subs("sessions", "import", str(out), *local)
-        assert code == 0 and f"restored session {sid}" in err, err
-        assert await assert_consistent(store, sid) == before
-        code, _, err = await subs("sessions", "import", str(config), *local)
-        assert code == 1 and "not a gzip file" in err and "Traceback" not in err, err
-    finally:
-        await redis.aclose()
+    out = config.parent / "kept.jsonl.gz"
+    code, _, err = await subs("sessions", "export", sid, "-o", str(out), *local)
+    assert code == 0 and f"{len(before)} events" in err, err
+    assert archive.read(out).events == before
+    await client.delete(sid)
+    assert await keys_naming(store, sid) == []
+    code, _, err = await subs("sessions", "import", str(out), *local)
+    assert code == 0 and f"restored session {sid}" in err, err
+    assert await assert_consistent(store, sid) == before
+    code, _, err = await subs("sessions", "import", str(config), *local)
+    assert code == 1 and "not a gzip file" in err and "Traceback" not in err, err
 
 
 async def test_a_session_with_a_live_detached_child_is_never_archived(
@@ -429,3 +423,48 @@ async def test_a_session_with_a_live_detached_child_is_never_archived(
         assert await keys_naming(eng.store, parent) == []
     finally:
         await eng.stop()
+
+
+async def test_sigkill_of_serve_mid_sweep_loses_no_session_and_half_deletes_none(config, redis_url):
+    """`subs serve` (retention 1 ms) sweeps copies of a golden log and is SIGKILLed once
+    its first archives are on disk: every session is then either in Redis whole, or gone
+    from it entirely with an archive holding its whole log."""
+    golden = Path(__file__).parent / "golden" / "engine_client_tool.jsonl"
+    original = [json.loads(line) for line in golden.read_text().splitlines()]
+    config.write_text(config.read_text() + '\n[store]\nretention = "1ms"\n')
+    redis = connect(redis_url)
+    store = await Store.open(redis)
+    logs = {}
+    for n in range(300):
+        sid = f"ses_kill{n:04d}"
+        logs[sid] = [{**e, "session_id": sid} for e in original]
+        await restore(store, archive.Archive(sid, logs[sid], 0, 0))
+    folder = config.parent / ".subs" / "archive"
+    serve = await EngineProcess(config, redis_url).start()
+    try:
+        await poll_until(lambda: _fewer(store, len(logs)), 20, "the sweep's first removals")
+    finally:
+        serve.kill()
+        await serve.proc.wait() if serve.proc else None
+        await serve.drained()
+    try:
+        gone = 0
+        listed = set(await store.list_sessions(0, len(logs)))
+        for sid, log in logs.items():
+            snap = await store.load_snapshot(sid)
+            if snap is not None:
+                assert sid in listed and await store.read_log(sid) == log
+                assert snap.seq == len(log)
+                continue
+            gone += 1
+            assert await redis.exists(*store.session_keys(sid)) == 0
+            assert sid not in listed
+            (path,) = folder.glob(f"*/{sid}.jsonl.gz")
+            assert archive.read(path).events == log
+        assert 0 < gone < len(logs), f"killed after {gone} of {len(logs)}: try more sessions"
+    finally:
+        await redis.aclose()
+
+
+async def _fewer(store: Store, n: int) -> bool:
+    return len(await store.list_sessions(0, n)) < n
