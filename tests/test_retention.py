@@ -32,6 +32,7 @@ from tests.engine_helpers import (
     EngineProcess,
     assert_consistent,
     make_project,
+    on_both_redis,
     payloads,
     poll_until,
     subs,
@@ -116,6 +117,7 @@ async def one_turn(client: Client, text: str, **kw) -> tuple[str, str]:
     return sid, turn
 
 
+@on_both_redis
 async def test_an_idle_session_is_archived_gone_from_redis_and_import_brings_it_back(
     engine, vendor, tmp_path, clock
 ):
