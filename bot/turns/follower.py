@@ -42,6 +42,10 @@ MAX_FAILURES = 5
 RETRY_SECONDS = 5.0  # a failed follower's turn is retried after 5 s, then 10, 20, 40
 GAVE_UP = ":warning: This reply could not be finished: Slack or the engine kept failing."
 BUSY = "Still working on this thread: try again once the reply is done."
+ARCHIVED = (
+    "This thread had been quiet past the retention period, so its conversation was archived: "
+    "I am starting afresh here and do not remember what was said before."
+)
 
 
 class Followers:
@@ -144,6 +148,7 @@ class Followers:
                 cp.payload = await self._mention_payload(bot, cp)
                 await self.checkpoints.save(cp)
             if await self._submit(cp, reply):
+                await self._after_archive(cp, reply)
                 await self._stream(cp, view, reply, working)
             await self.checkpoints.drop(cp)
         except LeaseLost:
@@ -160,6 +165,18 @@ class Followers:
             self._following.pop(cp.key, None)
             if working is not None and not task.cancelling():  # shutting down: Slack times it out
                 await working.clear(stale=resumed)
+
+    async def _after_archive(self, cp: Checkpoint, reply: Reply) -> None:
+        """The thread's session was archived (retention): its turn runs on a fresh session.
+
+        Archived between this turn's start and its submit, the fresh log is shorter than the
+        seq the turn follows from: it is followed from the start (events and deltas of other
+        turns are skipped anyway). And the thread is told, once, that it starts afresh."""
+        if cp.after and await self.client.last_seq(cp.session_id) < cp.after:
+            cp.after, cp.cursor = 0, "0-0"
+            await self.checkpoints.save(cp)
+        if await self.checkpoints.take_archived(cp.session_id):
+            await reply.post("archived", {"text": ARCHIVED})
 
     async def _mention_payload(self, bot: Bot, cp: Checkpoint) -> dict[str, Any]:
         """A mention or a DM: its message, and those the agent missed since (other apps'
