@@ -140,7 +140,8 @@ async def test_an_idle_session_is_archived_gone_from_redis_and_import_brings_it_
     assert sweeper is not None
     report = await sweeper.sweep_once()
     assert report is not None and report.archived == 1 and report.seen == 1
-    assert await keys_naming(engine.store, sid, cp.key) == []
+    # Nothing of it is left but the bot's note that its thread was archived (said once).
+    assert await keys_naming(engine.store, sid, cp.key) == [bot_store.archived_key(sid).encode()]
     assert await checkpoints.open() == []
     assert await load_state(engine.store, young) is not None  # active today: kept
     assert sid not in engine.applier.cache  # dropped the moment it was archived
