@@ -12,7 +12,11 @@ once with archives on: printed are the sweep's rate (sessions/s, archives writte
 fsynced included), the archive's size per session on disk, and Redis's `used_memory`
 empty (the store opened), full, and after the sweep.
 
+Last, `--load-turns` (40) on-call turns over 4 fresh sessions at once, without and then
+with a sweep of as many idle copies running: turns/s of each (one run each).
+
     .venv/bin/python bench/retention.py [--sessions 2000] [--turns 3] [--words 40]
+        [--load-turns 40]
 """
 
 from __future__ import annotations
@@ -135,10 +139,54 @@ async def main(args: argparse.Namespace) -> None:
                 f"after the sweep {after / 1e6:.2f} MB ({(after - empty) / 1e6:+.2f} MB over "
                 f"empty: {back:.1f}% of what the sessions took is back)"
             )
+            if args.load_turns:
+                await sweep_under_load(engine, client, store, log, deltas, args)
         finally:
             await engine.stop()
             await redis.aclose()
             await vendor.stop()
+
+
+LOAD_SESSIONS = 4
+
+
+async def load(client: Client, turns: int, tag: str) -> float:
+    """`turns` on-call turns over LOAD_SESSIONS fresh sessions at once; turns/s."""
+
+    async def session(n: int) -> None:
+        sid = f"ses_load_{tag}_{n}"
+        async with contextlib.aclosing(client.follow(sid, 0, delta_cursor="0-0")) as events:
+            for t in range(turns // LOAD_SESSIONS):
+                await one_turn(client, sid, events, user_text(f"{sid} t{t}"))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(session(n) for n in range(LOAD_SESSIONS)))
+    return (turns // LOAD_SESSIONS * LOAD_SESSIONS) / (time.perf_counter() - started)
+
+
+async def sweep_under_load(
+    engine: Engine,
+    client: Client,
+    store: Store,
+    log: list[dict[str, Any]],
+    deltas: bytes | None,
+    args: argparse.Namespace,
+) -> None:
+    """The same load of turns without, then with, a sweep of `--sessions` idle copies
+    running (one run each, in that order)."""
+    alone = await load(client, args.load_turns, "alone")
+    await clone(store, log, deltas, args.sessions)
+    sweeper = engine.sweeper
+    assert sweeper is not None
+    sweeping = asyncio.create_task(sweeper.sweep_once())
+    during = await load(client, args.load_turns, "during")
+    swept = await sweeping
+    assert swept is not None
+    print(
+        f"load: {args.load_turns} on-call turns over {LOAD_SESSIONS} sessions at once: "
+        f"{alone:.1f} turns/s alone, {during:.1f} turns/s while the sweep ran "
+        f"({swept.archived} sessions swept)"
+    )
 
 
 async def _index_bytes(store: Store, sid: str) -> int:
@@ -158,4 +206,5 @@ if __name__ == "__main__":
     parser.add_argument("--sessions", type=int, default=2000)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--words", type=int, default=40)
+    parser.add_argument("--load-turns", type=int, default=40, help="0: no load figure")
     asyncio.run(main(parser.parse_args()))
