@@ -28,6 +28,7 @@ __all__ = ["NAMES_TTL", "Directory", "display_name"]
 log = logging.getLogger(__name__)
 
 NAMES_TTL = 600.0  # seconds: a renamed person shows under the new name within ten minutes
+MAX_NAMES = 10_000  # names kept at once: past it the oldest go (asked again when next needed)
 
 
 def display_name(user: Any) -> str | None:
@@ -58,10 +59,12 @@ class Directory:
         *,
         ttl: float = NAMES_TTL,
         clock: Callable[[], float] = time.monotonic,
+        most: int = MAX_NAMES,
     ) -> None:
         self.web = web
         self.governor = governor
         self.ttl = ttl
+        self.most = most
         self.clock = clock
         self._known: dict[tuple[str, str], tuple[str | None, float]] = {}
         self._asking: dict[tuple[str, str], asyncio.Future[str | None]] = {}
@@ -112,5 +115,8 @@ class Directory:
                 name = name.strip() if isinstance(name, str) and name.strip() else None
             else:
                 name = display_name(answer.get("user"))
+        self._known.pop((team, ref), None)  # to the end: the dict's order is oldest first
         self._known[(team, ref)] = (name, self.clock() + self.ttl)
+        while len(self._known) > self.most:
+            del self._known[next(iter(self._known))]
         return name
