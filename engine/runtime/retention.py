@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,9 @@ log = logging.getLogger("subs.retention")
 BATCH = 50  # sessions read per round trip, and removed before the lease is renewed
 SWEEP_EVERY_S = 60.0
 REMOVE_LANES = 8  # removals in flight at once (connections the sweep may hold)
+# After each batch the sweep rests this share of the time the batch took: it shares the
+# engine's process and Redis with the turns (bench/retention.py measures the cost).
+REST = 0.5
 SWEEP_LEASE_MS = 30_000
 
 
@@ -83,6 +87,7 @@ class Sweeper:
         on_removed: Callable[[str], None] = lambda sid: None,
         batch: int = BATCH,
         lease_ms: int = SWEEP_LEASE_MS,
+        rest: float = REST,
     ) -> None:
         self.store = store
         self.retention_ms = retention_ms
@@ -92,6 +97,7 @@ class Sweeper:
         self.on_removed = on_removed
         self.batch = batch
         self.lease_ms = lease_ms
+        self.rest = rest
         self.step: Step | None = None  # called between the sweep's steps (tests)
         self.total = SweepReport()
 
@@ -114,6 +120,7 @@ class Sweeper:
                     sids = await self.store.created_before(p, cutoff, offset, self.batch)
                     if not sids:
                         break
+                    began = time.monotonic()
                     removed = await self._batch(sids, cutoff, now, report)
                     offset += len(sids) - len(removed)
                     if removed:
@@ -121,6 +128,8 @@ class Sweeper:
                     if not await self.store.renew_sweep(lease, self.lease_ms):
                         log.warning("retention: the sweep's lease moved; this pass stops")
                         return report
+                    if removed and self.rest:
+                        await asyncio.sleep((time.monotonic() - began) * self.rest)
         finally:
             with contextlib.suppress(*STORE_FAULTS):
                 await self.store.release_sweep(lease)
