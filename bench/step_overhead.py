@@ -28,7 +28,7 @@ not in the engine): a new connection per model call, as when streams were abando
 `[DONE]` with httpx, against reading each to its end and reusing its connection.
 
     .venv/bin/python bench/step_overhead.py [--sessions 20] [--turns 10] [--repeat 3]
-        [--fsync always|everysec] [--no-stream] [--new-connections]
+        [--fsync always|everysec] [--no-stream] [--new-connections] [--trace]
 """
 
 from __future__ import annotations
@@ -66,12 +66,13 @@ from redis.asyncio.client import Pipeline
 from redis.asyncio.connection import AbstractConnection
 
 from engine.client import Client
-from engine.config import DEFAULT_FSYNC, AgentDecl, Project
+from engine.config import DEFAULT_FSYNC, AgentDecl, Project, TelemetryConfig
 from engine.runtime.engine import Engine, new_event_loop
 from engine.store.embedded import EmbeddedRedis
 from engine.store.store import Store, connect
 from tests.engine_helpers import ENV, make_project
 from tests.fakes.llm_vendor import FakeVendor, Text
+from tests.otlp_receiver import otlp_receiver
 
 AGENT = "ops_openai"
 WARMUP_TURNS = 2
@@ -493,6 +494,10 @@ async def bench(args: argparse.Namespace, redis_url: str, vendor: ChildServer, t
     if args.no_stream:
         agents = {k: _UnstreamedAgent(**vars(a)) for k, a in project.agents.items()}
         project = replace(project, agents=agents)
+    exits = contextlib.AsyncExitStack()
+    if args.trace:  # every span exported over OTLP/HTTP to a receiver in this process
+        receiver = await exits.enter_async_context(otlp_receiver())
+        project = replace(project, telemetry=TelemetryConfig(endpoint=receiver.url))
     engine = EngineThread(lambda: Engine(project, connect(redis_url, name=ENGINE_POOL), env=ENV))
     # The clients' own pool, as a separate process would have.
     client_redis = connect(redis_url, name=CLIENTS_POOL)
@@ -532,10 +537,13 @@ async def bench(args: argparse.Namespace, redis_url: str, vendor: ChildServer, t
     finally:
         await engine.stop()
         await client_redis.aclose()
+        await exits.aclose()
     each = [figures(run) for run in runs]
     names = [fl.name for fl in fields(Figures)]
     med = Figures(*(statistics.median(getattr(f, name) for f in each) for name in names))
     mode = "whole bodies" if args.no_stream else "streamed"
+    if args.trace:
+        mode += ", tracing on"
     if args.new_connections:
         mode += ", a new connection per call"
     print(f"median of {len(runs)} repeats ({mode}; a shared machine is noisy, compare medians):")
@@ -586,6 +594,11 @@ def main() -> int:
     )
     parser.add_argument(
         "--profile", metavar="FILE", help="cProfile the measured repeats into FILE (slows them)"
+    )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="tracing on ([telemetry] endpoint): spans exported to a receiver in this process",
     )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="subs-bench-") as tmp:

@@ -33,9 +33,11 @@ from bot.slack.governor import Paced, RateGovernor
 from bot.slack.intake import events_handler
 from bot.turns.follower import LEASE_MS, RETRY_SECONDS, Followers
 from bot.turns.listeners import Listeners
-from bot.turns.store import Checkpoints
+from bot.turns.slots import TurnSlots
+from bot.turns.store import Checkpoints, Slots
+from bot.turns.watch import Watch
 from engine.client import Client
-from engine.config import Project, slack_env_suffix
+from engine.config import Project, WatchEntry, slack_env_suffix
 from engine.store.store import RedisClient
 
 __all__ = ["Bot", "Bots", "start_bots"]
@@ -60,10 +62,12 @@ class Bots:
         """`redis` keeps the bot's checkpoints (bot/turns/store.py); `console` gives a
         session's console page, linked from failed turns' messages."""
         self.paced = Paced(governor or RateGovernor(), _send)
-        checkpoints = Checkpoints(redis, owner or f"bot-{secrets.token_hex(6)}", lease_ms)
+        owner = owner or f"bot-{secrets.token_hex(6)}"
+        checkpoints = Checkpoints(redis, owner, lease_ms)
+        slots = TurnSlots(Slots(redis, lease_ms), owner)
         self.bots: dict[str, Bot] = {}
         self.followers = Followers(
-            client, self.paced, checkpoints, self.bots, retry_s, console=console
+            client, self.paced, checkpoints, self.bots, retry_s, console=console, slots=slots
         )
         self.listeners = Listeners(self.followers)
         self._sockets: list[AsyncSocketModeHandler] = []
@@ -80,12 +84,24 @@ class Bots:
         *,
         app_token: str | None = None,
         stream: str = "edit",
+        max_concurrent_turns: int = 4,
+        follow: bool = False,
+        watches: Sequence[Watch] = (),
     ) -> None:
-        """One agent's app, its inputs handed to the listeners."""
+        """One agent's app, its inputs handed to the listeners: with `follow`, a person's
+        reply in a thread it answered starts a turn; `watches` are its alert channels."""
         bot = new_bot(
-            agent, answers, token, signing_secret, api_url, app_token=app_token, stream=stream
+            agent,
+            answers,
+            token,
+            signing_secret,
+            api_url,
+            app_token=app_token,
+            stream=stream,
+            max_concurrent_turns=max_concurrent_turns,
         )
         app = bot.app
+        self.listeners.configure(agent, follow=follow, watches=watches)
 
         async def on_event(body: dict[str, Any], context: AsyncBoltContext) -> None:
             await self.listeners.event(bot, body, context)
@@ -164,6 +180,21 @@ class Bots:
         await self.paced.aclose()
 
 
+def _watches(agent: str, entries: Sequence[WatchEntry], env: Mapping[str, str]) -> list[Watch]:
+    """The agent's watch entries whose channel is known here (one named by an unset variable
+    is off, said once: `subs check` lists the variable as missing)."""
+    found = []
+    for i, entry in enumerate(entries):
+        channel = entry.channel_id(env)
+        if channel is None:
+            log.warning(
+                "slack: agent %s: watch.%d is off: %s is not set", agent, i, entry.channel_var
+            )
+            continue
+        found.append(Watch.of(channel, entry.posters, entry.match))
+    return found
+
+
 async def _send(team: str, method: str, send: Callable[[], Awaitable[Any]]) -> None:
     """Paced payloads are the calls themselves, so a stream's append reads its text late."""
     await send()
@@ -212,5 +243,8 @@ def start_bots(
             agent.slack.commands,
             app_token=app_token,
             stream=agent.slack.stream,
+            max_concurrent_turns=agent.slack.max_concurrent_turns,
+            follow=agent.slack.follow,
+            watches=_watches(agent.id, agent.slack.watch, env),
         )
     return bots

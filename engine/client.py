@@ -35,6 +35,7 @@ from engine.runtime.apply import new_id
 from engine.store.retention import FULL_AT
 from engine.store.snapshots import load_state, load_states
 from engine.store.store import Store
+from engine.telemetry.ids import parse_traceparent
 
 
 def validate_client_input(data: Any) -> None:
@@ -156,12 +157,15 @@ class Client:
         session_id: str | None = None,
         identity: dict[str, Any] | None = None,
         owner: dict[str, Any] | None = None,
+        traceparent: str | None = None,
         timeout: float = 30.0,
     ) -> dict[str, Any]:
         """Send one ClientInput; returns `{session_id, turn_id, queued}` once committed.
         One the protocol refuses is a ClientError (`validate_client_input`), sent nowhere.
 
         With `owner`, an existing session must belong to that subject (else 403).
+        A valid W3C `traceparent` makes the turn it starts join the caller's trace (an
+        invalid one is ignored, as the spec asks of a receiver).
 
         An input that starts a turn gets its `turn_id` here when it has none: the write
         to Redis may be sent twice (a connection lost after Redis applied it, retried by
@@ -173,6 +177,9 @@ class Client:
         if payload.get("type") in TURN_STARTS and not payload.get("turn_id"):
             payload = {**payload, "turn_id": new_id("turn")}
         body = {"kind": "client", "input": payload, "identity": identity or {}, "owner": owner}
+        trace = parse_traceparent(traceparent)
+        if trace is not None:
+            body["traceparent"] = trace.traceparent()
         return await self._request(sid, body, timeout)
 
     async def _request(self, sid: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:

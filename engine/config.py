@@ -48,6 +48,7 @@ _ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
 _AGENT_ID = re.compile(r"[A-Za-z0-9_-]+")
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # what the model vendors accept
 _SLASH_COMMAND = re.compile(r"/[a-z0-9_-]+")
+_CHANNEL_ID = re.compile(r"[CG][A-Z0-9]{2,}")  # a public (C) or private (G, legacy) channel
 # A browser's Origin: scheme://host[:port], nothing after; hosts as names, IPv4 or [IPv6].
 _ORIGIN = re.compile(r"([a-z][a-z0-9+.-]*)://([a-z0-9.-]+|\[[0-9a-f:.]+\])(?::([0-9]{1,5}))?")
 _DEFAULT_PORTS = {"http": "80", "https": "443"}
@@ -180,6 +181,30 @@ class SlackBlock:
     answers: str  # both | dm | channels
     commands: tuple[str, ...]
     stream: str  # edit | native
+    max_concurrent_turns: int = 4  # this app's turns running at once, across processes
+    follow: bool = True  # a person's reply in a thread the app answered starts a turn
+    watch: tuple[WatchEntry, ...] = ()  # alert channels: new posts triaged without a mention
+
+
+@dataclass(frozen=True)
+class WatchEntry:
+    """One `[[agent.<id>.slack.watch]]`: a channel whose new top-level posts (by one of
+    `posters`, any when empty, and matching `match`, any when None) each start a turn."""
+
+    channel: str  # a channel id, or `${VAR}` naming the variable that holds it
+    posters: tuple[str, ...]  # an app's name, bot id or app id, or a user id
+    match: str | None  # a regular expression searched in the message as the model reads it
+
+    @property
+    def channel_var(self) -> str | None:
+        """The variable `channel` names (`${VAR}`), or None for a literal id."""
+        found = _COMMAND_VAR.fullmatch(self.channel)
+        return found.group(1) if found else None
+
+    def channel_id(self, env: Mapping[str, str]) -> str | None:
+        """The channel id, read from the environment when named by a variable (None: unset)."""
+        var = self.channel_var
+        return self.channel if var is None else (env.get(var) or None)
 
 
 @dataclass(frozen=True)
@@ -304,6 +329,18 @@ class AgentDecl:
 
 
 @dataclass(frozen=True)
+class TelemetryConfig:
+    """Where turns' traces go (docs/telemetry.md): an OTLP/HTTP collector's base URL.
+
+    None, with no `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT` in the environment: nothing is
+    traced or exported.
+    """
+
+    endpoint: str | None = None
+    service_name: str = "subs"
+
+
+@dataclass(frozen=True)
 class Project:
     path: str
     name: str
@@ -313,6 +350,7 @@ class Project:
     agents: dict[str, AgentDecl]
     store: StoreConfig = StoreConfig()
     mcp: dict[str, McpBlock] = dataclasses.field(default_factory=dict)
+    telemetry: TelemetryConfig = TelemetryConfig()
 
     def connections_off(self, env: Mapping[str, str]) -> dict[str, str]:
         """The MCP connections that cannot start here, and why (McpBlock.off_reason)."""
@@ -343,6 +381,10 @@ class Project:
         for agent in self.agents.values():
             if agent.signing_secret_env:
                 need(agent.signing_secret_env, agent.id, "signs requests to the agent's worker")
+            for i, entry in enumerate(agent.slack.watch if agent.slack else ()):
+                if entry.channel_var:
+                    why = f"the alert channel agent.{agent.id}.slack.watch.{i} watches"
+                    need(entry.channel_var, agent.id, why)
             for ref in agent.mcp:
                 conn = self.mcp[ref["id"].removeprefix("mcp.")]
                 if conn.token_env:
@@ -469,6 +511,23 @@ def _tool_handler(value: str, info: ValidationInfo) -> str:
     return value
 
 
+def _regex(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as e:
+        raise ValueError(f"not a valid regular expression: {e}") from None
+    return value
+
+
+def _channel(value: str) -> str:
+    if not (_CHANNEL_ID.fullmatch(value) or _COMMAND_VAR.fullmatch(value)):
+        raise ValueError(
+            'must be a channel id like "C0123ABCD" (or "${VAR}" naming the variable that '
+            f"holds it), got {value!r}"
+        )
+    return value
+
+
 def _slash_command(value: str) -> str:
     if not _SLASH_COMMAND.fullmatch(value):
         raise ValueError(
@@ -557,12 +616,21 @@ class _Retry(_Model):
     connector: _RetryOverride | None = None  # fetching a connection's tool list
 
 
+class _Watch(_Model):
+    channel: Annotated[str, AfterValidator(_channel)]
+    from_: list[NonEmpty] = Field(default_factory=list, alias="from")
+    match: Annotated[str, AfterValidator(_regex)] | None = None
+
+
 class _Slack(_Model):
     name: Annotated[str, Field(min_length=1, max_length=35)] | None = None
     description: Annotated[str, Field(max_length=140)] = ""
     answers: Literal["both", "dm", "channels"] = "both"
     commands: list[Annotated[str, AfterValidator(_slash_command)]] = Field(default_factory=list)
     stream: Literal["edit", "native"] = "edit"
+    max_concurrent_turns: Annotated[int, Field(ge=1, le=1000)] = 4
+    follow: bool = True
+    watch: list[_Watch] = Field(default_factory=list)
 
 
 class _Mcp(_Model):
@@ -609,6 +677,11 @@ class _Agent(_Model):
     mcp: list[NonEmpty | _McpRef] = Field(default_factory=list)
 
 
+class _Telemetry(_Model):
+    endpoint: HttpUrl | None = None
+    service_name: NonEmpty = "subs"
+
+
 class _Root(_Model):
     name: NonEmpty | None = None
     redis: RedisUrl | None = None
@@ -618,6 +691,7 @@ class _Root(_Model):
     llm: dict[str, _Llm] = Field(default_factory=dict)
     agent: dict[str, _Agent] = Field(default_factory=dict)
     mcp: dict[str, _Mcp] = Field(default_factory=dict)
+    telemetry: _Telemetry = Field(default_factory=_Telemetry)
 
 
 # Setting any of these makes the file, not the worker, the source of the model config.
@@ -837,7 +911,7 @@ def _known_keys(parent: tuple[str | int, ...]) -> list[str]:
         else:  # a list index or a table key: step into the element type
             current = get_args(current)[-1]
     current = _unwrap(current)
-    return list(current.model_fields)
+    return [f.alias or name for name, f in current.model_fields.items()]
 
 
 def _check(root: _Root, file: str) -> None:
@@ -1028,6 +1102,9 @@ def _build(root: _Root, path: str) -> Project:
                 answers=a.slack.answers,
                 commands=tuple(a.slack.commands),
                 stream=a.slack.stream,
+                max_concurrent_turns=a.slack.max_concurrent_turns,
+                follow=a.slack.follow,
+                watch=tuple(WatchEntry(w.channel, tuple(w.from_), w.match) for w in a.slack.watch),
             ),
         )
         for aid, a in root.agent.items()
@@ -1072,6 +1149,9 @@ def _build(root: _Root, path: str) -> Project:
             )
             for mid, b in root.mcp.items()
         },
+        telemetry=TelemetryConfig(
+            endpoint=root.telemetry.endpoint, service_name=root.telemetry.service_name
+        ),
     )
 
 

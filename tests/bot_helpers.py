@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +18,7 @@ from engine.config import Project, slack_env_suffix
 from engine.runtime.engine import Engine
 from tests.engine_helpers import ENV
 from tests.fakes.llm_vendor import FakeVendor
-from tests.fakes.slack import FakeSlack, Message
+from tests.fakes.slack import FakeSlack, Limit, Message
 
 AGENT = "ops_anthropic"
 # Fast pacing so a test streams in milliseconds; the pacing itself is tested elsewhere.
@@ -93,22 +93,28 @@ async def serve_bots(
     *,
     socket: bool = False,
     engine_env: dict[str, str] | None = None,
+    slack_limits: Mapping[str, Limit | None] | None = None,
+    tiers: Mapping[str, float] = FAST,
+    slack_env: Callable[[FakeSlack], dict[str, str]] | None = None,
 ) -> AsyncIterator[World]:
     """The engine (its environment: `engine_env`, default the suite's vendor keys), a
     FakeSlack and the bots of `project` (only `agent` has a Slack block), over HTTP or,
-    with `socket`, over Socket Mode."""
+    with `socket`, over Socket Mode. `slack_limits` overrides the fake's rate limits, `tiers`
+    the bots' pacing; `slack_env` adds to the bots' environment what it makes of the
+    started fake (a watched channel's id, say)."""
     engine = Engine(project, redis, env=ENV if engine_env is None else engine_env, lease_ms=3000)
     await engine.start()
     suffix = slack_env_suffix(agent)
-    async with FakeSlack() as fake:
+    async with FakeSlack(limits=slack_limits) as fake:
         env = {f"SLACK_BOT_TOKEN_{suffix}": fake.bot_token, "SLACK_API_URL": fake.url}
+        env |= slack_env(fake) if slack_env is not None else {}
         if socket:
             env[f"SLACK_APP_TOKEN_{suffix}"] = fake.app_token
         else:
             env[f"SLACK_SIGNING_SECRET_{suffix}"] = fake.signing_secret
-        fast = RateGovernor(FAST)
         client = Client(engine.store)
-        bots = start_bots(project, client, client.store.redis, env, governor=fast)
+        governor = RateGovernor(tiers)
+        bots = start_bots(project, client, client.store.redis, env, governor=governor)
         assert list(bots.bots) == [agent]  # no other agent has a Slack block
         await bots.start()
         await bots.connected()

@@ -54,8 +54,10 @@ def slack_toml(
     answers: str = "both",
     commands: Sequence[str] = ("/oncall",),
     stream: str = "edit",
+    extra: str = "",
 ) -> str:
-    """project_toml's two agents, plus a Slack block for `agent`.
+    """project_toml's two agents, plus a Slack block for `agent` (`extra`: more of its
+    keys and tables, e.g. `[[agent.<id>.slack.watch]]`).
 
     With `worker`, `agent` is a further agent (not one of project_toml's) whose worker decides.
     """
@@ -70,7 +72,7 @@ def slack_toml(
     listed = ", ".join(f'"{c}"' for c in commands)
     return text + (
         f'\n[agent.{agent}.slack]\nanswers = "{answers}"\ncommands = [{listed}]\n'
-        f'stream = "{stream}"\n'
+        f'stream = "{stream}"\n{extra}'
     )
 
 
@@ -342,6 +344,7 @@ async def slack_serve(
     commands: Sequence[str] = ("/oncall",),
     stream: str = "edit",
     fake: FakeSlack | None = None,
+    extra: str = "",
 ) -> AsyncIterator[SlackServe]:
     """A FakeSlack (default limits) and `subs serve` with a Slack app for `agent` over
     `transport`; everything stopped afterwards. Pass `fake` to use a started one of your own."""
@@ -354,6 +357,7 @@ async def slack_serve(
             answers=answers,
             commands=commands,
             stream=stream,
+            extra=extra,
         )
     )
     async with _fake(fake) as slack:

@@ -66,6 +66,14 @@ TINY: dict[str, tuple[str, list[str]]] = {
         "--threads 1 --seconds 1 --chunks 3 --chunk-ms 5",
         [rf"1 thread .*first visible text median {NUMBER} ms.*updates of a reply every"],
     ),
+    "slack_storm.py": (
+        "--n 6 --limits 2 --latency 0.05",
+        [
+            rf"N=6 max_concurrent_turns=2: ack max {NUMBER} s; first reply {NUMBER} s, "
+            rf"last reply {NUMBER} s; max model calls in flight [12] \(model call median "
+            rf"{NUMBER} s\); Web API calls \d+ \(.*429s \d+\)"
+        ],
+    ),
     "chaos.py": (
         (
             "--serves 2 --sessions 2 --kills 1 --redis-restarts 0 --min-gap 0.5 --max-gap 0.5 "

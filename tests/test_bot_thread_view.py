@@ -201,18 +201,20 @@ async def test_names_are_kept_for_their_ttl_and_asked_once_at_a_time() -> None:
         assert [c.args["user"] for c in fake.calls("users.info")].count(bob.id) == 2
 
 
-async def test_the_names_kept_are_bounded_oldest_out_first() -> None:
-    """A year of people asked about keeps at most `most` names (issue 27)."""
+async def test_names_kept_are_bounded_the_least_recently_used_going_first() -> None:
     async with FakeSlack() as fake:
-        people = [fake.add_user(f"p{n}", display_name=f"P{n}") for n in range(5)]
+        people = [fake.add_user(f"p{k}", display_name=f"P{k}") for k in range(4)]
         web = AsyncWebClient(token=fake.bot_token, base_url=fake.url)
-        names = Directory(web, RateGovernor(FAST), most=3)
-        for person in people:
-            assert await names.names(fake.team.id, [person.id]) == {person.id: person.name.upper()}
-            assert len(names._known) <= 3
-        assert [ref for _, ref in names._known] == [p.id for p in people[2:]]
-        await names.names(fake.team.id, [people[0].id])  # asked again, once it is needed
-        assert [c.args["user"] for c in fake.calls("users.info")].count(people[0].id) == 2
+        names = Directory(web, RateGovernor(FAST), max_names=2)
+        team = fake.team.id
+        ids = [p.id for p in people]
+        for ref in [ids[0], ids[1], ids[0], ids[2]]:  # p0 used again: p1 is the oldest
+            await names.names(team, [ref])
+        assert [ref for _, ref in names._known] == [ids[0], ids[2]]
+        assert await names.names(team, ids[:3]) == {ids[k]: f"P{k}" for k in range(3)}
+        assert len(names._known) == 2
+        asked = [c.args["user"] for c in fake.calls("users.info")]
+        assert asked == [ids[0], ids[1], ids[2], ids[1]]  # p1 was forgotten, asked again
 
 
 async def test_names_fall_back_to_ids_when_slack_is_away() -> None:

@@ -16,7 +16,7 @@ from engine.redact import Redactor
 from engine.store.embedded import EmbeddedRedis
 from engine.store.store import Store, connect
 from tests.api_helpers import INPUT, of_type, read_stream
-from tests.engine_helpers import session_of, start_subs, subs
+from tests.engine_helpers import project_toml, session_of, start_subs, subs
 from tests.fakes.llm_vendor import HttpError, Text, ToolCalls
 
 
@@ -274,3 +274,16 @@ def test_a_logged_exception_is_one_scrubbed_line():
     assert OneLine(redactor.scrub).format(record) == (
         "subs: sync of *** failed (ValueError: refused *** at the door)"
     )
+
+
+async def test_check_refuses_a_watch_match_that_is_no_regular_expression(tmp_path, vendor):
+    config = tmp_path / "subs.toml"
+    config.write_text(
+        project_toml(vendor.url)
+        + '\n[agent.ops_openai.slack]\n[[agent.ops_openai.slack.watch]]\nchannel = "C0ALERTS"\n'
+        'match = "[FIRING"\n'
+    )
+    code, out, err = await subs("check", "-c", str(config))
+    assert (code, out) == (2, ""), err
+    assert "agent.ops_openai.slack.watch.0.match: not a valid regular expression" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -301,6 +301,61 @@ BROKEN = [
         "must be one of",
     ),
     (
+        "slack max_concurrent_turns",
+        OK + "[agent.oncall.slack]\nmax_concurrent_turns = 0\n",
+        "agent.oncall.slack.max_concurrent_turns",
+        "1 or more",
+    ),
+    (
+        "watch match not a regex",
+        OK + '[[agent.oncall.slack.watch]]\nchannel = "C0ALERTS"\nmatch = "FIRING:(["\n',
+        "agent.oncall.slack.watch.0.match",
+        "not a valid regular expression",
+    ),
+    (
+        "watch second entry's match",
+        OK + '[[agent.oncall.slack.watch]]\nchannel = "C0A1"\n'
+        '[[agent.oncall.slack.watch]]\nchannel = "C0A2"\nmatch = "*down"\n',
+        "agent.oncall.slack.watch.1.match",
+        "not a valid regular expression",
+    ),
+    (
+        "watch channel name",
+        OK + '[[agent.oncall.slack.watch]]\nchannel = "#alerts"\n',
+        "agent.oncall.slack.watch.0.channel",
+        "must be a channel id",
+    ),
+    (
+        "watch channel missing",
+        OK + '[[agent.oncall.slack.watch]]\nfrom = ["Grafana"]\n',
+        "agent.oncall.slack.watch.0.channel",
+        "required",
+    ),
+    (
+        "watch from a string",
+        OK + '[[agent.oncall.slack.watch]]\nchannel = "C0A1"\nfrom = "Grafana"\n',
+        "agent.oncall.slack.watch.0.from",
+        "expected a list",
+    ),
+    (
+        "watch from empty name",
+        OK + '[[agent.oncall.slack.watch]]\nchannel = "C0A1"\nfrom = [""]\n',
+        "agent.oncall.slack.watch.0.from.0",
+        "must not be empty",
+    ),
+    (
+        "watch typo",
+        OK + '[[agent.oncall.slack.watch]]\nchannel = "C0A1"\nposter = ["Grafana"]\n',
+        "agent.oncall.slack.watch.0.poster",
+        "unknown key",
+    ),
+    (
+        "slack follow",
+        OK + '[agent.oncall.slack]\nfollow = "yes"\n',
+        "agent.oncall.slack.follow",
+        "expected true or false",
+    ),
+    (
         "long id, default slack name",
         LLM + f'[agent.{"a" * 36}]\nllm = "openrouter"\nmodel = "m"\n[agent.{"a" * 36}.slack]\n',
         f"agent.{'a' * 36}.slack.name",
@@ -561,6 +616,9 @@ def test_defaults(tmp_path: Path):
         "answers": "both",
         "commands": (),
         "stream": "edit",
+        "max_concurrent_turns": 4,
+        "follow": True,
+        "watch": (),
     }
     with pytest.raises(dataclasses.FrozenInstanceError):
         agent.model = "other"  # type: ignore[misc]
@@ -868,3 +926,26 @@ def test_a_subagent_entry_may_set_the_mode_its_calls_use(tmp_path: Path):
         {"id": "c", "description": ""},
     ]
     AGENT_CONFIG.validate(wire)
+
+
+def test_watch_entries_and_the_variable_naming_a_channel(tmp_path: Path):
+    text = OK + (
+        "[agent.oncall.slack]\nfollow = false\n"
+        '[[agent.oncall.slack.watch]]\nchannel = "C0ALERTS"\nfrom = ["Alertmanager", "B0GRAF"]\n'
+        'match = "FIRING"\n'
+        '[[agent.oncall.slack.watch]]\nchannel = "${ONCALL_ALERTS_CHANNEL}"\n'
+    )
+    slack = load(tmp_path, text).agents["oncall"].slack
+    assert slack is not None and slack.follow is False
+    first, second = slack.watch
+    assert (first.channel, first.posters, first.match) == (
+        "C0ALERTS",
+        ("Alertmanager", "B0GRAF"),
+        "FIRING",
+    )
+    assert (second.posters, second.match, second.channel_var) == ((), None, "ONCALL_ALERTS_CHANNEL")
+    assert second.channel_id({"ONCALL_ALERTS_CHANNEL": "C0X"}) == "C0X"
+    assert second.channel_id({}) is None and first.channel_id({}) == "C0ALERTS"
+    missing = load(tmp_path, text).missing_env({"OPENROUTER_API_KEY": "k"})
+    assert [(m.var, m.needed_by) for m in missing] == [("ONCALL_ALERTS_CHANNEL", "oncall")]
+    assert "watch.1" in missing[0].why

@@ -106,7 +106,8 @@ def _is_table_list(annotation: Any) -> bool:
 def walk(model: type[BaseModel], path: str = "", array: bool = False) -> Iterator[Key]:
     """Every key of the file, block by block."""
     block = "" if not path else f"[[{path}]]" if array else f"[{path}]"
-    for name, field in model.model_fields.items():
+    for attr, field in model.model_fields.items():
+        name = field.alias or attr  # as the file spells it (`from`, a Python keyword)
         annotation = _bare(field.annotation)
         default = field.default
         if field.default_factory is not None:
@@ -138,6 +139,7 @@ def test_the_walk_reaches_every_block() -> None:
         "[agent.<id>.retry]",
         "[agent.<id>.retry.connector]",
         "[agent.<id>.slack]",
+        "[[agent.<id>.slack.watch]]",
         "[[agent.<id>.mcp]]",
         "[agent.<id>.mcp.tools]",
         "[mcp.<id>]",

@@ -7,6 +7,7 @@ import re
 
 from bot.rendering.message_text import attributed
 from bot.slack.manifest import manifest
+from bot.turns.watch import Watch
 from engine.config import load_project, parse_project
 from tests.engine_helpers import ROOT
 from tests.fakes.slack import alerts
@@ -47,3 +48,44 @@ def test_the_alert_shown_is_the_one_the_renderer_gives() -> None:
     shown = re.findall(r"^```text\n(.*?)\n```", section, re.M | re.S)
     alert = {**alerts.ALERTMANAGER_FIRING, "subtype": "bot_message", "bot_id": "B1"}
     assert shown[0] == attributed(alert, {})
+
+
+def test_the_on_call_example_watches_the_alert_it_shows() -> None:
+    """The watch entry loads, and takes the alert the page shows as the model sees it."""
+    [section] = re.findall(r"^## On call: .*?\n(.*?)^## ", DOC, re.M | re.S)
+    [toml] = re.findall(r"^ *```toml\n(.*?)^ *```", section, re.M | re.S)
+    text = '[llm.x]\ntype = "openai"\n[agent.oncall]\nllm = "x"\nmodel = "m"\n'
+    text += "[agent.oncall.slack]\n" + "\n".join(line.strip() for line in toml.splitlines())
+    slack = parse_project(text, "subs.toml", env={}).agents["oncall"].slack
+    assert slack is not None
+    [entry] = slack.watch
+    assert entry.channel_var == "ONCALL_ALERTS_CHANNEL"
+    alert = {**alerts.ALERTMANAGER_TEMPLATED, "subtype": "bot_message", "bot_id": "B1"}
+    alert["channel"] = "C0123ABCD"
+    watch = Watch.of("C0123ABCD", entry.posters, entry.match)
+    assert watch.admits(alert)
+    assert not watch.admits({**alert, **alerts.ALERTMANAGER_RESOLVED})
+    [shown] = re.findall(r"^```text\n(.*?)\n```", section, re.M | re.S)
+    assert shown == attributed(alert, {})
+    made = manifest(
+        parse_project(text, "subs.toml", env={}).agents["oncall"],
+        socket_mode=True,
+        request_url=None,
+    )
+    assert {"message.channels", "message.groups"} <= set(
+        made["settings"]["event_subscriptions"]["bot_events"]
+    )
+
+
+def test_the_example_s_commented_watch_entry_loads_once_uncommented() -> None:
+    text = (ROOT / "subs.toml").read_text()
+    entry = re.compile(r"^# (\[\[agent\.oncall\.slack\.watch\]\]|(?:channel|from|match) = .*)$")
+    lines = [m.group(1) if (m := entry.match(line)) else line for line in text.splitlines()]
+    assert lines != text.splitlines()
+    project = parse_project("\n".join(lines), "subs.toml", env={})
+    slack = project.agents["oncall"].slack
+    assert slack is not None
+    [watch] = slack.watch
+    assert watch.channel_var == "ONCALL_ALERTS_CHANNEL" and watch.match == "FIRING"
+    missing = project.missing_env({"OPENROUTER_API_KEY": "set", "ONCALL_REPO": "."})
+    assert [m.var for m in missing] == ["ONCALL_ALERTS_CHANNEL"]

@@ -22,7 +22,7 @@ from slack_sdk.socket_mode.request import SocketModeRequest
 from slack_sdk.socket_mode.response import SocketModeResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from tests.fakes.slack import FakeSlack, Limit
+from tests.fakes.slack import FakeSlack, Limit, alerts
 
 APPROVAL = [
     {"type": "section", "text": {"type": "mrkdwn", "text": "*Approval needed*: deploy?"}},
@@ -657,3 +657,45 @@ async def test_waits_time_out_instead_of_hanging(fake: FakeSlack) -> None:
         await fake.wait_for("chat.postMessage", timeout=0.05)
     with pytest.raises(TimeoutError):
         await fake.wait_ack("nope", timeout=0.05)
+
+
+async def test_events_for_a_new_message_are_what_slack_sends_with_channel_messages(
+    fake: FakeSlack,
+) -> None:
+    asked = fake.post_as_user(fake.general, fake.mention("help"))
+    events = fake.events_for(asked)
+    assert [e["type"] for e in events] == ["message", "app_mention"]
+    assert events[0]["channel_type"] == "channel" and "channel_type" not in events[1]
+    assert {e["ts"] for e in events} == {asked.ts}
+    ids = {fake.envelope(e)["event_id"] for e in events}
+    assert len(ids) == 2  # two deliveries, each its own event_id
+
+    alertmanager = fake.add_integration("Alertmanager", classic=True)
+    alert = fake.post_as_integration(alertmanager, fake.general, alerts.ALERTMANAGER_FIRING)
+    [event] = fake.events_for(alert)
+    assert (event["type"], event["subtype"], event["text"]) == ("message", "bot_message", "")
+    assert event["bot_id"] == alertmanager.bot_id and "user" not in event
+    assert event["attachments"][0]["color"] == "a30200"
+
+    grafana = fake.add_integration("Grafana")
+    panel = fake.post_as_integration(
+        grafana, fake.general, alerts.GRAFANA_PANEL_IMAGE, thread_ts=alert.ts
+    )
+    [event] = fake.events_for(panel)
+    assert "subtype" not in event and event["bot_profile"]["name"] == "Grafana"
+    assert event["thread_ts"] == alert.ts
+
+    [dm] = fake.events_for(fake.post_as_user(fake.dm, fake.mention("hi")))
+    assert (dm["type"], dm["channel_type"]) == ("message", "im")  # no app_mention in a DM
+    fake.subscriptions = {"app_mention"}
+    assert [e["type"] for e in fake.events_for(asked)] == ["app_mention"]
+
+    before = fake.edit_post(alert, alerts.ALERTMANAGER_RESOLVED)
+    changed = fake.changed_event(alert, before)
+    assert changed["subtype"] == "message_changed" and changed["ts"] != alert.ts
+    assert changed["message"]["ts"] == alert.ts and "edited" in changed["message"]
+    assert "[RESOLVED]" in changed["message"]["attachments"][0]["title"]
+    assert "[FIRING:2]" in changed["previous_message"]["attachments"][0]["title"]
+    alert.deleted = True
+    deleted = fake.deleted_event(alert)
+    assert (deleted["subtype"], deleted["deleted_ts"]) == ("message_deleted", alert.ts)

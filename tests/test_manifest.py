@@ -48,7 +48,13 @@ SCOPES = {
         "im:history",
     ],
 }
-EVENTS = {"dm": ["message.im"], "channels": ["app_mention"], "both": ["app_mention", "message.im"]}
+# Channel messages too: follow-ups (`follow`, on by default) arrive without a mention.
+CHANNEL_MESSAGES = ["message.channels", "message.groups"]
+EVENTS = {
+    "dm": ["message.im"],
+    "channels": ["app_mention", *CHANNEL_MESSAGES],
+    "both": ["app_mention", "message.im", *CHANNEL_MESSAGES],
+}
 
 
 @pytest.mark.parametrize("answers", ["dm", "channels", "both"])
@@ -84,6 +90,37 @@ def test_scopes_events_and_transport(answers: str, socket_mode: bool, commands: 
         }
         for command in commands
     ]
+
+
+def _slack_block(answers: str, extra: str) -> AgentDecl:
+    text = (
+        f'[agent.bot]\nworker = "http://127.0.0.1:9/"\n[agent.bot.slack]\nanswers = "{answers}"\n'
+        + extra
+    )
+    return parse_project(text, "subs.toml", env={}).agents["bot"]
+
+
+WATCH = '[[agent.bot.slack.watch]]\nchannel = "C0ALERTS"\nfrom = ["Alertmanager"]\n'
+
+
+@pytest.mark.parametrize(
+    ("answers", "extra", "events", "history"),
+    [
+        ("channels", "follow = false\n", ["app_mention"], True),  # mentions only
+        ("dm", "", ["message.im"], False),  # follow-ups are for channels
+        ("dm", WATCH, ["message.im", *CHANNEL_MESSAGES], True),  # alerts need no mention
+        ("channels", "follow = false\n" + WATCH, ["app_mention", *CHANNEL_MESSAGES], True),
+    ],
+    ids=["no-follow", "dm-only", "dm-and-watch", "watch-no-follow"],
+)
+def test_channel_messages_are_subscribed_when_follow_or_watch_needs_them(
+    answers: str, extra: str, events: list[str], history: bool
+):
+    m = manifest(_slack_block(answers, extra), socket_mode=True, request_url=None)
+    assert m["settings"]["event_subscriptions"]["bot_events"] == events
+    scopes = m["oauth_config"]["scopes"]["bot"]
+    assert ({"channels:history", "groups:history"} <= set(scopes)) is history
+    assert len(scopes) == len(set(scopes))
 
 
 def test_display_information_and_bot_user():

@@ -80,3 +80,34 @@ async def test_a_booked_call_waits_out_a_retry_after_that_came_meanwhile() -> No
     second = fake.calls("chat.postMessage")[1]
     assert second.args["text"] == "second"
     assert second.at - penalised_at >= 0.3
+
+
+async def test_a_call_unless_takes_only_a_free_slot_and_gives_way() -> None:
+    """`governed(unless=...)` (a queued turn's note) never books ahead: posts that must go,
+    called after it, go first; once `unless` is done it is not made at all."""
+    async with FakeSlack(time_scale=1 / SPEEDUP) as fake:
+        web = AsyncWebClient(token=fake.bot_token, base_url=fake.url)
+        governor = RateGovernor({**TIERS, "chat.postMessage": 600})  # 100 ms apart
+        team, channel = fake.team.id, fake.general.id
+        loop = asyncio.get_running_loop()
+
+        def post(text: str, unless: asyncio.Future[None] | None = None) -> asyncio.Task[object]:
+            args = {"channel": channel, "text": text}
+            call = governed(governor, team, web, "chat.postMessage", args, unless=unless)
+            return asyncio.ensure_future(call)
+
+        first = post("reply 0")  # takes the free slot: the next is 100 ms away
+        never: asyncio.Future[None] = loop.create_future()
+        note = post("note", never)
+        replies = [post(f"reply {n}") for n in (1, 2)]
+        await asyncio.gather(first, *replies, note)
+        texts = [c.args["text"] for c in fake.calls("chat.postMessage")]
+        assert texts == ["reply 0", "reply 1", "reply 2", "note"]
+
+        granted: asyncio.Future[None] = loop.create_future()
+        busy = post("reply 3")
+        gone = post("note 2", granted)
+        granted.set_result(None)  # the turn's slot came before a post slot was free
+        assert await gone is None
+        await busy
+        assert "note 2" not in [c.args["text"] for c in fake.calls("chat.postMessage")]

@@ -38,6 +38,7 @@ class Bot:
     app_token: str | None = None  # set: Socket Mode; else the HTTP Events API
     native: bool = False  # stream replies with chat.startStream/appendStream/stopStream
     verifier: SignatureVerifier | None = None  # HTTP only: signatures, before Bolt reads
+    max_concurrent_turns: int = 4  # the app's turns running at once (bot/turns/slots.py)
 
 
 def new_bot(
@@ -49,6 +50,7 @@ def new_bot(
     *,
     app_token: str | None = None,
     stream: str = "edit",
+    max_concurrent_turns: int = 4,
 ) -> Bot:
     """One agent's app: Socket Mode with `app_token`, else HTTP with `signing_secret`."""
     # No SDK retries: a post resent after a dropped connection could show twice; a failed
@@ -67,7 +69,14 @@ def new_bot(
     http = app_token is None and signing_secret
     verifier = SignatureVerifier(signing_secret) if http and signing_secret else None
     return Bot(
-        agent, answers, app, web_client, app_token, native=stream == "native", verifier=verifier
+        agent,
+        answers,
+        app,
+        web_client,
+        app_token,
+        native=stream == "native",
+        verifier=verifier,
+        max_concurrent_turns=max_concurrent_turns,
     )
 
 

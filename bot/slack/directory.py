@@ -5,7 +5,9 @@ carries no name of its own): each in the workspace's governor like every Web API
 answer kept for `ttl` seconds, so a busy thread costs one call per poster per TTL, not one per
 message. Lookups of one id at the same time share one call. When Slack refuses (`missing_scope`
 without `users:read`, `user_not_found`, …) the id stands in for the name, and that refusal is
-kept as long; when Slack cannot be reached, the id stands in for this turn only.
+kept as long; when Slack cannot be reached, the id stands in for this turn only. At most
+`max_names` answers are kept, the least recently used going first, so a process that runs
+for months in a large workspace does not keep every name it ever saw.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -23,12 +26,12 @@ from bot.slack.governor import RateGovernor
 from bot.slack.webapi import governed, slack_error
 from engine.errors import describe
 
-__all__ = ["NAMES_TTL", "Directory", "display_name"]
+__all__ = ["MAX_NAMES", "NAMES_TTL", "Directory", "display_name"]
 
 log = logging.getLogger(__name__)
 
 NAMES_TTL = 600.0  # seconds: a renamed person shows under the new name within ten minutes
-MAX_NAMES = 10_000  # names kept at once: past it the oldest go (asked again when next needed)
+MAX_NAMES = 10_000  # names kept per app: the posters of a busy workspace's active threads
 
 
 def display_name(user: Any) -> str | None:
@@ -59,14 +62,14 @@ class Directory:
         *,
         ttl: float = NAMES_TTL,
         clock: Callable[[], float] = time.monotonic,
-        most: int = MAX_NAMES,
+        max_names: int = MAX_NAMES,
     ) -> None:
         self.web = web
         self.governor = governor
         self.ttl = ttl
-        self.most = most
         self.clock = clock
-        self._known: dict[tuple[str, str], tuple[str | None, float]] = {}
+        self.max_names = max_names
+        self._known: OrderedDict[tuple[str, str], tuple[str | None, float]] = OrderedDict()
         self._asking: dict[tuple[str, str], asyncio.Future[str | None]] = {}
 
     async def names(self, team: str, ids: Iterable[str]) -> dict[str, str]:
@@ -80,6 +83,7 @@ class Directory:
         key = (team, ref)
         known = self._known.get(key)
         if known is not None and known[1] > self.clock():
+            self._known.move_to_end(key)
             return known[0]
         asking = self._asking.get(key)
         if asking is not None:
@@ -115,8 +119,8 @@ class Directory:
                 name = name.strip() if isinstance(name, str) and name.strip() else None
             else:
                 name = display_name(answer.get("user"))
-        self._known.pop((team, ref), None)  # to the end: the dict's order is oldest first
         self._known[(team, ref)] = (name, self.clock() + self.ttl)
-        while len(self._known) > self.most:
-            del self._known[next(iter(self._known))]
+        self._known.move_to_end((team, ref))
+        while len(self._known) > self.max_names:
+            self._known.popitem(last=False)
         return name

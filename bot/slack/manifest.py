@@ -8,10 +8,12 @@ What the bot calls and why each grant is there:
   on the triggering message (reactions.add / reactions.remove).
 - `users:read`: the names of the people and apps in a thread (users.info / bots.info), so the
   model reads `Name: text`; without it the ids stand in.
-- channels (`app_mention` only; follow-ups without a mention are picked up by
-  conversations.replies at the next mention, so no `message.channels`): `app_mentions:read`,
-  plus `channels:history` / `groups:history` for conversations.replies in public / private
-  channels.
+- channels: `app_mention` with `app_mentions:read`, plus `channels:history` /
+  `groups:history` for conversations.replies in public / private channels.
+- channel messages (`message.channels` / `message.groups`, same history scopes) when the app
+  follows up in threads it answered (`follow`, answering in channels) or watches alert
+  channels (`watch`): neither arrives as a mention. A mention then arrives twice (as
+  `app_mention` and as `message`); the bot answers it once.
 - DMs (`message.im`): `im:history`, which also covers conversations.replies in a DM thread.
 - `commands` only when the agent declares slash commands, with `channels:history` /
   `groups:history` (if not there already): a bot resuming a command's turn after a crash looks
@@ -60,6 +62,9 @@ def manifest(agent: AgentDecl, *, socket_mode: bool, request_url: str | None) ->
     if dm:
         scopes.append("im:history")
         events.append("message.im")
+    if slack.watch or (channels and slack.follow):
+        scopes += [s for s in ("channels:history", "groups:history") if s not in scopes]
+        events += ["message.channels", "message.groups"]
     if slack.commands:
         scopes.append("commands")
         scopes += [s for s in ("channels:history", "groups:history") if s not in scopes]

@@ -10,6 +10,7 @@ finds what already landed (`adopt_stamps`) and posts only the rest.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any
 
@@ -115,6 +116,26 @@ class Reply:
         cp.posted[part] = str(answer["ts"])
         await self._save()
         return cp.posted[part]
+
+    async def post_unless(
+        self, part: str, content: dict[str, Any], unless: asyncio.Future[Any]
+    ) -> bool:
+        """`post`, taking only a chat.postMessage slot free now (it never queues ahead of
+        other posts), and not once `unless` is done; whether it was posted."""
+        cp = self.cp
+        if part in cp.posted:
+            return True
+        await self._save()
+        args = {"channel": cp.channel, "thread_ts": cp.thread_ts, **content}
+        args["metadata"] = stamp(cp.turn_id, part)
+        answer = await governed(
+            self.paced.governor, cp.team, self.web, "chat.postMessage", args, unless=unless
+        )
+        if answer is None:
+            return False
+        cp.posted[part] = str(answer["ts"])
+        await self._save()
+        return True
 
     async def show_channel(self) -> None:
         """What `channels.slack` asked for: prompts posted once, rewrites of other messages

@@ -15,7 +15,14 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.slack.governor import RateGovernor, RateLimited, scope
 
-__all__ = ["ATTEMPTS", "call", "every_message", "governed", "slack_error", "thread_messages"]
+__all__ = [
+    "ATTEMPTS",
+    "call",
+    "every_message",
+    "governed",
+    "slack_error",
+    "thread_messages",
+]
 
 ATTEMPTS = 5  # 429s waited out before a governed call gives up
 
@@ -41,14 +48,25 @@ async def governed(
     web: AsyncWebClient,
     method: str,
     args: dict[str, Any],
+    *,
+    unless: asyncio.Future[Any] | None = None,
 ) -> Any:
     """`call` in the method's next free slot for the workspace, waiting out 429s.
 
     The slot is taken before the wait, so concurrent callers queue one gap apart instead of
-    all waking for the same slot."""
+    all waking for the same slot. With `unless`, the call never queues ahead of others: it
+    waits until a slot is free now and takes it then (a note that may wait), and is not
+    made once `unless` is done (None is returned)."""
     budget = scope(team, method, str(args.get("channel") or ""))
     loop = asyncio.get_running_loop()
     for attempt in range(ATTEMPTS):
+        if unless is not None:
+            while not unless.done() and (
+                (free := governor.next_slot(budget, method, loop.time())) > loop.time()
+            ):
+                await asyncio.wait([unless], timeout=free - loop.time())
+            if unless.done():
+                return None
         slot = governor.next_slot(budget, method, loop.time())
         governor.record(budget, method, slot)
         if slot > loop.time():

@@ -50,7 +50,10 @@ class Checkpoint:
     trigger: str = ""  # the message a working reaction goes on
     since: str = ""  # ts the turn began at: its messages in the thread come after it
     bot_id: str = ""  # this app's bot id, to know its own unstamped messages
-    mention: dict[str, Any] | None = None  # {event, bot_user, bot_id} to build `payload` from
+    # {event, bot_user, bot_id}: the message (a mention, DM, alert or follow-up) `payload`
+    # is built from
+    mention: dict[str, Any] | None = None
+    by_app: bool = False  # started by an app's post (an alert): no person to stream to natively
     quiet: bool = False  # a button's turn: no "No reply." message when it has nothing to say
     failures: int = 0  # followers that failed on it (not those that died or handed it over)
     retry_at: float = 0.0  # epoch seconds: not resumed before (backing off after a failure)

@@ -5,7 +5,9 @@ Every turn gets a turn id of the bot's choosing and a checkpoint in Redis, writt
 input's dedupe keys before the input is submitted (bot/turns/checkpoint.py). Its follower
 holds a lease on it, writes the turn into one Slack message (bot/slack/reply.py) and
 drops the checkpoint once the reply is whole. Leases are renewed in a loop that also takes
-over turns whose lease lapsed; a turn whose followers keep failing is given up.
+over turns whose lease lapsed; a turn whose followers keep failing is given up. A turn runs
+only in one of its app's slots (bot/turns/slots.py); until one is free, its reply says it is
+queued.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
-from bot.rendering.message_text import attributed, wanted_ids
+from bot.rendering.message_text import attributed, poster, wanted_ids
 from bot.rendering.mrkdwn import escape
 from bot.rendering.prompts import prompt_for
 from bot.rendering.turn_view import TurnView
@@ -31,6 +33,7 @@ from bot.slack.reply import Reply
 from bot.slack.webapi import every_message, governed, thread_messages
 from bot.turns.checkpoint import Checkpoint, LeaseLost
 from bot.turns.routing import missed_messages
+from bot.turns.slots import Slot, TurnSlots
 from bot.turns.store import Checkpoints, seen_key
 from engine.client import Client, ClientError
 
@@ -46,6 +49,8 @@ ARCHIVED = (
     "This thread had been quiet past the retention period, so its conversation was archived: "
     "I am starting afresh here and do not remember what was said before."
 )
+QUEUED = ":hourglass_flowing_sand: Queued: {where} (this app answers {limit} at a time)."
+ANSWER_HERE = " The answer will appear here."
 
 
 class Followers:
@@ -60,8 +65,10 @@ class Followers:
         retry_s: float = RETRY_SECONDS,
         *,
         console: Callable[[str], str] | None = None,
+        slots: TurnSlots,
     ) -> None:
         self.client = client
+        self.slots = slots
         self.console = console  # a session's console page, for failed turns' messages
         self.paced = paced
         self.checkpoints = checkpoints
@@ -94,6 +101,7 @@ class Followers:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.slots.aclose()
         for cp in following:
             await self.checkpoints.release(cp)
 
@@ -135,8 +143,10 @@ class Followers:
         console = self.console(cp.session_id) if self.console else None
         view = TurnView(cp.turn_id, console=console)
         save = functools.partial(self.checkpoints.save, cp)
-        reply = Reply(cp, view, bot.web, self.paced, save, native=bot.native)
+        # Slack's native stream is addressed to a person: an app's alert has none.
+        reply = Reply(cp, view, bot.web, self.paced, save, native=bot.native and not cp.by_app)
         working: Indicator | None = None
+        slot = self.slots.slot(cp.agent, cp.key, bot.max_concurrent_turns)
         try:
             if not cp.thread_ts:
                 await self._post_root(cp, reply, resumed=resumed)
@@ -144,12 +154,16 @@ class Followers:
             if resumed:
                 await reply.adopt_stamps()
                 await reply.close_stale_stream()
+            await slot.take(functools.partial(self._queued, cp, reply, slot))
             if cp.payload is None:
                 cp.payload = await self._mention_payload(bot, cp)
                 await self.checkpoints.save(cp)
             if await self._submit(cp, reply):
                 await self._after_archive(cp, reply)
-                await self._stream(cp, view, reply, working)
+                await self._stream(cp, view, reply, working, slot)
+            await slot.release()
+            # No longer renewed: the lease round must not take the drop for a lost lease.
+            self._following.pop(cp.key, None)
             await self.checkpoints.drop(cp)
         except LeaseLost:
             log.warning("slack: turn %s is followed elsewhere now", cp.key)
@@ -163,6 +177,8 @@ class Followers:
             raise
         finally:
             self._following.pop(cp.key, None)
+            with contextlib.suppress(Exception):  # Redis away: the slot's lease lapses anyway
+                await slot.release()
             if working is not None and not task.cancelling():  # shutting down: Slack times it out
                 await working.clear(stale=resumed)
 
@@ -178,9 +194,26 @@ class Followers:
         if await self.checkpoints.take_archived(cp.session_id):
             await reply.post("archived", {"text": ARCHIVED})
 
+    async def _queued(
+        self, cp: Checkpoint, reply: Reply, slot: Slot, ahead: int, granted: asyncio.Future[None]
+    ) -> None:
+        """The turn waits for a slot: its reply, posted now, says so (a post the reply makes
+        anyway, so a storm costs no extra call). Its answer then grows in that message by
+        edits. A button's quiet turn, or one whose reply landed already, shows nothing new.
+
+        The note takes only a free chat.postMessage slot of the channel (one a second): the
+        replies of running turns must not queue behind a storm's notes. It is not posted
+        once the slot came first."""
+        if cp.quiet or "reply" in cp.posted:
+            return
+        note = {"text": queued_text(ahead, slot.limit)}
+        if await reply.post_unless("reply", note, granted):
+            reply.stream.active = False
+
     async def _mention_payload(self, bot: Bot, cp: Checkpoint) -> dict[str, Any]:
-        """A mention or a DM: its message, and those the agent missed since (other apps'
-        alerts included), as one input; each as a person reads it, `Name: text`.
+        """A mention, a DM, an alert or a follow-up: its message, and those the agent missed
+        since (other apps' alerts included), as one input; each as a person reads it,
+        `Name: text`. An alert is its thread's root: nothing came before it.
 
         Its author reaches a worker in the trigger's client context (the session's identity
         is its first asker's): `client.forwarded_props.slack.author` = `{issuer, id, name?}`.
@@ -202,9 +235,10 @@ class Followers:
         ]
         said = attributed(event, names, addressed_to=bot_user)
         messages.append({"id": f"slack:{ts}", "role": "user", "content": said})
-        author = {"issuer": "slack", "id": event["user"]}
-        if event["user"] in names:
-            author["name"] = names[event["user"]]
+        author = {"issuer": "slack", "id": cp.user}  # a person's user id, or an app's bot id
+        name = poster(event, names)
+        if name != cp.user:
+            author["name"] = name
         client = {"forwarded_props": {"slack": {"author": author}}}
         return {"type": "client.append", "messages": messages, "queue": True, "client": client}
 
@@ -265,9 +299,14 @@ class Followers:
         return answer.get("turn_id") is not None  # None: every message was known already
 
     async def _stream(
-        self, cp: Checkpoint, view: TurnView, reply: Reply, working: Indicator
+        self, cp: Checkpoint, view: TurnView, reply: Reply, working: Indicator, slot: Slot
     ) -> None:
-        """Fold the turn's events and deltas into its Slack message until the reply is whole."""
+        """Fold the turn's events and deltas into its Slack message until the reply is whole.
+
+        The slot is given back as the engine's turn ends, before the final edits (paced by
+        Slack's tiers) land: the next turn's model call need not wait for them. A turn that
+        waits for a person's decision gives it back then: a few open approvals must not
+        stop the app; what runs after the click is not counted (people click, not storms)."""
         follow = self.client.follow(cp.session_id, cp.after, delta_cursor=cp.cursor)
         async for kind, item in follow:
             if kind == "delta":
@@ -282,11 +321,13 @@ class Followers:
                     continue
                 payload = item["payload"]
                 if payload["type"] == "session.interrupted":
+                    await slot.release()  # a person decides now, for minutes or days
                     prompt = prompt_for(payload)
                     if prompt is not None:
                         await reply.post(f"prompt-{payload['interrupt_id']}", prompt)
                 await reply.show_channel()
             if view.done:
+                await slot.release()
                 await reply.finish(view.render())
                 return
             had_reply = reply.ts is not None
@@ -336,9 +377,11 @@ class Followers:
             await asyncio.sleep(period)
             try:
                 for key, (cp, task) in list(self._following.items()):
-                    if not await self.checkpoints.renew(cp):
+                    renewed = await self.checkpoints.renew(cp)
+                    if not renewed and self._following.get(key, (None, None))[1] is task:
                         log.warning("slack: lost the lease on turn %s; another bot has it", key)
                         task.cancel()
+                await self.slots.keep()
                 await self._resume_orphans()
             except Exception as err:  # Redis away for a moment: the next round retries
                 log.warning("slack: lease round failed: %s", err)
@@ -352,3 +395,10 @@ class Followers:
     async def tell(self, bot: Bot, team: str, ephemeral: dict[str, Any]) -> None:
         """A message only its user sees: why their input started nothing."""
         await governed(self.paced.governor, team, bot.web, "chat.postEphemeral", ephemeral)
+
+
+def queued_text(ahead: int, limit: int) -> str:
+    """What a waiting turn's reply says: how many wait before it, and the app's limit."""
+    many = f"{ahead} request{'s' if ahead > 1 else ''} ahead of this one"
+    where = "next in line" if ahead == 0 else many
+    return QUEUED.format(where=where, limit=limit) + ANSWER_HERE

@@ -1,9 +1,10 @@
-"""Slack's inputs, made turns: mentions and DMs, slash commands, custom buttons, and clicks
-on interrupt prompts.
+"""Slack's inputs, made turns: mentions and DMs, alerts in watched channels, follow-ups,
+slash commands, custom buttons, and clicks on interrupt prompts.
 
-A mention, a DM, a slash command or a custom button (`channels.slack`) becomes a checkpoint
-the followers record and follow (bot/turns/follower.py): a slash command posts a root
-message and runs as a `client.action` in its thread, as a button does in its own. A prompt
+A mention, a DM, an alert, a follow-up, a slash command or a custom button
+(`channels.slack`) becomes a checkpoint the followers record and follow
+(bot/turns/follower.py): a slash command posts a root message and runs as a
+`client.action` in its thread, as a button does in its own. A prompt
 click resumes the interrupt with the option the engine recorded (read from the session
 snapshot, so a click cannot inject a value), then rewrites the prompt to say who answered.
 Each listener returns once the turn is recorded, so Bolt acks only then.
@@ -15,6 +16,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from slack_bolt.async_app import AsyncBoltContext
@@ -24,8 +26,9 @@ from bot.slack.agent_app import Bot
 from bot.slack.webapi import call
 from bot.turns.checkpoint import Checkpoint
 from bot.turns.follower import Followers
-from bot.turns.routing import session_id_for, thread_ts_of, wants_turn
+from bot.turns.routing import route, session_id_for, thread_ts_of
 from bot.turns.store import seen_key
+from bot.turns.watch import Watch
 from engine.client import ClientError
 
 log = logging.getLogger(__name__)
@@ -40,32 +43,52 @@ class Listeners:
 
     def __init__(self, followers: Followers) -> None:
         self.followers = followers
+        self.follow: dict[str, bool] = {}  # agent -> follow-ups start turns
+        self.watches: dict[str, tuple[Watch, ...]] = {}  # agent -> its alert channels
+
+    def configure(self, agent: str, *, follow: bool, watches: Sequence[Watch] = ()) -> None:
+        """`agent`'s app answers follow-ups (`follow`) and triages the `watches`' alerts."""
+        self.follow[agent] = follow
+        self.watches[agent] = tuple(watches)
 
     async def event(self, bot: Bot, body: dict[str, Any], context: AsyncBoltContext) -> None:
-        """After Bolt verified the signature; Slack gets its ack once the turn is recorded."""
+        """After Bolt verified the signature; Slack gets its ack once the turn is recorded.
+
+        A mention, a DM, a watched channel's new alert, or a follow-up in a thread the app
+        answered (bot/turns/routing.py `route`). Each message is one turn, its id the
+        message's ts: Slack's retries (same event_id), the same message under another
+        event_id, and a mention's two deliveries (`app_mention` and `message`) all find it
+        recorded already."""
         event = body.get("event")
         if not isinstance(event, dict):
             return
         bot_user, bot_id = context.bot_user_id, context.bot_id
-        if not wants_turn(event, bot.answers, bot_user, bot_id):
+        follow, watches = self.follow.get(bot.agent, False), self.watches.get(bot.agent, ())
+        kind = route(event, bot.answers, bot_user, bot_id, follow=follow, watches=watches)
+        if kind is None:
             return
         event_id = body.get("event_id")
         if not isinstance(event_id, str) or not event_id:
             return
         thread_ts = thread_ts_of(event)
-        assert thread_ts is not None  # wants_turn checked
+        assert thread_ts is not None  # route checked
+        if kind == "reply":
+            sid = session_id_for(bot.agent, event["channel"], thread_ts)
+            if not await self.followers.client.last_seq(sid):
+                return  # a thread the app was never asked in: people talking
         cp = Checkpoint(
             agent=bot.agent,
             team=str(body.get("team_id") or context.team_id or ""),
             channel=event["channel"],
             thread_ts=thread_ts,
             turn_id=f"slack-{event['ts']}",
-            user=event["user"],
+            user=str(event.get("user") or event.get("bot_id")),
             payload=None,
             trigger=event["ts"],
             since=event["ts"],
             bot_id=bot_id or "",
             mention={"event": event, "bot_user": bot_user, "bot_id": bot_id},
+            by_app=bool(event.get("bot_id")),
         )
         await self.followers.start_turn(cp, [seen_key("event", event_id)])
 

@@ -6,7 +6,11 @@ treated as possibly missing or of the wrong type: a predicate says no rather tha
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from bot.turns.watch import Watch, watched
 
 __all__ = [
     "ANSWERS",
@@ -14,6 +18,7 @@ __all__ = [
     "is_mention",
     "is_own",
     "missed_messages",
+    "route",
     "session_id_for",
     "thread_ts_of",
     "wants_turn",
@@ -24,6 +29,9 @@ ANSWERS = frozenset({"dm", "channels", "both"})
 # are notices (joins, topic changes, …) Slack writes itself.
 SAID = frozenset({"bot_message", "thread_broadcast", "file_share", "me_message"})
 Event = dict[str, Any]
+Route = Literal["mention", "dm", "alert", "reply"]
+_USER_MENTION = re.compile(r"<@([UW][A-Z0-9]+)(?:\|[^>]*)?>")
+_GROUP_MENTION = re.compile(r"<!subteam\^")
 
 
 def session_id_for(agent: str, channel: str, thread_ts: str) -> str:
@@ -115,3 +123,49 @@ def _ts_key(ts: Any) -> tuple[int, int] | None:
     if not seconds.isdigit() or not (micros.isdigit() or micros == ""):
         return None
     return int(seconds), int(micros.ljust(6, "0")[:6] or 0)
+
+
+def route(
+    event: Event,
+    answers: str,
+    bot_user: str | None,
+    bot_id: str | None,
+    *,
+    follow: bool = False,
+    watches: Iterable[Watch] = (),
+) -> Route | None:
+    """What this event asks of the app, if anything.
+
+    - `mention` / `dm`: as `wants_turn` says; with channel messages subscribed, a mention
+      also arrives as a `message` (its own event_id), read as the same mention, so the two
+      deliveries make one turn (its id is the message's ts) whichever comes first.
+    - `alert`: a new top-level post in a watched channel that an entry admits.
+    - `reply`: with `follow`, a person's new reply in a thread that mentions nobody else;
+      a follow-up if the app answered in that thread (the caller knows: the session).
+    Edits, deletions and Slack's notices are none of these; the app's own posts never are.
+    """
+    if wants_turn(event, answers, bot_user, bot_id):
+        return "dm" if is_dm(event) else "mention"
+    if event.get("type") != "message" or event.get("channel_type") == "im":
+        return None
+    if is_own(event, bot_user, bot_id) or "edited" in event:
+        return None
+    subtype = event.get("subtype")
+    if subtype is not None and subtype not in SAID:
+        return None  # message_changed, message_deleted, joins, topic changes, ...
+    if not (_str(event, "channel") and _str(event, "ts")):
+        return None
+    person = _str(event, "user") is not None and "bot_id" not in event
+    text = _str(event, "text") or ""
+    mentioned = set(_USER_MENTION.findall(text))
+    channels = answers in ("channels", "both")
+    if person and subtype is None and bot_user in mentioned:
+        return "mention" if channels else None  # the app_mention's twin
+    if thread_ts_of(event) == event["ts"]:  # top-level: an alert, or nothing for the app
+        posted = _str(event, "user") or _str(event, "bot_id")
+        return "alert" if posted and watched(event, watches) else None
+    if not (follow and channels and person) or subtype == "bot_message":
+        return None
+    if mentioned - {bot_user} or _GROUP_MENTION.search(text):
+        return None  # people talking to each other
+    return "reply"

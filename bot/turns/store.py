@@ -17,9 +17,11 @@ __all__ = [
     "BUCKETS",
     "LEGACY_TURNS",
     "Checkpoints",
+    "Slots",
     "archived_key",
     "checkpoint_keys",
     "seen_key",
+    "slot_keys",
     "turns_key",
 ]
 
@@ -72,6 +74,8 @@ _WRITE = lua_script(__package__, "write.lua")
 # A follower's lease is a key fenced by its owner's value, as a partition's is.
 _RENEW = lua_script("engine.store", "renew.lua")
 _RELEASE = lua_script("engine.store", "release.lua")
+_SLOT_TAKE = lua_script(__package__, "slot_take.lua")
+_SLOT_KEEP = lua_script(__package__, "slot_keep.lua")
 
 
 class Checkpoints:
@@ -208,6 +212,49 @@ async def purge_sessions(redis: RedisClient, removed: Sequence[Removed]) -> int:
             pipe.set(key, 1, ex=ARCHIVED_NOTE_SECONDS)
         replies = await pipe.execute()
     return sum(int(n) for n in replies[: len(doomed)])
+
+
+def slot_keys(agent: str) -> tuple[str, str, str, str]:
+    """One app's turn slots, in one slot of a cluster: the running turns (member -> lease end,
+    ms), the waiting ones (member -> ticket), the waiting ones' lease ends, the ticket counter."""
+    tag = f"subs:slack:{{slots.{agent}}}:"
+    return tag + "running", tag + "waiting", tag + "alive", tag + "tickets"
+
+
+class Slots:
+    """Each Slack app's turn slots, shared by every bot process on this Redis: at most a
+    limit of its turns run at once, the others wait by ticket (arrival order).
+
+    A member is `<owner> <turn key>`: a turn resumed by another process waits anew rather
+    than inherit a slot the dead process may still hold, which lapses within one lease."""
+
+    def __init__(self, redis: RedisClient, lease_ms: int) -> None:
+        self.redis = redis
+        self.lease_ms = lease_ms
+        self._take = redis.register_script(_SLOT_TAKE)
+        self._keep = redis.register_script(_SLOT_KEEP)
+
+    async def take(self, agent: str, member: str, limit: int) -> tuple[bool, int, int]:
+        """(running, ticket, turns ahead): the slot is the member's now (or was already),
+        else it waits in line (kept there while `keep` renews it)."""
+        keys = list(slot_keys(agent))
+        running, ticket, ahead = await self._take(keys=keys, args=[member, limit, self.lease_ms])
+        return bool(running), int(ticket), int(ahead)
+
+    async def keep(self, agent: str, members: list[str]) -> None:
+        """Extend the leases of our running and waiting members."""
+        if members:
+            running, _, alive, _ = slot_keys(agent)
+            await self._keep(keys=[running, alive], args=[self.lease_ms, *members])
+
+    async def leave(self, agent: str, member: str) -> None:
+        """The member's turn ended (or stopped waiting): its slot or place is free."""
+        running, waiting, alive, _ = slot_keys(agent)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zrem(running, member)
+            pipe.zrem(waiting, member)
+            pipe.zrem(alive, member)
+            await pipe.execute()
 
 
 register_purge("slack", purge_sessions)

@@ -242,6 +242,7 @@ async def _begin(
             session_id=sid,
             identity=identity,
             owner=None if principal.full else identity.get("subject"),
+            traceparent=request.headers.get("traceparent"),
             timeout=api.request_timeout,
         )
         translator.turn_id = reply["turn_id"]

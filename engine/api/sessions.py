@@ -59,6 +59,7 @@ async def post_input(request: web.Request) -> web.Response:
         session_id=body.session_id,
         identity=identity,
         owner=None if principal.full else identity.get("subject"),
+        traceparent=request.headers.get("traceparent"),
         timeout=api.request_timeout,
     )
     return web.json_response(reply, status=202, dumps=compact_json)

@@ -63,6 +63,7 @@ class Delivery:
     body: bytes
     secret: str | None
     timeout: float
+    traceparent: str | None = None  # the attempt's span (engine/telemetry); None: a fresh one
     max_body: int = 8 * 1024 * 1024
 
 
@@ -100,7 +101,7 @@ async def deliver(
     headers = {
         "Content-Type": "application/json",
         "Accept": "text/event-stream, application/json",
-        "traceparent": traceparent(),
+        "traceparent": d.traceparent or traceparent(),
     }
     if d.secret is not None:
         headers[SIGNATURE_HEADER] = sign(d.secret, d.body)

@@ -106,6 +106,7 @@ class EffectRunner:
     metrics: Metrics
     clock: Callable[[], float]
     runners: Runners  # by effect type
+    sampled: bool = False  # tracing is on: worker requests say their span is recorded
 
     def __post_init__(self) -> None:
         self.http: aiohttp.ClientSession = new_session()
@@ -216,7 +217,7 @@ class EffectRunner:
 
         def prepare() -> Callable[[], Awaitable[Input]]:
             if isinstance(effect, RunDecision):
-                decision = DecisionRun(state, target, now, self.checked)
+                decision = DecisionRun(state, target, now, self.checked, self.sampled)
 
                 async def run_decision() -> Input:
                     started = time.perf_counter()
@@ -225,7 +226,9 @@ class EffectRunner:
                     return result
 
                 return run_decision
-            execute = ExecuteRun(state, effect.call_id, target, now, self.checked)
+            execute = ExecuteRun(
+                state, effect.call_id, target, now, self.checked, self.sampled
+            )
             assert deltas is not None
 
             async def run_execute() -> Input:
@@ -281,8 +284,10 @@ class EffectRunner:
 
         settled: LlmCallSettled
         started = time.perf_counter()
+        provider = "unknown"
         try:
             target = self._target(plan.llm)
+            provider = target.type
             timeout = None if effect.deadline is None else (effect.deadline - self.now_ms()) / 1000
             async with asyncio.timeout(timeout):
                 response = await complete(
@@ -311,7 +316,16 @@ class EffectRunner:
                 effect.call_id, effect.attempt, error=info, retryable=late.retryable
             )
         finally:
-            self.metrics.observe_model_call(time.perf_counter() - started)
+            seconds = time.perf_counter() - started
+            self.metrics.observe_model_call(seconds)
+        usage = (settled.response or {}).get("usage") or {}
+        self.metrics.observe_chat(
+            seconds,
+            provider=provider,
+            model=str(plan.request.get("model") or "unknown"),
+            tokens={k: v for k in ("input", "output") if isinstance(v := usage.get(k), int)},
+            error=None if settled.error is None else str(settled.error.get("code", "error")),
+        )
         return settled
 
 

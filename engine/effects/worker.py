@@ -36,6 +36,7 @@ from engine.protocol import (
     WireModel,
     to_json,
 )
+from engine.telemetry.spans import attempt_context, turn_context
 
 AddDelta = Callable[[dict[str, Any]], None]
 
@@ -60,15 +61,24 @@ class DecisionRun:
     """One attempt of the live decision."""
 
     def __init__(
-        self, state: SessionState, target: WorkerTarget, now_ms: int, checked: CheckedMessages
+        self,
+        state: SessionState,
+        target: WorkerTarget,
+        now_ms: int,
+        checked: CheckedMessages,
+        sampled: bool = False,
     ) -> None:
         d = state.decision
         assert d is not None
         self.decision_id, self.attempt = d.id, d.attempt
         request = control_request(state)
         _check_outgoing(request, checked)
+        span = None
+        if state.turn is not None:
+            turn = turn_context(state.session_id, state.turn.id, sampled, state.turn.trace)
+            span = attempt_context(turn, "decision", d.id, d.attempt).traceparent()
         self.delivery = Delivery(
-            target.url, _body(request), target.secret, _timeout(d.deadline, now_ms)
+            target.url, _body(request), target.secret, _timeout(d.deadline, now_ms), span
         )
 
     async def run(self, http: aiohttp.ClientSession) -> Input:
@@ -89,6 +99,7 @@ class ExecuteRun:
         target: WorkerTarget,
         now_ms: int,
         checked: CheckedMessages,
+        sampled: bool = False,
     ) -> None:
         call = state.calls[call_id]
         self.call_id, self.attempt, self.kind = call.id, call.attempt, call.kind
@@ -107,8 +118,11 @@ class ExecuteRun:
                 ) from None
             body.pop("stream", None)
             trigger["request"] = body
+        trace = state.turn.trace if state.turn and state.turn.id == call.turn_id else None
+        turn = turn_context(state.session_id, call.turn_id, sampled, trace)
+        span = attempt_context(turn, "call", call.id, call.attempt).traceparent()
         self.delivery = Delivery(
-            target.url, _body(request), target.secret, _timeout(call.deadline, now_ms)
+            target.url, _body(request), target.secret, _timeout(call.deadline, now_ms), span
         )
         self.accumulator = _VENDORS[self.format].StreamAccumulator() if self.format else None
         self.delta_seq = 0

@@ -169,6 +169,8 @@ class TurnStarted(TypedDict):
     parent: NotRequired[JSON]  # {session_id, call_id} when a parent's call runs it
     # The client's per-submit tools (`client.tools`, handler "client"): offered this turn only.
     client_tools: NotRequired[list[JSON]]
+    # The W3C trace context the client submitted with it: the turn's trace joins it.
+    traceparent: NotRequired[str]
 
 
 @with_config(_STRICT)

@@ -86,7 +86,13 @@ def _turn_queued(s: SessionState, e: Event, p: ev.TurnQueued) -> None:
 
 def _turn_started(s: SessionState, e: Event, p: ev.TurnStarted) -> None:
     tid = p["turn_id"]
-    s.turn = Turn(id=tid, started_at=at_ms(e), parent=p.get("parent"), tools=p.get("client_tools"))
+    s.turn = Turn(
+        id=tid,
+        started_at=at_ms(e),
+        parent=p.get("parent"),
+        tools=p.get("client_tools"),
+        trace=p.get("traceparent"),
+    )
     s.turns[tid] = "running"
     if s.queue and s.queue[0]["turn_id"] == tid:
         s.queue.pop(0)

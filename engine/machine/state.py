@@ -85,6 +85,7 @@ class Turn:
     cost: str = "0"
     parent: dict[str, Any] | None = None  # {session_id, call_id} when a parent's call runs it
     tools: list[dict[str, Any]] | None = None  # the client's per-submit tools, this turn only
+    trace: str | None = None  # the client's traceparent: the turn's trace joins it
 
 
 @dataclass
@@ -150,6 +151,8 @@ def state_to_json(s: SessionState) -> dict[str, Any]:
         }
         if turn.tools:  # only then: a snapshot of any other turn is spelled as before
             turn_json["tools"] = turn.tools
+        if turn.trace:  # the same
+            turn_json["trace"] = turn.trace
     return {
         "fold_version": FOLD_VERSION,
         "session_id": s.session_id,

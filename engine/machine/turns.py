@@ -50,7 +50,7 @@ LLM_CALL = {"type": "llm.call"}
 
 
 def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> None:
-    body = inp.input
+    body = inp.input if inp.traceparent is None else {**inp.input, "traceparent": inp.traceparent}
     st.slash_commands = inp.slash_commands
     s = st.state
     if s is not None and s.agent_id != inp.agent_id:
@@ -214,6 +214,8 @@ def start_turn(
     tools = submitted_tools(body.get("client"))
     if tools:
         started["client_tools"] = tools
+    if body.get("traceparent"):
+        started["traceparent"] = body["traceparent"]
     if body.get("parent"):
         started["parent"] = body["parent"]
         parent = body["parent"]

@@ -54,6 +54,8 @@ from engine.store.store import (
     StoreConflict,
     WorkItem,
 )
+from engine.telemetry.spans import Before
+from engine.telemetry.tracing import Tracing
 
 log = logging.getLogger("subs.engine")
 
@@ -86,6 +88,7 @@ class _Planned:
     transition: Transition | None  # None: refused, nothing follows
     started: float  # perf_counter at the start of the step
     mark: Mark | None = None  # the stored snapshot's mark once this commit lands
+    before: Before | None = None  # what the spans this commit ends need (tracing on)
 
 
 class Applier:
@@ -101,8 +104,10 @@ class Applier:
         metrics: Metrics,
         stats: EngineStats,
         trouble: Trouble,
+        tracing: Tracing | None = None,
     ) -> None:
         self.project = project
+        self.tracing = tracing
         self.store = store
         self.kinds = kinds  # the call kinds every step runs by
         self.clock = clock
@@ -200,6 +205,8 @@ class Applier:
         size = None if mark is None else mark.state_bytes + mark.tail_bytes
         self.cache.put(t.state.session_id, t.state, mark, size)
         self._count(t.events)
+        if self.tracing is not None and planned.before is not None:
+            self.tracing.committed(planned.before, t.events)
         self.stats.steps += 1
         if self.stats.record_steps:
             self.stats.step_seconds.append(time.perf_counter() - planned.started)
@@ -256,6 +263,7 @@ class Applier:
             self.llm_routes,
             owner=body.get("owner"),
             slash_commands=commands,
+            traceparent=body.get("traceparent"),
         )
 
     async def _plan(self, item: WorkItem) -> _Planned:
@@ -264,6 +272,7 @@ class Applier:
         sid = item.session_id
         state = await self.load(sid)
         seq = state.seq if state else 0
+        before = None if self.tracing is None else Before.of(state, sid)
         try:
             inp = self._machine_input(state, item.input)
             t = step(state, sid, inp, self.now_ms(), new_id, self.kinds)
@@ -272,7 +281,7 @@ class Applier:
             commit = Commit(sid, seq, seq, (), None, reply=reply)
             return _Planned(self._finish(commit, item), None, started)
         commit, mark = self._commit_of(sid, seq, t, item)
-        return _Planned(commit, t, started, mark)
+        return _Planned(commit, t, started, mark, before)
 
     def _commit_of(
         self, sid: str, seq: int, t: Transition, item: WorkItem

@@ -38,6 +38,7 @@ from engine.runtime.retrying import Backoff, Trouble
 from engine.store.durability import check_server
 from engine.store.retention import FULL_AT, unwatch_removals, watch_removals
 from engine.store.store import STORE_FAULTS, RedisClient, Store, StoreConflict, WorkItem
+from engine.telemetry.tracing import Tracing, tracing_from
 
 log = logging.getLogger("subs.engine")
 
@@ -117,6 +118,7 @@ class Engine:
         kinds: Kinds | None = None,
         runners: Runners | None = None,
         sweep: bool = False,
+        tracing: Tracing | None = None,
     ) -> None:
         """`kinds`: the call kinds the machine runs by (default: defaults.py's);
         `runners`: runners of effects beside the built-in and MCP ones (a kind of its own);
@@ -141,6 +143,8 @@ class Engine:
         self._background: list[asyncio.Task[None]] = []
         self._ownership_changed = asyncio.Event()
         self.workers = worker_targets(project, self.env)  # a missing secret fails here
+        # Given, or as [telemetry] and OTEL_* say (None: nothing traced, no SDK loaded).
+        self.tracing = tracing if tracing is not None else tracing_from(project, self.env)
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -168,12 +172,14 @@ class Engine:
             metrics=self.metrics,
             stats=self.stats,
             trouble=self.trouble,
+            tracing=self.tracing,
         )
         self.mcp = McpRunners(self.project, self.env)
         runners = {**builtin_runners(), **self.mcp.runners(), **self._more_runners}
         self.effects = EffectRunner(
             self.project, self.store, self.env, self.workers, self.metrics, self.clock, runners
         )
+        self.effects.sampled = self.tracing is not None
         await self._balance()
         self._background = [
             asyncio.create_task(self._lease_loop(), name="subs-leases"),
@@ -213,6 +219,8 @@ class Engine:
             await self.store.leave(self.owner)
         await self.mcp.aclose()
         await self.effects.aclose()
+        if self.tracing is not None:
+            await self.tracing.aclose()
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)

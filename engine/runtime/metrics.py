@@ -5,17 +5,24 @@ Both sides write into one `Metrics` object per process; `/metrics` renders it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# The bucket boundaries the OpenTelemetry GenAI conventions advise for their client metrics.
+_GENAI_SECONDS = tuple(0.01 * 2**i for i in range(14))  # 0.01, 0.02, 0.04, ... 81.92
+_GENAI_TOKENS = tuple(float(4**i) for i in range(14))  # 1, 4, 16, ... 67108864
 
 
 @dataclass
 class _Histogram:
     buckets: tuple[float, ...] = _SECONDS
-    counts: list[int] = field(default_factory=lambda: [0] * len(_SECONDS))
+    counts: list[int] = field(default_factory=list)
     total: float = 0.0
     count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = self.counts or [0] * len(self.buckets)
 
     def observe(self, value: float) -> None:
         for i, bound in enumerate(self.buckets):
@@ -63,6 +70,19 @@ class Metrics:
         "subs_model_call_seconds": ("histogram", "Duration of one model call attempt."),
         "subs_worker_call_seconds": ("histogram", "Duration of one worker delivery."),
         "subs_http_request_seconds": ("histogram", "HTTP request duration (to the last byte)."),
+        # The OpenTelemetry GenAI client metrics, under their Prometheus names.
+        "gen_ai_client_operation_duration_seconds": (
+            "histogram",
+            "GenAI operation duration (gen_ai.client.operation.duration): one model call attempt.",
+        ),
+        "gen_ai_client_token_usage": (
+            "histogram",
+            "Tokens used per model call (gen_ai.client.token.usage), by gen_ai_token_type.",
+        ),
+    }
+    _BUCKETS = {
+        "gen_ai_client_operation_duration_seconds": _GENAI_SECONDS,
+        "gen_ai_client_token_usage": _GENAI_TOKENS,
     }
 
     def __init__(self) -> None:
@@ -84,7 +104,10 @@ class Metrics:
     def observe(self, name: str, value: float, **labels: str) -> None:
         series = self._histograms[name]
         key = tuple(sorted(labels.items()))
-        series.setdefault(key, _Histogram()).observe(value)
+        histogram = series.get(key)
+        if histogram is None:
+            histogram = series[key] = _Histogram(self._BUCKETS.get(name, _SECONDS))
+        histogram.observe(value)
 
     def value(self, name: str, **labels: str) -> float:
         return self._values[name].get(tuple(sorted(labels.items())), 0)
@@ -116,6 +139,28 @@ class Metrics:
     def observe_model_call(self, seconds: float) -> None:
         self.observe("subs_model_call_seconds", seconds)
 
+    def observe_chat(
+        self,
+        seconds: float,
+        *,
+        provider: str,
+        model: str,
+        tokens: Mapping[str, int],
+        error: str | None = None,
+    ) -> None:
+        """One model call attempt, as the GenAI conventions count it: its duration (with
+        `error_type` when it failed) and its input and output tokens (when it answered)."""
+        labels = {
+            "gen_ai_operation_name": "chat",
+            "gen_ai_provider_name": provider,
+            "gen_ai_request_model": model,
+        }
+        if error is not None:
+            labels["error_type"] = error
+        self.observe("gen_ai_client_operation_duration_seconds", seconds, **labels)
+        for kind, count in tokens.items():
+            self.observe("gen_ai_client_token_usage", count, gen_ai_token_type=kind, **labels)
+
     def observe_worker_call(self, seconds: float) -> None:
         self.observe("subs_worker_call_seconds", seconds)
 
@@ -127,7 +172,8 @@ class Metrics:
                 series = self._values[name] or {(): 0}
                 lines += [f"{name}{_labels(k)} {_num(v)}" for k, v in sorted(series.items())]
                 continue
-            for key, h in sorted(self._histograms[name].items()) or [((), _Histogram())]:
+            empty = [((), _Histogram(self._BUCKETS.get(name, _SECONDS)))]
+            for key, h in sorted(self._histograms[name].items()) or empty:
                 for bound, n in zip(h.buckets, h.counts, strict=True):
                     lines.append(f"{name}_bucket{_labels((*key, ('le', _num(bound))))} {n}")
                 lines.append(f"{name}_bucket{_labels((*key, ('le', '+Inf')))} {h.count}")

@@ -228,6 +228,10 @@ class FakeVendor:
         # Chooses a reply from the request when the script is empty (many sessions at once).
         self.responder: Callable[[Any], Reply] | None = None
         self.requests: list[Recorded] = []
+        # Requests being answered now (arrived, response not yet ended), and the most ever.
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.durations: list[float] = []  # seconds each answered request took, in end order
         self._script: deque[Reply] = deque()
         self._arrived = asyncio.Event()
         self._rng = random.Random(seed)
@@ -280,6 +284,16 @@ class FakeVendor:
     # --- handling ----------------------------------------------------------------------
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        began = time.monotonic()
+        try:
+            return await self._answer_request(request)
+        finally:
+            self.in_flight -= 1
+            self.durations.append(time.monotonic() - began)
+
+    async def _answer_request(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
         try:
             body = json.loads(raw)

@@ -119,6 +119,8 @@ class FakeSlack(WebApiMethods, EventSender, SocketModeServer):
         self.envelopes: list[dict[str, Any]] = []  # sent over Socket Mode
         self.acks: dict[str, Ack] = {}
         self.connections = 0  # Socket Mode connections ever accepted
+        # The app's bot events (`events_for`): the manifest's, with channel messages.
+        self.subscriptions = {"app_mention", "message.im", "message.channels", "message.groups"}
         self._messages: dict[str, dict[str, Message]] = {}
         self._statuses: dict[tuple[str, str], list[Status]] = {}
         self._buckets: dict[tuple[str, str, str], Bucket] = {}
@@ -273,6 +275,21 @@ class FakeSlack(WebApiMethods, EventSender, SocketModeServer):
         )
         self._store(msg)
         return msg
+
+    def edit_post(self, msg: Message, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """Its poster edits `msg` (`text`, `blocks`, `attachments` replaced as given, as an
+        integration's `chat.update` or a person's edit does); returns the message as it was,
+        for `changed_event`."""
+        before = self.render(msg)
+        if "text" in payload:
+            msg.text = str(payload["text"])
+        if "blocks" in payload:
+            msg.blocks = list(payload["blocks"])
+        if "attachments" in payload:
+            msg.attachments = [_as_stored(i, a) for i, a in enumerate(payload["attachments"], 1)]
+        msg.edited_ts = self._next_ts()
+        self._touch(msg)
+        return before
 
     def add_channel(
         self,

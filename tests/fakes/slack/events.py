@@ -34,6 +34,56 @@ class EventSender:
             event.pop("bot_profile", None)
         return event
 
+    def events_for(self, msg: Message) -> list[dict[str, Any]]:
+        """Every event Slack sends this app for a new message, as its subscriptions ask
+        (`self.subscriptions`): the `message` event (message.channels / message.groups /
+        message.im), for apps' and integrations' posts too (empty `text` and all), and for a
+        mention of the app outside a DM an `app_mention` as well. Each is delivered in its
+        own envelope with its own event_id (slack-facts §3.3; that a mention comes both ways
+        once channel messages are subscribed: Events API docs, "app_mention")."""
+        channel = self.channels[msg.channel]
+        team = self.teams[channel.team]
+        found = []
+        kind = "message.im" if channel.is_im else "message.channels"
+        if kind in self.subscriptions:
+            found.append(self.event_for(msg))
+        mentioned = f"<@{team.bot_user}>" in msg.text and not self.by_app(msg)
+        if mentioned and not channel.is_im and "app_mention" in self.subscriptions:
+            found.append(self.event_for(msg, kind="app_mention"))
+        return found
+
+    def changed_event(self, msg: Message, previous: dict[str, Any]) -> dict[str, Any]:
+        """The `message_changed` event for an edit of `msg` (`previous`: `render(msg)` from
+        before the edit). Its own `ts` is the edit's, not the message's."""
+        channel = self.channels[msg.channel]
+        return {
+            "type": "message",
+            "subtype": "message_changed",
+            "hidden": True,
+            "message": self.render(msg),
+            "previous_message": previous,
+            "channel": channel.id,
+            "channel_type": "im" if channel.is_im else "channel",
+            "ts": self._next_ts(),
+            "event_ts": msg.edited_ts or self._next_ts(),
+        }
+
+    def deleted_event(self, msg: Message) -> dict[str, Any]:
+        """The `message_deleted` event once `msg` is gone."""
+        channel = self.channels[msg.channel]
+        ts = self._next_ts()
+        return {
+            "type": "message",
+            "subtype": "message_deleted",
+            "hidden": True,
+            "deleted_ts": msg.ts,
+            "previous_message": self.render(msg),
+            "channel": channel.id,
+            "channel_type": "im" if channel.is_im else "channel",
+            "ts": ts,
+            "event_ts": ts,
+        }
+
     def envelope(
         self, event: dict[str, Any], *, event_id: str | None = None, team: Team | None = None
     ) -> dict[str, Any]:
