@@ -34,7 +34,7 @@ from engine.protocol import parse_client_input
 from engine.runtime.apply import new_id
 from engine.store.retention import FULL_AT
 from engine.store.snapshots import load_state, load_states
-from engine.store.store import Store
+from engine.store.store import RedisError, Store
 from engine.telemetry.ids import parse_traceparent
 
 
@@ -135,7 +135,11 @@ class Client:
         maxmemory: what is left is for the sessions that run. One INFO a second at most."""
         now = time.monotonic()
         if now - self._memory_at >= self.memory_every_s:
-            self._memory, self._memory_at = await self.store.memory(), now
+            try:
+                self._memory = await self.store.memory()
+            except RedisError:  # a server that will not say (INFO refused): no limit known
+                self._memory = (0, 0)
+            self._memory_at = now
         used, limit = self._memory
         if not limit or used < FULL_AT * limit:
             return
