@@ -31,6 +31,7 @@ from bot.rendering.prompts import ACTION_PREFIX
 from bot.slack.agent_app import Bot, connect_socket_mode, new_bot, socket_mode
 from bot.slack.governor import Paced, RateGovernor
 from bot.slack.intake import events_handler
+from bot.turns.access import Access
 from bot.turns.follower import LEASE_MS, RETRY_SECONDS, Followers
 from bot.turns.listeners import Listeners
 from bot.turns.slots import TurnSlots
@@ -58,9 +59,11 @@ class Bots:
         lease_ms: int = LEASE_MS,
         retry_s: float = RETRY_SECONDS,
         console: Callable[[str], str] | None = None,
+        refused: Callable[[str, str], None] | None = None,
     ) -> None:
         """`redis` keeps the bot's checkpoints (bot/turns/store.py); `console` gives a
-        session's console page, linked from failed turns' messages."""
+        session's console page, linked from failed turns' messages; `refused` counts a
+        person the agent's `allow`/`external` turned away (agent, reason)."""
         self.paced = Paced(governor or RateGovernor(), _send)
         owner = owner or f"bot-{secrets.token_hex(6)}"
         checkpoints = Checkpoints(redis, owner, lease_ms)
@@ -69,7 +72,7 @@ class Bots:
         self.followers = Followers(
             client, self.paced, checkpoints, self.bots, retry_s, console=console, slots=slots
         )
-        self.listeners = Listeners(self.followers)
+        self.listeners = Listeners(self.followers, refused)
         self._sockets: list[AsyncSocketModeHandler] = []
         self._connecting: list[asyncio.Task[None]] = []
 
@@ -85,11 +88,17 @@ class Bots:
         app_token: str | None = None,
         stream: str = "edit",
         max_concurrent_turns: int = 4,
+        files: bool = True,
+        file_text_limit: int = 256 * 1024,
         follow: bool = False,
         watches: Sequence[Watch] = (),
+        access: Access | None = None,
+        approvers: Sequence[str] = (),
     ) -> None:
         """One agent's app, its inputs handed to the listeners: with `follow`, a person's
-        reply in a thread it answered starts a turn; `watches` are its alert channels."""
+        reply in a thread it answered starts a turn; `watches` are its alert channels;
+        `access` says who may start turns, `approvers` who may answer prompts (else the
+        turn's starter)."""
         bot = new_bot(
             agent,
             answers,
@@ -100,8 +109,11 @@ class Bots:
             stream=stream,
             max_concurrent_turns=max_concurrent_turns,
         )
+        bot.files, bot.file_text_limit = files, file_text_limit
         app = bot.app
         self.listeners.configure(agent, follow=follow, watches=watches)
+        self.listeners.access[agent] = access or Access()
+        self.listeners.approvers[agent] = tuple(approvers)
 
         async def on_event(body: dict[str, Any], context: AsyncBoltContext) -> None:
             await self.listeners.event(bot, body, context)
@@ -211,6 +223,7 @@ def start_bots(
     lease_ms: int = LEASE_MS,
     owner: str | None = None,
     retry_s: float = RETRY_SECONDS,
+    refused: Callable[[str, str], None] | None = None,
 ) -> Bots:
     """A bot for each agent with a Slack block whose bot token is set, and an app token
     (Socket Mode) or a signing secret (HTTP). Call `Bots.start()` to connect Socket Mode.
@@ -221,7 +234,14 @@ def start_bots(
     """
     console = project.serve.console_url if project.serve.public_url else None
     bots = Bots(
-        client, redis, governor, lease_ms=lease_ms, owner=owner, retry_s=retry_s, console=console
+        client,
+        redis,
+        governor,
+        lease_ms=lease_ms,
+        owner=owner,
+        retry_s=retry_s,
+        console=console,
+        refused=refused,
     )
     api_url = api_url or env.get("SLACK_API_URL") or None
     for agent in project.agents.values():
@@ -244,7 +264,16 @@ def start_bots(
             app_token=app_token,
             stream=agent.slack.stream,
             max_concurrent_turns=agent.slack.max_concurrent_turns,
+            files=agent.slack.files,
+            file_text_limit=agent.slack.file_text_limit,
             follow=agent.slack.follow,
             watches=_watches(agent.id, agent.slack.watch, env),
+            access=Access(
+                agent.slack.allow_teams,
+                agent.slack.allow_channels,
+                agent.slack.allow_users,
+                agent.slack.external,
+            ),
+            approvers=agent.approvers,
         )
     return bots

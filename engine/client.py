@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 
 from engine.errors import ClientError, ProtocolError
+from engine.files import file_link
 from engine.jsonedge import JsonEdgeError, check
 from engine.machine import (
     CallSettled,
@@ -281,6 +282,12 @@ class Client:
             status=409,
             detail={},
         )
+
+    async def put_file(self, session_id: str, data: bytes, mime: str, name: str) -> dict[str, Any]:
+        """Keep a file for the session (once, whatever number of messages carry it); returns
+        the `link` content part a message names it by (engine/files.py)."""
+        digest = await self.store.put_file(session_id, data)
+        return file_link(digest, mime, name)
 
     async def sessions(self, offset: int = 0, limit: int = 50) -> list[str]:
         """Session ids, newest first."""

@@ -182,6 +182,13 @@ class SlackBlock:
     commands: tuple[str, ...]
     stream: str  # edit | native
     max_concurrent_turns: int = 4  # this app's turns running at once, across processes
+    files: bool = True  # read the files on messages (files:read), upload the agent's images
+    file_text_limit: int = 256 * 1024  # bytes of a text file the model reads, then cut
+    # Who may start turns (empty: anyone): Slack team, channel and user ids.
+    allow_teams: tuple[str, ...] = ()
+    allow_channels: tuple[str, ...] = ()
+    allow_users: tuple[str, ...] = ()
+    external: bool = False  # people of other organisations (Slack Connect) may use it
     follow: bool = True  # a person's reply in a thread the app answered starts a turn
     watch: tuple[WatchEntry, ...] = ()  # alert channels: new posts triaged without a mention
 
@@ -299,6 +306,9 @@ class AgentDecl:
     retry: dict | None
     slack: SlackBlock | None
     mcp: tuple[dict, ...] = ()  # wire McpServer entries: {id: "mcp.<id>", tools?, auth_failure?}
+    # Who may answer its interrupts in Slack: user ("U…"/"W…") and user group ("S…") ids;
+    # empty: the person whose message started the turn.
+    approvers: tuple[str, ...] = ()
     subagent_modes: dict[str, str] = field(default_factory=dict)  # child -> SubagentMode
 
     def wire_config(self, project: Project) -> dict | None:
@@ -616,6 +626,28 @@ class _Retry(_Model):
     connector: _RetryOverride | None = None  # fetching a connection's tool list
 
 
+def _slack_ids(prefixes: str, what: str) -> Any:
+    def check(value: str) -> str:
+        if not re.fullmatch(f"[{prefixes}][A-Z0-9]+", value):
+            raise ValueError(f"{value!r} is not a Slack {what} id")
+        return value
+
+    return AfterValidator(check)
+
+
+_UserOrGroup = Annotated[str, _slack_ids("UWS", "user (U…/W…) or user group (S…)")]
+
+
+class _SlackAllow(_Model):
+    teams: list[Annotated[str, _slack_ids("TE", "team (T…) or enterprise (E…)")]] = Field(
+        default_factory=list
+    )
+    channels: list[Annotated[str, _slack_ids("CGD", "channel (C…/G…/D…)")]] = Field(
+        default_factory=list
+    )
+    users: list[Annotated[str, _slack_ids("UW", "user (U…/W…)")]] = Field(default_factory=list)
+
+
 class _Watch(_Model):
     channel: Annotated[str, AfterValidator(_channel)]
     from_: list[NonEmpty] = Field(default_factory=list, alias="from")
@@ -629,6 +661,10 @@ class _Slack(_Model):
     commands: list[Annotated[str, AfterValidator(_slash_command)]] = Field(default_factory=list)
     stream: Literal["edit", "native"] = "edit"
     max_concurrent_turns: Annotated[int, Field(ge=1, le=1000)] = 4
+    files: bool = True
+    file_text_limit: Annotated[int, Field(ge=1, le=16 * 1024 * 1024)] = 256 * 1024
+    allow: _SlackAllow | None = None
+    external: bool = False
     follow: bool = True
     watch: list[_Watch] = Field(default_factory=list)
 
@@ -657,6 +693,7 @@ class _McpRef(_Model):
     id: NonEmpty
     tools: _McpTools | None = None
     auth_failure: Literal["interrupt", "degrade"] | None = None
+    approve: Literal["never", "destructive", "always"] | None = None
 
 
 class _Agent(_Model):
@@ -675,6 +712,7 @@ class _Agent(_Model):
     retry: _Retry | None = None
     slack: _Slack | None = None
     mcp: list[NonEmpty | _McpRef] = Field(default_factory=list)
+    approvers: list[_UserOrGroup] | None = None
 
 
 class _Telemetry(_Model):
@@ -1103,9 +1141,16 @@ def _build(root: _Root, path: str) -> Project:
                 commands=tuple(a.slack.commands),
                 stream=a.slack.stream,
                 max_concurrent_turns=a.slack.max_concurrent_turns,
+                files=a.slack.files,
+                file_text_limit=a.slack.file_text_limit,
+                allow_teams=tuple(a.slack.allow.teams) if a.slack.allow else (),
+                allow_channels=tuple(a.slack.allow.channels) if a.slack.allow else (),
+                allow_users=tuple(a.slack.allow.users) if a.slack.allow else (),
+                external=a.slack.external,
                 follow=a.slack.follow,
                 watch=tuple(WatchEntry(w.channel, tuple(w.from_), w.match) for w in a.slack.watch),
             ),
+            approvers=tuple(a.approvers or ()),
         )
         for aid, a in root.agent.items()
     }

@@ -715,6 +715,19 @@ class InterruptPayload(WireModel):
     responseSchema: Any = None
     metadata: Any = None
 
+    @field_validator("expiresAt")
+    @classmethod
+    def _a_time(cls, value: str | None) -> str | None:
+        """The engine enforces it (engine/machine/interrupts.py): it must name a time."""
+        if value is not None:
+            try:
+                datetime.fromisoformat(value)
+            except ValueError:
+                raise ValueError(
+                    f"not an RFC 3339 time ({value!r}), such as 2026-12-06T04:30:00Z"
+                ) from None
+        return value
+
 
 class InterruptResponder(WireModel):
     channel: str

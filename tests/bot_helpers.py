@@ -32,6 +32,10 @@ FAST = {
     "conversations.replies": 6000,
     "users.info": 6000,
     "bots.info": 6000,
+    "files.download": 6000,
+    "files.getUploadURLExternal": 6000,
+    "files.completeUploadExternal": 6000,
+    "usergroups.users.list": 6000,
     SET_STATUS: 6000,
 }
 

@@ -143,8 +143,10 @@ class EngineProcess:
         env: dict[str, str] | None = None,
         *,
         sink: list[str] | None = None,
+        port: int = 0,
     ) -> None:
         self.config = config
+        self.port = port  # 0: any free one; a fixed one to stop a serve and start it again
         self.redis_url = redis_url
         self.extra_env = env or {}
         self.api = ""  # the API's base URL, read from the startup line
@@ -170,7 +172,7 @@ class EngineProcess:
             str(self.config),
             *(["--redis", self.redis_url] if self.redis_url is not None else []),
             "--port",
-            "0",
+            str(self.port),
             env=env,
             stderr=asyncio.subprocess.PIPE,
         )

@@ -4,7 +4,8 @@
     python tests/mcp_server.py --http PORT --token T    # streamable HTTP on loopback, bearer T
 
 Tools: `now` (a fixed clock), `echo`, `boom` (fails: `isError`), `secret_rotate`
-(filtered out by the tests' exclude), `slow` (answers after a file appears: a call the
+(`destructiveHint`: the engine asks before sending it; each call is logged as `slow`'s),
+`slow` (answers after a file appears: a call the
 test can kill the server in the middle of), `grow` (adds `later` and sends
 `notifications/tools/list_changed`), `grow_quietly` (adds `hush`, telling no one),
 `picture` (an image block), `forecast` (structured
@@ -29,6 +30,9 @@ from typing_extensions import TypedDict  # pydantic reads typing's only from 3.1
 
 server = MCPServer("clock")
 READ_ONLY = ToolAnnotations(readOnlyHint=True, idempotentHint=True)
+# Changes something, nothing that matters: the engine's `approve = "destructive"` (the
+# default) lets it through; an unannotated tool counts as destructive (MCP's defaults).
+HARMLESS = ToolAnnotations(destructiveHint=False)
 
 
 @server.tool(annotations=READ_ONLY, structured_output=False)
@@ -43,7 +47,7 @@ def echo(text: str) -> str:
     return f"echo: {text}"
 
 
-@server.tool(structured_output=False)
+@server.tool(annotations=READ_ONLY, structured_output=False)
 def boom() -> str:
     """Always fails."""
     raise ToolError("the clock is broken")
@@ -51,11 +55,15 @@ def boom() -> str:
 
 @server.tool(annotations=ToolAnnotations(destructiveHint=True), structured_output=False)
 def secret_rotate() -> str:
-    """Rotate the clock's secret (tests filter this one out)."""
+    """Rotate the clock's secret (a destructive tool: it waits for approval)."""
+    log = os.environ.get("MCP_CALLS_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(f"secret_rotate {os.getpid()}\n")
     return "rotated"
 
 
-@server.tool(structured_output=False)
+@server.tool(annotations=READ_ONLY, structured_output=False)
 async def slow(flag: str) -> str:
     """Answers once the file `flag` exists."""
     log = os.environ.get("MCP_CALLS_LOG")
@@ -69,7 +77,7 @@ async def slow(flag: str) -> str:
     return "slow is done"
 
 
-@server.tool(structured_output=False)
+@server.tool(annotations=HARMLESS, structured_output=False)
 async def grow(ctx: Context) -> str:
     """Add the tool `later` and tell the client the list changed."""
 
@@ -77,12 +85,12 @@ async def grow(ctx: Context) -> str:
         """A tool that arrived later."""
         return "later!"
 
-    server.add_tool(later, structured_output=False)
+    server.add_tool(later, annotations=READ_ONLY, structured_output=False)
     await ctx.session.send_tool_list_changed()
     return "grown"
 
 
-@server.tool(structured_output=False)
+@server.tool(annotations=HARMLESS, structured_output=False)
 def grow_quietly() -> str:
     """Add the tool `hush` without telling anyone."""
 
@@ -90,7 +98,7 @@ def grow_quietly() -> str:
         """A tool added without a notification."""
         return "shh"
 
-    server.add_tool(hush, structured_output=False)
+    server.add_tool(hush, annotations=READ_ONLY, structured_output=False)
     return "grown quietly"
 
 

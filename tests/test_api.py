@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -954,3 +956,69 @@ async def test_the_python_client_follows_through_heartbeats(engine, vendor, metr
 
 async def _has_turns(seen: list[dict], n: int) -> bool:
     return sum(e["payload"]["type"] == "turn.completed" for e in seen) >= n
+
+
+async def test_resuming_needs_the_privilege_of_the_key_that_raised_the_turn(http, vendor):
+    """A `KEY:own` key may not answer an interrupt of a turn a full key started, even in a
+    session it owns (upstream's InterruptOrigin rule); the full key may. Over real HTTP."""
+    vendor.push(Text("Hi alice."), ToolCalls([("confirm", {"question": "sure?"})]))
+    mine = await submit(http, say("hello"), key=ALICE)
+    sid = mine["session_id"]
+    await read_stream(http, sid, key=ALICE, params={"turn_id": mine["turn_id"]})
+    await submit(http, say("restart prod"), session_id=sid)  # the full key's turn
+    await read_stream(http, sid, stop=of_type("tool.call.dispatched"))
+    path = f"/api/client/sessions/{sid}/interrupt"
+    resp = await http.post(path, json={"reason": "the lead decides"}, headers=auth(ROOT))
+    iid = resp.json()["interrupt_id"]
+    resume = {"type": "interrupt.resume", "interrupt_id": iid, "payload": {"value": "yes"}}
+
+    refused = await http.post(INPUT, json={"session_id": sid, "input": resume}, headers=auth(ALICE))
+    assert refused.status_code == 403 and refused.json()["code"] == "forbidden"
+    assert "privileged" in refused.json()["error"]
+    view = (await http.get(f"/api/client/sessions/{sid}", headers=auth(ROOT))).json()
+    assert [i["interrupt_id"] for i in view["interrupts"]] == [iid]
+    assert view["interrupts"][0]["by"]["privilege"] == "operator"
+
+    ok = await http.post(INPUT, json={"session_id": sid, "input": resume}, headers=auth(ROOT))
+    assert ok.status_code == 202 and ok.json() == {"session_id": sid, "resumed": True}
+
+
+async def test_an_interrupt_expires_at_its_expires_at_and_a_late_resume_is_refused(http, vendor):
+    vendor.push(ToolCalls([("confirm", {"question": "sure?"})]))
+    reply = await submit(http, say("start"))
+    sid = reply["session_id"]
+    await read_stream(http, sid, stop=of_type("tool.call.dispatched"))
+    soon = time.time() + 0.5
+    body = {
+        "reason": "the lead decides",
+        "payload": {
+            "message": "Restart?",
+            "expiresAt": datetime.fromtimestamp(soon, UTC).isoformat(),
+        },
+    }
+    resp = await http.post(f"/api/client/sessions/{sid}/interrupt", json=body, headers=auth(ROOT))
+    iid = resp.json()["interrupt_id"]
+    frames = await read_stream(http, sid, stop=of_type("session.interrupt_resumed"))
+    done = frames[-1].json()
+    assert done["payload"] == {
+        "type": "session.interrupt_resumed",
+        "interrupt_id": iid,
+        "payload": {"status": "cancelled", "reason": "expired"},
+        "expired": True,
+    }
+    assert datetime.fromisoformat(done["occurred_at"]).timestamp() >= soon
+    resume = {"type": "interrupt.resume", "interrupt_id": iid, "payload": {"value": "yes"}}
+    late = await http.post(INPUT, json={"session_id": sid, "input": resume}, headers=auth(ROOT))
+    assert late.status_code == 202 and late.json() == {"session_id": sid, "resumed": False}
+
+
+async def test_an_expires_at_that_is_not_a_time_is_refused_at_the_edge(http, vendor):
+    vendor.push(ToolCalls([("confirm", {"question": "sure?"})]))
+    reply = await submit(http, say("start"))
+    sid = reply["session_id"]
+    await read_stream(http, sid, stop=of_type("tool.call.dispatched"))
+    body = {"reason": "x", "payload": {"expiresAt": "tomorrow-ish"}}
+    bad = await http.post(f"/api/client/sessions/{sid}/interrupt", json=body, headers=auth(ROOT))
+    assert bad.status_code == 422 and bad.json()["code"] == "invalid_input"
+    assert bad.json()["error"].startswith("payload.expiresAt: ")
+    assert "RFC 3339" in bad.json()["error"]

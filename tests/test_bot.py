@@ -447,7 +447,7 @@ async def test_an_approval_prompt_resumes_once_with_the_recorded_option(
     assert (await fake.send_action(world.url, late)).status == 200
     await fake.until(lambda: len(fake.ephemerals) == 2 or None, timeout=10)
     await world.bots.idle()
-    assert {e.text for e in fake.ephemerals} == {"This prompt was already answered."}
+    assert {e.text for e in fake.ephemerals} == {"This prompt was already answered, or it expired."}
     assert {e.user for e in fake.ephemerals} == {fake.user.id}
     assert len(fake.edits(fake.general.id, prompt.ts)) == edits
     events = await world.client.events(session_id_for(HELPER, fake.general.id, mention.ts))

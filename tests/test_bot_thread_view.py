@@ -36,8 +36,14 @@ async def world(redis, vendor: FakeVendor, tmp_path: Path) -> AsyncIterator[Worl
 
 
 def _user_texts(vendor: FakeVendor, call: int = 0) -> list[str]:
-    """The user messages of the model call `call`, as the vendor received them."""
-    return [m["content"] for m in vendor.requests[call].body["messages"] if m["role"] == "user"]
+    """The user messages of the model call `call`, as the vendor received them (the text
+    parts of one that carries a file)."""
+    return [
+        c if isinstance(c, str) else "\n".join(p["text"] for p in c if p["type"] == "text")
+        for m in vendor.requests[call].body["messages"]
+        if m["role"] == "user"
+        for c in [m["content"]]
+    ]
 
 
 async def _ask(world: World, text: str, thread: Message, **kw: Any) -> Message:
@@ -73,6 +79,7 @@ SHAPES = {
             " - summary = CPU above 95% for 5 minutes\n",
             "Panel: https://grafana.example.com/d/node-exporter?orgId=1&viewPanel=3\n",
             "Grafana: *Firing*: HighCPU, *Labels*: alertname=HighCPU",  # the image's reply
+            "[file panel-3.png (PNG, 47.1 KiB)]",  # its panel image, given to the model
         ],
     ),
     "sentry": (

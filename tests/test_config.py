@@ -617,9 +617,16 @@ def test_defaults(tmp_path: Path):
         "commands": (),
         "stream": "edit",
         "max_concurrent_turns": 4,
+        "files": True,
+        "file_text_limit": 256 * 1024,
         "follow": True,
         "watch": (),
+        "allow_teams": (),
+        "allow_channels": (),
+        "allow_users": (),
+        "external": False,  # least privilege: no Slack Connect guests
     }
+    assert agent.approvers == ()  # the person who started the turn
     with pytest.raises(dataclasses.FrozenInstanceError):
         agent.model = "other"  # type: ignore[misc]
     # A step is acknowledged only once on disk: the engine's promise, not Redis's default.
@@ -949,3 +956,26 @@ def test_watch_entries_and_the_variable_naming_a_channel(tmp_path: Path):
     missing = load(tmp_path, text).missing_env({"OPENROUTER_API_KEY": "k"})
     assert [(m.var, m.needed_by) for m in missing] == [("ONCALL_ALERTS_CHANNEL", "oncall")]
     assert "watch.1" in missing[0].why
+
+
+def test_approvers_allow_and_approve_load_and_bad_ids_are_named(tmp_path: Path):
+    text = (
+        '[llm.a]\ntype = "anthropic"\n[mcp.db]\nurl = "http://127.0.0.1:9/mcp"\n'
+        '[agent.oncall]\nllm = "a"\nmodel = "m"\napprovers = ["U1ABC", "S0GROUP"]\n'
+        'mcp = [{ id = "mcp.db", approve = "always" }]\n'
+        '[agent.oncall.slack]\nallow = { teams = ["T1"], channels = ["C1"] }\nexternal = true\n'
+    )
+    agent = load(tmp_path, text).agents["oncall"]
+    assert agent.approvers == ("U1ABC", "S0GROUP")
+    assert agent.mcp == ({"id": "mcp.db", "approve": "always"},)
+    assert agent.slack is not None
+    assert (agent.slack.allow_teams, agent.slack.allow_channels, agent.slack.allow_users) == (
+        ("T1",),
+        ("C1",),
+        (),
+    )
+    assert agent.slack.external is True
+    with pytest.raises(ConfigError, match="approvers"):
+        load(tmp_path, text.replace('"S0GROUP"', '"#oncall"'))
+    with pytest.raises(ConfigError, match="approve"):
+        load(tmp_path, text.replace('"always"', '"sometimes"'))

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import signal
 import sys
+import termios
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -27,7 +29,9 @@ class Terminal:
         self.proc: asyncio.subprocess.Process | None = None
         self._more = asyncio.Event()
 
-    async def start(self, *args: str) -> Terminal:
+    async def start(self, *args: str, ctty: bool = False) -> Terminal:
+        """`ctty`: the pty is the child's controlling terminal, so a typed Ctrl-C (`\\x03`)
+        is a SIGINT from the terminal, as at a person's keyboard."""
         env = {**os.environ, **ENV, "PYTHONPATH": str(ROOT)}
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable,
@@ -38,6 +42,8 @@ class Terminal:
             stdin=self.slave,
             stdout=self.slave,
             stderr=self.slave,
+            start_new_session=ctty,
+            preexec_fn=_take_the_terminal if ctty else None,
         )
         os.close(self.slave)
         asyncio.get_running_loop().add_reader(self.master, self._read)
@@ -77,9 +83,14 @@ class Terminal:
         return self.proc.returncode
 
 
+def _take_the_terminal() -> None:
+    """In the child, a session leader by now: its stdin (the pty) becomes its terminal."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
 @contextlib.asynccontextmanager
-async def terminal(*args: str) -> AsyncIterator[Terminal]:
-    term = await Terminal().start(*args)
+async def terminal(*args: str, ctty: bool = False) -> AsyncIterator[Terminal]:
+    term = await Terminal().start(*args, ctty=ctty)
     try:
         yield term
     finally:

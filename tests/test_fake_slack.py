@@ -659,6 +659,57 @@ async def test_waits_time_out_instead_of_hanging(fake: FakeSlack) -> None:
         await fake.wait_ack("nope", timeout=0.05)
 
 
+# --- files ------------------------------------------------------------------------------
+
+
+async def test_files_download_with_the_bot_token_else_the_sign_in_page(
+    fake: FakeSlack,
+) -> None:
+    """oncall-facts §2.2: Bearer bot token with files:read gets the bytes; anything else
+    gets Slack's sign-in page, HTML with status 200 (not a 401)."""
+    obj = fake.add_file("a.log", b"hello\n", "text/plain")
+    url = obj["url_private_download"]
+    assert url.startswith(fake.base) and obj["size"] == 6
+    bearer = {"Authorization": f"Bearer {fake.bot_token}"}
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url, headers=bearer) as got:
+            assert (got.status, got.content_type, await got.read()) == (
+                200,
+                "text/plain",
+                b"hello\n",
+            )
+        for headers in ({}, {"Authorization": "Bearer xoxb-wrong"}):
+            async with http.get(url, headers=headers) as page:
+                assert (page.status, page.content_type) == (200, "text/html")
+        fake.scopes = fake.scopes.replace("files:read,", "")
+        async with http.get(url, headers=bearer) as page:
+            assert page.content_type == "text/html" and "Sign in" in await page.text()
+    assert fake.file_state.signin_pages == 3
+
+
+async def test_files_upload_v2_shares_the_file_in_the_thread(
+    fake: FakeSlack, client: AsyncWebClient
+) -> None:
+    """slack_sdk's files_upload_v2: getUploadURLExternal, the bytes, completeUploadExternal."""
+    root = fake.post_as_user(fake.general, "graph please")
+    png = b"\x89PNG\r\n\x1a\n" + bytes(100)
+    done = await client.files_upload_v2(
+        channel=fake.general.id, thread_ts=root.ts, filename="g.png", content=png
+    )
+    assert done["file"]["title"] == "g.png"
+    [shared] = fake.shared_files(fake.general.id, root.ts)
+    assert (shared.name, shared.mimetype, shared.data) == ("g.png", "image/png", png)
+    [reply] = [m for m in fake.thread(fake.general.id, root.ts) if fake.by_app(m)]
+    assert reply.extra["subtype"] == "file_share" and reply.extra["files"][0]["id"] == shared.id
+    unknown = await slack_error(client.files_completeUploadExternal(files=[{"id": "F0"}]))
+    assert unknown.response["error"] == "file_not_found"
+    fake.scopes = fake.scopes.replace("files:write,", "")
+    err = await slack_error(
+        client.files_upload_v2(channel=fake.general.id, filename="h.png", content=png)
+    )
+    assert err.response["error"] == "missing_scope"
+
+
 async def test_events_for_a_new_message_are_what_slack_sends_with_channel_messages(
     fake: FakeSlack,
 ) -> None:

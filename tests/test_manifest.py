@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 URL = "https://subs.example.com/slack/bot/events"
 
 
-def _agent(answers: str, commands: list[str], agent_id: str = "bot") -> AgentDecl:
+def _agent(
+    answers: str, commands: list[str], agent_id: str = "bot", *, files: bool = True
+) -> AgentDecl:
     text = f"""
 [agent.{agent_id}]
 worker = "http://127.0.0.1:9/"
@@ -24,24 +26,22 @@ name = "Bot"
 description = "Helps."
 answers = "{answers}"
 commands = {json.dumps(commands)}
+files = {json.dumps(files)}
 """
     return parse_project(text, "subs.toml", env={}).agents[agent_id]
 
 
+BASE = ["chat:write", "reactions:write", "users:read", "files:read", "files:write"]
 SCOPES = {
-    "dm": ["chat:write", "reactions:write", "users:read", "im:history"],
+    "dm": [*BASE, "im:history"],
     "channels": [
-        "chat:write",
-        "reactions:write",
-        "users:read",
+        *BASE,
         "app_mentions:read",
         "channels:history",
         "groups:history",
     ],
     "both": [
-        "chat:write",
-        "reactions:write",
-        "users:read",
+        *BASE,
         "app_mentions:read",
         "channels:history",
         "groups:history",
@@ -90,6 +90,14 @@ def test_scopes_events_and_transport(answers: str, socket_mode: bool, commands: 
         }
         for command in commands
     ]
+
+
+def test_files_false_asks_for_no_file_scopes():
+    """`files = false`: the app neither downloads nor uploads, so no files:* scope."""
+    m = manifest(_agent("both", [], files=False), socket_mode=True, request_url=None)
+    scopes = m["oauth_config"]["scopes"]["bot"]
+    assert not [s for s in scopes if s.startswith("files:")]
+    assert scopes == [s for s in SCOPES["both"] if not s.startswith("files:")]
 
 
 def _slack_block(answers: str, extra: str) -> AgentDecl:
@@ -235,3 +243,20 @@ def test_socket_mode_and_url_are_exclusive(capsys, config):
         main(["manifest", "on-call", "-c", str(config), "--socket-mode", "--url", "https://h"])
     assert exit_.value.code == 2
     assert "not allowed with" in capsys.readouterr().err
+
+
+def test_a_user_group_among_the_approvers_asks_for_usergroups_read() -> None:
+    text = (
+        '[llm.x]\ntype = "openai"\n[agent.bot]\nllm = "x"\nmodel = "m"\n'
+        'approvers = ["U0DAVE"]\n[agent.bot.slack]\n'
+    )
+    people = parse_project(text, "subs.toml", env={}).agents["bot"]
+    groups = parse_project(
+        text.replace('["U0DAVE"]', '["U0DAVE", "S0LEADS"]'), "subs.toml", env={}
+    ).agents["bot"]
+    scopes = [
+        manifest(a, socket_mode=True, request_url=None)["oauth_config"]["scopes"]["bot"]
+        for a in (people, groups)
+    ]
+    assert "usergroups:read" not in scopes[0]
+    assert "usergroups:read" in scopes[1]

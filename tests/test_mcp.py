@@ -730,3 +730,60 @@ async def test_subs_check_lists_the_connections_that_cannot_start_here(vendor, t
         {"off": "mcp.gone", "why": "'no-such-mcp-server' is not installed (not found on PATH)"},
         {"off": "mcp.repo", "why": "its command names SOME_REPO, which is not set"},
     ]
+
+
+# -- approval before a destructive call -----------------------------------------------------
+
+
+async def test_a_destructive_tool_waits_for_approval_and_a_declined_one_is_a_tool_error(
+    harness, vendor, tmp_path
+):
+    """`approve = "destructive"`: the server's `secret_rotate` (destructiveHint) is held at
+    an interrupt naming it and its arguments; the server sees no call until a person
+    approves; declined, the model reads a tool error and the server still sees nothing."""
+    calls_log = tmp_path / "calls.log"
+    await harness.start(
+        toml(
+            vendor,
+            blocks=stdio_block(MCP_CALLS_LOG=str(calls_log)),
+            mcp='[{ id = "mcp.clock", approve = "destructive" }]',
+        )
+    )
+    client = harness.client
+
+    async def asked(text: str, session: str | None = None) -> tuple[str, str, dict[str, Any]]:
+        sid, turn_id = await harness.say(text, session)
+        raised = await wait_for_event(
+            client,
+            sid,
+            lambda e: e["payload"]["type"] == "session.interrupted" and e["turn_id"] == turn_id,
+            timeout=60,
+        )
+        return sid, turn_id, raised["payload"]
+
+    vendor.push(ToolCalls([("clock__secret_rotate", {"why": "leaked"})]), Text("Rotated."))
+    sid, turn_id, interrupt = await asked("rotate the secret")
+    assert interrupt["origin"] == "approval"
+    metadata = interrupt["payload"]["metadata"]
+    assert (metadata["tool"], metadata["arguments"]) == ("clock__secret_rotate", {"why": "leaked"})
+    assert [o["value"] for o in metadata["options"]] == ["approve", "decline"]
+    events = await client.events(sid)
+    assert not payloads(events, "tool.call.dispatched")  # held, not sent
+    assert not (calls_log.exists() and "secret_rotate" in calls_log.read_text())
+
+    resume = {"type": "interrupt.resume", "interrupt_id": interrupt["interrupt_id"]}
+    await client.submit({**resume, "payload": {"value": "approve"}}, session_id=sid)
+    end = await wait_for_event(client, sid, turn_ended(turn_id), timeout=60)
+    assert end["payload"]["type"] == "turn.completed"
+    assert (await lines(calls_log, 1))[0].startswith("secret_rotate ")
+    assert tool_message(vendor, 1) == "rotated"
+
+    vendor.push(ToolCalls([("clock__secret_rotate", {})]), Text("Not rotated, then."))
+    sid, turn_id, interrupt = await asked("rotate it again", sid)
+    resume = {"type": "interrupt.resume", "interrupt_id": interrupt["interrupt_id"]}
+    await client.submit({**resume, "payload": {"value": "decline"}}, session_id=sid)
+    end = await wait_for_event(client, sid, turn_ended(turn_id), timeout=60)
+    assert end["payload"]["type"] == "turn.completed"
+    assert "clock__secret_rotate was not run: a person declined it" in tool_message(vendor, 3)
+    assert len(calls_log.read_text().splitlines()) == 1  # the declined call never reached it
+    await assert_consistent(harness.engine.store, sid)

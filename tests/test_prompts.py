@@ -107,6 +107,18 @@ def test_past_its_size_the_least_recently_used_go() -> None:
     assert orjson.loads(first) == {"n": 4, "pad": "xxxxx"}  # the newest is still kept
 
 
+def test_holds_says_whether_a_message_is_kept_and_keeps_it_longest() -> None:
+    """What the model call's file check relies on (engine/effects/llm/files.py): a message
+    found kept is the last to go while the body around it is encoded."""
+    kept = EncodedMessages(max_bytes=70)  # three fragments of 21 bytes
+    for n in range(3):
+        kept.fragment(("s", str(n)), lambda n=n: {"n": n, "pad": "x" * 5})
+    assert kept.holds(("s", "0")) and not kept.holds(("s", "9"))
+    for n in range(3, 5):  # newer fragments push the least recently used out
+        kept.fragment(("s", str(n)), lambda n=n: {"n": n, "pad": "x" * 5})
+    assert kept.holds(("s", "0")) and not kept.holds(("s", "1"))
+
+
 def test_a_message_that_cannot_be_sent_is_refused_and_not_kept() -> None:
     groups, convert, build = FORMATS["anthropic"]
     kept = EncodedMessages()

@@ -471,3 +471,18 @@ async def test_sigkill_of_serve_mid_sweep_loses_no_session_and_half_deletes_none
 
 async def _fewer(store: Store, n: int) -> bool:
     return len(await store.list_sessions(0, n)) < n
+
+
+async def test_a_sessions_files_are_archived_with_it_and_come_back_on_import(engine, vendor, clock):
+    vendor.push(Text("seen it"))
+    client = Client(engine.store)
+    sid, _ = await old_turn(clock, client, "look at this screenshot")
+    name = await engine.store.put_file(sid, b"\x89PNG not really")
+    report = await sweeper_of(engine).sweep_once()
+    assert report is not None and report.archived == 1
+    assert await keys_naming(engine.store, sid) == []  # the files' hash went too
+    (path,) = report.files
+    kept = archive.read(path)
+    assert kept.files == {name: b"\x89PNG not really"}
+    await restore(engine.store, kept)
+    assert await engine.store.get_files(sid, [name]) == [b"\x89PNG not really"]

@@ -7,6 +7,10 @@ headers it was sent.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import os
 import signal
 import subprocess
 import sys
@@ -97,8 +101,16 @@ def state_mid_turn() -> SessionState:
         "call_1", "llm", "turn_1", "server", 2, "running", 1_700_000_000_100, {}
     )
     s.calls["tool_1"] = Call(
-        "tool_1", "tool", "turn_1", "server", 1, "running", 1_700_000_000_300, {},
-        name="db__query", params={"connector": "mcp.db", "tool": "query"},
+        "tool_1",
+        "tool",
+        "turn_1",
+        "server",
+        1,
+        "running",
+        1_700_000_000_300,
+        {},
+        name="db__query",
+        params={"connector": "mcp.db", "tool": "query"},
     )
     s.decision = Decision(
         "dec_1", {"type": "llm.finished"}, {}, 1, "running", 1_700_000_000_200, {}
@@ -114,21 +126,50 @@ def test_a_step_ending_spans_names_them_under_the_turn_even_in_a_fresh_process()
     spans = Projector().project(
         before,
         [
-            envelope(9, "2023-11-14T22:13:21.000Z", {
-                "type": "llm.call.completed", "id": "call_1", "attempt": 2, "usage": usage,
-                "cost": "0.0021", "finish_reason": "stop", "model": "gpt-4.1-mini-2025",
-            }),
-            envelope(10, "2023-11-14T22:13:21.500Z", {
-                "type": "tool.call.errored", "id": "tool_1", "attempt": 1,
-                "error": {"code": "handler_error", "message": "no such table"},
-                "retryable": False, "final": True,
-            }),
-            envelope(11, "2023-11-14T22:13:22.000Z", {
-                "type": "decision.completed", "decision_id": "dec_1", "attempt": 1,
-            }),
-            envelope(12, "2023-11-14T22:13:23.000Z", {
-                "type": "turn.completed", "turn_id": "turn_1", "cost": "0.0021", "usage": usage,
-            }),
+            envelope(
+                9,
+                "2023-11-14T22:13:21.000Z",
+                {
+                    "type": "llm.call.completed",
+                    "id": "call_1",
+                    "attempt": 2,
+                    "usage": usage,
+                    "cost": "0.0021",
+                    "finish_reason": "stop",
+                    "model": "gpt-4.1-mini-2025",
+                },
+            ),
+            envelope(
+                10,
+                "2023-11-14T22:13:21.500Z",
+                {
+                    "type": "tool.call.errored",
+                    "id": "tool_1",
+                    "attempt": 1,
+                    "error": {"code": "handler_error", "message": "no such table"},
+                    "retryable": False,
+                    "final": True,
+                },
+            ),
+            envelope(
+                11,
+                "2023-11-14T22:13:22.000Z",
+                {
+                    "type": "decision.completed",
+                    "decision_id": "dec_1",
+                    "attempt": 1,
+                },
+            ),
+            envelope(
+                12,
+                "2023-11-14T22:13:23.000Z",
+                {
+                    "type": "turn.completed",
+                    "turn_id": "turn_1",
+                    "cost": "0.0021",
+                    "usage": usage,
+                },
+            ),
         ],
     )
     chat, tool, decision, turn = spans
@@ -155,14 +196,29 @@ def test_a_step_ending_spans_names_them_under_the_turn_even_in_a_fresh_process()
 def test_a_span_opened_in_this_process_starts_at_its_opening_fact():
     state = state_mid_turn()
     projector = Projector()
-    opened = envelope(8, "2023-11-14T22:13:20.750Z", {
-        "type": "llm.call.dispatched", "id": "call_1", "attempt": 2, "deadline_ms": None,
-    })
+    opened = envelope(
+        8,
+        "2023-11-14T22:13:20.750Z",
+        {
+            "type": "llm.call.dispatched",
+            "id": "call_1",
+            "attempt": 2,
+            "deadline_ms": None,
+        },
+    )
     assert projector.project(Before.of(state, "ses_1"), [opened]) == []
-    closed = envelope(9, "2023-11-14T22:13:21.000Z", {
-        "type": "llm.call.errored", "id": "call_1", "attempt": 2,
-        "error": {"code": "rate_limited", "message": "429"}, "retryable": True, "final": False,
-    })
+    closed = envelope(
+        9,
+        "2023-11-14T22:13:21.000Z",
+        {
+            "type": "llm.call.errored",
+            "id": "call_1",
+            "attempt": 2,
+            "error": {"code": "rate_limited", "message": "429"},
+            "retryable": True,
+            "final": False,
+        },
+    )
     (span,) = projector.project(Before.of(state, "ses_1"), [closed])
     assert span.start_ms == 1_700_000_000_750 and span.end_ms == 1_700_000_001_000
     assert span.error == "rate_limited" and span.attributes["subs.retryable"] is True
@@ -238,9 +294,7 @@ def test_a_telemetry_endpoint_that_is_not_a_url_is_refused_naming_the_key(tmp_pa
 
 async def test_an_engine_turn_with_a_tool_call_is_one_trace(redis, vendor, tmp_path):
     async with otlp_receiver() as receiver:
-        project = project_with(
-            tmp_path, vendor.url, f'[telemetry]\nendpoint = "{receiver.url}"\n'
-        )
+        project = project_with(tmp_path, vendor.url, f'[telemetry]\nendpoint = "{receiver.url}"\n')
         engine = Engine(project, redis, env=ENV, lease_ms=3000)
         await engine.start()
         try:
@@ -424,9 +478,7 @@ def test_the_genai_metrics_use_the_conventions_buckets():
     assert "# TYPE gen_ai_client_token_usage histogram" in text
 
 
-async def test_a_turn_submitted_with_a_traceparent_joins_the_callers_trace(
-    redis, vendor, tmp_path
-):
+async def test_a_turn_submitted_with_a_traceparent_joins_the_callers_trace(redis, vendor, tmp_path):
     import httpx
 
     from engine.api import ApiKeys, make_app
@@ -435,17 +487,20 @@ async def test_a_turn_submitted_with_a_traceparent_joins_the_callers_trace(
     caller = SpanContext("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")
     vendor.push(Text("Nothing is paging."))
     async with otlp_receiver() as receiver:
-        project = project_with(
-            tmp_path, vendor.url, f'[telemetry]\nendpoint = "{receiver.url}"\n'
-        )
+        project = project_with(tmp_path, vendor.url, f'[telemetry]\nendpoint = "{receiver.url}"\n')
         engine = Engine(project, redis, env=ENV, lease_ms=3000)
         await engine.start()
         try:
             app = make_app(Client(engine.store), engine.store, keys=ApiKeys.from_env({}))
             async with serve(app) as base, httpx.AsyncClient(base_url=base) as http:
                 message = {"role": "user", "content": "what's paging?"}
-                body = {"input": {"type": "client.message", "agent_id": "ops_openai",
-                                  "message": message}}
+                body = {
+                    "input": {
+                        "type": "client.message",
+                        "agent_id": "ops_openai",
+                        "message": message,
+                    }
+                }
                 answer = await http.post(
                     INPUT, json=body, headers={"traceparent": caller.traceparent()}
                 )
@@ -457,9 +512,7 @@ async def test_a_turn_submitted_with_a_traceparent_joins_the_callers_trace(
                 vendor.push(Text("Still nothing."))
                 again = await http.post(INPUT, json=body, headers={"traceparent": "00-zz"})
                 assert again.status_code == 202, again.text
-                await wait_for_event(
-                    Client(engine.store), sid, turn_ended(again.json()["turn_id"])
-                )
+                await wait_for_event(Client(engine.store), sid, turn_ended(again.json()["turn_id"]))
         finally:
             await engine.stop()
     first, second = receiver.named("invoke_agent")
@@ -468,3 +521,159 @@ async def test_a_turn_submitted_with_a_traceparent_joins_the_callers_trace(
     assert chat["parent_id"] == first["span_id"]
     assert second["trace_id"] == trace_id_for_turn(sid, again.json()["turn_id"])
     assert second["parent_id"] is None
+
+
+async def test_a_subagents_turn_nests_under_its_parents_tool_call(redis, vendor, tmp_path):
+    def model(body: dict):
+        first = body["messages"][0]
+        if first.get("content") == "You lead.":
+            if body["messages"][-1]["role"] == "tool":
+                return Text("The child answered.")
+            return ToolCalls([("researcher", {"message": "find it"})])
+        return Text("found")
+
+    vendor.responder = model
+    async with otlp_receiver() as receiver:
+        text = textwrap.dedent(
+            f"""\
+            [llm.openai]
+            type = "openai"
+            base_url = "{vendor.url}/v1"
+
+            [agent.lead]
+            llm = "openai"
+            model = "gpt-4.1-mini"
+            system = "You lead."
+            subagents = ["agent.researcher"]
+
+            [agent.researcher]
+            llm = "openai"
+            model = "gpt-4.1-mini"
+            system = "You research."
+            description = "Finds things out."
+
+            [telemetry]
+            endpoint = "{receiver.url}"
+            """
+        )
+        path = tmp_path / "subs.toml"
+        path.write_text(text)
+        engine = Engine(parse_project(text, str(path), env={}), redis, env=ENV, lease_ms=3000)
+        await engine.start()
+        try:
+            client = Client(engine.store)
+            message = {"role": "user", "content": "look into it"}
+            reply = await client.submit(
+                {"type": "client.message", "agent_id": "lead", "message": message}
+            )
+            end = await wait_for_event(client, reply["session_id"], turn_ended(reply["turn_id"]))
+            assert end["payload"]["type"] == "turn.completed"
+        finally:
+            await engine.stop()
+    lead = next(s for s in receiver.named("invoke_agent") if s["name"] == "invoke_agent lead")
+    child = next(s for s in receiver.named("invoke_agent") if s["name"] != lead["name"])
+    (call,) = receiver.named("execute_tool researcher")
+    assert child["name"] == "invoke_agent researcher"
+    assert {s["trace_id"] for s in receiver.spans} == {lead["trace_id"]}
+    assert call["parent_id"] == lead["span_id"] and child["parent_id"] == call["span_id"]
+    (child_chat,) = [s for s in receiver.named("chat") if s["parent_id"] == child["span_id"]]
+    assert call["start_ns"] <= child["start_ns"] <= child_chat["end_ns"] <= call["end_ns"]
+
+
+# -- logs --------------------------------------------------------------------------------
+
+LOG_SCRIPT = textwrap.dedent(
+    """\
+    import logging
+    from engine.cli.commands import _start_logging
+    from engine.telemetry.ids import SpanContext
+    from engine.telemetry.logs import CURRENT
+    _start_logging()
+    log = logging.getLogger("subs.engine")
+    log.warning("outside any span")
+    CURRENT.set(SpanContext("%s", "%s"))
+    log.warning("the vendor answered 529; trying again")
+    """
+) % (T, P)
+
+
+def run_logging(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SUBS_LOG")}
+    return subprocess.run(
+        [sys.executable, "-c", LOG_SCRIPT], capture_output=True, text=True, cwd=ROOT,
+        env={**full, **env}, timeout=60,
+    )
+
+
+def test_json_log_lines_name_the_span_they_happened_in():
+    out = run_logging({"SUBS_LOG_FORMAT": "json"})
+    first, second = [json.loads(line) for line in out.stderr.splitlines()]
+    assert first["message"] == "outside any span" and "trace_id" not in first
+    assert second["level"] == "WARNING" and second["logger"] == "subs.engine"
+    assert (second["trace_id"], second["span_id"]) == (T, P)
+    assert second["time"].endswith("+00:00")
+
+
+def test_full_records_carry_the_span_and_the_default_lines_do_not():
+    full = run_logging({"SUBS_LOG": "info"}).stderr.splitlines()
+    assert full == [
+        "WARNING:subs.engine:outside any span",
+        f"WARNING:subs.engine:the vendor answered 529; trying again trace_id={T} span_id={P}",
+    ]
+    default = run_logging({}).stderr.splitlines()
+    assert default == ["subs: outside any span", "subs: the vendor answered 529; trying again"]
+
+
+def test_an_unknown_log_format_is_one_line_naming_it(tmp_path):
+    out = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "check", "-c", str(tmp_path / "none.toml")],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        env={**os.environ, "SUBS_LOG_FORMAT": "xml"},
+    )
+    assert out.returncode == 2
+    said = "subs: SUBS_LOG_FORMAT='xml' is not a format; the one there is: json"
+    assert out.stderr.strip() == said
+
+
+async def test_an_effect_logs_inside_its_calls_span(vendor, tmp_path):
+    """The runner starts each effect in its span's context: what it logs names the span."""
+    from engine.effects.runner import EffectRunner
+    from engine.machine import RunLlmCall
+    from engine.runtime.metrics import Metrics
+    from engine.telemetry.logs import SpanFields
+    from engine.telemetry.spans import call_context
+
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    handler = Keep()
+    handler.addFilter(SpanFields())
+    logging.getLogger("subs.test").addHandler(handler)
+
+    def runner(er, state, effect, done, tasks):
+        async def work() -> None:
+            logging.getLogger("subs.test").warning("inside the call")
+
+        task = asyncio.create_task(work())
+        tasks.add(task)
+
+    state = state_mid_turn()
+    project = project_with(tmp_path, vendor.url)
+    effects = EffectRunner(project, None, {}, {}, Metrics(), lambda: 0.0, {RunLlmCall: runner})
+    tasks: set[asyncio.Task[None]] = set()
+    try:
+        effect = RunLlmCall("call_1", 2, None)
+        effects.start(state, effect, lambda *_: None, tasks)
+        await asyncio.gather(*tasks)
+        effects.sampled = True
+        effects.start(state, effect, lambda *_: None, tasks)
+        await asyncio.gather(*tasks)
+    finally:
+        logging.getLogger("subs.test").removeHandler(handler)
+        await effects.aclose()
+    span = call_context(state, "call_1", 2)
+    assert span is not None
+    assert [(r.trace_id, r.span_id) for r in seen] == [("", ""), (span.trace_id, span.span_id)]

@@ -126,6 +126,19 @@ def resolved_prompt(
     verdict = f"{'✅ Approved' if approved else '❌ Declined'} by <@{escape(user)}>"
     if label:
         verdict += f" · {escape(clip(label, BUTTON_TEXT_LIMIT))}"
+    return _closed(original, verdict)
+
+
+EXPIRED = "⌛ Expired: nobody answered in time, so it was declined"
+
+
+def expired_prompt(original: dict[str, Any]) -> dict[str, Any]:
+    """`original` without its buttons and expiry, saying it expired (the engine resolved it
+    as declined at its `expiresAt`): `{"text", "blocks"}` for `chat.update`."""
+    return _closed(original, EXPIRED)
+
+
+def _closed(original: dict[str, Any], verdict: str) -> dict[str, Any]:
     blocks = [
         b
         for b in original.get("blocks") or []

@@ -39,6 +39,8 @@ class Bot:
     native: bool = False  # stream replies with chat.startStream/appendStream/stopStream
     verifier: SignatureVerifier | None = None  # HTTP only: signatures, before Bolt reads
     max_concurrent_turns: int = 4  # the app's turns running at once (bot/turns/slots.py)
+    files: bool = True  # read messages' files and upload the agent's images
+    file_text_limit: int = 256 * 1024  # bytes of a text file the model reads
 
 
 def new_bot(

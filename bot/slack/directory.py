@@ -26,11 +26,12 @@ from bot.slack.governor import RateGovernor
 from bot.slack.webapi import governed, slack_error
 from engine.errors import describe
 
-__all__ = ["MAX_NAMES", "NAMES_TTL", "Directory", "display_name"]
+__all__ = ["GROUPS_TTL", "MAX_NAMES", "NAMES_TTL", "Directory", "display_name"]
 
 log = logging.getLogger(__name__)
 
 NAMES_TTL = 600.0  # seconds: a renamed person shows under the new name within ten minutes
+GROUPS_TTL = 300.0  # seconds: someone taken out of an approvers' group loses it within five
 MAX_NAMES = 10_000  # names kept per app: the posters of a busy workspace's active threads
 
 
@@ -71,6 +72,36 @@ class Directory:
         self.max_names = max_names
         self._known: OrderedDict[tuple[str, str], tuple[str | None, float]] = OrderedDict()
         self._asking: dict[tuple[str, str], asyncio.Future[str | None]] = {}
+        self._groups: dict[tuple[str, str], tuple[frozenset[str], float]] = {}
+
+    async def members(self, team: str, group: str) -> frozenset[str]:
+        """The people of a user group (`usergroups.users.list`, scope `usergroups:read`),
+        kept for `GROUPS_TTL`. A refusal counts as nobody (kept as long); Slack not reached
+        counts as nobody this time only: an approval is refused rather than guessed."""
+        known = self._groups.get((team, group))
+        if known is not None and known[1] > self.clock():
+            return known[0]
+        args = {"usergroup": group}
+        try:
+            answer = await governed(self.governor, team, self.web, "usergroups.users.list", args)
+        except SlackApiError as err:
+            if err.response.status_code >= 500:
+                log.warning("slack: members of %s unknown (%s)", group, slack_error(err))
+                return frozenset()
+            log.info("slack: usergroups.users.list %s refused (%s)", group, slack_error(err))
+            found: frozenset[str] = frozenset()
+        except Exception as err:
+            log.warning("slack: members of %s unknown (%s)", group, describe(err))
+            return frozenset()
+        else:
+            users = answer.get("users")
+            found = (
+                frozenset(u for u in users if isinstance(u, str))
+                if isinstance(users, list)
+                else frozenset()
+            )
+        self._groups[(team, group)] = (found, self.clock() + GROUPS_TTL)
+        return found
 
     async def names(self, team: str, ids: Iterable[str]) -> dict[str, str]:
         """The names of those `ids` that are people (`U…`, `W…`) or apps (`B…`) Slack would

@@ -46,6 +46,13 @@ TIERS: dict[str, float] = {
     "chat.postEphemeral": 100,  # Tier 4 (§1.5)
     "users.info": 100,  # Tier 4 (§1.5; oncall-facts §2.4)
     "bots.info": 50,  # Tier 3 (docs.slack.dev/reference/methods/bots.info)
+    # Downloads of files (`url_private_download`): Slack publishes no rate for them; Tier 4's
+    # floor is an assumption. Uploads: files.getUploadURLExternal and
+    # files.completeUploadExternal are Tier 4 (slack-facts: files_upload_v2).
+    "files.download": 100,
+    "files.getUploadURLExternal": 100,
+    "files.completeUploadExternal": 100,
+    "usergroups.users.list": 20,  # Tier 2 (docs.slack.dev/reference/methods/usergroups.users.list)
 }
 PER_CHANNEL = frozenset({"chat.postMessage"})
 

@@ -8,6 +8,9 @@ What the bot calls and why each grant is there:
   on the triggering message (reactions.add / reactions.remove).
 - `users:read`: the names of the people and apps in a thread (users.info / bots.info), so the
   model reads `Name: text`; without it the ids stand in.
+- `files:read` and `files:write` when the agent reads files (`files = true`, the default):
+  the files on a thread's messages are downloaded with the bot token (`url_private_download`),
+  and the images the agent's tools make are uploaded into the thread (`files_upload_v2`).
 - channels: `app_mention` with `app_mentions:read`, plus `channels:history` /
   `groups:history` for conversations.replies in public / private channels.
 - channel messages (`message.channels` / `message.groups`, same history scopes) when the app
@@ -18,6 +21,8 @@ What the bot calls and why each grant is there:
 - `commands` only when the agent declares slash commands, with `channels:history` /
   `groups:history` (if not there already): a bot resuming a command's turn after a crash looks
   for the root message it may have posted (conversations.history).
+- `usergroups:read` only when the agent's `approvers` name a user group (`S…`): who may answer
+  a prompt is checked against the group's members (usergroups.users.list).
 Socket Mode's `connections:write` belongs to the app-level token, not the bot, so it is not here.
 
 `to_yaml` writes JSON: YAML 1.2 is a superset of JSON, so the text is a valid YAML manifest
@@ -55,6 +60,8 @@ def manifest(agent: AgentDecl, *, socket_mode: bool, request_url: str | None) ->
     channels = slack.answers in ("channels", "both")
 
     scopes = ["chat:write", "reactions:write", "users:read"]
+    if slack.files:
+        scopes += ["files:read", "files:write"]
     events: list[str] = []
     if channels:
         scopes += ["app_mentions:read", "channels:history", "groups:history"]
@@ -68,6 +75,8 @@ def manifest(agent: AgentDecl, *, socket_mode: bool, request_url: str | None) ->
     if slack.commands:
         scopes.append("commands")
         scopes += [s for s in ("channels:history", "groups:history") if s not in scopes]
+    if any(a.startswith("S") for a in agent.approvers):
+        scopes.append("usergroups:read")
 
     display: dict[str, Any] = {"name": slack.name}
     if slack.description:

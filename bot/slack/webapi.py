@@ -21,6 +21,7 @@ __all__ = [
     "every_message",
     "governed",
     "slack_error",
+    "slot_for",
     "thread_messages",
 ]
 
@@ -67,12 +68,7 @@ async def governed(
                 await asyncio.wait([unless], timeout=free - loop.time())
             if unless.done():
                 return None
-        slot = governor.next_slot(budget, method, loop.time())
-        governor.record(budget, method, slot)
-        if slot > loop.time():
-            await asyncio.sleep(slot - loop.time())
-        while (blocked := governor.blocked_until(budget, method)) > loop.time():
-            await asyncio.sleep(blocked - loop.time())  # a 429 came while we waited
+        await slot_for(governor, budget, method)
         try:
             return await call(web, method, args)
         except RateLimited as limited:
@@ -80,6 +76,18 @@ async def governed(
                 raise
             governor.penalise(budget, method, limited.retry_after, loop.time())
     raise AssertionError("unreachable")
+
+
+async def slot_for(governor: RateGovernor, budget: str, method: str) -> None:
+    """Wait for the method's next free slot in `budget` (a workspace, or a channel), taking
+    it before the wait, and out any 429 that came meanwhile."""
+    loop = asyncio.get_running_loop()
+    slot = governor.next_slot(budget, method, loop.time())
+    governor.record(budget, method, slot)
+    if slot > loop.time():
+        await asyncio.sleep(slot - loop.time())
+    while (blocked := governor.blocked_until(budget, method)) > loop.time():
+        await asyncio.sleep(blocked - loop.time())  # a 429 came while we waited
 
 
 async def thread_messages(

@@ -20,18 +20,21 @@ import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
-from bot.rendering.message_text import attributed, poster, wanted_ids
+from bot.rendering.files import files_of, tool_images
+from bot.rendering.message_text import attributed, message_text, poster, wanted_ids
 from bot.rendering.mrkdwn import escape
-from bot.rendering.prompts import prompt_for
+from bot.rendering.prompts import expired_prompt, prompt_for
 from bot.rendering.turn_view import TurnView
 from bot.slack.agent_app import Bot
 from bot.slack.directory import Directory
+from bot.slack.files import upload
 from bot.slack.governor import Paced
 from bot.slack.indicator import Indicator
 from bot.slack.parts import stamped_parts
 from bot.slack.reply import Reply
-from bot.slack.webapi import every_message, governed, thread_messages
+from bot.slack.webapi import call, every_message, governed, thread_messages
 from bot.turns.checkpoint import Checkpoint, LeaseLost
+from bot.turns.files import FileReader
 from bot.turns.routing import missed_messages
 from bot.turns.slots import Slot, TurnSlots
 from bot.turns.store import Checkpoints, seen_key
@@ -213,7 +216,8 @@ class Followers:
     async def _mention_payload(self, bot: Bot, cp: Checkpoint) -> dict[str, Any]:
         """A mention, a DM, an alert or a follow-up: its message, and those the agent missed
         since (other apps' alerts included), as one input; each as a person reads it,
-        `Name: text`. An alert is its thread's root: nothing came before it.
+        `Name: text`, with its files after it (bot/turns/files.py). An alert is its thread's
+        root: nothing came before it.
 
         Its author reaches a worker in the trigger's client context (the session's identity
         is its first asker's): `client.forwarded_props.slack.author` = `{issuer, id, name?}`.
@@ -229,12 +233,14 @@ class Followers:
             missed = missed_messages(thread, ts, bot_user, bot_id)
         wanted = wanted_ids(missed) | wanted_ids([event], addressed_to=bot_user)
         names = await self.directory(bot).names(cp.team, wanted)
-        messages = [
-            {"id": f"slack:{msg['ts']}", "role": "user", "content": attributed(msg, names)}
-            for msg in missed
-        ]
-        said = attributed(event, names, addressed_to=bot_user)
-        messages.append({"id": f"slack:{ts}", "role": "user", "content": said})
+        messages = []
+        async with FileReader(
+            self.client, self.paced.governor, bot, cp.team, cp.session_id
+        ) as files:
+            for msg, to in [*((m, None) for m in missed), (event, bot_user)]:
+                said = _said(msg, names, to)
+                content = await files.content(msg, said)
+                messages.append({"id": f"slack:{msg['ts']}", "role": "user", "content": content})
         author = {"issuer": "slack", "id": cp.user}  # a person's user id, or an app's bot id
         name = poster(event, names)
         if name != cp.user:
@@ -308,6 +314,8 @@ class Followers:
         waits for a person's decision gives it back then: a few open approvals must not
         stop the app; what runs after the click is not counted (people click, not storms)."""
         follow = self.client.follow(cp.session_id, cp.after, delta_cursor=cp.cursor)
+        images: list[tuple[str, bytes]] = []  # the tools' images, uploaded once it is done
+        prompts: dict[str, dict[str, Any]] = {}  # by interrupt id, as posted
         async for kind, item in follow:
             if kind == "delta":
                 view.apply_delta(item)
@@ -324,17 +332,57 @@ class Followers:
                     await slot.release()  # a person decides now, for minutes or days
                     prompt = prompt_for(payload)
                     if prompt is not None:
+                        prompts[payload["interrupt_id"]] = prompt
                         await reply.post(f"prompt-{payload['interrupt_id']}", prompt)
+                elif payload["type"] == "session.interrupt_resumed" and payload.get("expired"):
+                    await self._expired(cp, prompts.get(payload["interrupt_id"]), payload)
                 await reply.show_channel()
+                if payload["type"] == "tool.call.completed":
+                    images += tool_images(payload.get("result"), f"image-{len(images) + 1}")
             if view.done:
                 await slot.release()
                 await reply.finish(view.render())
+                await self._upload(cp, images)
                 return
             had_reply = reply.ts is not None
             await reply.show()
             if reply.ts is not None and not had_reply:
                 working.replied()
             working.show(view.status or "")
+
+    async def _upload(self, cp: Checkpoint, images: list[tuple[str, bytes]]) -> None:
+        """The images the agent's tools returned, uploaded into the thread after its reply,
+        each once (a resumed follower skips those it finds in `cp.posted`). One Slack refuses
+        is a note in the thread: the reply's text is there already."""
+        bot = self.bots[cp.agent]
+        for n, (name, data) in enumerate(images):
+            part = f"file-{n}"
+            if part in cp.posted:
+                continue
+            why = "files = false" if not bot.files else None
+            if why is None:
+                governor = self.paced.governor
+                why = await upload(bot.web, governor, cp.team, cp.channel, cp.thread_ts, name, data)
+            if why is not None:
+                log.warning("slack turn %s: could not upload %s: %s", cp.turn_id, name, why)
+                text = f":warning: The agent made an image ({escape(name)}) that could not be "
+                text += f"uploaded: {escape(why)}"
+                args = {"channel": cp.channel, "thread_ts": cp.thread_ts, "text": text}
+                await governed(self.paced.governor, cp.team, bot.web, "chat.postMessage", args)
+            cp.posted[part] = "uploaded" if why is None else "noted"
+            await self.checkpoints.save(cp)
+
+    async def _expired(
+        self, cp: Checkpoint, prompt: dict[str, Any] | None, payload: dict[str, Any]
+    ) -> None:
+        """The engine resolved a prompt as expired: rewrite it to say so (buttons gone)."""
+        ts = cp.posted.get(f"prompt-{payload['interrupt_id']}")
+        if prompt is None or ts is None:
+            return
+        bot = self.bots[cp.agent]
+        args = {"channel": cp.channel, "ts": ts, **expired_prompt(prompt)}
+        send = functools.partial(call, bot.web, "chat.update", args)
+        await self.paced.submit(cp.team, "chat.update", (cp.channel, ts), send)
 
     # -- resuming -----------------------------------------------------------------------------
 
@@ -402,3 +450,11 @@ def queued_text(ahead: int, limit: int) -> str:
     many = f"{ahead} request{'s' if ahead > 1 else ''} ahead of this one"
     where = "next in line" if ahead == 0 else many
     return QUEUED.format(where=where, limit=limit) + ANSWER_HERE
+
+
+def _said(msg: dict[str, Any], names: dict[str, str], addressed_to: str | None) -> str:
+    """`Name: text`; a message of only files says so rather than `(no text)`."""
+    if files_of(msg) and not message_text(msg, names, addressed_to=addressed_to):
+        count = len(files_of(msg))
+        return f"{poster(msg, names)}: (shared {count} file{'s' if count > 1 else ''})"
+    return attributed(msg, names, addressed_to=addressed_to)

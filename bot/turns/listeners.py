@@ -16,7 +16,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from slack_bolt.async_app import AsyncBoltContext
@@ -24,6 +24,8 @@ from slack_bolt.async_app import AsyncBoltContext
 from bot.rendering.prompts import option_of, parse_interrupt_action, prompt_for, resolved_prompt
 from bot.slack.agent_app import Bot
 from bot.slack.webapi import call
+from bot.turns.access import REFUSED, Access, refusal
+from bot.turns.approvers import approvers_of, named
 from bot.turns.checkpoint import Checkpoint
 from bot.turns.follower import Followers
 from bot.turns.routing import route, session_id_for, thread_ts_of
@@ -34,17 +36,47 @@ from engine.client import ClientError
 log = logging.getLogger(__name__)
 
 CLOCK_SKEW = 60.0  # how far this host's clock may be off Slack's
-ANSWERED = "This prompt was already answered."
+ANSWERED = "This prompt was already answered, or it expired."
+NOBODY = "Nobody can answer this prompt in Slack: its agent names no approvers."
 COMMAND_ARGS = ("text", "user_id", "channel_id", "team_id", "response_url", "trigger_id")
 
 
 class Listeners:
     """What each kind of Slack input does; `Bots.add` registers these with Bolt."""
 
-    def __init__(self, followers: Followers) -> None:
+    def __init__(
+        self, followers: Followers, refused: Callable[[str, str], None] | None = None
+    ) -> None:
         self.followers = followers
+        self.access: dict[str, Access] = {}  # by agent: who may start turns
+        self.approvers: dict[str, tuple[str, ...]] = {}  # by agent: its `approvers`
+        self.refused = refused  # counts a refusal: (agent, reason)
         self.follow: dict[str, bool] = {}  # agent -> follow-ups start turns
         self.watches: dict[str, tuple[Watch, ...]] = {}  # agent -> its alert channels
+
+    async def _refuse(
+        self, bot: Bot, team: str, where: dict[str, str], reason: str, *, ephemeral: str | None
+    ) -> None:
+        """Tell the person why nothing started (unless `ephemeral` is None); count it; log
+        ids and the reason, never the text."""
+        log.info(
+            "slack: agent %s refused %s in %s (%s)",
+            bot.agent,
+            where.get("user"),
+            where.get("channel"),
+            reason,
+        )
+        if self.refused is not None:
+            self.refused(bot.agent, reason)
+        if ephemeral is not None:
+            self.followers.spawn(self.followers.tell(bot, team, {**where, "text": ephemeral}))
+
+    def _refusal(
+        self, bot: Bot, user: str, channel: str, user_team: Any, app_team: str
+    ) -> str | None:
+        team = user_team if isinstance(user_team, str) and user_team else None
+        access = self.access.get(bot.agent, Access())
+        return refusal(access, user=user, channel=channel, user_team=team, app_team=app_team)
 
     def configure(self, agent: str, *, follow: bool, watches: Sequence[Watch] = ()) -> None:
         """`agent`'s app answers follow-ups (`follow`) and triages the `watches`' alerts."""
@@ -76,9 +108,21 @@ class Listeners:
             sid = session_id_for(bot.agent, event["channel"], thread_ts)
             if not await self.followers.client.last_seq(sid):
                 return  # a thread the app was never asked in: people talking
+        app_team = str(body.get("team_id") or context.team_id or "")
+        if kind != "alert":  # a watched channel's alerts are the operator's own choice
+            user_team = event.get("user_team") or event.get("team")
+            reason = self._refusal(bot, event["user"], event["channel"], user_team, app_team)
+            if reason is not None:
+                where = {"channel": event["channel"], "user": event["user"]}
+                if event.get("thread_ts"):
+                    where["thread_ts"] = event["thread_ts"]
+                # A follow-up was not addressed to the app: counted, not answered.
+                text = None if kind == "reply" else REFUSED[reason]
+                await self._refuse(bot, app_team, where, reason, ephemeral=text)
+                return
         cp = Checkpoint(
             agent=bot.agent,
-            team=str(body.get("team_id") or context.team_id or ""),
+            team=app_team,
             channel=event["channel"],
             thread_ts=thread_ts,
             turn_id=f"slack-{event['ts']}",
@@ -98,6 +142,13 @@ class Listeners:
         args = {key: str(body.get(key) or "") for key in COMMAND_ARGS}
         command = str(body.get("command") or "")
         if not (command and args["channel_id"] and args["user_id"] and args["trigger_id"]):
+            return
+        reason = self._refusal(
+            bot, args["user_id"], args["channel_id"], body.get("user_team"), args["team_id"]
+        )
+        if reason is not None:
+            where = {"channel": args["channel_id"], "user": args["user_id"]}
+            await self._refuse(bot, args["team_id"], where, reason, ephemeral=REFUSED[reason])
             return
         cp = Checkpoint(
             agent=bot.agent,
@@ -129,6 +180,12 @@ class Listeners:
         thread_ts = str(container.get("thread_ts") or message_ts)
         action_ts = str(action["action_ts"])
         team = str((body.get("team") or {}).get("id") or "")
+        user_team = (body.get("user") or {}).get("team_id")
+        reason = self._refusal(bot, str(user), str(channel), user_team, team)
+        if reason is not None:
+            where = {"channel": str(channel), "user": str(user), "thread_ts": thread_ts}
+            await self._refuse(bot, team, where, reason, ephemeral=REFUSED[reason])
+            return
         args = {
             "value": action.get("value"),
             "user_id": user,
@@ -176,6 +233,13 @@ class Listeners:
         sid = session_id_for(bot.agent, channel, thread_ts)
         interrupt = (await self.followers.open_interrupts(sid)).get(interrupt_id)
         option = option_of(interrupt, index)
+        if interrupt is not None and option is not None:
+            refused = await self._not_approver(bot, team, interrupt, user)
+            if refused is not None:
+                where = {"channel": channel, "user": user, "thread_ts": thread_ts}
+                log.info("slack: prompt %s: %s is not an approver", interrupt_id, user)
+                self.followers.spawn(self.followers.tell(bot, team, {**where, "text": refused}))
+                return
         resumed = False
         if interrupt is not None and option is not None:
             responder = {"channel": "slack", "user": user}
@@ -203,6 +267,22 @@ class Listeners:
         self.followers.spawn(
             _landed(self.followers.paced.submit(team, "chat.update", (channel, message_ts), send))
         )
+
+    async def _not_approver(
+        self, bot: Bot, team: str, interrupt: dict[str, Any], user: str
+    ) -> str | None:
+        """None when `user` may answer `interrupt` (bot/turns/approvers.py); else what they
+        are told. Groups are asked only when no listed person matches."""
+        ids = approvers_of(interrupt, self.approvers.get(bot.agent, ()))
+        if not ids:
+            return NOBODY
+        if user in ids:
+            return None
+        directory = self.followers.directory(bot)
+        for group in (i for i in ids if i.startswith("S")):
+            if user in await directory.members(team, group):
+                return None
+        return f"Only {named(ids)} can answer this."
 
 
 async def _landed(sent: asyncio.Future[None]) -> None:

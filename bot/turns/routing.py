@@ -49,17 +49,23 @@ def thread_ts_of(event: Event) -> str | None:
 
 
 def is_dm(event: Event) -> bool:
-    """A person's plain message in the app's DM (`message.im`)."""
+    """A person's message in the app's DM (`message.im`): plain, or with files
+    (`subtype: file_share`, which may carry no text at all)."""
     return (
         event.get("type") == "message"
         and event.get("channel_type") == "im"
-        and "subtype" not in event
+        and event.get("subtype", None) in (None, "file_share")
+        and ("subtype" not in event or bool(event.get("files")))
     )
 
 
 def is_mention(event: Event) -> bool:
-    """An `app_mention`: Slack sends it only for messages that mention this app."""
-    return event.get("type") == "app_mention" and "subtype" not in event
+    """An `app_mention`: Slack sends it only for messages that mention this app (one with
+    files may say `subtype: file_share`)."""
+    return event.get("type") == "app_mention" and event.get("subtype", None) in (
+        None,
+        "file_share",
+    )
 
 
 def is_own(event: Event, bot_user: str | None, bot_id: str | None) -> bool:
@@ -159,8 +165,8 @@ def route(
     text = _str(event, "text") or ""
     mentioned = set(_USER_MENTION.findall(text))
     channels = answers in ("channels", "both")
-    if person and subtype is None and bot_user in mentioned:
-        return "mention" if channels else None  # the app_mention's twin
+    if person and subtype in (None, "file_share") and bot_user in mentioned:
+        return "mention" if channels else None  # the app_mention's twin (files or none)
     if thread_ts_of(event) == event["ts"]:  # top-level: an alert, or nothing for the app
         posted = _str(event, "user") or _str(event, "bot_id")
         return "alert" if posted and watched(event, watches) else None

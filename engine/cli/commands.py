@@ -176,7 +176,9 @@ async def _remote(url: str) -> AsyncIterator[HttpClient]:
     key = os.environ.get("SUBS_API_KEY")
     if key is not None and (not key.isprintable() or " " in key):
         raise Usage("SUBS_API_KEY holds a space or a control character: set it to the key alone")
-    client = HttpClient(_http_url(url), key)
+    # A dead engine is said within seconds: a refused or unanswered connection in 3 s, a
+    # stream gone silent (no ping for three of the engine's 15 s heartbeats) in 45 s.
+    client = HttpClient(_http_url(url), key, connect_timeout=3.0, stream_silence=45.0)
     try:
         yield client
     except ClientError as err:
@@ -267,36 +269,148 @@ def _console_link(args: argparse.Namespace) -> Callable[[str], str] | None:
     return serve.console_url if serve.public_url else None
 
 
-async def _run(args: argparse.Namespace) -> int:
-    from engine.cli.terminal import Printer, require_session, watch_turn
+class _CtrlC:
+    """Ctrl-C cancels the command's task, wherever it waits (a prompt, a stream, a lost
+    engine), every time, so the command can say how to pick the session up; once it is
+    on its way out, more Ctrl-C are ignored: the engine in this process is handing back
+    its work and must not be cut off half-way."""
 
+    def __init__(self) -> None:
+        self.task = asyncio.current_task()
+        self.leaving = False
+        self.loop = asyncio.get_running_loop()
+        # Not in the main thread: asyncio's own handling (the first Ctrl-C cancels).
+        with contextlib.suppress(RuntimeError, ValueError):
+            self.loop.add_signal_handler(signal.SIGINT, self._hit)
+
+    def _hit(self) -> None:
+        if not self.leaving and self.task is not None:
+            self.task.cancel()
+
+    def caught(self) -> None:
+        """The cancel was Ctrl-C, and is handled: the task goes on (to its way out)."""
+        if self.task is not None:
+            self.task.uncancel()
+
+
+def _say_when_lost(client: Any, printer: Any | None) -> None:
+    """A remote engine that stops answering is said within seconds, and when it is back
+    (through the terminal `printer`, which clears its status line first; else on stderr)."""
+    from engine.cli.remote import HttpClient
+
+    if not isinstance(client, HttpClient):
+        return
+    url = client.base_url
+
+    def say(text: str) -> None:
+        if printer is not None:
+            printer.notice(text)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def lost(err: ClientError) -> None:
+        why = err.detail.get("error") or "no answer"
+        say(f"subs: cannot reach the engine at {url} ({why}); still trying (Ctrl-C stops)")
+
+    client.on_lost = lost
+    client.on_back = lambda: say(f"subs: the engine at {url} answers again")
+
+
+def _pick_up(command: str, agent: str, sid: str | None, remote: bool, *, asked: bool) -> str:
+    """The line Ctrl-C leaves: what happens to the turn, and the command that resumes it."""
+    if sid is None:
+        return "subs: stopped before a session was made"
+    if asked:
+        what = "the turn waits for your answer, and asks again"
+    elif remote:
+        what = "the turn goes on in the engine"
+    else:
+        what = "the turn is kept, and goes on once an engine runs (subs serve, or"
+        return f"subs: stopped; {what} this): subs {command} {agent} --session {sid}"
+    return f"subs: stopped; {what}: subs {command} {agent} --session {sid}"
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from engine.cli.keyboard import keyboard
+    from engine.cli.terminal import (
+        OpenTurn,
+        Printer,
+        TurnOutcome,
+        finish_open_turn,
+        require_session,
+        watch_turn,
+    )
+
+    payload: dict[str, Any] | None = None
     if args.input:
         payload = _client_input(args)
     elif args.message is not None:
         payload = _message(args.agent, args.message)
-    else:
-        raise Usage('give a message or --input, e.g. subs run oncall "what\'s paging?"')
+    elif not args.session:
+        raise Usage(
+            'give a message or --input, e.g. subs run oncall "what\'s paging?" '
+            "(or --session ID alone, to pick up a session's running turn)"
+        )
     printer = Printer(sys.stdout, _jsonl(args.output), sys.stderr)
     console = _console_link(args)
+    sid: str | None = args.session
+    sent = payload is None  # nothing to send, or sent
+    ctrl_c = _CtrlC()
 
-    def announce(sid: str, queued: bool) -> None:
+    def announce(session: str, queued: bool) -> None:
+        nonlocal sid
+        sid = session
         if not printer.jsonl:
             waiting = " (queued behind the running turn)" if queued else ""
-            print(f"session {sid}{waiting}", file=sys.stderr)
+            print(f"session {session}{waiting}", file=sys.stderr)
             if console is not None:
-                print(f"console: {console(sid)}", file=sys.stderr, flush=True)
+                print(f"console: {console(session)}", file=sys.stderr, flush=True)
+
+    def waiting_on(turn: OpenTurn) -> None:
+        if printer.jsonl:
+            return
+        announce(args.session, False)
+        later = "; your message is sent once it ends, as the next turn" if not sent else ""
+        print(f"its turn {turn.turn_id} is waiting for your answer{later}", file=sys.stderr)
 
     async with _session_client(args) as client:
-        if args.session:
-            await require_session(client, args.session)
-        outcome = await watch_turn(
-            client,
-            payload,
-            printer,
-            session_id=args.session,
-            identity=_identity(),
-            on_session=announce,
-        )
+        _say_when_lost(client, printer)
+        try:
+            outcome: TurnOutcome | None = None
+            if args.session:
+                turn_sid = args.session
+                await require_session(client, turn_sid)
+                outcome = await finish_open_turn(
+                    client, turn_sid, printer, waiting_only=payload is not None, on_open=waiting_on
+                )
+                if outcome is None and payload is None:
+                    raise Usage(
+                        f"session {turn_sid} has no turn running: give a message, e.g. "
+                        f'subs run {args.agent} "and now?" --session {turn_sid}'
+                    )
+                if outcome is not None and outcome.status == "failed" and payload is not None:
+                    print(f"subs: the turn failed: {outcome.error}", file=sys.stderr)
+            if payload is not None:
+                sent = True
+                outcome = await watch_turn(
+                    client,
+                    payload,
+                    printer,
+                    session_id=args.session,
+                    identity=_identity(),
+                    on_session=announce,
+                )
+        except asyncio.CancelledError:
+            ctrl_c.caught()
+            ctrl_c.leaving = True
+            asked = keyboard().stopped_asking
+            line = _pick_up("run", args.agent, sid, bool(args.url), asked=asked)
+            if not sent:
+                line += " (your message was not sent)"
+            printer.notice(line)
+            return 130
+        ctrl_c.leaving = True
+    assert outcome is not None
     if not printer.jsonl:
         print(
             f'continue: subs run {args.agent} "..." --session {outcome.session_id}', file=sys.stderr
@@ -309,10 +423,12 @@ async def _run(args: argparse.Namespace) -> int:
 
 async def _read_message() -> str | None:
     """One message from the keyboard; a line ending in a backslash continues it."""
+    from engine.cli.keyboard import keyboard
+
     lines: list[str] = []
     prompt = "you> "
     while True:
-        line = await asyncio.to_thread(_input, prompt)
+        line = await keyboard().edited_line(prompt)
         if line is None:
             return None if not lines else "\n".join(lines)
         if line.endswith("\\"):
@@ -323,52 +439,76 @@ async def _read_message() -> str | None:
         return "\n".join(lines)
 
 
-def _input(prompt: str) -> str | None:
-    try:
-        return input(prompt)
-    except EOFError:
-        return None
-
-
 async def _chat(args: argparse.Namespace) -> int:
-    """Talk to an agent; Ctrl-C stops watching a turn (it goes on), Ctrl-D leaves."""
-    from engine.cli.terminal import Printer, require_session, watch_turn
+    """Talk to an agent; Ctrl-C while a turn streams stops watching it (it goes on), at a
+    question or at `you>` it leaves, saying how to pick the session up; Ctrl-D leaves."""
+    from engine.cli.keyboard import keyboard
+    from engine.cli.terminal import OpenTurn, Printer, finish_open_turn, require_session, watch_turn
 
     with contextlib.suppress(ImportError):
         import readline  # noqa: F401  (line editing and history for input())
     printer = Printer(sys.stdout, False, sys.stderr)
-    sid = args.session
-    async with _session_client(args) as client:
-        if sid:
-            await require_session(client, sid)
-        while True:
-            text = await _read_message()
-            if text is None:
-                break
-            if not text.strip():
-                continue
-            watching = asyncio.create_task(
-                watch_turn(
-                    client,
-                    _message(args.agent, text),
-                    printer,
-                    session_id=sid,
-                    identity=_identity(),
-                )
-            )
+    sid: str | None = args.session
+    ctrl_c = _CtrlC()
+    board = keyboard()
+    at_you = False  # waiting at `you>`
+
+    def known(session: str, queued: bool) -> None:
+        nonlocal sid
+        sid = session
+
+    def waiting_on(turn: OpenTurn) -> None:
+        print(f"session {sid}: its turn is waiting for your answer", file=sys.stderr)
+
+    try:
+        async with _session_client(args) as client:
+            _say_when_lost(client, printer)
             try:
-                outcome = await watching
+                if sid:
+                    await require_session(client, sid)
+                    await finish_open_turn(client, sid, printer, on_open=waiting_on)
+                while True:
+                    at_you = True
+                    text = await _read_message()
+                    at_you = False
+                    if text is None:
+                        break
+                    if not text.strip():
+                        continue
+                    watching = asyncio.create_task(
+                        watch_turn(
+                            client,
+                            _message(args.agent, text),
+                            printer,
+                            session_id=sid,
+                            identity=_identity(),
+                            on_session=known,
+                        )
+                    )
+                    try:
+                        outcome = await watching
+                    except asyncio.CancelledError:
+                        ctrl_c.caught()
+                        watching.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await watching
+                        if board.stopped_asking:
+                            raise  # at a question: leave, below
+                        # Stop watching; keep the session (and the turn) going.
+                        printer.notice("(stopped watching; the turn goes on)")
+                        continue
+                    if outcome.status == "failed":
+                        print(f"subs: the turn failed: {outcome.error}", file=sys.stderr)
             except asyncio.CancelledError:
-                # Ctrl-C cancelled us: stop watching, keep the session (and the turn) going.
-                current = asyncio.current_task()
-                if current is not None:
-                    current.uncancel()
-                watching.cancel()
-                print("\n(stopped watching; the turn goes on)", file=sys.stderr)
-                continue
-            sid = outcome.session_id
-            if outcome.status == "failed":
-                print(f"subs: the turn failed: {outcome.error}", file=sys.stderr)
+                ctrl_c.caught()
+                ctrl_c.leaving = True
+                asked = board.stopped_asking
+                line = _pick_up("chat", args.agent, sid, bool(args.url), asked=asked)
+                printer.notice(("\n" if at_you else "") + line)  # `you> ` has no newline
+                return 130
+            ctrl_c.leaving = True
+    finally:
+        board.restore()
     if sid:
         print(f"session {sid}", file=sys.stderr)
     return 0
@@ -497,7 +637,15 @@ async def _serve(args: argparse.Namespace) -> int:
         client = Client(store)
         # The agents whose Slack tokens are set; a dead serve's turns move after one lease.
         bots = start_bots(
-            project, client, api_redis, os.environ, lease_ms=_lease_ms(), owner=engine.owner
+            project,
+            client,
+            api_redis,
+            os.environ,
+            lease_ms=_lease_ms(),
+            owner=engine.owner,
+            refused=lambda agent, reason: metrics.inc(
+                "subs_slack_refusals_total", agent=agent, reason=reason
+            ),
         )
         stack.push_async_callback(bots.aclose)
         app = make_app(
@@ -709,6 +857,7 @@ async def _sessions(args: argparse.Namespace) -> int:
         for event in events:
             _print_event(event, jsonl)
         if args.follow:
+            _say_when_lost(client, None)
             after = events[-1]["seq"] if events else args.after
             async for kind, event in client.follow(args.session, after):
                 if kind == "event":
@@ -724,7 +873,13 @@ async def _export(args: argparse.Namespace, client: Any) -> int:
     events = await client.events(args.session, 0)
     if not events:
         raise SubsError(f"no session {args.session!r}; `subs sessions list` shows them")
-    kept = export(events, int(time.time() * 1000))
+    store = getattr(client, "store", None)  # straight from Redis: the files come too
+    files = await store.session_files(args.session) if store is not None else {}
+    if store is None:
+        print(
+            "subs: over --url the session's files are not exported, only its log", file=sys.stderr
+        )
+    kept = export(events, int(time.time() * 1000), files)
     path = Path(args.file or archive.export_name(args.session))
     try:
         await asyncio.to_thread(archive.write, path, kept)
@@ -837,15 +992,31 @@ class OneLine(logging.Formatter):
         return "subs: " + " ".join(line.strip() for line in text.splitlines() if line.strip())
 
 
+def _log_format() -> str | None:
+    """`SUBS_LOG_FORMAT`: `json` or unset (the default lines)."""
+    raw = os.environ.get("SUBS_LOG_FORMAT")
+    if raw is None or not raw.strip():
+        return None
+    if raw.strip().lower() != "json":
+        raise Usage(f"SUBS_LOG_FORMAT={raw!r} is not a format; the one there is: json")
+    return "json"
+
+
 def _start_logging() -> None:
-    """Warnings as `subs:` lines on stderr by default; `SUBS_LOG` for full records."""
-    level = _log_level()
-    if level is None:
-        handler = logging.StreamHandler(sys.stderr)
+    """Warnings as `subs:` lines on stderr by default; `SUBS_LOG` for full records (with the
+    span they happened in, when tracing is on), `SUBS_LOG_FORMAT=json` for JSON lines."""
+    from engine.telemetry.logs import JsonLines, SpanFields, WithSpan
+
+    level, form = _log_level(), _log_format()
+    handler = logging.StreamHandler(sys.stderr)
+    if form == "json":
+        handler.setFormatter(JsonLines())
+    elif level is None:
         handler.setFormatter(OneLine(REDACTOR.scrub))
-        logging.basicConfig(level=logging.WARNING, handlers=[handler])
     else:
-        logging.basicConfig(level=level, stream=sys.stderr)
+        handler.setFormatter(WithSpan(logging.BASIC_FORMAT))
+    handler.addFilter(SpanFields())
+    logging.basicConfig(level=level or logging.WARNING, handlers=[handler])
     REDACTOR.install()
 
 

@@ -99,16 +99,25 @@ def parser() -> argparse.ArgumentParser:
         "run",
         "run one turn and stream the reply",
         "Sends a message (or a ClientInput) to an agent and prints the reply as it "
-        "streams; client tools are answered at the keyboard. Exits 1 when the turn fails.",
+        "streams; client tools are answered at the keyboard. Exits 1 when the turn fails. "
+        "Ctrl-C leaves at once (the turn is kept) and prints the command that picks the "
+        "session up. With --session, a question the session's turn waits on (a client tool, "
+        "an interrupt) is asked again first; a message given too is sent once that turn "
+        "ends, as the next turn; with no message, the running turn is followed to its end. "
+        "With --url, an engine that stops answering is said and retried until it is back.",
         """
 subs run oncall "what's paging?"
 subs run oncall "and now?" --session ses_0123
+subs run oncall --session ses_0123    # asks what its turn waits on, then follows it
 subs run oncall --input '{"type": "client.message", "message": {"role": "user", "content": "hi"}}'
 SUBS_API_KEY=... subs run oncall "hi" --url http://127.0.0.1:8080""",
     )
     run.add_argument("agent", help="an agent declared in the project file")
     run.add_argument("message", nargs="?", help="what to say (or use --input)")
-    run.add_argument("--session", help="continue this session (default: start a new one)")
+    run.add_argument(
+        "--session",
+        help="continue this session, first asking what its turn waits on (default: a new one)",
+    )
     run.add_argument("--input", help="a ClientInput as JSON instead of a message")
     _output(run)
     _project(run)
@@ -119,7 +128,10 @@ SUBS_API_KEY=... subs run oncall "hi" --url http://127.0.0.1:8080""",
         "chat",
         "talk to an agent interactively",
         "One session, one line per message (end a line with \\ to continue it). "
-        "Ctrl-C stops watching a turn (it goes on), Ctrl-D leaves.",
+        "Ctrl-C while a reply streams stops watching it (the turn goes on); at a question "
+        "or at you> it leaves, printing the command that picks the session up. Ctrl-D "
+        "leaves. With --session, a question the session's turn waits on is asked again "
+        "first. With --url, an engine that stops answering is said and retried.",
         """
 subs chat oncall
 subs chat oncall --session ses_0123""",

@@ -2,15 +2,17 @@
 
 `follow` resumes by itself: when the connection drops it reconnects with
 `Last-Event-ID` set to the last event it yielded, so a caller sees every
-event exactly once. Event streams are decoded by `engine.sse`. An engine that
-cannot be reached is a ClientError (code `unreachable`), not a traceback.
+event exactly once. It keeps trying while the engine cannot be reached, and says so
+through `on_lost` (at the first failed attempt) and `on_back` (once it answers again).
+Event streams are decoded by `engine.sse`. Any other call to an engine that cannot be
+reached is a ClientError (code `unreachable`), not a traceback.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -35,6 +37,10 @@ class HttpClient:
         *,
         http: aiohttp.ClientSession | None = None,
         reconnect_delay: float = 0.5,
+        connect_timeout: float | None = None,
+        stream_silence: float | None = None,
+        on_lost: Callable[[ClientError], None] | None = None,
+        on_back: Callable[[], None] | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = http
@@ -42,11 +48,20 @@ class HttpClient:
         self.base_url = base_url.rstrip("/")
         self.headers = headers
         self.reconnect_delay = reconnect_delay
+        self.connect_timeout = connect_timeout
+        # An event stream quiet for this long is dead (the engine pings every 15 s when
+        # idle): a host gone without closing its connections, met by reconnecting.
+        self.stream_silence = stream_silence
+        self.on_lost = on_lost
+        self.on_back = on_back
 
     @property
     def http(self) -> aiohttp.ClientSession:
         if self._http is None:
-            self._http = new_session()
+            if self.connect_timeout is None:
+                self._http = new_session()
+            else:
+                self._http = new_session(sock_connect_timeout=self.connect_timeout)
         return self._http
 
     async def aclose(self) -> None:
@@ -84,6 +99,18 @@ class HttpClient:
             code="unreachable",
             status=503,
             detail={"error": name},
+        )
+
+    def _stream_timeout(self) -> aiohttp.ClientTimeout | None:
+        """The session's timeouts, with a read bound when `stream_silence` is set."""
+        if self.stream_silence is None:
+            return None  # the session's own
+        now = self.http.timeout
+        return aiohttp.ClientTimeout(
+            total=now.total,
+            connect=now.connect,
+            sock_connect=now.sock_connect,
+            sock_read=self.stream_silence,
         )
 
     async def submit(
@@ -175,7 +202,9 @@ class HttpClient:
 
         last = after_seq
         url = f"{self.base_url}/api/client/sessions/{session_id}/events/stream"
+        lost = False  # said so through on_lost, not yet back
         while True:
+            answered = False
             params: dict[str, Any] = {"after_seq": last}
             if turn_id:
                 params["turn_id"] = turn_id
@@ -187,10 +216,19 @@ class HttpClient:
             }
             try:
                 async with self.http.get(
-                    url, params=params, headers=headers, allow_redirects=False
+                    url,
+                    params=params,
+                    headers=headers,
+                    allow_redirects=False,
+                    timeout=self._stream_timeout(),
                 ) as response:
                     if not 200 <= response.status < 300:
                         raise _refusal(response.status, await response.read())
+                    answered = True
+                    if lost:
+                        lost = False
+                        if self.on_back is not None:
+                            self.on_back()
                     decoder = SseDecoder()
                     async for chunk in response.content.iter_any():
                         for sse in decoder.feed(chunk):
@@ -209,8 +247,11 @@ class HttpClient:
                             ends = data["payload"]["type"] in TURN_ENDS
                             if turn_id and data.get("turn_id") == turn_id and ends:
                                 return
-            except _DROPS:
-                pass  # dropped: resume from the last event we yielded
+            except _DROPS as exc:  # resume from the last event we yielded
+                if not answered and not lost:  # not a drop: the engine did not answer
+                    lost = True
+                    if self.on_lost is not None:
+                        self.on_lost(self._unreachable(exc))
             except UnicodeDecodeError as err:
                 raise ClientError(
                     f"the event stream of {session_id} is not UTF-8 ({err.reason})",

@@ -15,6 +15,8 @@ here (`builtin_runners`), each call kind's from its own module (MCP's in
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -26,6 +28,7 @@ import aiohttp
 from engine.config import Project
 from engine.effects.http_pool import new_session
 from engine.effects.llm import LlmTarget, ProviderError, complete
+from engine.effects.llm.files import resolve_files
 from engine.effects.llm.prompts import EncodedMessages
 from engine.effects.worker import CheckedMessages, DecisionRun, ExecuteRun, WorkerTarget
 from engine.errors import SubsError, describe
@@ -45,6 +48,8 @@ from engine.machine.retry import Fault
 from engine.runtime.metrics import Metrics
 from engine.runtime.retrying import Trouble
 from engine.store.store import Store
+from engine.telemetry.logs import CURRENT
+from engine.telemetry.spans import effect_context
 
 log = logging.getLogger("subs.engine")
 
@@ -124,7 +129,17 @@ class EffectRunner:
         return type(effect) in self.runners
 
     def start(self, state: SessionState, effect: object, done: Done, tasks: Tasks) -> None:
-        self.runners[type(effect)](self, state, effect, done, tasks)
+        runner = self.runners[type(effect)]
+        span = effect_context(state, effect) if self.sampled else None
+        if span is None:
+            runner(self, state, effect, done, tasks)
+            return
+
+        def in_span() -> None:  # the effect's tasks copy this context: their logs name it
+            CURRENT.set(span)
+            runner(self, state, effect, done, tasks)
+
+        contextvars.copy_context().run(in_span)
 
     def run(
         self,
@@ -226,9 +241,7 @@ class EffectRunner:
                     return result
 
                 return run_decision
-            execute = ExecuteRun(
-                state, effect.call_id, target, now, self.checked, self.sampled
-            )
+            execute = ExecuteRun(state, effect.call_id, target, now, self.checked, self.sampled)
             assert deltas is not None
 
             async def run_execute() -> Input:
@@ -270,6 +283,14 @@ class EffectRunner:
             block=block.id,
         )
 
+    def _kept(self, sid: str, vendor: str, message: dict[str, Any]) -> bool:
+        """Whether the message's vendor form is kept encoded (so its files need no reading):
+        a message of its own group (not a system message, which goes in the head; not a tool
+        result, which Anthropic groups), under the key `prompts.encode_body` gives it."""
+        if message.get("role") in ("system", "tool") or message.get("id") is None:
+            return False
+        return self.prompts.holds((sid, vendor, str(message["id"])))
+
     async def _run_llm_call(
         self, sid: str, effect: RunLlmCall, plan: LlmCallPlan, deltas: DeltaWriter
     ) -> Input:
@@ -290,10 +311,13 @@ class EffectRunner:
             provider = target.type
             timeout = None if effect.deadline is None else (effect.deadline - self.now_ms()) / 1000
             async with asyncio.timeout(timeout):
+                fetch = functools.partial(self.store.get_files, sid)
+                kept = functools.partial(self._kept, sid, target.type)
+                request = await resolve_files(plan.request, fetch, target.type, kept=kept)
                 response = await complete(
                     self.http,
                     target,
-                    plan.request,
+                    request,
                     stream=plan.stream,
                     on_delta=on_delta,
                     kept=self.prompts,

@@ -36,7 +36,8 @@ from engine.protocol import (
     WireModel,
     to_json,
 )
-from engine.telemetry.spans import attempt_context, turn_context
+from engine.telemetry.ids import SpanContext
+from engine.telemetry.spans import attempt_context, call_context, turn_context
 
 AddDelta = Callable[[dict[str, Any]], None]
 
@@ -118,9 +119,9 @@ class ExecuteRun:
                 ) from None
             body.pop("stream", None)
             trigger["request"] = body
-        trace = state.turn.trace if state.turn and state.turn.id == call.turn_id else None
-        turn = turn_context(state.session_id, call.turn_id, sampled, trace)
-        span = attempt_context(turn, "call", call.id, call.attempt).traceparent()
+        ctx = call_context(state, call.id, call.attempt)
+        assert ctx is not None  # the call is open
+        span = SpanContext(ctx.trace_id, ctx.span_id, sampled).traceparent()
         self.delivery = Delivery(
             target.url, _body(request), target.secret, _timeout(call.deadline, now_ms), span
         )

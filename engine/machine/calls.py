@@ -15,7 +15,7 @@ from typing import Any
 from . import events as ev
 from . import retry
 from .asking import decide, decision_lost
-from .connections import call_params
+from .connections import call_params, entries
 from .core import MachineError, Step, iso
 from .effects import StartTimer
 from .inputs import (
@@ -26,9 +26,10 @@ from .inputs import (
     LlmCallSettled,
     TimerFired,
 )
+from .interrupts import raise_interrupt
 from .retry import Fault, run_deadline
 from .spawns import subagent_named
-from .state import Call
+from .state import Call, SessionState
 from .tools import arguments_of, check_output, find_tool, result_text, tool_result_of
 
 _LLM_PARAMS = (
@@ -44,6 +45,48 @@ _LLM_PARAMS = (
 
 
 # -- starting --------------------------------------------------------------------
+
+
+APPROVE_OPTIONS = [
+    {"label": "Approve", "value": "approve", "style": "primary"},
+    {"label": "Decline", "value": "decline", "style": "danger"},
+]
+
+
+def needs_approval(state: SessionState, tool: dict[str, Any]) -> bool:
+    """Whether a connector call stops for a person first, by its connection's `approve`:
+    `always`, `never`, or `destructive` (the default: least privilege) for a tool whose
+    MCP annotations do not rule it out. MCP's own defaults apply: a tool is destructive
+    unless it says `readOnlyHint: true` or `destructiveHint: false`."""
+    entry = next((e for e in entries(state.agent) if e["id"] == tool["connector"]), {})
+    policy = entry.get("approve") or "destructive"
+    if policy != "destructive":
+        return bool(policy == "always")
+    synced = (state.connectors.get(tool["connector"]) or {}).get("tools") or ()
+    listed: dict[str, Any] = next((t for t in synced if t.get("name") == tool["tool"]), {})
+    notes = listed.get("annotations") or {}
+    return notes.get("readOnlyHint") is not True and notes.get("destructiveHint") is not False
+
+
+def ask_approval(st: Step, call: Call, tool: dict[str, Any]) -> None:
+    """Hold a connector call behind an interrupt naming the tool and its arguments."""
+    parsed = arguments_of(call.arguments or "")
+    shown = json.dumps(parsed, ensure_ascii=False) if parsed not in (None, {}) else "no arguments"
+    action = {
+        "interrupt_id": f"approve-{call.id}",
+        "reason": f"{call.name} changes things: approve it first",
+        "payload": {
+            "message": f"Run `{call.name}` ({tool['connector']}) with {shown}?",
+            "toolCallId": call.id,
+            "metadata": {
+                "options": APPROVE_OPTIONS,
+                "tool": call.name,
+                "arguments": parsed,
+                "connection": tool["connector"],
+            },
+        },
+    }
+    raise_interrupt(st, action, "approval")
 
 
 def llm_handler(st: Step, block: str | None) -> tuple[str, str | None]:
@@ -98,6 +141,9 @@ def start_tool_call(st: Step, action: dict[str, Any], unrunnable: list[tuple[Cal
     st.emit(requested)
     call = st.s.calls[call_id]
     if kind is not None and kind.runnable(st.s):
+        if tool is not None and "connector" in tool and needs_approval(st.s, tool):
+            ask_approval(st, call, tool)  # sent once a person approves (turns.py)
+            return
         dispatch(st, call, 1)
         return
     # An engine-decided agent has no worker to run it: the model learns that.

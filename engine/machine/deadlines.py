@@ -5,7 +5,8 @@ armed with the timer its kind names (kinds.py: at its run deadline, with or
 without grace; a subagent call: at its queue deadline until its child starts, then
 at its total timeout), and so is every queued turn with a queue timeout;
 the commit that starts the attempt also starts the timer, and the commit that
-ends it cancels it. Deriving the set from
+ends it cancels it; so is every open interrupt whose payload names an `expiresAt`.
+Deriving the set from
 the state before and after a step, rather than starting timers rule by rule,
 means no path that dispatches an attempt can forget one: if the shell loses the
 effect (a crash, a Redis restart, an exception), the timer still ends it.
@@ -15,11 +16,13 @@ from __future__ import annotations
 
 from .core import Kinds
 from .effects import CancelTimer, StartTimer
-from .inputs import CallDeadline, DecisionDeadline, QueueDeadline
+from .inputs import CallDeadline, DecisionDeadline, InterruptDeadline, QueueDeadline
+from .interrupts import expires_ms
 from .kinds import BACKSTOP_GRACE_MS
 from .state import SessionState
 
-Armed = dict[tuple[str, str, int], tuple[int, CallDeadline | DecisionDeadline | QueueDeadline]]
+Deadline = CallDeadline | DecisionDeadline | QueueDeadline | InterruptDeadline
+Armed = dict[tuple[str, str, int], tuple[int, Deadline]]
 
 
 def armed(state: SessionState | None, kinds: Kinds) -> Armed:
@@ -38,6 +41,10 @@ def armed(state: SessionState | None, kinds: Kinds) -> Armed:
         due = queued.get("deadline_ms")
         if due is not None:
             out[("queue", queued["turn_id"], 0)] = (due, QueueDeadline(queued["turn_id"]))
+    for iid, interrupt in state.interrupts.items():
+        due = expires_ms(interrupt)
+        if due is not None:
+            out[("interrupt", iid, 0)] = (due, InterruptDeadline(iid))
     d = state.decision
     if d is not None and d.status == "running" and d.deadline is not None:
         out[("decision", d.id, d.attempt)] = (

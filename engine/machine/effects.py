@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .inputs import CallDeadline, DecisionDeadline, DecisionTimerFired, QueueDeadline, TimerFired
+from .inputs import (
+    CallDeadline,
+    DecisionDeadline,
+    DecisionTimerFired,
+    InterruptDeadline,
+    QueueDeadline,
+    TimerFired,
+)
 
 
 @dataclass(frozen=True)
@@ -42,7 +49,14 @@ class StartTimer:
     """Deliver `input` at `due` (ms). Committed with the transition, so it survives a crash."""
 
     due: int
-    input: TimerFired | DecisionTimerFired | CallDeadline | DecisionDeadline | QueueDeadline
+    input: (
+        TimerFired
+        | DecisionTimerFired
+        | CallDeadline
+        | DecisionDeadline
+        | QueueDeadline
+        | InterruptDeadline
+    )
 
 
 @dataclass(frozen=True)
@@ -50,7 +64,7 @@ class CancelTimer:
     """Forget a timer started earlier (same `due` and `input`): what it guarded has ended."""
 
     due: int
-    input: CallDeadline | DecisionDeadline | QueueDeadline
+    input: CallDeadline | DecisionDeadline | QueueDeadline | InterruptDeadline
 
 
 @dataclass(frozen=True)

@@ -160,6 +160,7 @@ class TurnQueued(TypedDict):
     turn_id: str
     input: JSON  # the client input, started as is when the turn's time comes
     deadline_ms: NotRequired[int]  # when it has waited too long (its queue timeout)
+    by: NotRequired[JSON]  # who submitted it: {privilege, subject?} (interrupts.py)
 
 
 @with_config(_STRICT)
@@ -169,6 +170,8 @@ class TurnStarted(TypedDict):
     parent: NotRequired[JSON]  # {session_id, call_id} when a parent's call runs it
     # The client's per-submit tools (`client.tools`, handler "client"): offered this turn only.
     client_tools: NotRequired[list[JSON]]
+    # Who submitted it: {privilege: operator|frontend, subject?: {issuer, id}} (interrupts.py).
+    by: NotRequired[JSON]
     # The W3C trace context the client submitted with it: the turn's trace joins it.
     traceparent: NotRequired[str]
 
@@ -355,9 +358,10 @@ class DecisionErrored(TypedDict):
 class SessionInterrupted(TypedDict):
     type: str
     interrupt_id: str
-    origin: str  # client | worker
+    origin: str  # client | worker | connector | approval
     reason: str
     payload: Any
+    by: NotRequired[JSON]  # the running turn's `by`: who may answer it (interrupts.py)
 
 
 @with_config(_STRICT)
@@ -365,6 +369,7 @@ class SessionInterruptResumed(TypedDict):
     type: str
     interrupt_id: str
     payload: NotRequired[Any]
+    expired: NotRequired[bool]  # its `expiresAt` passed: the engine resolved it (declined)
 
 
 @with_config(_STRICT)

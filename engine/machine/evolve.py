@@ -80,6 +80,8 @@ def _turn_queued(s: SessionState, e: Event, p: ev.TurnQueued) -> None:
     entry: dict[str, Any] = {"turn_id": p["turn_id"], "input": p["input"]}
     if p.get("deadline_ms") is not None:
         entry["deadline_ms"] = p["deadline_ms"]
+    if p.get("by"):
+        entry["by"] = p["by"]
     s.queue.append(entry)
     s.turns[p["turn_id"]] = "queued"
 
@@ -91,6 +93,7 @@ def _turn_started(s: SessionState, e: Event, p: ev.TurnStarted) -> None:
         started_at=at_ms(e),
         parent=p.get("parent"),
         tools=p.get("client_tools"),
+        by=p.get("by"),
         trace=p.get("traceparent"),
     )
     s.turns[tid] = "running"
@@ -270,6 +273,8 @@ def _interrupted(s: SessionState, e: Event, p: ev.SessionInterrupted) -> None:
         "reason": p["reason"],
         "payload": p.get("payload"),
     }
+    if p.get("by"):
+        s.interrupts[p["interrupt_id"]]["by"] = p["by"]
 
 
 def _decision_held(s: SessionState, e: Event, p: ev.DecisionHeld) -> None:

@@ -149,6 +149,13 @@ class QueueDeadline:
 
 
 @dataclass(frozen=True)
+class InterruptDeadline:
+    """An open interrupt's `expiresAt` passed: if it is still open, it expires."""
+
+    interrupt_id: str
+
+
+@dataclass(frozen=True)
 class CallSettled:
     """An async or client tool call ended from outside (the settle API)."""
 
@@ -196,6 +203,9 @@ class ChildSpawned:
     decider: str = "engine"
     llm_routes: dict[str, dict[str, Any]] | None = None
     attempt: int = 1  # the parent call's attempt: a retried spawn is a turn of its own
+    # The parent call attempt's span (set by the shell when tracing): the child's turn
+    # joins the parent's trace under the call that runs it.
+    traceparent: str | None = None
 
 
 @dataclass(frozen=True)
@@ -267,6 +277,7 @@ Input = (
     | CallAnswered
     | CallDeadline
     | QueueDeadline
+    | InterruptDeadline
     | CallSettled
     | InterruptRequested
     | CancelRequested
@@ -294,6 +305,7 @@ _KINDS: dict[str, type] = {
         CallAnswered,
         CallDeadline,
         QueueDeadline,
+        InterruptDeadline,
         CallSettled,
         InterruptRequested,
         CancelRequested,

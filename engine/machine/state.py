@@ -85,6 +85,7 @@ class Turn:
     cost: str = "0"
     parent: dict[str, Any] | None = None  # {session_id, call_id} when a parent's call runs it
     tools: list[dict[str, Any]] | None = None  # the client's per-submit tools, this turn only
+    by: dict[str, Any] | None = None  # who submitted it: {privilege, subject?} (interrupts.py)
     trace: str | None = None  # the client's traceparent: the turn's trace joins it
 
 
@@ -151,6 +152,8 @@ def state_to_json(s: SessionState) -> dict[str, Any]:
         }
         if turn.tools:  # only then: a snapshot of any other turn is spelled as before
             turn_json["tools"] = turn.tools
+        if turn.by:  # likewise
+            turn_json["by"] = turn.by
         if turn.trace:  # the same
             turn_json["trace"] = turn.trace
     return {

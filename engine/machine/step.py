@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import asking, calls, decisions, ending, subagents, turns
+from . import asking, calls, decisions, ending, interrupts, subagents, turns
 from . import events as ev
 from .connectors import hold
 from .core import Fact, Ids, Kinds, MachineError, Opening, Proposal, Step, Transition
@@ -57,6 +57,7 @@ from .inputs import (
     ExecuteFailed,
     Input,
     InputRejected,
+    InterruptDeadline,
     InterruptRequested,
     LlmCallSettled,
     MessageDelivered,
@@ -65,7 +66,7 @@ from .inputs import (
     SubagentStarted,
     TimerFired,
 )
-from .interrupts import raise_interrupt
+from .interrupts import may_resume, raise_interrupt
 from .retry import Fault
 from .state import SessionState
 from .turns import TURN_STARTS
@@ -84,8 +85,21 @@ def client_submitted(st: Step, inp: ClientSubmitted) -> None:
     elif kind in ("tool.result", "tool.error"):
         calls.client_settles_tool(st, body)
     elif kind == "interrupt.resume":
-        resumed = turns.resume_interrupt(st, body["interrupt_id"], body.get("payload"))
+        iid = body["interrupt_id"]
+        interrupt = s.interrupts.get(iid) if s is not None else None
+        privilege = "frontend" if inp.owner is not None else "operator"
+        if interrupt is not None and not may_resume(interrupt, privilege):
+            raise MachineError(
+                "forbidden",
+                f"interrupt {iid!r} was raised in a turn a more privileged key started: "
+                "resume it with a key of that privilege",
+                403,
+            )
+        expired = interrupt is not None and interrupts.expired(interrupt, st.now)
+        resumed = turns.resume_interrupt(st, iid, body.get("payload"))
         st.out.reply = {"session_id": st.session_id, "resumed": resumed}
+        if expired:
+            st.out.reply["expired"] = True
     else:
         raise MachineError("invalid_input", f"unsupported input type {kind!r}", status=422)
 
@@ -144,6 +158,7 @@ _HANDLERS: dict[type, Callable[[Step, Any], None]] = {
     CallAnswered: calls.call_answered,
     CallDeadline: calls.call_deadline,
     QueueDeadline: turns.queue_deadline,
+    InterruptDeadline: turns.interrupt_deadline,
     CallSettled: calls.api_settles_call,
     InterruptRequested: interrupt_requested,
     CancelRequested: cancel_requested,

@@ -20,7 +20,7 @@ from typing import Any
 from . import events as ev
 from . import retry
 from .asking import decide
-from .calls import reprompt_or_nothing
+from .calls import call_failed, dispatch, reprompt_or_nothing
 from .connections import connector_of, own_names, tools_of
 from .connectors import start_sync
 from .core import MachineError, Opening, Step
@@ -30,10 +30,12 @@ from .inputs import (
     ChildCancelled,
     ChildSpawned,
     ClientSubmitted,
+    InterruptDeadline,
     MessageDelivered,
     QueueDeadline,
     SubagentStarted,
 )
+from .interrupts import EXPIRED, approved, expired, submitter
 from .tools import client_tool_clash, submitted_tools
 from .tree import id_clash, match_view, path_to
 
@@ -89,6 +91,8 @@ def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> N
         if body.get("queue") and body["type"] in QUEUEABLE:
             turn_id = turn_id or st.ids("turn")
             queued: ev.TurnQueued = {"type": ev.TURN_QUEUED, "turn_id": turn_id, "input": body}
+            if not delivered:
+                queued["by"] = submitter(inp.owner, inp.identity)
             due = None
             if not body.get("parent"):
                 due = retry.queue_deadline(st.kinds.policy("turn", s.agent), st.now)
@@ -106,6 +110,7 @@ def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> N
         return
     turn_id = turn_id or st.ids("turn")
     st.out.reply = _reply(st, turn_id, queued=False)
+    by = None if delivered else submitter(inp.owner, inp.identity)
     if s is None:
         st.emit(
             {
@@ -117,9 +122,9 @@ def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> N
                 "ancestry": inp.ancestry or [],
             }
         )
-        start_turn(st, turn_id, body, start_config=inp.agent_config or {})
+        start_turn(st, turn_id, body, start_config=inp.agent_config or {}, by=by)
     else:
-        start_turn(st, turn_id, body)
+        start_turn(st, turn_id, body, by=by)
 
 
 def _check_client_tools(st: Step, inp: ClientSubmitted) -> None:
@@ -208,9 +213,15 @@ def _reply(st: Step, turn_id: str, *, queued: bool, existing: bool = False) -> d
 
 
 def start_turn(
-    st: Step, turn_id: str, body: dict[str, Any], start_config: dict[str, Any] | None = None
+    st: Step,
+    turn_id: str,
+    body: dict[str, Any],
+    start_config: dict[str, Any] | None = None,
+    by: dict[str, Any] | None = None,
 ) -> None:
     started: ev.TurnStarted = {"type": ev.TURN_STARTED, "turn_id": turn_id}
+    if by:
+        started["by"] = by
     tools = submitted_tools(body.get("client"))
     if tools:
         started["client_tools"] = tools
@@ -239,7 +250,7 @@ def start_turn(
 def start_queued(st: Step) -> None:
     """No turn runs: the oldest queued one starts."""
     nxt = st.s.queue[0]
-    start_turn(st, nxt["turn_id"], nxt["input"])
+    start_turn(st, nxt["turn_id"], nxt["input"], by=nxt.get("by"))
 
 
 def _sync_asked(body: dict[str, Any]) -> str | None:
@@ -326,12 +337,17 @@ def queue_deadline(st: Step, inp: QueueDeadline) -> None:
 # -- interrupts (SPEC §8) --------------------------------------------------------
 
 
-def resume_interrupt(st: Step, iid: str, payload: Any) -> bool:
-    """Resume; an old or repeated id does nothing."""
+def resume_interrupt(st: Step, iid: str, payload: Any, *, expire: bool = False) -> bool:
+    """Resume; an old or repeated id does nothing. One past its `expiresAt` (or `expire`,
+    its timer) resolves as expired instead, with `EXPIRED` as the payload: False then."""
     if st.state is None or iid not in st.s.interrupts:
         st.ignore(f"interrupt {iid!r} is not open")
         return False
-    connector = connector_of(st.s.interrupts[iid])
+    interrupt = st.s.interrupts[iid]
+    expire = expire or expired(interrupt, st.now)
+    if expire:
+        payload = EXPIRED
+    connector = connector_of(interrupt)
     resumed: ev.SessionInterruptResumed = {
         "type": ev.SESSION_INTERRUPT_RESUMED,
         "interrupt_id": iid,
@@ -340,12 +356,44 @@ def resume_interrupt(st: Step, iid: str, payload: Any) -> bool:
     if payload is not None:
         resumed["payload"] = payload
         trigger["payload"] = payload
+    if expire:
+        resumed["expired"] = True
     st.emit(resumed)
+    if interrupt.get("origin") == "approval":
+        _approval_answered(st, interrupt, payload, expire)
+        return not expire
     if connector is not None and st.s.turn is not None:
         start_sync(st, connector, force=True)  # the held decision follows it
-        return True
+        return not expire
     decide(st, trigger, reprompt_or_nothing(st))
-    return True
+    return not expire
+
+
+def interrupt_deadline(st: Step, inp: InterruptDeadline) -> None:
+    """An interrupt's `expiresAt` passed: one still open resolves as expired."""
+    if st.state is None or inp.interrupt_id not in st.s.interrupts:
+        st.ignore(f"interrupt {inp.interrupt_id!r} is not open")
+        return
+    resume_interrupt(st, inp.interrupt_id, None, expire=True)
+
+
+def _approval_answered(st: Step, interrupt: dict[str, Any], payload: Any, expire: bool) -> None:
+    """A tool call that waited for a person (connectors' `approve`): approved, it is sent;
+    declined or expired, it ends as a tool error the model reads."""
+    call_id = (interrupt.get("payload") or {}).get("toolCallId")
+    call = st.s.calls.get(call_id or "")
+    if call is None or call.status != "requested":
+        return
+    if not expire and approved(payload):
+        dispatch(st, call, 1)
+        return
+    why = "nobody approved it before the prompt expired" if expire else "a person declined it"
+    error = {
+        "message": f"{call.name} was not run: {why}",
+        "code": "handler_error",
+        "detail": {"declined": True, "expired": expire},
+    }
+    call_failed(st, call, error, False, None)
 
 
 # -- messages between sessions ---------------------------------------------------
@@ -405,6 +453,7 @@ def child_spawned(st: Step, inp: ChildSpawned) -> None:
         inp.decider,
         inp.llm_routes,
         ancestry=inp.ancestry,
+        traceparent=inp.traceparent,
     )
     submit_turn(st, submitted, delivered=True)
 

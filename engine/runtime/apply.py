@@ -54,7 +54,7 @@ from engine.store.store import (
     StoreConflict,
     WorkItem,
 )
-from engine.telemetry.spans import Before
+from engine.telemetry.spans import Before, call_context
 from engine.telemetry.tracing import Tracing
 
 log = logging.getLogger("subs.engine")
@@ -280,6 +280,8 @@ class Applier:
             reply = {"ok": False, "status": err.status, **err.body()}
             commit = Commit(sid, seq, seq, (), None, reply=reply)
             return _Planned(self._finish(commit, item), None, started)
+        if before is not None:
+            _trace_spawns(t)
         commit, mark = self._commit_of(sid, seq, t, item)
         return _Planned(commit, t, started, mark, before)
 
@@ -355,6 +357,19 @@ class Applier:
                 self.metrics.turn_completed()
             elif kind == ev.TURN_FAILED:
                 self.metrics.turn_failed()
+
+
+def _trace_spawns(t: Transition) -> None:
+    """Name each child this step spawns its parent call's span: the child's turn then sits
+    under that call in the parent's trace (tracing on)."""
+    if t.state is None:
+        return
+    for i, effect in enumerate(t.effects):
+        if isinstance(effect, Deliver) and isinstance(effect.input, ChildSpawned):
+            span = call_context(t.state, effect.input.call_id, effect.input.attempt)
+            if span is not None:
+                spawned = dataclasses.replace(effect.input, traceparent=span.traceparent())
+                t.effects[i] = dataclasses.replace(effect, input=spawned)
 
 
 def lost_work(state: SessionState | None, kinds: Kinds) -> list[CallLost]:

@@ -56,6 +56,10 @@ class Metrics:
         "subs_partition_leases_lost_total": ("counter", "Partition leases lapsed before renewal."),
         "subs_sse_overflows_total": ("counter", "Event streams dropped as too slow."),
         "subs_http_requests_total": ("counter", "HTTP requests answered."),
+        "subs_slack_refusals_total": (
+            "counter",
+            "Slack inputs refused by an agent's allow list or external = false.",
+        ),
         "subs_sse_streams_open": ("gauge", "Event streams open now."),
         "subs_sse_readers": ("gauge", "Redis readers behind the event streams (one a partition)."),
         "subs_partitions_owned": ("gauge", "Partitions this process owns."),

@@ -167,7 +167,8 @@ class Sweeper:
                     report.kept += 1  # it moved while we read: the next pass looks again
                     continue
                 path = self.archive_dir / archive.file_name(sid, last)
-                files.append((path, archive.Archive(sid, events, last, now)))
+                kept = await self.store.session_files(sid)
+                files.append((path, archive.Archive(sid, events, last, now, kept)))
             taking.append((sid, state, path))
         await asyncio.to_thread(archive.write_many, files)
         # At once: Redis fsyncs its AOF once per batch of commands it runs together, so
@@ -235,7 +236,9 @@ async def restore(store: Store, kept: archive.Archive) -> SessionState:
         raise archive.ArchiveError(f"session {kept.session_id}: the archive holds no events")
     events = [encode(e) for e in kept.events]
     snapshot = encode(state_to_json(state))
-    if not await store.restore_session(kept.session_id, events, snapshot, state.created_at):
+    if not await store.restore_session(
+        kept.session_id, events, snapshot, state.created_at, kept.files
+    ):
         raise RestoreRefused(
             f"session {kept.session_id} is in Redis already; "
             f"`subs sessions delete {kept.session_id}` first to put the archived one back"
@@ -243,8 +246,11 @@ async def restore(store: Store, kept: archive.Archive) -> SessionState:
     return state
 
 
-def export(events: list[dict[str, Any]], written_ms: int) -> archive.Archive:
-    """A live session's log as an archive (`subs sessions export`)."""
+def export(
+    events: list[dict[str, Any]], written_ms: int, files: dict[str, bytes] | None = None
+) -> archive.Archive:
+    """A live session's log (and files) as an archive (`subs sessions export`)."""
     if not events:
         raise archive.ArchiveError("the session has no events")
-    return archive.Archive(events[0]["session_id"], events, occurred_ms(events[-1]), written_ms)
+    sid = events[0]["session_id"]
+    return archive.Archive(sid, events, occurred_ms(events[-1]), written_ms, files or {})

@@ -9,10 +9,11 @@ and its folder fsynced: a crash leaves the old file or the whole new one, never 
 
 from __future__ import annotations
 
+import base64
 import gzip
 import io
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ class Archive:
     events: list[dict[str, Any]]
     last_activity_ms: int
     written_ms: int
+    files: dict[str, bytes] = field(default_factory=dict)  # the session's files, by digest
 
     @property
     def seq(self) -> int:
@@ -67,8 +69,13 @@ def dumps(archive: Archive) -> bytes:
         "seq": archive.seq,
         "last_activity_ms": archive.last_activity_ms,
         "written_ms": archive.written_ms,
+        "files": len(archive.files),
     }
     lines = [encode(header), *(encode(e) for e in archive.events)]
+    lines += [
+        encode({"file": name, "base64": base64.b64encode(data).decode()})
+        for name, data in sorted(archive.files.items())
+    ]
     return gzip.compress(b"\n".join(lines) + b"\n", compresslevel=6, mtime=0)
 
 
@@ -83,9 +90,21 @@ def loads(data: bytes, where: str = "archive") -> Archive:
         raise ArchiveError(f"{where}: empty")
     try:
         header = orjson.loads(lines[0])
-        events = [orjson.loads(line) for line in lines[1:]]
+        rows = [orjson.loads(line) for line in lines[1:]]
     except orjson.JSONDecodeError as err:
         raise ArchiveError(f"{where}: a line is not JSON ({err})") from None
+    n = 0  # the log's lines come first, then the files'
+    while n < len(rows) and not (isinstance(rows[n], dict) and "file" in rows[n]):
+        n += 1
+    events = rows[:n]
+    files: dict[str, bytes] = {}
+    for r in rows[n:]:
+        if not (isinstance(r, dict) and isinstance(r.get("file"), str)):
+            raise ArchiveError(f"{where}: a line after the files began is not a file")
+        try:
+            files[r["file"]] = base64.b64decode(r.get("base64") or "", validate=True)
+        except ValueError:
+            raise ArchiveError(f"{where}: file {r['file']} is not base64") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ArchiveError(f"{where}: not a session archive (its first line names no {FORMAT!r})")
     version = header.get("version")
@@ -99,12 +118,18 @@ def loads(data: bytes, where: str = "archive") -> Archive:
     for n, event in enumerate(events, 1):
         if not isinstance(event, dict) or event.get("seq") != n or event.get("session_id") != sid:
             raise ArchiveError(f"{where}: line {n + 1} is not event {n} of session {sid}")
+    if header.get("files", 0) != len(files):
+        raise ArchiveError(f"{where}: the header says {header.get('files', 0)} files")
     if header.get("seq") != len(events):
         raise ArchiveError(
             f"{where}: the header says {header.get('seq')} events, it holds {len(events)}"
         )
     return Archive(
-        sid, events, int(header.get("last_activity_ms") or 0), int(header.get("written_ms") or 0)
+        sid,
+        events,
+        int(header.get("last_activity_ms") or 0),
+        int(header.get("written_ms") or 0),
+        files,
     )
 
 

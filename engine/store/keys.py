@@ -62,6 +62,10 @@ class Keys:
     def delta_key(self, session_id: str) -> str:
         return self._key(self.partition_of(session_id), f"deltas:{session_id}")
 
+    def files_key(self, session_id: str) -> str:
+        """The session's files (engine/store/files.py), a hash from SHA-256 to bytes."""
+        return self._key(self.partition_of(session_id), f"files:{session_id}")
+
     def work_key(self, p: int) -> str:
         return self._key(p, "work")
 

@@ -310,7 +310,7 @@ class SessionLog(SessionStreams):
         return ordered[offset : offset + limit]
 
     async def delete_session(self, session_id: str, expected_seq: int) -> bool:
-        """Remove the session's log, snapshot, token deltas and index entries, if its seq
+        """Remove the session's log, snapshot, token deltas, files and index entries, if its seq
         is still `expected_seq`; False when a commit moved it (nothing was deleted).
 
         An engine that cached the session is fenced off by the seq check of its next
@@ -323,6 +323,7 @@ class SessionLog(SessionStreams):
             self.delta_key(session_id),
             self.sessions_key(p),
             self.inflight_key(p),
+            self.files_key(session_id),
         ]
         if not await self._delete(keys=keys, args=[expected_seq, session_id]):
             return False

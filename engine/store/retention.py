@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
@@ -124,7 +124,17 @@ class SessionRetention(Keys):
 
     def session_keys(self, session_id: str) -> list[str]:
         """Every key the engine keeps for one session alone."""
-        return [self.snap_key(session_id), self.log_key(session_id), self.delta_key(session_id)]
+        return [
+            self.snap_key(session_id),
+            self.log_key(session_id),
+            self.delta_key(session_id),
+            self.files_key(session_id),
+        ]
+
+    async def session_files(self, session_id: str) -> dict[str, bytes]:
+        """The session's files (engine/store/files.py), digest -> bytes."""
+        raw = cast(dict[bytes, bytes], await self.redis.hgetall(self.files_key(session_id)))
+        return {name.decode(): data for name, data in raw.items()}
 
     async def remove_session(self, session_id: str, expected_seq: int) -> int:
         """Delete the session's snapshot, log, token deltas and index entry in one script,
@@ -146,12 +156,24 @@ class SessionRetention(Keys):
         return result
 
     async def restore_session(
-        self, session_id: str, events: Sequence[bytes], state: bytes, created_ms: int
+        self,
+        session_id: str,
+        events: Sequence[bytes],
+        state: bytes,
+        created_ms: int,
+        files: Mapping[str, bytes] | None = None,
     ) -> bool:
         """Write an archived session back whole; False when a session with its id exists."""
         p = self.partition_of(session_id)
-        keys = [self.snap_key(session_id), self.log_key(session_id), self.sessions_key(p)]
-        args: list[Any] = [session_id, len(events), state, created_ms]
+        keys = [
+            self.snap_key(session_id),
+            self.log_key(session_id),
+            self.sessions_key(p),
+            self.files_key(session_id),
+        ]
+        args: list[Any] = [session_id, len(events), state, created_ms, len(files or {})]
+        for name, data in (files or {}).items():
+            args += [name, data]
         for n, event in enumerate(events, 1):
             args += [f"{n}-0", event]
         return bool(await self._restore(keys=keys, args=args))

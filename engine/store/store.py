@@ -8,8 +8,9 @@ stream id. See DESIGN.md "Storage on Redis".
 `Store` is the one command layer the rest of the engine uses; its parts, one seam each:
 `connection.py` (a server or a Cluster, its faults, the packed connections of the hot
 path), `keys.py` (key naming and partition tags), `log.py` (commits, snapshots, listing),
-`streams.py` (reading sessions as they grow) and `work.py` (each partition's work stream,
-timers, outbox and lease). The names other modules use are re-exported here.
+`streams.py` (reading sessions as they grow), `files.py` (a session's files, once each)
+and `work.py` (each partition's work stream, timers, outbox and lease). The names other
+modules use are re-exported here.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from engine.store.connection import (
     unreachable,
 )
 from engine.store.durability import ReplicaWait
+from engine.store.files import SessionFiles
 from engine.store.keys import DEFAULT_PARTITIONS, META, spread_tags
 from engine.store.log import (
     COMMIT_SCRIPT,
@@ -76,7 +78,7 @@ __all__ = [
 META_SCRIPT = lua_script(__package__, "meta.lua")
 
 
-class Store(SessionLog, SessionRetention, PartitionWork):
+class Store(SessionLog, SessionRetention, PartitionWork, SessionFiles):
     """A thin, typed command layer over one Redis connection pool (or one cluster client).
 
     Every key of a partition carries the partition's hash tag: on a cluster each

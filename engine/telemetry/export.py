@@ -47,9 +47,7 @@ def readable(record: SpanRecord, resource: Resource) -> ReadableSpan:
         parent=parent,
         resource=resource,
         attributes=dict(record.attributes),
-        events=[
-            Event(e.name, dict(e.attributes), e.at_ms * 1_000_000) for e in record.events
-        ],
+        events=[Event(e.name, dict(e.attributes), e.at_ms * 1_000_000) for e in record.events],
         kind=_KINDS[record.kind],
         status=status,
         start_time=record.start_ms * 1_000_000,

@@ -111,6 +111,28 @@ def attempt_context(turn: SpanContext, what: str, ident: str, attempt: int) -> S
     return SpanContext(turn.trace_id, span_id(turn.trace_id, what, ident, str(attempt)))
 
 
+def effect_context(state: SessionState, effect: object) -> SpanContext | None:
+    """The span an effect runs in: its call's attempt, or the live decision's attempt."""
+    call_id, attempt = getattr(effect, "call_id", None), getattr(effect, "attempt", None)
+    if isinstance(call_id, str) and isinstance(attempt, int):
+        return call_context(state, call_id, attempt)
+    decision_id = getattr(effect, "decision_id", None)
+    if isinstance(decision_id, str) and isinstance(attempt, int) and state.turn is not None:
+        turn = turn_context(state.session_id, state.turn.id, traceparent=state.turn.trace)
+        return attempt_context(turn, "decision", decision_id, attempt)
+    return None
+
+
+def call_context(state: SessionState, call_id: str, attempt: int) -> SpanContext | None:
+    """The span of one attempt of an open call of `state` (None: no such call)."""
+    call = state.calls.get(call_id)
+    if call is None:
+        return None
+    trace = state.turn.trace if state.turn and state.turn.id == call.turn_id else None
+    turn = turn_context(state.session_id, call.turn_id, traceparent=trace)
+    return attempt_context(turn, "call", call_id, attempt)
+
+
 def _usage_attributes(usage: Mapping[str, Any] | None) -> Attributes:
     if not usage:
         return {}
@@ -230,9 +252,7 @@ class Projector:
             events=tuple(self._turn_events.pop((sid, tid), ())),
         )
 
-    def _decision(
-        self, before: Before, turn_id: str, p: Mapping[str, Any], at: int
-    ) -> SpanRecord:
+    def _decision(self, before: Before, turn_id: str, p: Mapping[str, Any], at: int) -> SpanRecord:
         sid, did, attempt = before.session_id, p["decision_id"], p["attempt"]
         start = self._starts.pop((sid, "decision", did, str(attempt)), None)
         trigger = "?"

@@ -37,6 +37,14 @@ class EncodedMessages:
     def __len__(self) -> int:
         return len(self._kept)
 
+    def holds(self, key: tuple[str, ...]) -> bool:
+        """Whether `key` is kept; if so it becomes the most recently used, so the body being
+        built now (whose other fragments may push old ones out) still finds it."""
+        if key not in self._kept:
+            return False
+        self._kept.move_to_end(key)
+        return True
+
     def fragment(self, key: tuple[str, ...] | None, make: Callable[[], Any]) -> bytes:
         if key is None:
             return orjson.dumps(make())

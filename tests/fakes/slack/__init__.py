@@ -15,7 +15,8 @@ Time: every Slack duration (rate windows, stream lifetime, status timeout) is mu
 The parts: `rules.py` (rate tiers, sizes, scopes, the error answer), `model.py` (the world it
 keeps and what it records), `checks.py` (what it refuses of an app's payloads, and request
 signing), and the three faces `FakeSlack` mixes in: `web_api.py` (the methods),
-`events.py` (what it sends to the app) and `socket_mode.py`. This module keeps the server's
+`events.py` (what it sends to the app), `files.py` (files shared, downloaded and
+uploaded) and `socket_mode.py`. This module keeps the server's
 lifecycle, world building, what a person sees, and the Web API's dispatch.
 """
 
@@ -36,6 +37,7 @@ from aiohttp import web
 
 from tests.fakes.slack.checks import FORM_JSON, rich_text, sign
 from tests.fakes.slack.events import EventSender
+from tests.fakes.slack.files import FileMethods, FilesState
 from tests.fakes.slack.model import (
     Ack,
     Call,
@@ -86,7 +88,7 @@ def _as_stored(number: int, attachment: Mapping[str, Any]) -> dict[str, Any]:
     return {"id": number, **attachment, **({"color": COLORS.get(color, color)} if color else {})}
 
 
-class FakeSlack(WebApiMethods, EventSender, SocketModeServer):
+class FakeSlack(WebApiMethods, FileMethods, EventSender, SocketModeServer):
     """A fake Slack workspace (or several) for one app; see the module docstring."""
 
     def __init__(
@@ -114,6 +116,7 @@ class FakeSlack(WebApiMethods, EventSender, SocketModeServer):
         self.users: dict[str, User] = {}
         self.integrations: dict[str, Integration] = {}  # by bot id
         self.channels: dict[str, Channel] = {}
+        self.usergroups: dict[str, list[str]] = {}  # user group id (S…) -> member ids
         self.ephemerals: list[Ephemeral] = []
         self.replies_sent: list[Reply] = []  # response_url posts
         self.envelopes: list[dict[str, Any]] = []  # sent over Socket Mode
@@ -134,6 +137,7 @@ class FakeSlack(WebApiMethods, EventSender, SocketModeServer):
         self._changed = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
+        self.file_state = FilesState()
 
         self.app_id = self._id("A")
         self.app_token = f"xapp-1-{self.app_id}-{uuid.uuid4().hex}"
@@ -157,7 +161,10 @@ class FakeSlack(WebApiMethods, EventSender, SocketModeServer):
             "reactions.remove": Method(self._unreact),
             "assistant.threads.setStatus": Method(self._set_status),
             "users.info": Method(self._user_info, json=False),
+            "usergroups.users.list": Method(self._usergroup_users, json=False),
             "bots.info": Method(self._bot_info, json=False),
+            "files.getUploadURLExternal": Method(self._get_upload_url, json=False),
+            "files.completeUploadExternal": Method(self._complete_upload, json=False),
             "apps.connections.open": Method(
                 self._connections_open, json=False, token="app", post_only=True
             ),
@@ -170,6 +177,9 @@ class FakeSlack(WebApiMethods, EventSender, SocketModeServer):
         app.router.add_route("*", "/api/{method}", self._api)
         app.router.add_get("/link/", self._link)
         app.router.add_post("/response/{key}", self._response_url)
+        app.router.add_get("/files-pri/{ref}/download/{name}", self._download)
+        app.router.add_get("/files-pri/{ref}/{name}", self._download)
+        app.router.add_post("/upload/v1/{ticket}", self._upload)
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=1)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
@@ -232,6 +242,20 @@ class FakeSlack(WebApiMethods, EventSender, SocketModeServer):
         self.users[user.id] = user
         return user
 
+    def add_external_user(self, name: str, org: str = "Partner Co") -> User:
+        """A person of another organisation (Slack Connect): their team is not one this app
+        is installed in, so messages they write in a shared channel carry their own
+        `user_team` (Slack's events for shared channels; see `render`)."""
+        user = User(self._id("U"), self._id("T"), name, real_name=f"{name} ({org})")
+        self.users[user.id] = user
+        return user
+
+    def add_usergroup(self, handle: str, members: list[User]) -> str:
+        """A user group (`@handle`) of the app's workspace; its id (`S…`)."""
+        group = self._id("S")
+        self.usergroups[group] = [u.id for u in members]
+        return group
+
     def add_integration(
         self, name: str, *, classic: bool = False, team: Team | None = None
     ) -> Integration:
@@ -256,6 +280,8 @@ class FakeSlack(WebApiMethods, EventSender, SocketModeServer):
         `blocks`, `attachments`, `username`, `icons`, `files`) as Slack stores it."""
         ch = self.channels[channel if isinstance(channel, str) else channel.id]
         extra = {k: payload[k] for k in ("username", "icons", "files", "upload") if k in payload}
+        if isinstance(extra.get("files"), list):  # hosted here: its URLs are the fake's
+            extra["files"] = [self.host_file(f, ch.team) for f in extra["files"]]
         if app.classic:
             extra = {"subtype": "bot_message", **extra}
         msg = Message(

@@ -184,7 +184,7 @@ class EventSender:
             action["style"] = button["style"]
         return {
             "type": "block_actions",
-            "user": {"id": user.id, "username": user.name, "name": user.name, "team_id": team.id},
+            "user": {"id": user.id, "username": user.name, "name": user.name, "team_id": user.team},
             "api_app_id": self.app_id,
             "token": "fake-verification-token",
             "container": container,

@@ -45,6 +45,9 @@ DEFAULT_LIMITS: dict[str, Limit | None] = {
     "reactions.remove": TIER_2,
     "users.info": TIER_4,
     "bots.info": TIER_3,  # docs.slack.dev/reference/methods/bots.info: Tier 3
+    "files.getUploadURLExternal": TIER_4,  # docs.slack.dev/reference/methods/…: Tier 4
+    "files.completeUploadExternal": TIER_4,
+    "usergroups.users.list": TIER_2,  # docs.slack.dev/reference/methods/usergroups.users.list
     "auth.test": None,
     "assistant.threads.setStatus": None,
     "apps.connections.open": None,
@@ -62,8 +65,9 @@ STREAM_LIFETIME = 300.0  # streams end about 5 minutes after start (§1.1)
 STATUS_TIMEOUT = 120.0  # a thread status clears after two minutes without a message (§1.4)
 
 DEFAULT_SCOPES = (
-    "app_mentions:read,assistant:write,channels:history,chat:write,commands,groups:history,"
-    "im:history,im:write,reactions:write,users:read"
+    "app_mentions:read,assistant:write,channels:history,chat:write,commands,files:read,"
+    "files:write,groups:history,im:history,im:write,reactions:write,usergroups:read,"
+    "users:read"
 )
 
 

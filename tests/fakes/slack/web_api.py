@@ -131,6 +131,13 @@ class WebApiMethods:
             out["client_msg_id"] = msg.client_msg_id
         out["ts"] = msg.ts
         out["team"] = msg.team
+        author = self.users.get(msg.user) if msg.user else None
+        if author is not None and author.team != msg.team:
+            # A Slack Connect guest: events in shared channels name the poster's own team
+            # (`user_team`) and where the message came from (`source_team`), as Slack's
+            # Slack Connect event docs describe (docs.slack.dev/apis/slack-connect).
+            out["user_team"] = author.team
+            out["source_team"] = author.team
         if msg.blocks:
             out["blocks"] = msg.blocks
         if msg.attachments:
@@ -490,6 +497,19 @@ class WebApiMethods:
                 "profile": profile,
             }
         }
+
+    def _usergroup_users(self, ctx: Ctx) -> dict[str, Any]:
+        """usergroups.users.list: scope `usergroups:read`, `usergroup` required, error
+        `no_such_subteam`; answers `{users: [ids]}` (docs.slack.dev/reference/methods/
+        usergroups.users.list)."""
+        self._needs("usergroups:read")
+        group = str(ctx.args.get("usergroup") or "")
+        if not group:
+            raise SlackError("invalid_arguments")
+        members = self.usergroups.get(group)
+        if members is None:
+            raise SlackError("no_such_subteam")
+        return {"users": list(members)}
 
     def _bot_info(self, ctx: Ctx) -> dict[str, Any]:
         """bots.info (users:read; `bot_not_found`): the shape of @slack/web-api's
