@@ -19,7 +19,7 @@ import asyncio
 import logging
 import re
 import secrets
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -40,6 +40,7 @@ from bot.turns.watch import Watch
 from engine.client import Client
 from engine.config import Project, WatchEntry, slack_env_suffix
 from engine.store.store import RedisClient
+from engine.telemetry.spans import SpanRecord
 
 __all__ = ["Bot", "Bots", "start_bots"]
 
@@ -60,17 +61,26 @@ class Bots:
         retry_s: float = RETRY_SECONDS,
         console: Callable[[str], str] | None = None,
         refused: Callable[[str, str], None] | None = None,
+        spans: Callable[[Iterable[SpanRecord]], None] | None = None,
     ) -> None:
         """`redis` keeps the bot's checkpoints (bot/turns/store.py); `console` gives a
         session's console page, linked from failed turns' messages; `refused` counts a
-        person the agent's `allow`/`external` turned away (agent, reason)."""
+        person the agent's `allow`/`external` turned away (agent, reason); `spans` takes the
+        bot's spans when tracing is on."""
         self.paced = Paced(governor or RateGovernor(), _send)
         owner = owner or f"bot-{secrets.token_hex(6)}"
         checkpoints = Checkpoints(redis, owner, lease_ms)
         slots = TurnSlots(Slots(redis, lease_ms), owner)
         self.bots: dict[str, Bot] = {}
         self.followers = Followers(
-            client, self.paced, checkpoints, self.bots, retry_s, console=console, slots=slots
+            client,
+            self.paced,
+            checkpoints,
+            self.bots,
+            retry_s,
+            console=console,
+            slots=slots,
+            spans=spans,
         )
         self.listeners = Listeners(self.followers, refused)
         self._sockets: list[AsyncSocketModeHandler] = []
@@ -224,6 +234,7 @@ def start_bots(
     owner: str | None = None,
     retry_s: float = RETRY_SECONDS,
     refused: Callable[[str, str], None] | None = None,
+    spans: Callable[[Iterable[SpanRecord]], None] | None = None,
 ) -> Bots:
     """A bot for each agent with a Slack block whose bot token is set, and an app token
     (Socket Mode) or a signing secret (HTTP). Call `Bots.start()` to connect Socket Mode.
@@ -242,6 +253,7 @@ def start_bots(
         retry_s=retry_s,
         console=console,
         refused=refused,
+        spans=spans,
     )
     api_url = api_url or env.get("SLACK_API_URL") or None
     for agent in project.agents.values():

@@ -118,7 +118,10 @@ async def serve_bots(
             env[f"SLACK_SIGNING_SECRET_{suffix}"] = fake.signing_secret
         client = Client(engine.store)
         governor = RateGovernor(tiers)
-        bots = start_bots(project, client, client.store.redis, env, governor=governor)
+        spans = None if engine.tracing is None else engine.tracing.emit
+        bots = start_bots(
+            project, client, client.store.redis, env, governor=governor, spans=spans
+        )
         assert list(bots.bots) == [agent]  # no other agent has a Slack block
         await bots.start()
         await bots.connected()

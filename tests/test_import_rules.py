@@ -227,14 +227,31 @@ BOT_LAYERS: dict[str, tuple[set[str], set[str]]] = {
         {"bot.rendering", "engine.machine.events", "engine.messages"},
         {"slack_sdk", "slack_bolt", "aiohttp", "asyncio", *REDIS},
     ),
-    "bot.slack": ({"bot.rendering", "bot.slack", "engine.errors", "engine.config"}, set(REDIS)),
+    "bot.slack": (
+        {"bot.rendering", "bot.slack", "engine.errors", "engine.config", "engine.telemetry"},
+        set(REDIS),
+    ),
     "bot.turns": (
-        {"bot.rendering", "bot.slack", "bot.turns", "engine.client", "engine.errors"},
+        {
+            "bot.rendering",
+            "bot.slack",
+            "bot.turns",
+            "engine.client",
+            "engine.errors",
+            "engine.telemetry",
+        },
         set(REDIS),
     ),
     "bot.turns.store": ({"bot.turns.checkpoint", "engine.store.store"}, set()),
     "bot.app": (
-        {"bot", "engine.client", "engine.config", "engine.errors", "engine.store.store"},
+        {
+            "bot",
+            "engine.client",
+            "engine.config",
+            "engine.errors",
+            "engine.store.store",
+            "engine.telemetry",
+        },
         set(REDIS),
     ),
 }

@@ -202,9 +202,9 @@ async def test_an_expired_prompt_is_resolved_by_the_engine_rewritten_and_refused
     events = await world.client.events(session_id_for(HELPER, fake.general.id, mention.ts))
     [done] = [e["payload"] for e in events if e["payload"]["type"] == "session.interrupt_resumed"]
     assert done["expired"] is True
+    await world.reply_to(mention, nth=2)  # the turn went on: the worker was asked first
     [resumed] = [r for r in worker.requests if r["trigger"]["type"] == "interrupt.resumed"]
     assert resumed["trigger"]["payload"] == {"status": "cancelled", "reason": "expired"}
-    await world.reply_to(mention, nth=2)  # the turn went on
 
     await fake.send_action(world.url, late)
     refused = await ephemeral(fake, 1)

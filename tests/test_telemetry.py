@@ -677,3 +677,33 @@ async def test_an_effect_logs_inside_its_calls_span(vendor, tmp_path):
     span = call_context(state, "call_1", 2)
     assert span is not None
     assert [(r.trace_id, r.span_id) for r in seen] == [("", ""), (span.trace_id, span.span_id)]
+
+
+async def test_a_slack_mentions_turn_joins_the_bots_intake_span(redis, vendor, tmp_path):
+    from tests.bot_helpers import AGENT, serve_bots
+
+    async with otlp_receiver() as receiver:
+        text = project_toml(vendor.url, retry="retry = { llm = { backoff_base_secs = 0 } }")
+        text += f'\n[agent.{AGENT}.slack]\nanswers = "both"\n'
+        text += f'\n[telemetry]\nendpoint = "{receiver.url}"\n'
+        project = parse_project(text, str(tmp_path / "subs.toml"), env={})
+        vendor.push(Text("The database is fine.", chunks=4, chunk_delay=0.02))
+        async with serve_bots(redis, vendor, project, AGENT) as world:
+            fake = world.fake
+            mention = fake.post_as_user(fake.general, fake.mention("is the db ok?"))
+            await fake.send_event(world.url, fake.event_for(mention, kind="app_mention"))
+            await world.reply_to(mention)
+            (started,) = await world.turns(fake.general.id, mention.ts)
+    (intake,) = receiver.named("slack intake")
+    (turn,) = receiver.named("invoke_agent")
+    assert intake["name"] == f"slack intake {AGENT}" and intake["kind"] == "server"
+    assert intake["parent_id"] is None and turn["parent_id"] == intake["span_id"]
+    assert turn["trace_id"] == intake["trace_id"]
+    assert started["payload"]["traceparent"].split("-")[2] == intake["span_id"]
+    assert intake["attributes"]["slack.channel"] == fake.general.id
+    # Intake runs from the person's message to the first words posted, inside the trace.
+    assert intake["start_ns"] <= turn["start_ns"] and intake["end_ns"] <= turn["end_ns"]
+    calls = [s for s in receiver.spans if s["name"].startswith("slack chat.")]
+    assert calls and all(s["parent_id"] == intake["span_id"] for s in calls)
+    assert {s["trace_id"] for s in receiver.spans} == {intake["trace_id"]}
+    assert "slack chat.update" in {s["name"] for s in calls}

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from engine.errors import SubsError
+from engine.telemetry.live import in_live
 
 __all__ = ["PER_CHANNEL", "TIERS", "Coalescer", "Paced", "RateGovernor", "RateLimited", "scope"]
 
@@ -202,6 +203,8 @@ class Paced:
             KeyError: for a method without a tier.
         """
         self.governor.interval(method)  # an unknown method fails here, not in the pump
+        if callable(payload):  # sent later by the pump: under the submitter's span, if any
+            payload = in_live(payload)
         lane = (team, method)
         self._lanes.setdefault(lane, Coalescer()).submit(key, payload)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()

@@ -14,6 +14,8 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from bot.slack.governor import RateGovernor, RateLimited, scope
+from engine.telemetry.live import timed
+from engine.telemetry.spans import Attributes
 
 __all__ = [
     "ATTEMPTS",
@@ -32,7 +34,11 @@ async def call(web: AsyncWebClient, method: str, args: dict[str, Any]) -> Any:
     """One Web API call, made the way slack_sdk's own method makes it (JSON, form or query,
     as Slack takes each); a 429 becomes `RateLimited` for the governor."""
     try:
-        return await getattr(web, method.replace(".", "_"))(**args)
+        attributes: Attributes = {"slack.method": method}
+        if isinstance(args.get("channel"), str):
+            attributes["slack.channel"] = args["channel"]
+        request = getattr(web, method.replace(".", "_"))(**args)
+        return await timed(f"slack {method}", attributes, request)
     except SlackApiError as err:
         if err.response.status_code == 429:
             headers = {k.lower(): v for k, v in (err.response.headers or {}).items()}

@@ -17,7 +17,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from typing import Any
 
 from bot.rendering.files import files_of, tool_images
@@ -39,6 +39,8 @@ from bot.turns.routing import missed_messages
 from bot.turns.slots import Slot, TurnSlots
 from bot.turns.store import Checkpoints, seen_key
 from engine.client import Client, ClientError
+from engine.telemetry.live import LIVE, Live, now_ms
+from engine.telemetry.spans import Attributes, SpanRecord, intake_context
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +71,10 @@ class Followers:
         *,
         console: Callable[[str], str] | None = None,
         slots: TurnSlots,
+        spans: Callable[[Iterable[SpanRecord]], None] | None = None,
     ) -> None:
         self.client = client
+        self.spans = spans  # where the bot's spans go (tracing on), else None
         self.slots = slots
         self.console = console  # a session's console page, for failed turns' messages
         self.paced = paced
@@ -142,6 +146,8 @@ class Followers:
         task = asyncio.current_task()
         assert task is not None
         self._following[cp.key] = (cp, task)
+        if self.spans is not None:  # this task's Web API calls and the turn sit under intake
+            LIVE.set(Live(intake_context(cp.session_id, cp.turn_id), self.spans))
         bot = self.bots[cp.agent]
         console = self.console(cp.session_id) if self.console else None
         view = TurnView(cp.turn_id, console=console)
@@ -284,7 +290,13 @@ class Followers:
         identity = {"subject": {"issuer": "slack", "id": cp.user}, "metadata": metadata}
         try:
             payload = {**(cp.payload or {}), "agent_id": cp.agent, "turn_id": cp.turn_id}
-            answer = await self.client.submit(payload, session_id=cp.session_id, identity=identity)
+            live = LIVE.get()
+            answer = await self.client.submit(
+                payload,
+                session_id=cp.session_id,
+                identity=identity,
+                traceparent=live.parent.traceparent() if live else None,
+            )
         except ClientError as err:
             if err.code == "turn_already_active":  # an action (not queueable) mid-turn
                 args = {"channel": cp.channel, "user": cp.user, "thread_ts": cp.thread_ts}
@@ -314,6 +326,7 @@ class Followers:
         waits for a person's decision gives it back then: a few open approvals must not
         stop the app; what runs after the click is not counted (people click, not storms)."""
         follow = self.client.follow(cp.session_id, cp.after, delta_cursor=cp.cursor)
+        first = "reply" not in cp.posted  # the intake span ends at this follower's first reply
         images: list[tuple[str, bytes]] = []  # the tools' images, uploaded once it is done
         prompts: dict[str, dict[str, Any]] = {}  # by interrupt id, as posted
         async for kind, item in follow:
@@ -342,13 +355,35 @@ class Followers:
             if view.done:
                 await slot.release()
                 await reply.finish(view.render())
+                if first:  # nothing was shown before the end: intake lasted the turn
+                    first = self._intake(cp)
                 await self._upload(cp, images)
                 return
             had_reply = reply.ts is not None
             await reply.show()
             if reply.ts is not None and not had_reply:
                 working.replied()
+                if first:
+                    first = self._intake(cp)
             working.show(view.status or "")
+
+    def _intake(self, cp: Checkpoint) -> bool:
+        """End the turn's intake span, from the Slack message to its first words posted
+        (tracing on). Returns False: it is ended."""
+        live = LIVE.get()
+        if live is not None:
+            started = float(cp.trigger or cp.since or 0) * 1000 or now_ms()
+            attributes: Attributes = {
+                "gen_ai.agent.name": cp.agent,
+                "gen_ai.conversation.id": cp.session_id,
+                "subs.turn.id": cp.turn_id,
+                "slack.team": cp.team,
+                "slack.channel": cp.channel,
+                "slack.thread_ts": cp.thread_ts,
+            }
+            name, start, end = f"slack intake {cp.agent}", int(started), now_ms()
+            live.emit([SpanRecord(name, live.parent, None, "server", start, end, attributes)])
+        return False
 
     async def _upload(self, cp: Checkpoint, images: list[tuple[str, bytes]]) -> None:
         """The images the agent's tools returned, uploaded into the thread after its reply,

@@ -646,6 +646,7 @@ async def _serve(args: argparse.Namespace) -> int:
             refused=lambda agent, reason: metrics.inc(
                 "subs_slack_refusals_total", agent=agent, reason=reason
             ),
+            spans=None if engine.tracing is None else engine.tracing.emit,
         )
         stack.push_async_callback(bots.aclose)
         app = make_app(

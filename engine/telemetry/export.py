@@ -23,7 +23,11 @@ from engine.telemetry.spans import SpanRecord
 
 __all__ = ["Exporter"]
 
-_KINDS = {"internal": otel.SpanKind.INTERNAL, "client": otel.SpanKind.CLIENT}
+_KINDS = {
+    "internal": otel.SpanKind.INTERNAL,
+    "client": otel.SpanKind.CLIENT,
+    "server": otel.SpanKind.SERVER,
+}
 _SCOPE = InstrumentationScope("subs.engine")
 
 

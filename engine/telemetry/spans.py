@@ -42,7 +42,7 @@ class SpanRecord:
     name: str
     context: SpanContext
     parent_id: str | None  # None: a root span
-    kind: str  # "internal" | "client" (a call to another service)
+    kind: str  # "internal" | "client" (a call to another service) | "server" (an intake)
     start_ms: int
     end_ms: int
     attributes: Attributes
@@ -104,6 +104,14 @@ def turn_context(
     client = parse_traceparent(traceparent)
     trace = client.trace_id if client else trace_id_for_turn(session_id, turn_id)
     return SpanContext(trace, span_id(trace, "turn", turn_id), sampled)
+
+
+def intake_context(session_id: str, turn_id: str) -> SpanContext:
+    """The span of a turn's intake by a client that traces it (the Slack bot): the root of
+    the turn's own trace, the turn's span its child. Derived, so a resumed follower names it
+    again."""
+    trace = trace_id_for_turn(session_id, turn_id)
+    return SpanContext(trace, span_id(trace, "intake", turn_id))
 
 
 def attempt_context(turn: SpanContext, what: str, ident: str, attempt: int) -> SpanContext:
