@@ -8,7 +8,9 @@ engine answers on a reply list once the transition is committed.
 from __future__ import annotations
 
 import asyncio
+import math
 import secrets
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -34,8 +36,9 @@ from engine.messages import text_of
 from engine.protocol import parse_client_input
 from engine.session_client import SessionRow
 from engine.statuses import ListedStatus
+from engine.store.retention import FULL_AT
 from engine.store.snapshots import load_state, load_states
-from engine.store.store import Store
+from engine.store.store import RedisError, Store
 from engine.telemetry.ids import parse_traceparent
 
 
@@ -121,12 +124,42 @@ def _words(text: str, limit: int) -> str:
 FIND_BATCH = 400  # most sessions a filtered read loads at once: few round trips, bounded memory
 
 
+MEMORY_EVERY_S = 1.0  # how stale the Redis memory reading a submit checks may be
+
+
 class Client:
     """A `SessionClient` over the engine's own Redis: for a process that runs an engine
     (or shares its Redis) and so needs no HTTP hop."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
+        self.memory_every_s = MEMORY_EVERY_S
+        self._memory: tuple[int, int] = (0, 0)  # used_memory, maxmemory (0: no limit)
+        self._memory_at = -math.inf
+
+    async def _refuse_when_full(self, session_id: str | None) -> None:
+        """A new session is refused (503 store_full) while Redis is past `FULL_AT` of its
+        maxmemory: what is left is for the sessions that run. One INFO a second at most."""
+        now = time.monotonic()
+        if now - self._memory_at >= self.memory_every_s:
+            try:
+                self._memory = await self.store.memory()
+            except RedisError:  # a server that will not say (INFO refused): no limit known
+                self._memory = (0, 0)
+            self._memory_at = now
+        used, limit = self._memory
+        if not limit or used < FULL_AT * limit:
+            return
+        if session_id is not None and await self.store.head(session_id) is not None:
+            return
+        raise ClientError(
+            f"Redis is {used * 100 // limit}% full ({used} of its maxmemory {limit} bytes): "
+            "new sessions are refused until retention frees room or the limit is raised "
+            "([store] max_memory for the embedded Redis, the server's maxmemory otherwise)",
+            code="store_full",
+            status=503,
+            detail={"used_memory": used, "maxmemory": limit, "setting": "[store] max_memory"},
+        )
 
     async def submit(
         self,
@@ -149,6 +182,8 @@ class Client:
         to Redis may be sent twice (a connection lost after Redis applied it, retried by
         redis-py), and the turn id is what makes the second one a no-op.
         """
+        if payload.get("type") in TURN_STARTS:
+            await self._refuse_when_full(session_id)
         sid = session_id or new_id("ses")
         if payload.get("type") in TURN_STARTS and not payload.get("turn_id"):
             payload = {**payload, "turn_id": new_id("turn")}

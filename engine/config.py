@@ -102,6 +102,8 @@ class ServeConfig:
     max_streams_per_key: int = 100  # event streams one API key (or address) may hold open
     public_url: str | None = None  # where people reach this API; links to the console use it
     header_timeout_secs: float = 10.0  # a request's headers must arrive within this (slow-loris)
+    state_cache_mb: int = 256  # the engine's cache of session states, at most this big
+    state_cache_sessions: int = 10_000  # and at most this many sessions
 
     def console_url(self, session_id: str) -> str:
         """The session's console page: at `public_url`, else where serve listens."""
@@ -118,6 +120,32 @@ def _url_host(host: str) -> str:
 
 Fsync = Literal["always", "everysec"]
 DEFAULT_FSYNC: Fsync = "always"
+DEFAULT_RETENTION_MS = 30 * 86_400_000
+DEFAULT_ARCHIVE = ".subs/archive"
+
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
+_DURATION_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+_SIZE = re.compile(r"(\d+)(b|kb|mb|gb)")
+_SIZE_BYTES = {"b": 1, "kb": 1024, "mb": 1024**2, "gb": 1024**3}
+
+
+def duration_ms(text: str) -> int:
+    """`"30d"`, `"12h"`, `"90m"`, `"45s"`, `"500ms"` as milliseconds."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if match is None or int(match.group(1)) == 0:
+        raise ValueError(
+            f'must be a duration like "30d", "12h", "90m" or "45s" (more than 0), or "forever", '
+            f"got {text!r}"
+        )
+    return int(match.group(1)) * _DURATION_MS[match.group(2)]
+
+
+def size_bytes(text: str) -> int:
+    """`"512mb"`, `"2gb"` as bytes."""
+    match = _SIZE.fullmatch(text.strip().lower())
+    if match is None or int(match.group(1)) == 0:
+        raise ValueError(f'must be a size like "512mb" or "2gb", or "auto", got {text!r}')
+    return int(match.group(1)) * _SIZE_BYTES[match.group(2)]
 
 
 @dataclass(frozen=True)
@@ -135,6 +163,15 @@ class StoreConfig:
     wait_replicas: int = 0
     wait_timeout_ms: int = 1000
     partitions: int = 16
+    retention_ms: int | None = DEFAULT_RETENTION_MS  # None: "forever", nothing is swept
+    archive_dir: str | None = DEFAULT_ARCHIVE  # None: "none", swept sessions are not kept
+    max_memory: str = "auto"  # the embedded server's maxmemory ("auto": a share of the box)
+
+    def max_memory_bytes(self) -> int:
+        """`max_memory` in bytes; "auto" is a quarter of the machine's memory."""
+        if self.max_memory != "auto":
+            return size_bytes(self.max_memory)
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
 
 
 @dataclass(frozen=True)
@@ -458,6 +495,26 @@ def _http_url(value: str) -> str:
     return value
 
 
+def _retention(value: str) -> str:
+    if value != "forever":
+        duration_ms(value)
+    return value
+
+
+def _archive(value: str) -> str:
+    if value != "none" and not (value.startswith("dir:") and value[4:].strip()):
+        raise ValueError(
+            f'must be "dir:<folder>" (like "dir:.subs/archive") or "none", got {value!r}'
+        )
+    return value
+
+
+def _max_memory(value: str) -> str:
+    if value != "auto":
+        size_bytes(value)
+    return value
+
+
 def _redis_url(value: str) -> str:
     if urlsplit(value).scheme not in ("redis", "rediss", "unix"):
         raise ValueError(f"must be a redis://, rediss:// or unix:// URL, got {redact_url(value)!r}")
@@ -553,6 +610,8 @@ class _Serve(_Model):
     max_streams_per_key: Annotated[int, Field(ge=1)] = 100
     public_url: PublicUrl | None = None
     header_timeout_secs: Annotated[float, Field(gt=0, le=3600)] = 10.0
+    state_cache_mb: Annotated[int, Field(ge=1)] = 256
+    state_cache_sessions: Annotated[int, Field(ge=1)] = 10_000
 
 
 class _Store(_Model):
@@ -560,6 +619,9 @@ class _Store(_Model):
     wait_replicas: UInt32 = 0
     wait_timeout_ms: Annotated[int, Field(ge=1, le=_UINT32_MAX)] = 1000
     partitions: Annotated[int, Field(ge=1, le=16384)] = 16  # at most one a cluster slot
+    retention: Annotated[str, AfterValidator(_retention)] = "30d"
+    archive: Annotated[str, AfterValidator(_archive)] = "dir:.subs/archive"
+    max_memory: Annotated[str, AfterValidator(_max_memory)] = "auto"
 
 
 class _Llm(_Model):
@@ -1165,6 +1227,8 @@ def _build(root: _Root, path: str) -> Project:
             max_streams_per_key=root.serve.max_streams_per_key,
             public_url=root.serve.public_url,
             header_timeout_secs=root.serve.header_timeout_secs,
+            state_cache_mb=root.serve.state_cache_mb,
+            state_cache_sessions=root.serve.state_cache_sessions,
         ),
         llm=llm,
         agents=agents,
@@ -1173,6 +1237,11 @@ def _build(root: _Root, path: str) -> Project:
             wait_replicas=root.store.wait_replicas,
             wait_timeout_ms=root.store.wait_timeout_ms,
             partitions=root.store.partitions,
+            retention_ms=None
+            if root.store.retention == "forever"
+            else duration_ms(root.store.retention),
+            archive_dir=None if root.store.archive == "none" else root.store.archive[4:].strip(),
+            max_memory=root.store.max_memory,
         ),
         mcp={
             mid: McpBlock(

@@ -147,6 +147,19 @@ TINY: dict[str, tuple[str, list[str]]] = {
             ),
         ],
     ),
+    "retention.py": (
+        "--sessions 5 --turns 1 --words 5 --load-turns 4",
+        [
+            r"retention: one on-call session, 1 turns \(5-word answers\)",
+            *(rf"  {kind} +\d+ bytes +{NUMBER} per turn" for kind in ("log", "snapshot", "deltas")),
+            rf"  rate: {NUMBER} sessions/s",
+            rf"  archive on disk: {NUMBER} bytes per session",
+            rf"  Redis used_memory: empty {NUMBER} MB, full {NUMBER} MB, "
+            rf"after the sweep {NUMBER} MB",
+            rf"load: 4 on-call turns over 4 sessions at once: {NUMBER} turns/s alone, "
+            rf"{NUMBER} turns/s while the sweep ran",
+        ],
+    ),
     "history.py": (
         "--turns 6 --tool-every 3",
         [

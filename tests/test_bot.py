@@ -14,9 +14,11 @@ import pytest
 
 from bot.rendering.message_text import strip_mention
 from bot.rendering.mrkdwn import to_mrkdwn
+from bot.turns.follower import ARCHIVED
 from bot.turns.routing import missed_messages, session_id_for, wants_turn
 from engine.api import ApiKeys, make_app
 from engine.config import parse_project
+from engine.runtime.retention import Sweeper
 from tests.api_helpers import INPUT, auth, serve
 from tests.bot_helpers import AGENT, World, serve_bots
 from tests.engine_helpers import poll_until, project_toml
@@ -559,3 +561,35 @@ async def test_the_bot_will_not_adopt_a_session_an_api_key_created(world: World)
 async def _ended(world: World, sid: str) -> bool:
     events = await world.client.events(sid)
     return any(e["payload"]["type"] == "turn.completed" for e in events)
+
+
+async def test_a_thread_whose_session_was_archived_starts_afresh_and_says_so_once(
+    world: World, tmp_path: Path
+) -> None:
+    """Retention archived the thread's session (issue 27): the next mention there runs on a
+    fresh session, and the thread is told so once, not at every turn after."""
+    fake = world.fake
+    world.vendor.push(Text("Looking."), Text("A fresh answer."), Text("Still fresh."))
+    first = fake.post_as_user(fake.general, fake.mention("the db is down"))
+    await fake.send_event(world.url, fake.event_for(first, kind="app_mention"))
+    await world.reply_to(first)
+    sid = session_id_for(AGENT, fake.general.id, first.ts)
+    sweeper = Sweeper(
+        world.client.store,
+        retention_ms=1,
+        archive_dir=tmp_path / "archive",
+        clock=lambda: time.time() + 60,
+        owner="test",
+    )
+    report = await sweeper.sweep_once()
+    assert report is not None and report.archived == 1
+
+    for n, text in ((3, "and now?"), (4, "again?")):
+        later = fake.post_as_user(fake.general, fake.mention(text), thread_ts=first.ts)
+        await fake.send_event(world.url, fake.event_for(later, kind="app_mention"))
+        await world.reply_to(first, nth=n)
+    mine = [m.text for m in fake.thread(fake.general.id, first.ts) if fake.by_app(m)]
+    assert mine == ["Looking.", ARCHIVED, "A fresh answer.", "Still fresh."]
+    events = await world.client.events(sid)
+    assert events[0]["payload"]["type"] == "session.created"
+    assert "the db is down" not in str(world.vendor.requests[1].body)  # a fresh conversation

@@ -635,7 +635,44 @@ def test_defaults(tmp_path: Path):
         "wait_replicas": 0,
         "wait_timeout_ms": 1000,
         "partitions": 16,
+        "retention_ms": 30 * 86_400_000,  # sessions do not stay in RAM forever by default
+        "archive_dir": ".subs/archive",
+        "max_memory": "auto",
     }
+
+
+@pytest.mark.parametrize(
+    ("text", "retention_ms", "archive_dir"),
+    [
+        ('retention = "forever"\narchive = "none"', None, None),
+        (
+            'retention = "12h"\narchive = "dir:/var/subs/archive"',
+            12 * 3_600_000,
+            "/var/subs/archive",
+        ),
+        ('retention = "90m"', 90 * 60_000, ".subs/archive"),
+        ('retention = "45s"', 45_000, ".subs/archive"),
+    ],
+)
+def test_retention_settings(tmp_path: Path, text, retention_ms, archive_dir):
+    store = load(tmp_path, f"[store]\n{text}\n").store
+    assert (store.retention_ms, store.archive_dir) == (retention_ms, archive_dir)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ('retention = "30 days"', 'like "30d"'),
+        ('retention = "0d"', "more than 0"),
+        ('archive = "s3://bucket"', '"dir:<folder>"'),
+        ('archive = "dir:"', '"dir:<folder>"'),
+        ('max_memory = "lots"', '"512mb"'),
+    ],
+)
+def test_bad_retention_settings_name_the_fix(tmp_path: Path, text, says):
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, f"[store]\n{text}\n")
+    assert says in str(err.value)
 
 
 def test_store_settings(tmp_path: Path):

@@ -7,6 +7,7 @@ runs by tests/golden/record.py; this test only reads them.
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 
 from engine.machine import FOLD_VERSION, fold, state_to_json
 from engine.machine.events import EVENTS, parse_event
+from engine.store import archive
 
 GOLDEN = Path(__file__).parent / "golden"
 LOGS = sorted(GOLDEN.glob("*.jsonl"))
@@ -78,3 +80,33 @@ def test_every_status_a_golden_log_folds_to_is_a_declared_one():
     for what, words in seen.items():
         assert words, f"no {what} status seen: the check would check nothing"
         assert words <= declared[what], f"{what} statuses not declared: {words - declared[what]}"
+
+
+@pytest.mark.parametrize("log", LOGS, ids=lambda p: p.stem)
+def test_a_golden_log_read_back_from_an_archive_folds_the_same(log: Path, tmp_path: Path):
+    """The archive format (docs/archive.md) holds a log exactly: written to a file and
+    read back, each golden log folds to its recorded state."""
+    events = read_log(log)
+    kept = archive.Archive(events[0]["session_id"], events, 1_700_000_000_000, 1_700_000_000_000)
+    path = archive.write(tmp_path / archive.file_name(kept.session_id, kept.last_activity_ms), kept)
+    back = archive.read(path)
+    assert back.events == events and back.session_id == kept.session_id
+    state = fold(back.events)
+    assert state is not None
+    recorded = json.loads(log.with_suffix(".state.json").read_text())
+    assert json.loads(json.dumps(state_to_json(state))) == recorded
+
+
+def test_an_archive_of_another_version_or_shape_is_refused_naming_why(tmp_path: Path):
+    events = read_log(LOGS[0])
+    good = archive.dumps(archive.Archive(events[0]["session_id"], events, 0, 0))
+    lines = gzip.decompress(good).split(b"\n")
+    header = json.loads(lines[0])
+    cases = {
+        "version 2": [json.dumps({**header, "version": 2}).encode(), *lines[1:]],
+        "is not event 2": [lines[0], lines[1], *lines[3:]],
+        "not a session archive": [b'{"format": "other"}', *lines[1:]],
+    }
+    for says, broken in cases.items():
+        with pytest.raises(archive.ArchiveError, match=says):
+            archive.loads(gzip.compress(b"\n".join(broken)))

@@ -60,6 +60,7 @@ STORE_MODULES = {
     "engine/store/embedded.py",
     "engine/store/supervisor.py",
     "engine/store/durability.py",
+    "engine/store/retention.py",
     "bot/turns/store.py",
 }
 

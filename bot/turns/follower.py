@@ -58,6 +58,10 @@ NOT_ADOPTED = (
     ":no_entry: This thread's session was not started from Slack (an API client created it "
     "first), so I will not use it. Mention me in a new thread to start one."
 )
+ARCHIVED = (
+    "This thread had been quiet past the retention period, so its conversation was archived: "
+    "I am starting afresh here and do not remember what was said before."
+)
 QUEUED = ":hourglass_flowing_sand: Queued: {where} (this app answers {limit} at a time)."
 ANSWER_HERE = " The answer will appear here."
 
@@ -172,6 +176,7 @@ class Followers:
                 cp.payload = await self._mention_payload(bot, cp)
                 await self.checkpoints.save(cp)
             if await self._submit(cp, reply):
+                await self._after_archive(cp, reply)
                 await self._stream(cp, view, reply, working, slot)
             await slot.release()
             # No longer renewed: the lease round must not take the drop for a lost lease.
@@ -193,6 +198,18 @@ class Followers:
                 await slot.release()
             if working is not None and not task.cancelling():  # shutting down: Slack times it out
                 await working.clear(stale=resumed)
+
+    async def _after_archive(self, cp: Checkpoint, reply: Reply) -> None:
+        """The thread's session was archived (retention): its turn runs on a fresh session.
+
+        Archived between this turn's start and its submit, the fresh log is shorter than the
+        seq the turn follows from: it is followed from the start (events and deltas of other
+        turns are skipped anyway). And the thread is told, once, that it starts afresh."""
+        if cp.after and await self.client.last_seq(cp.session_id) < cp.after:
+            cp.after, cp.cursor = 0, "0-0"
+            await self.checkpoints.save(cp)
+        if await self.checkpoints.take_archived(cp.session_id):
+            await reply.post("archived", {"text": ARCHIVED})
 
     async def _queued(
         self, cp: Checkpoint, reply: Reply, slot: Slot, ahead: int, granted: asyncio.Future[None]

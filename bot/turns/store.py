@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import logging
 import zlib
+from collections.abc import Sequence
 
 from bot.turns.checkpoint import Checkpoint, LeaseLost
-from engine.store.store import RedisClient, lua_script
+from engine.store.store import RedisClient, Removed, lua_script, register_purge
 
 __all__ = [
     "BUCKETS",
     "LEGACY_TURNS",
     "Checkpoints",
     "Slots",
+    "archived_key",
     "checkpoint_keys",
     "seen_key",
     "slot_keys",
@@ -52,6 +54,18 @@ def seen_key(kind: str, key: str) -> str:
     """The dedupe name of one Slack input (`event`, `command`, `action`) or recorded turn,
     kept in its channel's bucket while the input is remembered."""
     return f"seen:{kind}:{key}"
+
+
+# How long a thread whose session retention archived remembers it, so the next turn there
+# says once that it starts afresh (one small key a thread, against the session's KBs).
+ARCHIVED_NOTE_SECONDS = 400 * 86_400
+
+
+def archived_key(session_id: str) -> str | None:
+    """The note that a thread's session was archived, in its channel's bucket; None for a
+    session no Slack thread started."""
+    thread = _thread_of(session_id)
+    return None if thread is None else _tag(thread[1]) + "archived:" + session_id
 
 
 _START = lua_script(__package__, "start.lua")
@@ -140,9 +154,65 @@ class Checkpoints:
         lease = checkpoint_keys(cp)[1]
         return bool(await self._renew(keys=[lease], args=[self.owner, self.lease_ms]))
 
+    async def take_archived(self, session_id: str) -> bool:
+        """Whether retention archived this thread's session since a turn last said so
+        (read and forgotten at once: a thread is told once)."""
+        key = archived_key(session_id)
+        return key is not None and await self.redis.getdel(key) is not None
+
     async def release(self, cp: Checkpoint) -> None:
         """Give up following this turn, if this follower still holds it."""
         await self._release(keys=[checkpoint_keys(cp)[1]], args=[self.owner])
+
+
+def _thread_of(session_id: str) -> tuple[str, str] | None:
+    """(agent, channel) of a Slack thread's session id (`bot/turns/routing.py`); None for
+    a session no thread started."""
+    if not session_id.startswith("slack:"):
+        return None
+    rest, _, _thread = session_id[len("slack:") :].rpartition(":")
+    agent, _, channel = rest.rpartition(":")
+    return (agent, channel) if agent and channel else None
+
+
+async def purge_sessions(redis: RedisClient, removed: Sequence[Removed]) -> int:
+    """The store removed these sessions (retention): drop the bot's keys of their turns —
+    checkpoints left behind, their followers' leases, the turns' dedupe keys. Only turns
+    the removed log holds: a turn a thread starts meanwhile is another session's. Each
+    thread gets a note (`archived_key`) so its next turn says it starts afresh.
+    A Slack input's own dedupe key (`seen:event:…`) names no session; it expires."""
+    turns = {r.session_id: set(r.turn_ids) for r in removed}
+    async with redis.pipeline(transaction=False) as pipe:
+        for bucket in range(BUCKETS):
+            pipe.hgetall(turns_key(bucket))
+        buckets = await pipe.execute()
+    doomed: list[tuple[str, str | None]] = []  # (key, hash field or None)
+    for bucket, entries in enumerate(buckets):
+        for field, raw in entries.items():
+            try:
+                cp = Checkpoint.loads(raw)
+            except (ValueError, TypeError):
+                continue
+            if cp.turn_id in turns.get(cp.session_id, ()):
+                doomed += [(turns_key(bucket), field), (checkpoint_keys(cp)[1], None)]
+    notes = [key for r in removed if (key := archived_key(r.session_id)) is not None]
+    for r in removed:
+        thread = _thread_of(r.session_id)
+        if thread is not None:
+            agent, channel = thread
+            for turn_id in r.turn_ids:
+                name = seen_key("turn", f"{agent} {channel} {turn_id}")
+                doomed.append((_tag(channel) + name, None))
+    async with redis.pipeline(transaction=False) as pipe:
+        for key, field in doomed:
+            if field is None:
+                pipe.delete(key)
+            else:
+                pipe.hdel(key, field)
+        for key in notes:
+            pipe.set(key, 1, ex=ARCHIVED_NOTE_SECONDS)
+        replies = await pipe.execute()
+    return sum(int(n) for n in replies[: len(doomed)])
 
 
 def slot_keys(agent: str) -> tuple[str, str, str, str]:
@@ -186,3 +256,6 @@ class Slots:
             pipe.zrem(waiting, member)
             pipe.zrem(alive, member)
             await pipe.execute()
+
+
+register_purge("slack", purge_sessions)

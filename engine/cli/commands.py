@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,7 +83,11 @@ async def _redis_url(project: Project, url: str | None) -> AsyncIterator[tuple[s
     if url is not None:
         yield url, lambda: None
         return
-    embedded = EmbeddedRedis(_data_dir(project), fsync=project.store.fsync)
+    embedded = EmbeddedRedis(
+        _data_dir(project),
+        fsync=project.store.fsync,
+        maxmemory=project.store.max_memory_bytes(),
+    )
     try:
         address = await asyncio.to_thread(embedded.start)
     except OSError as err:
@@ -626,7 +631,7 @@ async def _serve(args: argparse.Namespace) -> int:
         stack.push_async_callback(api_redis.aclose)
         await _reachable(engine_redis, url, project)
         metrics = Metrics()
-        engine = Engine(project, engine_redis, lease_ms=_lease_ms(), metrics=metrics)
+        engine = Engine(project, engine_redis, lease_ms=_lease_ms(), metrics=metrics, sweep=True)
         await engine.start()
         stack.push_async_callback(engine.stop)
         store = await Store.open(api_redis)
@@ -838,6 +843,8 @@ async def _cancel(args: argparse.Namespace) -> int:
 async def _sessions(args: argparse.Namespace) -> int:
     if args.sessions_command == "cancel":
         return await _cancel(args)
+    if args.sessions_command == "import":
+        return await _import(args)
     async with _reader(args) as client:
         if args.sessions_command == "list":
             rows, _ = await client.session_rows(0, args.limit)
@@ -847,6 +854,8 @@ async def _sessions(args: argparse.Namespace) -> int:
             await client.delete(args.session)
             print(f"subs: deleted session {args.session}", file=sys.stderr)
             return 0
+        if args.sessions_command == "export":
+            return await _export(args, client)
         if args.sessions_command == "dead":
             for letter in await client.dead_letters(args.limit):
                 print(_dead_letter_line(letter))
@@ -863,6 +872,47 @@ async def _sessions(args: argparse.Namespace) -> int:
             async for kind, event in client.follow(args.session, after):
                 if kind == "event":
                     _print_event(event, jsonl)
+    return 0
+
+
+async def _export(args: argparse.Namespace, client: Any) -> int:
+    """A live session's log, as the sweep archives it (docs/archive.md)."""
+    from engine.runtime.retention import export
+    from engine.store import archive
+
+    events = await client.events(args.session, 0)
+    if not events:
+        raise SubsError(f"no session {args.session!r}; `subs sessions list` shows them")
+    store = getattr(client, "store", None)  # straight from Redis: the files come too
+    files = await store.session_files(args.session) if store is not None else {}
+    if store is None:
+        print(
+            "subs: over --url the session's files are not exported, only its log", file=sys.stderr
+        )
+    kept = export(events, int(time.time() * 1000), files)
+    path = Path(args.file or archive.export_name(args.session))
+    try:
+        await asyncio.to_thread(archive.write, path, kept)
+    except OSError as err:
+        raise SubsError(f"cannot write {path}: {err.strerror or err}") from None
+    print(f"subs: wrote {kept.seq} events of session {args.session} to {path}", file=sys.stderr)
+    return 0
+
+
+async def _import(args: argparse.Namespace) -> int:
+    """Put an archived session back: straight into Redis (an engine needs no part in it)."""
+    from engine.runtime.retention import restore
+    from engine.store import archive
+    from engine.store.store import Store
+
+    kept = await asyncio.to_thread(archive.read, Path(args.file))
+    project = _load(args)
+    async with _redis_for(project, args.redis) as redis:
+        state = await restore(await Store.open(redis), kept)
+    print(
+        f"subs: restored session {kept.session_id} ({state.seq} events, agent {state.agent_id})",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -218,7 +218,30 @@ subs sessions events ses_0123 --from 40 --follow -o jsonl""",
         "subs sessions delete ses_0123",
     )
     delete.add_argument("session", help="the session id")
-    for command in (listing, dead, events, cancel, delete):
+    export = _command(
+        sessions_sub,
+        "export",
+        "write a session's log to an archive file",
+        "The format retention's sweep archives in (docs/archive.md): gzip JSON lines.",
+        """
+subs sessions export ses_0123
+subs sessions export ses_0123 -o postmortem.jsonl.gz""",
+    )
+    export.add_argument("session", help="the session id")
+    export.add_argument(
+        "-o", dest="file", help="where to write it (default: <session id>.jsonl.gz here)"
+    )
+    restore = _command(
+        sessions_sub,
+        "import",
+        "put an archived session back into Redis",
+        "The same id and log, its snapshot folded again; refused while a session with that "
+        "id is in Redis. Reads the store directly (no --url).",
+        "subs sessions import .subs/archive/2026-11-05/ses_0123.jsonl.gz",
+    )
+    restore.add_argument("file", help="an archive file (subs sessions export, or the sweep's)")
+    _project(restore)
+    for command in (listing, dead, events, cancel, delete, export):
         _project(command)
         command.add_argument("--url", help=_REMOTE_HELP)
 

@@ -42,10 +42,18 @@ from engine.machine import (
 )
 from engine.machine import events as ev
 from engine.machine.evolve import at_ms
+from engine.runtime.cache import StateCache
 from engine.runtime.metrics import Metrics
 from engine.runtime.retrying import Backoff, Trouble
 from engine.store.snapshots import SNAPSHOT_MIN_BYTES, Mark, current, load, mark_of
-from engine.store.store import STORE_FAULTS, Commit, Store, StoreConflict, WorkItem
+from engine.store.store import (
+    STORE_FAULTS,
+    Commit,
+    OutOfMemoryError,
+    Store,
+    StoreConflict,
+    WorkItem,
+)
 from engine.telemetry.spans import Before, call_context
 from engine.telemetry.tracing import Tracing
 
@@ -101,8 +109,8 @@ class Applier:
         self.metrics = metrics
         self.stats = stats
         self.trouble = trouble
-        self.cache: dict[str, SessionState] = {}
-        self.marks: dict[str, Mark] = {}  # of the cached sessions' stored snapshots
+        serve = project.serve
+        self.cache = StateCache(serve.state_cache_mb * 1024 * 1024, serve.state_cache_sessions)
         self.snapshot_min_bytes = SNAPSHOT_MIN_BYTES
         # Built once: the machine only reads these (events carry them by reference).
         self.agent_configs = {a.id: a.wire_config(project) for a in project.agents.values()}
@@ -115,11 +123,11 @@ class Applier:
     def forget(self, p: int) -> None:
         """The partition is no longer ours: its cached states may go stale."""
         for sid in [s for s in self.cache if self.store.partition_of(s) == p]:
-            self._drop(sid)
+            self.drop(sid)
 
-    def _drop(self, sid: str) -> None:
-        self.cache.pop(sid, None)
-        self.marks.pop(sid, None)
+    def drop(self, sid: str) -> None:
+        """Forget a session's cached state (it was deleted, archived, or may be stale)."""
+        self.cache.drop(sid)
 
     async def settle(self, p: int, lease: str, item: WorkItem) -> Transition | None:
         """Apply one input and commit it, however long Redis is away.
@@ -160,17 +168,19 @@ class Applier:
                     deltas = ()
                 return self._committed(planned)
             except StoreConflict as err:
-                self._drop(sid)
+                self.drop(sid)
                 if err.lease_lost:
                     raise
                 planned, faulted = None, False  # another writer won: re-read and apply again
             except STORE_FAULTS as err:
-                self._drop(sid)
+                self.drop(sid)
                 faulted = planned is not None
+                if isinstance(err, OutOfMemoryError):  # waited out: turns end as room is made
+                    self.metrics.inc("subs_store_oom_total")
                 self.trouble(f"committing an input to {sid}", err)
                 await backoff.wait()
             except Exception as err:  # not CancelledError: that one leaves
-                self._drop(sid)
+                self.drop(sid)
                 planned, faulted = None, False
                 failures += 1
                 if failures >= POISON_FAILURES:
@@ -187,9 +197,9 @@ class Applier:
         t = planned.transition
         if t is None or t.state is None:
             return None
-        self.cache[t.state.session_id] = t.state
-        if planned.mark is not None:
-            self.marks[t.state.session_id] = planned.mark
+        mark = planned.mark
+        size = None if mark is None else mark.state_bytes + mark.tail_bytes
+        self.cache.put(t.state.session_id, t.state, mark, size)
         self._count(t.events)
         if self.tracing is not None and planned.before is not None:
             self.tracing.committed(planned.before, t.events)
@@ -205,9 +215,9 @@ class Applier:
             snap = await self.store.load_snapshot(sid)
             if snap is not None:
                 state = await load(self.store, sid, snap)
-                self.cache[sid] = state
-                if current(snap):  # else no mark: the next commit rewrites the snapshot
-                    self.marks[sid] = mark_of(snap)
+                # No mark for a snapshot another fold wrote: the next commit rewrites it.
+                mark = mark_of(snap) if current(snap) else None
+                self.cache.put(sid, state, mark, snap.state_bytes + snap.tail_bytes)
         return state
 
     def _decider(self, agent_id: str) -> str:
@@ -275,7 +285,7 @@ class Applier:
     def _commit_of(
         self, sid: str, seq: int, t: Transition, item: WorkItem
     ) -> tuple[Commit, Mark | None]:
-        mark, min_bytes = self.marks.get(sid), self.snapshot_min_bytes
+        mark, min_bytes = self.cache.mark(sid), self.snapshot_min_bytes
         return _commit_of(sid, seq, t, mark, min_bytes, item, self.kinds)
 
     @staticmethod

@@ -24,6 +24,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from engine.config import Project
@@ -33,8 +34,10 @@ from engine.ids import new_id
 from engine.machine import Deliver, Input, Kinds, Transition, default_kinds, input_to_json
 from engine.runtime.apply import Applier, EngineStats, lost_work
 from engine.runtime.metrics import Metrics
+from engine.runtime.retention import Sweeper
 from engine.runtime.retrying import Backoff, Trouble
 from engine.store.durability import check_server
+from engine.store.retention import FULL_AT, unwatch_removals, watch_removals
 from engine.store.store import STORE_FAULTS, RedisClient, Store, StoreConflict, WorkItem
 from engine.telemetry.tracing import Tracing, tracing_from
 
@@ -115,10 +118,12 @@ class Engine:
         metrics: Metrics | None = None,
         kinds: Kinds | None = None,
         runners: Runners | None = None,
+        sweep: bool = False,
         tracing: Tracing | None = None,
     ) -> None:
         """`kinds`: the call kinds the machine runs by (default: defaults.py's);
-        `runners`: runners of effects beside the built-in and MCP ones (a kind of its own)."""
+        `runners`: runners of effects beside the built-in and MCP ones (a kind of its own);
+        `sweep`: take part in the retention sweep (`subs serve` does; runtime/retention.py)."""
         self.project = project
         self.redis = redis
         self.env = os.environ if env is None else env
@@ -132,6 +137,8 @@ class Engine:
         self.metrics = metrics or Metrics()
         self.trouble = Trouble(log)
         self._want_partitions = partitions
+        self._sweep = sweep
+        self.sweeper: Sweeper | None = None
         self.store: Store
         self.owned: dict[int, _Partition] = {}
         self._background: list[asyncio.Task[None]] = []
@@ -180,10 +187,34 @@ class Engine:
             asyncio.create_task(self._lease_loop(), name="subs-leases"),
             asyncio.create_task(self._timer_loop(), name="subs-timers"),
         ]
+        watch_removals(self.applier.drop)
+        self.sweeper = self._sweeper()
+        if self.sweeper is not None and self._sweep:
+            self._background.append(asyncio.create_task(self.sweeper.run(), name="subs-sweep"))
+
+    def _sweeper(self) -> Sweeper | None:
+        """The retention sweep as `[store]` asks for it; None with `retention = "forever"`."""
+        conf = self.project.store
+        if conf.retention_ms is None:
+            return None
+        folder = None
+        if conf.archive_dir is not None:
+            folder = Path(conf.archive_dir)
+            if not folder.is_absolute():  # beside the project file, as `.subs/` is
+                folder = Path(self.project.path).resolve().parent / folder
+        return Sweeper(
+            self.store,
+            retention_ms=conf.retention_ms,
+            archive_dir=folder,
+            clock=self.clock,
+            owner=self.owner,
+            on_removed=lambda sid: self.metrics.inc("subs_sessions_archived_total"),
+        )
 
     async def stop(self) -> None:
         """Stop taking work, hand back in-flight calls, release leases."""
         await cancel_and_wait(self._background, patience=None)
+        unwatch_removals(self.applier.drop)
         # At once: a release on a connection Redis stopped answering costs a socket timeout.
         await asyncio.gather(*(self._drop(p, release=True) for p in list(self.owned)))
         with contextlib.suppress(Exception):
@@ -217,11 +248,15 @@ class Engine:
                 log.exception("lease round failed")
 
     async def _balance(self) -> None:
+        # Renewals first: a PEXPIRE is taken even by a Redis at maxmemory, which refuses
+        # the heartbeat's ZADD; the partitions held stay held while room is made.
+        leases = {p: part.lease for p, part in self.owned.items()}
+        lost = await self.store.renew(leases, self.lease_ms)
+        await self._read_memory()
         now = self.now_ms()
         live = await self.store.heartbeat(self.owner, now + self.lease_ms, now)
         share = math.ceil(self.store.partitions / max(live, 1))
-        leases = {p: part.lease for p, part in self.owned.items()}
-        for p in await self.store.renew(leases, self.lease_ms):
+        for p in lost:
             log.warning("lost the lease on partition %d", p)
             self.metrics.lease_lost()
             await self._drop(p, release=False)
@@ -236,6 +271,15 @@ class Engine:
             if lease is not None:
                 await self._take(p, lease)
         self.metrics.partitions_owned(len(self.owned))
+
+    async def _read_memory(self) -> None:
+        """Redis's memory for /metrics, each lease round; a server that will not say
+        (INFO refused) shows 0."""
+        try:
+            used, limit = await self.store.memory()
+        except Exception:  # Redis away (the round's other reads say so) or INFO refused
+            return
+        self.metrics.store_memory(used, limit, FULL_AT)
 
     async def _take(self, p: int, lease: str) -> None:
         part = _Partition(p, lease)

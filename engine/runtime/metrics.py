@@ -63,6 +63,14 @@ class Metrics:
         "subs_sse_streams_open": ("gauge", "Event streams open now."),
         "subs_sse_readers": ("gauge", "Redis readers behind the event streams (one a partition)."),
         "subs_partitions_owned": ("gauge", "Partitions this process owns."),
+        "subs_redis_used_memory_bytes": ("gauge", "Redis used_memory, as last read."),
+        "subs_redis_maxmemory_bytes": ("gauge", "Redis maxmemory (0: no limit)."),
+        "subs_store_full": (
+            "gauge",
+            "1 while Redis is past 90% of maxmemory: new sessions are refused (store_full).",
+        ),
+        "subs_store_oom_total": ("counter", "Commits Redis refused at maxmemory (retried)."),
+        "subs_sessions_archived_total": ("counter", "Sessions the retention sweep removed."),
         "subs_model_call_seconds": ("histogram", "Duration of one model call attempt."),
         "subs_worker_call_seconds": ("histogram", "Duration of one worker delivery."),
         "subs_http_request_seconds": ("histogram", "HTTP request duration (to the last byte)."),
@@ -136,6 +144,12 @@ class Metrics:
     def partitions_owned(self, n: int) -> None:
         """Hook: how many partitions this engine holds now."""
         self.set("subs_partitions_owned", n)
+
+    def store_memory(self, used: int, limit: int, full_at: float) -> None:
+        """Redis's memory as last read, and whether new sessions are refused for it."""
+        self.set("subs_redis_used_memory_bytes", used)
+        self.set("subs_redis_maxmemory_bytes", limit)
+        self.set("subs_store_full", 1 if limit and used >= full_at * limit else 0)
 
     def observe_model_call(self, seconds: float) -> None:
         """Hook: one model call attempt took `seconds`."""

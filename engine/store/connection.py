@@ -21,6 +21,7 @@ from redis.exceptions import (
     ClusterDownError,
     ClusterError,
     MovedError,
+    OutOfMemoryError,
     ReadOnlyError,
     RedisError,
     ResponseError,
@@ -164,8 +165,16 @@ STORE_FAULTS: tuple[type[Exception], ...] = (
     ReadOnlyError,
     TryAgainError,
     ClusterDownError,
+    OutOfMemoryError,  # Redis at maxmemory: a commit waits for room, never dropped
     OSError,
 )
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Redis refused a write at maxmemory. A script's refusal comes wrapped ("Error running
+    script … -OOM command not allowed …"), not as redis-py's OutOfMemoryError; a script is
+    refused at its first write only, so nothing of it was written."""
+    return isinstance(err, ResponseError) and "OOM command not allowed" in str(err)
 
 
 def unblocked(err: BaseException) -> bool:
@@ -256,7 +265,12 @@ class PackedConnections:
         reply that is an error raises, leaving later replies unread: the caller drops `conn`."""
         packed = b"".join(pack_command(tuple(command)) for command in commands)
         await conn.send_packed_command(packed, check_health=False)
-        return [await conn.read_response() for _ in commands]
+        try:
+            return [await conn.read_response() for _ in commands]
+        except ResponseError as err:
+            if out_of_memory(err) and not isinstance(err, OutOfMemoryError):
+                raise OutOfMemoryError(str(err)) from None
+            raise
 
     def _failing_over(self, err: Exception) -> bool:
         """On a cluster: the slot moved or its master went (a failover); the read is sent

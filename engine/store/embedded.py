@@ -165,10 +165,12 @@ class EmbeddedRedis:
         *,
         binary: str | None = None,
         fsync: Fsync = DEFAULT_FSYNC,
+        maxmemory: int | None = None,
     ) -> None:
         self.data_dir = Path(data_dir).resolve()
         self.binary = binary
         self.fsync = fsync
+        self.maxmemory = maxmemory  # bytes; None: Redis's default (no limit)
         self.socket_path = self.data_dir / SOCKET_NAME
         self.pidfile = self.data_dir / PIDFILE_NAME
         self.logfile = self.data_dir / LOGFILE_NAME
@@ -326,6 +328,10 @@ class EmbeddedRedis:
             f"appendfsync {self.fsync}",
             f"logfile {_conf_quote(str(self.logfile))}",
         ]
+        if self.maxmemory is not None:
+            # noeviction: at the limit a write is refused (the engine waits it out), never
+            # a session's key silently evicted.
+            lines += [f"maxmemory {self.maxmemory}", "maxmemory-policy noeviction"]
         if _major_version(self.binary or find_redis_server()) >= 7:
             # CONFIG SET dir, for a folder made again under a live server (only over the
             # socket, which is ours alone); 6.x has no such guard, and refuses the line.

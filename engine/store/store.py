@@ -21,7 +21,7 @@ from typing import cast
 
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import RedisError
+from redis.exceptions import OutOfMemoryError, RedisError
 
 from engine.store.connection import (
     STORE_FAULTS,
@@ -43,15 +43,24 @@ from engine.store.log import (
     Snapshot,
     StoreConflict,
 )
+from engine.store.retention import (
+    REMOVE_SCRIPT,
+    RESTORE_SCRIPT,
+    Removed,
+    SessionRetention,
+    register_purge,
+)
 from engine.store.work import ACQUIRE_SCRIPT, GROUP, RELEASE_SCRIPT, PartitionWork, WorkItem
 
 __all__ = [
     "GROUP",
     "STORE_FAULTS",
     "Commit",
+    "OutOfMemoryError",
     "RedisClient",
     "RedisCluster",
     "RedisError",
+    "Removed",
     "Snapshot",
     "Store",
     "StoreConflict",
@@ -60,6 +69,7 @@ __all__ = [
     "cluster_shape",
     "connect",
     "lua_script",
+    "register_purge",
     "spread_tags",
     "unreachable",
 ]
@@ -67,7 +77,7 @@ __all__ = [
 META_SCRIPT = lua_script(__package__, "meta.lua")
 
 
-class Store(SessionLog, PartitionWork, SessionFiles):
+class Store(SessionLog, SessionRetention, PartitionWork, SessionFiles):
     """A thin, typed command layer over one Redis connection pool (or one cluster client).
 
     Every key of a partition carries the partition's hash tag: on a cluster each
@@ -96,6 +106,8 @@ class Store(SessionLog, PartitionWork, SessionFiles):
         self._acquire = redis.register_script(ACQUIRE_SCRIPT)
         self._release = redis.register_script(RELEASE_SCRIPT)
         self._delete = redis.register_script(DELETE_SCRIPT)
+        self._remove = redis.register_script(REMOVE_SCRIPT)
+        self._restore = redis.register_script(RESTORE_SCRIPT)
 
     @classmethod
     async def open(

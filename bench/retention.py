@@ -1,0 +1,210 @@
+"""What a session costs Redis, and what the retention sweep gives back (issue 27).
+
+One on-call session runs `--turns` turns (3) of the example on-call turn (a user message
+that makes the fake model call the `lookup` client tool, the bench's answer, the model's
+`--words`-word reply) on an in-process Engine and its own embedded redis-server, its clock
+set 40 days back. Printed: the Redis bytes of that session by kind of key (`MEMORY USAGE`
+of its log, snapshot and token deltas, and its index entry), per session and per turn.
+
+Then `--sessions` (2000) copies of that session are put in Redis (its log restored under
+new ids, as `subs sessions import` does, and its token deltas copied), and the sweep runs
+once with archives on: printed are the sweep's rate (sessions/s, archives written and
+fsynced included), the archive's size per session on disk, and Redis's `used_memory`
+empty (the store opened), full, and after the sweep.
+
+Last, `--load-turns` (40) on-call turns over 4 fresh sessions at once, without and then
+with a sweep of as many idle copies running: turns/s of each (one run each).
+
+    .venv/bin/python bench/retention.py [--sessions 2000] [--turns 3] [--words 40]
+        [--load-turns 40]
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # engine, tests, bench
+
+import argparse
+import asyncio
+import contextlib
+import tempfile
+import time
+from typing import Any
+
+from bench.history import one_turn, project_of
+from bench.vs_langgraph import TurnVendor, user_text
+from engine.client import Client
+from engine.jsonedge import encode
+from engine.runtime.engine import Engine
+from engine.store.embedded import EmbeddedRedis
+from engine.store.store import Store, connect
+from tests.engine_helpers import ENV
+
+DAYS_BACK = 40 * 86_400
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.shift = -DAYS_BACK
+
+    def __call__(self) -> float:
+        return time.time() + self.shift
+
+
+async def used(store: Store) -> int:
+    return (await store.memory())[0]
+
+
+async def key_bytes(store: Store, sid: str) -> dict[str, int]:
+    redis = store.redis
+    sizes = {
+        "log": await redis.memory_usage(store.log_key(sid)) or 0,
+        "snapshot": await redis.memory_usage(store.snap_key(sid)) or 0,
+        "deltas": await redis.memory_usage(store.delta_key(sid)) or 0,
+    }
+    return sizes
+
+
+async def clone(store: Store, events: list[dict[str, Any]], deltas: bytes | None, n: int) -> None:
+    """`n` copies of the session under new ids: its log restored (snapshot refolded by
+    the restore script's caller: here the stored state, its id rewritten), deltas copied."""
+    from engine.machine import fold, state_to_json
+
+    base = fold(events)
+    assert base is not None
+    state = state_to_json(base)
+    for i in range(n):
+        sid = f"ses_copy{i:07d}"
+        copied = [{**e, "session_id": sid} for e in events]
+        snapshot = encode({**state, "session_id": sid})
+        await store.restore_session(sid, [encode(e) for e in copied], snapshot, base.created_at)
+        if deltas is not None:
+            await store.redis.restore(store.delta_key(sid), 0, deltas, replace=True)
+
+
+async def main(args: argparse.Namespace) -> None:
+    with (
+        tempfile.TemporaryDirectory() as tmp_name,
+        EmbeddedRedis(Path(tmp_name) / "redis") as server,
+    ):
+        tmp = Path(tmp_name)
+        vendor = TurnVendor(args.words)
+        await vendor.start()
+        redis = connect(server.url)
+        clock = Clock()
+        engine = Engine(project_of(tmp, vendor.url), redis, env=ENV, lease_ms=5000, clock=clock)
+        try:
+            await engine.start()
+            store = engine.store
+            empty = await used(store)
+            client = Client(store)
+            sid = "ses_oncall"
+            async with contextlib.aclosing(client.follow(sid, 0, delta_cursor="0-0")) as events:
+                for t in range(args.turns):
+                    await one_turn(client, sid, events, user_text(f"{sid} t{t}"))
+            clock.shift = 0
+            sizes = await key_bytes(store, sid)
+            index = await _index_bytes(store, sid)
+            total = sum(sizes.values()) + index
+            print(f"retention: one on-call session, {args.turns} turns ({args.words}-word answers)")
+            for kind, size in (*sizes.items(), ("index entry", index)):
+                print(f"  {kind:<12} {size:8d} bytes  {size / args.turns:9.0f} per turn")
+            print(f"  {'total':<12} {total:8d} bytes  {total / args.turns:9.0f} per turn")
+
+            log = await store.read_log(sid)
+            deltas = await redis.dump(store.delta_key(sid))
+            started = time.perf_counter()
+            await clone(store, log, deltas, args.sessions)
+            made = time.perf_counter() - started
+            full = await used(store)
+            sweeper = engine.sweeper
+            assert sweeper is not None
+            started = time.perf_counter()
+            report = await sweeper.sweep_once()
+            seconds = time.perf_counter() - started
+            assert report is not None
+            if report.archived != args.sessions + 1:
+                raise RuntimeError(f"swept {report.archived} of {args.sessions + 1} sessions")
+            after = await used(store)
+            on_disk = sum(p.stat().st_size for p in report.files)
+            print(f"sweep: {args.sessions + 1} idle sessions (copies made in {made:.1f} s)")
+            rate = report.archived / seconds
+            print(f"  rate: {rate:.0f} sessions/s ({seconds:.2f} s, archives fsynced)")
+            print(f"  archive on disk: {on_disk / report.archived:.0f} bytes per session (gzip)")
+            back = (full - after) / (full - empty) * 100
+            print(
+                f"  Redis used_memory: empty {empty / 1e6:.2f} MB, full {full / 1e6:.2f} MB, "
+                f"after the sweep {after / 1e6:.2f} MB ({(after - empty) / 1e6:+.2f} MB over "
+                f"empty: {back:.1f}% of what the sessions took is back)"
+            )
+            if args.load_turns:
+                await sweep_under_load(engine, client, store, log, deltas, args)
+        finally:
+            await engine.stop()
+            await redis.aclose()
+            await vendor.stop()
+
+
+LOAD_SESSIONS = 4
+
+
+async def load(client: Client, turns: int, tag: str) -> float:
+    """`turns` on-call turns over LOAD_SESSIONS fresh sessions at once; turns/s."""
+
+    async def session(n: int) -> None:
+        sid = f"ses_load_{tag}_{n}"
+        async with contextlib.aclosing(client.follow(sid, 0, delta_cursor="0-0")) as events:
+            for t in range(turns // LOAD_SESSIONS):
+                await one_turn(client, sid, events, user_text(f"{sid} t{t}"))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(session(n) for n in range(LOAD_SESSIONS)))
+    return (turns // LOAD_SESSIONS * LOAD_SESSIONS) / (time.perf_counter() - started)
+
+
+async def sweep_under_load(
+    engine: Engine,
+    client: Client,
+    store: Store,
+    log: list[dict[str, Any]],
+    deltas: bytes | None,
+    args: argparse.Namespace,
+) -> None:
+    """The same load of turns without, then with, a sweep of `--sessions` idle copies
+    running (one run each, in that order)."""
+    alone = await load(client, args.load_turns, "alone")
+    await clone(store, log, deltas, args.sessions)
+    sweeper = engine.sweeper
+    assert sweeper is not None
+    sweeping = asyncio.create_task(sweeper.sweep_once())
+    during = await load(client, args.load_turns, "during")
+    swept = await sweeping
+    assert swept is not None
+    print(
+        f"load: {args.load_turns} on-call turns over {LOAD_SESSIONS} sessions at once: "
+        f"{alone:.1f} turns/s alone, {during:.1f} turns/s while the sweep ran "
+        f"({swept.archived} sessions swept)"
+    )
+
+
+async def _index_bytes(store: Store, sid: str) -> int:
+    """What the session's entry adds to its partition's index (a sorted set): the set's
+    size with and without it."""
+    key = store.sessions_key(store.partition_of(sid))
+    with_it = await store.redis.memory_usage(key) or 0
+    score = await store.redis.zscore(key, sid)
+    await store.redis.zrem(key, sid)
+    without = await store.redis.memory_usage(key) or 0
+    await store.redis.zadd(key, {sid: score or 0})
+    return max(with_it - without, 0) if without else with_it
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sessions", type=int, default=2000)
+    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--words", type=int, default=40)
+    parser.add_argument("--load-turns", type=int, default=40, help="0: no load figure")
+    asyncio.run(main(parser.parse_args()))
