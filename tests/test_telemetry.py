@@ -719,3 +719,37 @@ async def test_a_slack_mentions_turn_joins_the_bots_intake_span(redis, vendor, t
     assert calls and all(s["parent_id"] == intake["span_id"] for s in calls)
     assert {s["trace_id"] for s in receiver.spans} == {intake["trace_id"]}
     assert "slack chat.update" in {s["name"] for s in calls}
+
+
+@pytest.mark.parametrize("capture", [False, True])
+async def test_prompts_and_completions_reach_spans_only_when_captured_and_masked(
+    redis, vendor, tmp_path, capture
+):
+    key = ENV["OPENAI_API_KEY"]  # a secret the engine knows, typed by a person
+    vendor.push(Text("Rotate it now."))
+    async with otlp_receiver() as receiver:
+        block = f'[telemetry]\nendpoint = "{receiver.url}"\n'
+        block += f"capture_content = {str(capture).lower()}\n"
+        engine = Engine(project_with(tmp_path, vendor.url, block), redis, env=ENV, lease_ms=3000)
+        await engine.start()
+        try:
+            client = Client(engine.store)
+            message = {"role": "user", "content": f"is {key} leaked?"}
+            reply = await client.submit(
+                {"type": "client.message", "agent_id": "ops_openai", "message": message}
+            )
+            await wait_for_event(client, reply["session_id"], turn_ended(reply["turn_id"]))
+        finally:
+            await engine.stop()
+    (chat,) = receiver.named("chat")
+    attributes = chat["attributes"]
+    if not capture:
+        assert "gen_ai.input.messages" not in attributes
+        assert "gen_ai.output.messages" not in attributes
+        return
+    inputs = json.loads(attributes["gen_ai.input.messages"])
+    assert inputs[-1] == {"role": "user", "parts": [{"type": "text", "content": "is *** leaked?"}]}
+    outputs = json.loads(attributes["gen_ai.output.messages"])
+    said = {"type": "text", "content": "Rotate it now."}
+    assert outputs == [{"role": "assistant", "parts": [said]}]
+    assert key not in json.dumps(receiver.spans)

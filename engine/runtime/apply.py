@@ -269,7 +269,7 @@ class Applier:
         sid = item.session_id
         state = await self.load(sid)
         seq = state.seq if state else 0
-        before = None if self.tracing is None else Before.of(state, sid)
+        before = None if self.tracing is None else Before.of(state, sid, self.tracing.capture)
         try:
             inp = self._machine_input(state, item.input)
             t = step(state, sid, inp, self.now_ms(), new_id, self.kinds)
