@@ -141,7 +141,7 @@ class WorkerIdentity(_Received):
 
     metadata: dict[str, str]
     subject: Subject | None = None
-    visibility: Json = None
+    visibility: Literal["shared", "private"] | None = None
 
 
 class SessionStartTrigger(_Received):
