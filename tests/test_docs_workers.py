@@ -27,8 +27,15 @@ import aiohttp
 import pytest
 
 from engine.config import load_project
-from engine.effects.delivery import sign, sign_timestamped, verify_timestamped
-from subs.worker import SignatureError, verify
+from engine.effects.delivery import (
+    Delivery,
+    deliver,
+    sign,
+    sign_timestamped,
+    verify_timestamped,
+)
+from subs.worker import SignatureError, aiohttp_app, verify
+from tests.api_helpers import serve as serve_app
 from tests.engine_helpers import ROOT, EngineProcess
 from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
 from tests.workers import REQUEST_SCHEMA, RESPONSE_SCHEMA, schema_errors
@@ -305,3 +312,57 @@ def test_worker_ts_is_worker_mjs_with_types() -> None:
             f"  ts:  {'; '.join(ours[first : first + 2])}\n"
             f"  mjs: {'; '.join(theirs[first : first + 2])}"
         )
+
+
+# --- the Python SDK's part of the page ------------------------------------------------------
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", WORKERS_MD.read_text(), re.M | re.S)
+
+
+def test_the_heart_of_it_shown_is_the_python_example() -> None:
+    """The page's excerpt of worker.py is worker.py's own text, not a paraphrase."""
+    [heart] = [b for b in python_blocks() if '@worker.tool("runbook")' in b]
+    assert heart in (EXAMPLES / "worker.py").read_text()
+
+
+async def test_the_sdk_example_of_the_page_streams_and_answers_later() -> None:
+    """The page's SDK block, run as written (its secret as the test's): a streamed
+    `llm.execute` read by the engine's own delivery (deltas, then the `llm.result`), and a
+    `deploy` tool call answered `{}` with the job queued for `settle`."""
+    [block] = [b for b in python_blocks() if "stream_text" in b]
+    namespace: dict = {}
+    exec(
+        compile(block.replace('secret="..."', f'secret="{SECRET}"'), "workers.md", "exec"),
+        namespace,
+    )
+    worker = namespace["worker"]
+    assert worker.secret == SECRET
+    deltas: list[dict] = []
+
+    async def on_delta(delta: dict) -> None:
+        deltas.append(delta)
+
+    llm = {"type": "llm.execute", "id": "llm_1", "request": {}, "stream": True, "attempt": 1}
+    tool = {
+        "type": "tool.execute",
+        "id": "call_9",
+        "name": "deploy",
+        "arguments": '{"service": "checkout"}',
+        "input": {"status": "valid", "value": {"service": "checkout"}},
+        "attempt": 1,
+    }
+    async with serve_app(aiohttp_app(worker)) as url, aiohttp.ClientSession() as http:
+        answers = []
+        for trigger in (llm, tool):
+            body = json.dumps({**SESSION_START, "trigger": trigger}).encode()
+            delivery = Delivery(url + "/", body, SECRET, timeout=10)
+            answers.append(await deliver(http, delivery, on_delta))
+    streamed, later = answers
+    assert "".join(d.get("text") or "" for d in deltas) == "Checkout restarts in a minute."
+    [result] = streamed["actions"]
+    assert result["response"]["content"] == "Checkout restarts in a minute."
+    assert not schema_errors(RESPONSE_SCHEMA, streamed)
+    assert later == {}
+    assert namespace["jobs"].get_nowait() == ("docs-1", "call_9", {"service": "checkout"})
