@@ -481,11 +481,13 @@ class CheckedWorker(Worker):
         return reply
 
 
+@pytest.mark.parametrize("kind", ["aiohttp", "asgi"])
 async def test_an_sdk_worker_decides_a_real_turn_with_an_async_tool(
-    redis, vendor, tmp_path
+    kind, redis, vendor, tmp_path, uvicorn_url
 ) -> None:
     """The model calls `lookup`; the worker answers LATER and settles it through the
-    machine API with `SubsClient.settle`; the turn completes with the result."""
+    machine API with `SubsClient.settle`; the turn completes with the result. Served as
+    the aiohttp app, and as the ASGI app under uvicorn."""
     worker = CheckedWorker(SECRET)
     later: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
 
@@ -496,7 +498,12 @@ async def test_an_sdk_worker_decides_a_real_turn_with_an_async_tool(
         return LATER
 
     vendor.push(ToolCalls([("lookup", {"q": "disk"})]), Text("Disk is at 91%."))
-    async with serve(aiohttp_app(worker)) as worker_url:
+    if kind == "aiohttp":
+        context = serve(aiohttp_app(worker))
+    else:  # a real ASGI server (uvicorn) running `asgi_app`
+        context = _as_context(uvicorn_url(asgi_app(worker)))
+    async with context as worker_url:
+        worker_url = worker_url.rstrip("/")
         text = textwrap.dedent(
             f"""\
             [llm.openai]
@@ -559,3 +566,54 @@ def test_the_sdk_loads_nothing_of_the_engine_or_the_bot() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out
+
+
+# The original engine's `POST /api/machine/workers/submit` example (AlexWiles/substructure,
+# docs/250-api.md, "Machine API"): the body a worker sends, byte for byte as JSON.
+ORIGINAL_SUBMIT = {
+    "session_id": "0193a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b",
+    "decision_id": "dec_abc",
+    "actions": [
+        {
+            "type": "tool.result",
+            "id": "call_abc",
+            "result": {"content": [{"type": "text", "text": "sunny"}]},
+        }
+    ],
+}
+
+
+async def test_submit_decision_sends_the_original_engines_body() -> None:
+    """Our engine serves no `workers/submit` yet (issue #30, item 2): this records what
+    the client sends on a loopback server and answers as the original's page says (`200
+    {"ok": true}`, and its second error shape for a refusal)."""
+    from aiohttp import web
+
+    received: list[tuple[str, str, Any]] = []
+    answers = [(200, {"ok": True}), (409, {"ok": False, "error": "decision is stale"})]
+
+    async def submit(request: web.Request) -> web.Response:
+        received.append((request.path, request.headers["Authorization"], await request.json()))
+        status, body = answers[len(received) - 1]
+        return web.json_response(body, status=status)
+
+    app = web.Application()
+    app.router.add_post("/api/machine/workers/submit", submit)
+    action = sdk.ToolResultAction(
+        id="call_abc", result={"content": [{"type": "text", "text": "sunny"}]}
+    )
+    async with serve(app) as url, SubsClient(url + "/", "the-key") as subs:
+        sid, did = ORIGINAL_SUBMIT["session_id"], ORIGINAL_SUBMIT["decision_id"]
+        assert await subs.submit_decision(sid, did, [action]) == {"ok": True}
+        with pytest.raises(sdk.SubsApiError, match="409: decision is stale"):
+            await subs.submit_decision(sid, did, DecisionResponse(actions=[action]))
+    assert received[0] == ("/api/machine/workers/submit", "Bearer the-key", ORIGINAL_SUBMIT)
+    assert received[1][2] == ORIGINAL_SUBMIT
+    assert schema_errors(RESPONSE_SCHEMA, {"actions": ORIGINAL_SUBMIT["actions"]}) == []
+
+
+def test_settle_takes_a_result_or_an_error() -> None:
+    subs = SubsClient("http://127.0.0.1:1", "k")
+    for kw in ({}, {"result": 1, "error": "e"}):
+        with pytest.raises(ValueError, match="a result or an error"):
+            asyncio.run(subs.settle("s", "c", **kw))
