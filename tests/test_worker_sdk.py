@@ -617,3 +617,55 @@ def test_settle_takes_a_result_or_an_error() -> None:
     for kw in ({}, {"result": 1, "error": "e"}):
         with pytest.raises(ValueError, match="a result or an error"):
             asyncio.run(subs.settle("s", "c", **kw))
+
+
+async def test_an_sdk_worker_runs_the_model_as_a_stream_in_a_real_turn(redis, tmp_path) -> None:
+    """`[llm.w] type = "worker"`: the engine sends `llm.execute`; the SDK worker answers
+    with `stream_text` (deltas, then `decision.result`); the turn records the reply."""
+    worker = CheckedWorker(SECRET)
+    executes: list[sdk.LlmExecuteTrigger] = []
+
+    @worker.on("llm.execute")
+    async def run_model(request: DecisionRequest) -> Stream:
+        assert isinstance(request.trigger, sdk.LlmExecuteTrigger)
+        executes.append(request.trigger)
+
+        async def chunks() -> AsyncIterator[str]:
+            for chunk in ("Disk ", "is ", "full."):
+                yield chunk
+
+        return stream_text(chunks(), model="my-model")
+
+    async with serve(aiohttp_app(worker)) as worker_url:
+        text = textwrap.dedent(
+            f"""\
+            [llm.w]
+            type = "worker"
+
+            [agent.helper]
+            llm = "w"
+            model = "my-model"
+            system = "You help."
+            worker = "{worker_url}/"
+            signing_secret_env = "HELPER_SECRET"
+            """
+        )
+        project = parse_project(text, str(tmp_path / "subs.toml"), env={})
+        engine = Engine(project, redis, env={**ENV, "HELPER_SECRET": SECRET}, lease_ms=3000)
+        await engine.start()
+        client = Client(engine.store)
+        try:
+            message = {"role": "user", "content": "how full is the disk?"}
+            reply = await client.submit(
+                {"type": "client.message", "agent_id": "helper", "message": message}
+            )
+            sid = reply["session_id"]
+            end = await wait_for_event(client, sid, turn_ended(reply["turn_id"]))
+            events = await assert_consistent(engine.store, sid)
+        finally:
+            await engine.stop()
+    assert end["payload"]["type"] == "turn.completed", end
+    assert len(executes) == 1
+    [_, answer] = [p["message"] for p in payloads(events, "message.new")]
+    assert answer["role"] == "assistant" and answer["content"] == "Disk is full."
+    assert "llm.execute" in worker.triggers and worker.problems == []
