@@ -345,6 +345,18 @@ async def test_an_engine_turn_with_a_tool_call_is_one_trace(redis, vendor, tmp_p
     assert turn["start_ns"] <= chats[0]["start_ns"] <= chats[0]["end_ns"] <= tool["start_ns"]
     assert tool["end_ns"] <= chats[1]["start_ns"] <= chats[1]["end_ns"] <= turn["end_ns"]
     assert turn["resource"]["service.name"] == "subs"
+    # The engine's own decisions, one span each, under the turn.
+    decided = receiver.named("decision ")
+    assert all(d["attributes"]["subs.decider"] == "engine" for d in decided)
+    assert all(d["parent_id"] == turn["span_id"] for d in decided)
+    triggers = [d["attributes"]["subs.trigger.type"] for d in decided]
+    assert {"client.messages", "llm.finished", "tool.finished"} <= set(triggers), triggers
+    assert triggers.count("llm.finished") == 2
+    # Each vendor request named its call attempt's span.
+    sent = [parse_traceparent(r.headers.get("traceparent")) for r in vendor.requests]
+    assert [(c.trace_id, c.span_id) for c in sent if c] == [
+        (c["trace_id"], c["span_id"]) for c in sorted(chats, key=lambda c: c["start_ns"])
+    ]
 
 
 async def test_a_worker_turn_nests_the_workers_requests_under_its_decisions(

@@ -202,7 +202,7 @@ class Applier:
         self.cache.put(t.state.session_id, t.state, mark, size)
         self._count(t.events)
         if self.tracing is not None and planned.before is not None:
-            self.tracing.committed(planned.before, t.events)
+            self.tracing.committed(planned.before, t.events, t.decided)
         self.stats.steps += 1
         if self.stats.record_steps:
             self.stats.step_seconds.append(time.perf_counter() - planned.started)

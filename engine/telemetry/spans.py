@@ -12,7 +12,7 @@ OpenTelemetry GenAI conventions (docs/telemetry.md); `subs.*` attributes are our
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -188,11 +188,18 @@ class Projector:
         while len(self._turn_events) > self.max_open:
             self._turn_events.popitem(last=False)
 
-    def project(self, before: Before, envelopes: Iterable[Mapping[str, Any]]) -> list[SpanRecord]:
-        """The spans that the committed `envelopes` of one step end."""
+    def project(
+        self,
+        before: Before,
+        envelopes: Iterable[Mapping[str, Any]],
+        decided: Sequence[str] = (),
+    ) -> list[SpanRecord]:
+        """The spans that the committed `envelopes` of one step end, and one for each
+        trigger the engine decided itself in the step (`decided`)."""
         sid = before.session_id
         out: list[SpanRecord] = []
         turn_id = before.turn[0] if before.turn else None
+        at: int | None = None
         for env in envelopes:
             p = env["payload"]
             kind = p["type"]
@@ -219,6 +226,19 @@ class Projector:
             elif kind == ev.CALL_RETRY_SCHEDULED and turn_id:
                 attrs: Attributes = {"subs.call.id": p["id"], "subs.attempt": p["attempt"]}
                 self._note(sid, turn_id, SpanEvent("retry_scheduled", at, attrs))
+        if decided and turn_id and at is not None:
+            turn = self._context(before, turn_id)
+            for n, trigger in enumerate(decided):
+                ident = span_id(turn.trace_id, "engine-decision", str(at), str(n), trigger)
+                made: Attributes = {
+                    "subs.decider": "engine",
+                    "subs.trigger.type": trigger,
+                    "gen_ai.conversation.id": sid,
+                }
+                ctx = SpanContext(turn.trace_id, ident)
+                out.append(
+                    SpanRecord(f"decision {trigger}", ctx, turn.span_id, "internal", at, at, made)
+                )
         return out
 
     def _context(self, before: Before, turn_id: str) -> SpanContext:

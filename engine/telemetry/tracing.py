@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Protocol
 
@@ -25,9 +25,12 @@ class Tracing:
         self.projector = Projector()
         self.sink = sink
 
-    def committed(self, before: Before, envelopes: Iterable[Mapping[str, Any]]) -> None:
-        """A commit landed: its events become spans, the finished ones handed to the sink."""
-        spans = self.projector.project(before, envelopes)
+    def committed(
+        self, before: Before, envelopes: Iterable[Mapping[str, Any]], decided: Sequence[str] = ()
+    ) -> None:
+        """A commit landed: its events become spans, the finished ones handed to the sink,
+        with one for each trigger the engine decided itself in it (`decided`)."""
+        spans = self.projector.project(before, envelopes, decided)
         if spans:
             self.sink.emit(spans)
 
