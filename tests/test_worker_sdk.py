@@ -477,7 +477,13 @@ class CheckedWorker(Worker):
         reply = await super().handle(body, headers)
         if reply.stream is None:
             assert reply.status == 200, reply.body
-            self.problems += schema_errors(RESPONSE_SCHEMA, json.loads(reply.body))
+            answer = json.loads(reply.body)
+            self.problems += schema_errors(RESPONSE_SCHEMA, answer)
+            trigger = request["trigger"]["type"]
+            # With no handler, the engine's plan goes back as the engine wrote it.
+            echoed = trigger not in self.handlers and trigger != "tool.execute"
+            if echoed and answer != request["proposed"]:
+                self.problems.append(f"{trigger}: {answer} != {request['proposed']}")
         return reply
 
 
