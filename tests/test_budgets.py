@@ -12,8 +12,14 @@ import pytest
 
 from engine.config import ConfigError, parse_project
 from engine.effects.llm import prices
-from tests.engine_helpers import assert_consistent, payloads, subs
-from tests.fakes.llm_vendor import FakeVendor, ToolCalls
+from tests.engine_helpers import (
+    assert_consistent,
+    payloads,
+    subs,
+    turn_ended,
+    wait_for_event,
+)
+from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
 from tests.test_mcp import harness, stdio_block, toml  # noqa: F401 (harness: a fixture)
 
 
@@ -42,6 +48,34 @@ async def test_a_model_that_calls_a_tool_forever_stops_at_max_model_calls(harnes
     assert len(payloads(events, "llm.call.requested")) == 3
     assert len(payloads(events, "tool.call.completed")) == 3  # each tool call ran
     assert len(vendor.requests) == 3
+
+
+async def test_ask_holds_the_call_until_a_person_approves_more(harness, vendor):  # noqa: F811
+    """`on_exceeded = "ask"`: the second model call waits behind an interrupt and reaches
+    the vendor only once approved (also the golden log `budget_ask`)."""
+    vendor.push(ToolCalls([("clock__now", {})]), Text("It is noon."))
+    budget = 'budget = { max_model_calls = 1, max_cost_usd = 1, on_exceeded = "ask" }'
+    text = toml(
+        vendor, blocks=stdio_block(), mcp='[{ id = "mcp.clock", approve = "never" }]', extra=budget
+    )
+    await harness.start(text)
+    sid, turn_id = await harness.say("what time is it?")
+    client = harness.client
+    asked = await wait_for_event(
+        client, sid, lambda e: e["payload"]["type"] == "session.interrupted"
+    )
+    assert asked["payload"]["origin"] == "budget"
+    assert asked["payload"]["payload"]["message"].endswith("continue with another 1?")
+    assert len(vendor.requests) == 1  # the held call was not sent
+    iid = asked["payload"]["interrupt_id"]
+    body = {"type": "interrupt.resume", "interrupt_id": iid, "payload": {"value": "approve"}}
+    assert (await client.submit(body, session_id=sid))["resumed"] is True
+    end = await wait_for_event(client, sid, turn_ended(turn_id))
+    assert end["payload"]["type"] == "turn.completed"
+    assert len(vendor.requests) == 2
+    events = await assert_consistent(harness.engine.store, sid)
+    estimates = [p["estimate"] for p in payloads(events, "llm.call.requested")]
+    assert len(estimates) == 2 and all(e["tokens"] > 0 for e in estimates)
 
 
 def project(extra_llm: str = "", agent: str = "", model: str = "gpt-4.1-mini"):
