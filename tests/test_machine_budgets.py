@@ -263,3 +263,27 @@ def test_a_worker_sets_its_sessions_budget_at_start_and_sees_it_on_its_decision_
         assert req["identity"]["metadata"]["budget.spent.max_model_calls"] == str(n + 1)
     s.apply(DecisionAnswered(req["decision_id"], 1, {"actions": [{"type": "llm.call"}]}))
     assert failed(s)["error"]["detail"]["limit"] == "max_model_calls"
+
+
+def test_a_tool_call_held_by_its_budget_still_asks_its_connections_approval():
+    """Approving more budget is not approving a destructive MCP call: that is asked next."""
+    from engine.machine.connectors import RunMcpCall
+    from tests.test_machine_connectors import CLOCK_TOOLS, effects, synced
+    from tests.test_machine_connectors import agent as mcp_agent
+
+    config = mcp_agent("mcp.clock")
+    config["budget"] = {"max_tool_calls": 0, "on_exceeded": "ask"}
+    s = Session(agent=config)
+    t = synced(s, s.say("go"), {"mcp.clock": CLOCK_TOOLS})
+    [llm] = effects(t, RunLlmCall)
+    t = s.apply(LlmCallSettled(llm.call_id, 1, response=tool_reply(("c1", "clock__reset", "{}"))))
+    assert not effects(t, RunMcpCall)
+    assert s.state is not None and list(s.state.interrupts) == ["budget-c1"]
+    # max_tool_calls = 0 raised by its own size is still 0: the point here is the order.
+    t = resume(s, "budget-c1", "approve")
+    assert not effects(t, RunMcpCall)
+    assert list(s.state.interrupts) == ["approve-c1"]  # the connection's own approval
+    t = resume(s, "approve-c1", "approve")
+    [run] = effects(t, RunMcpCall)
+    assert run.call_id == "c1"
+    s.check_fold()

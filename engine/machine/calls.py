@@ -155,14 +155,11 @@ def start_tool_call(st: Step, action: dict[str, Any], unrunnable: list[tuple[Cal
         requested["params"] = {"connector": tool["connector"], "tool": tool["tool"]}
     st.emit(requested)
     call = st.s.calls[call_id]
-    if over is not None:
-        budgets.ask(st, over, call_id)  # sent once a person approves (turns.py)
-        return
     if kind is not None and kind.runnable(st.s):
-        if tool is not None and "connector" in tool and needs_approval(st.s, tool):
-            ask_approval(st, call, tool)  # sent once a person approves (turns.py)
+        if over is not None:
+            budgets.ask(st, over, call_id)  # `send_tool` once a person approves (turns.py)
             return
-        dispatch(st, call, 1)
+        send_tool(st, call)
         return
     # An engine-decided agent has no worker to run it: the model learns that.
     if tool is None:
@@ -172,6 +169,18 @@ def start_tool_call(st: Step, action: dict[str, Any], unrunnable: list[tuple[Cal
     else:
         reason = f"no {handler} runs {name!r}"
     unrunnable.append((call, reason))
+
+
+def send_tool(st: Step, call: Call) -> None:
+    """Send a recorded, runnable tool call: a connector's that needs a person's approval
+    asks for it first."""
+    tool = find_tool(st.s.agent, call.name or "", st.s.turn_tools) or call_params(
+        st.s, call.name or ""
+    )
+    if tool is not None and "connector" in tool and needs_approval(st.s, tool):
+        ask_approval(st, call, tool)  # sent once a person approves (turns.py)
+        return
+    dispatch(st, call, 1)
 
 
 def dispatch(st: Step, call: Call, attempt: int) -> None:

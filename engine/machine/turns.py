@@ -20,7 +20,7 @@ from typing import Any
 from . import budgets, retry
 from . import events as ev
 from .asking import decide
-from .calls import call_failed, dispatch, reprompt_or_nothing
+from .calls import call_failed, dispatch, reprompt_or_nothing, send_tool
 from .connections import connector_of, own_names, tools_of
 from .connectors import start_sync
 from .core import MachineError, Opening, Step
@@ -411,7 +411,11 @@ def _budget_answered(st: Step, interrupt: dict[str, Any], payload: Any, expire: 
         return
     if not expire and approved(payload):
         if call is not None and call.status == "requested":
-            dispatch(st, call, 1)
+            # A tool call may still need its connection's approval; a model call is sent.
+            if call.kind == "tool":
+                send_tool(st, call)
+            else:
+                dispatch(st, call, 1)
         return
     why = "the prompt expired" if expire else "a person declined to raise it"
     figures: dict[str, Any] = {
