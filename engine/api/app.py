@@ -22,7 +22,7 @@ from engine.api.client_tokens import ClientTokens
 from engine.api.console import add_console_routes
 from engine.api.fanout import Hub
 from engine.api.local import allowed_hosts
-from engine.api.machine import post_client_token, post_machine_submit
+from engine.api.machine import post_client_token, post_machine_submit, post_worker_submit
 from engine.api.middleware import (
     authenticate,
     console_headers,
@@ -130,6 +130,7 @@ def make_app(
     r.add_post("/api/machine/sessions/{sid}/calls/settle", post_settle)
     r.add_post("/api/machine/client-tokens", post_client_token)
     r.add_post("/api/machine/sessions/submit", post_machine_submit)
+    r.add_post("/api/machine/workers/submit", post_worker_submit)
     r.add_get("/api/machine/sessions/{sid}/events/stream", stream_events)
     r.add_get("/api/admin/sessions", admin_sessions)
     r.add_get("/api/admin/sessions/{sid}/events", admin_events)

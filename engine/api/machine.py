@@ -17,8 +17,9 @@ from engine.api.middleware import Handler
 from engine.api.parsing import json_body, validate
 from engine.api.sessions import refuse_reserved
 from engine.api.state import API, principal_of
-from engine.errors import SubsError
+from engine.errors import ProtocolError, SubsError
 from engine.jsonedge import compact_json
+from engine.protocol import parse_decision_response, to_json
 
 
 class IdentityBody(BaseModel):
@@ -50,6 +51,16 @@ class MachineSubmitBody(BaseModel):
     session_id: str | None = Field(default=None, min_length=1, max_length=200)
     payload: dict[str, Any]
     queue: StrictBool = False
+
+
+class WorkerSubmitBody(BaseModel):
+    """`POST /api/machine/workers/submit`: a DecisionResponse (`actions`, and `agent` or
+    `state` beside them) for the decision `decision_id` of `session_id`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    session_id: str = Field(min_length=1, max_length=200)
+    decision_id: str = Field(min_length=1, max_length=200)
 
 
 def ok_false(handler: Handler) -> Handler:
@@ -99,6 +110,26 @@ async def post_client_token(request: web.Request) -> web.Response:
         body.identity.id, body.identity.metadata, body.ttl_seconds, time.time()
     )
     return web.json_response({"token": token, "expires_at": expires_at}, dumps=compact_json)
+
+
+@ok_false
+async def post_worker_submit(request: web.Request) -> web.Response:
+    """A worker's answer to a decision it deferred (it answered the request with an empty
+    body): applied once, then `{"ok": true}`; any other decision id is `409`."""
+    api = request.app[API]
+    require_machine(request)
+    raw = await json_body(request)
+    body: WorkerSubmitBody = validate(WorkerSubmitBody, raw)
+    response = {k: v for k, v in raw.items() if k not in ("session_id", "decision_id")}
+    try:
+        decision = to_json(parse_decision_response(response))
+    except ProtocolError as err:
+        raise ApiError(err.message, status=422, code="invalid_input", param=err.param) from None
+    refuse_reserved(request, body.session_id)
+    await api.client.submit_decision(
+        body.session_id, body.decision_id, decision, timeout=api.request_timeout
+    )
+    return web.json_response({"ok": True}, dumps=compact_json)
 
 
 @ok_false

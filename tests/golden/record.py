@@ -54,6 +54,8 @@ SCENARIOS = {
     "connectors": "tests/golden/scenarios.py::"
     "test_connectors_a_sync_a_call_and_a_server_that_is_not_installed",
     "connector_off": "tests/golden/scenarios.py::test_an_off_connection_over_two_turns",
+    "worker_async_decision": "tests/test_async_decisions.py::"
+    "test_an_async_decision_completes_the_turn_and_a_stale_id_is_refused",
 }
 
 
