@@ -20,6 +20,7 @@ from engine.api.client_tokens import ClientTokens, TokenConfigError
 from engine.client import Client
 from engine.runtime.engine import Engine
 from engine.store.snapshots import load_state
+from tests.agui_helpers import run_input, user
 from tests.api_helpers import ALICE, INPUT, KEYS_ENV, ROOT, auth, read_stream, serve
 from tests.engine_helpers import ENV, make_project
 from tests.fakes.llm_vendor import FakeVendor, Text
@@ -236,3 +237,29 @@ async def test_machine_submit_upstream_example(engine: Engine, vendor: FakeVendo
         assert bad.status_code == 422 and bad.json()["ok"] is False and bad.json()["error"]
         scoped = await http.post(SUBMIT, json=body, headers=auth(ALICE))
         assert scoped.status_code == 403 and scoped.json()["ok"] is False
+
+
+async def test_the_agui_channel_takes_a_token_as_its_owner(
+    engine: Engine, vendor: FakeVendor
+) -> None:
+    vendor.default = Text("hello from the channel")
+    body = run_input("token-thread-1", "run-1", [user("m1", "hi")])
+    async with api(engine) as http:
+        resp = await http.post(
+            "/api/channels/ag-ui/agents/ops_openai/run",
+            json=body,
+            headers=auth(token()) | {"Accept": "text/event-stream"},
+        )
+        assert resp.status_code == 200, resp.text
+        assert "RUN_FINISHED" in resp.text and "TEXT_MESSAGE_CONTENT" in resp.text
+        state = await load_state(engine.store, "token-thread-1")
+        assert state is not None
+        assert state.identity["subject"] == {"issuer": "app", "id": "user_42"}
+        # another user's token may not continue that thread
+        again = run_input("token-thread-1", "run-2", [user("m1", "hi"), user("m2", "more")])
+        resp = await http.post(
+            "/api/channels/ag-ui/agents/ops_openai/run",
+            json=again,
+            headers=auth(token(sub="user_43")) | {"Accept": "text/event-stream"},
+        )
+        assert resp.status_code == 403, resp.text
