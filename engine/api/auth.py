@@ -25,7 +25,7 @@ class Principal:
     full: bool
     read_only: bool = False  # a `KEY:read` key: sees every session, changes nothing
     issuer: str = "api"
-    metadata: Mapping[str, str] = field(default_factory=dict)
+    metadata: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def token(self) -> bool:

@@ -42,7 +42,7 @@ class TokenClaims:
     """What a verified token says: its owner and the metadata the backend gave it."""
 
     sub: str
-    metadata: Mapping[str, str] = field(default_factory=dict)
+    metadata: Mapping[str, str] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
