@@ -200,3 +200,31 @@ async def test_a_deferred_decision_never_submitted_fails_at_its_deadline(
             assert resp.status_code == 409 and resp.json()["ok"] is False
     finally:
         await engine.stop()
+
+
+async def test_a_cancel_ends_a_turn_waiting_on_a_deferred_decision(
+    redis, vendor: FakeVendor, test_worker, tmp_path: Path
+) -> None:
+    deciding = Deferring()
+    worker = await test_worker(deciding)
+    path = tmp_path / "subs.toml"
+    path.write_text(project_text(vendor.url, worker.url))
+    engine = Engine(parse_project(path.read_text(), str(path), env={}), redis, env=ENV)
+    await engine.start()
+    try:
+        client = Client(engine.store)
+        reply = await client.submit(say("how full is the disk?"))
+        sid, turn_id = reply["session_id"], reply["turn_id"]
+        await wait_for_event(client, sid, lambda e: e["payload"]["type"] == "decision.waiting")
+        await client.cancel(sid, "not needed")
+        end = await wait_for_event(client, sid, turn_ended(turn_id))
+        assert end["payload"]["type"] == "turn.failed"
+        state = await load_state(engine.store, sid)
+        assert state is not None and state.decision is None and state.turn is None
+        request = deciding.deferred[0]
+        async with api(engine) as http:
+            body = {"session_id": sid, "decision_id": request["decision_id"], "actions": []}
+            resp = await http.post(SUBMIT, json=body, headers=auth(ROOT))
+            assert resp.status_code == 409 and resp.json()["code"] == "decision_not_pending"
+    finally:
+        await engine.stop()
