@@ -24,6 +24,7 @@ from engine.jsonedge import JsonEdgeError, check
 from engine.machine import (
     CallSettled,
     CancelRequested,
+    DecisionSubmitted,
     InterruptRequested,
     SessionState,
     input_to_json,
@@ -250,6 +251,14 @@ class Client:
             client_only=client_only,
         )
         return await self._request(session_id, input_to_json(settled), timeout)
+
+    async def submit_decision(
+        self, session_id: str, decision_id: str, response: dict[str, Any], *, timeout: float = 30.0
+    ) -> dict[str, Any]:
+        """A worker's DecisionResponse for a decision it deferred (answered with an empty
+        body); `{"ok": true}` once applied, 409 `decision_not_pending` for any other id."""
+        inp = DecisionSubmitted(decision_id, response)
+        return await self._request(session_id, input_to_json(inp), timeout)
 
     async def interrupt(
         self, session_id: str, reason: str, payload: Any = None, *, timeout: float = 30.0

@@ -104,6 +104,8 @@ class ServeConfig:
     header_timeout_secs: float = 10.0  # a request's headers must arrive within this (slow-loris)
     state_cache_mb: int = 256  # the engine's cache of session states, at most this big
     state_cache_sessions: int = 10_000  # and at most this many sessions
+    client_token_issuer: str = "subs"  # the `iss` client tokens carry and must carry
+    client_token_audience: str = "subs-client"  # and their `aud`
 
     def console_url(self, session_id: str) -> str:
         """The session's console page: at `public_url`, else where serve listens."""
@@ -628,6 +630,8 @@ class _Serve(_Model):
     header_timeout_secs: Annotated[float, Field(gt=0, le=3600)] = 10.0
     state_cache_mb: Annotated[int, Field(ge=1)] = 256
     state_cache_sessions: Annotated[int, Field(ge=1)] = 10_000
+    client_token_issuer: NonEmpty = "subs"
+    client_token_audience: NonEmpty = "subs-client"
 
 
 class _Store(_Model):
@@ -1289,6 +1293,8 @@ def _build(root: _Root, path: str) -> Project:
             header_timeout_secs=root.serve.header_timeout_secs,
             state_cache_mb=root.serve.state_cache_mb,
             state_cache_sessions=root.serve.state_cache_sessions,
+            client_token_issuer=root.serve.client_token_issuer,
+            client_token_audience=root.serve.client_token_audience,
         ),
         llm=llm,
         agents=agents,

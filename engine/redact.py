@@ -104,9 +104,11 @@ class Redactor(logging.Filter):
 
 
 def env_secrets(env: Mapping[str, str]) -> list[str]:
-    """The secrets the environment holds whatever the project: API keys and Slack's."""
+    """The secrets the environment holds whatever the project: API keys, the client
+    token secret and Slack's."""
     values = [v for k, v in env.items() if k.startswith(_SLACK_SECRET_VARS)]
     values.append(env.get("SUBS_API_KEY", ""))
+    values.append(env.get("CLIENT_TOKEN_HS256_SECRET", ""))  # signs client tokens
     for entry in env.get("SUBS_API_KEYS", "").split(","):
         values.append(entry.strip().removesuffix(":own").removesuffix(":read"))
     return values

@@ -21,7 +21,7 @@ TurnStatus = Literal["queued", "running", "completed", "failed"]
 # client tool), `retry_scheduled` while a backoff timer runs.
 CallStatus = Literal["requested", "running", "retry_scheduled", "waiting", "failed"]
 # The session's one live decision (`Decision.status`).
-DecisionStatus = Literal["running", "retry_scheduled", "failed"]
+DecisionStatus = Literal["running", "waiting", "retry_scheduled", "failed"]
 # How a turn watched at a terminal ended for the watcher: `detached` when the watcher
 # stopped following it (the turn itself goes on).
 WatchedStatus = Literal["completed", "failed", "detached"]

@@ -47,6 +47,7 @@ async def read_stream(
     headers: dict[str, str] | None = None,
     stop: Callable[[ServerSentEvent], bool] | None = None,
     timeout: float = 15.0,
+    path: str | None = None,
 ) -> list[ServerSentEvent]:
     """Frames of one connection until the server ends it or `stop(frame)` is true
     (then the client hangs up)."""
@@ -55,7 +56,7 @@ async def read_stream(
         async with aconnect_sse(
             http,
             "GET",
-            stream_path(sid),
+            path or stream_path(sid),
             params=params,
             headers={**auth(key), **(headers or {})},
         ) as source:

@@ -279,7 +279,8 @@ async def serve(tmp_path: Path, redis_url: str) -> AsyncIterator[EngineProcess]:
         vendor.responder = confirm_then_answer
         config = tmp_path / "subs.toml"
         config.write_text(api_toml(vendor.url))
-        proc = await EngineProcess(config, redis_url, {"SUBS_API_KEYS": KEY}).start()
+        env = {"SUBS_API_KEYS": KEY, "CLIENT_TOKEN_HS256_SECRET": "docs-" + "0" * 40}
+        proc = await EngineProcess(config, redis_url, env).start()
         try:
             yield proc
         finally:
@@ -356,6 +357,8 @@ async def test_every_curl_example_in_api_md_answers_as_shown(
                 body = json.loads(answer.body)
                 if isinstance(body, dict) and isinstance(body.get("interrupt_id"), str):
                     env["INTERRUPT_ID"] = body["interrupt_id"]
+                if isinstance(body, dict) and isinstance(body.get("token"), str):
+                    env["CLIENT_TOKEN"] = body["token"]  # the doc: "keep the token as …"
     finally:
         await redis.aclose()
     assert not failures, "\n".join(failures) + f"\nserve log:\n{serve.log_tail()}"

@@ -590,9 +590,10 @@ ORIGINAL_SUBMIT = {
 
 
 async def test_submit_decision_sends_the_original_engines_body() -> None:
-    """Our engine serves no `workers/submit` yet (issue #30, item 2): this records what
-    the client sends on a loopback server and answers as the original's page says (`200
-    {"ok": true}`, and its second error shape for a refusal)."""
+    """The body the client sends, byte for byte the original's (its docs/250-api.md),
+    recorded on a loopback server that answers as that page says (`200 {"ok": true}`,
+    and its second error shape for a refusal); our own route runs in
+    `test_an_sdk_worker_decides_later_through_workers_submit`."""
     from aiohttp import web
 
     received: list[tuple[str, str, Any]] = []
@@ -675,3 +676,63 @@ async def test_an_sdk_worker_runs_the_model_as_a_stream_in_a_real_turn(redis, tm
     [_, answer] = [p["message"] for p in payloads(events, "message.new")]
     assert answer["role"] == "assistant" and answer["content"] == "Disk is full."
     assert "llm.execute" in worker.triggers and worker.problems == []
+
+
+async def test_an_sdk_worker_decides_later_through_workers_submit(redis, vendor, tmp_path) -> None:
+    """A handler answers LATER to `client.messages`: the SDK sends an empty body, the
+    decision waits, and `SubsClient.submit_decision` (the original's body) completes the
+    turn through our real `POST /api/machine/workers/submit`; a repeat is refused (409)."""
+    worker = Worker(SECRET)
+    held: asyncio.Queue[DecisionRequest] = asyncio.Queue()
+
+    @worker.on("client.messages")
+    async def later(request: DecisionRequest) -> Any:
+        await held.put(request)
+        return LATER
+
+    vendor.default = Text("Disk is at 91%.")
+    async with serve(aiohttp_app(worker)) as worker_url:
+        text = textwrap.dedent(
+            f"""\
+            [llm.openai]
+            type = "openai"
+            base_url = "{vendor.url}/v1"
+
+            [agent.helper]
+            llm = "openai"
+            model = "gpt-4.1-mini"
+            worker = "{worker_url.rstrip("/")}/"
+            signing_secret_env = "HELPER_SECRET"
+            """
+        )
+        project = parse_project(text, str(tmp_path / "subs.toml"), env={})
+        engine = Engine(project, redis, env={**ENV, "HELPER_SECRET": SECRET}, lease_ms=3000)
+        await engine.start()
+        client = Client(engine.store)
+        try:
+            async with serve(
+                make_app(client, engine.store, keys=ApiKeys.from_env(KEYS_ENV))
+            ) as api:
+                message = {"role": "user", "content": "how full is the disk?"}
+                reply = await client.submit(
+                    {"type": "client.message", "agent_id": "helper", "message": message}
+                )
+                async with asyncio.timeout(20):
+                    request = await held.get()
+                await wait_for_event(
+                    client, request.session_id, lambda e: e["payload"]["type"] == "decision.waiting"
+                )
+                async with SubsClient(api, ROOT) as subs:
+                    answer = await subs.submit_decision(
+                        request.session_id, request.decision_id, request.proposed
+                    )
+                    assert answer == {"ok": True}
+                    with pytest.raises(sdk.SubsApiError) as again:
+                        await subs.submit_decision(
+                            request.session_id, request.decision_id, request.proposed
+                        )
+                    assert again.value.status == 409
+                end = await wait_for_event(client, request.session_id, turn_ended(reply["turn_id"]))
+        finally:
+            await engine.stop()
+    assert end["payload"]["type"] == "turn.completed"

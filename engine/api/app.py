@@ -18,9 +18,11 @@ from engine.api.admin import (
 )
 from engine.api.auth import ApiKeys
 from engine.api.chat_page import add_chat_routes
+from engine.api.client_tokens import ClientTokens
 from engine.api.console import add_console_routes
 from engine.api.fanout import Hub
 from engine.api.local import allowed_hosts
+from engine.api.machine import post_client_token, post_machine_submit, post_worker_submit
 from engine.api.middleware import (
     authenticate,
     console_headers,
@@ -79,6 +81,7 @@ def make_app(
     agents: Iterable[str] = (),
     store_problem: Callable[[], str | None] = lambda: None,
     hosts: Iterable[str | None] = (),
+    tokens: ClientTokens | None = None,
 ) -> web.Application:
     """The API as an aiohttp app; the caller runs it (and decides where, see `check_bind`).
 
@@ -90,6 +93,7 @@ def make_app(
     `store_problem` says why the store is degraded though Redis answers (/healthz).
     `hosts` are the names an open API (no keys) answers besides the loopback ones: the
     address it is bound to and `[serve] public_url`'s host (engine/api/local.py).
+    `tokens` mints and checks client tokens (engine/api/client_tokens.py); none: off.
     """
     limits = sse or SseLimits()
     app = web.Application(
@@ -107,6 +111,7 @@ def make_app(
         request_timeout=request_timeout,
         hub=Hub(store, sse_frame, block_ms=limits.block_ms, buffer=limits.max_pending),
         max_streams_per_key=max_streams_per_key,
+        tokens=tokens or ClientTokens(),
         agents=tuple(sorted(agents)),
         store_problem=store_problem,
         local_hosts=allowed_hosts(hosts),
@@ -123,6 +128,10 @@ def make_app(
     r.add_post("/api/client/sessions/{sid}/cancel", post_cancel)
     r.add_delete("/api/client/sessions/{sid}", delete_session)
     r.add_post("/api/machine/sessions/{sid}/calls/settle", post_settle)
+    r.add_post("/api/machine/client-tokens", post_client_token)
+    r.add_post("/api/machine/sessions/submit", post_machine_submit)
+    r.add_post("/api/machine/workers/submit", post_worker_submit)
+    r.add_get("/api/machine/sessions/{sid}/events/stream", stream_events)
     r.add_get("/api/admin/sessions", admin_sessions)
     r.add_get("/api/admin/sessions/{sid}/events", admin_events)
     r.add_get("/api/admin/dead-letters", admin_dead_letters)

@@ -16,24 +16,40 @@ from engine.errors import SubsError
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: `key_id` is None when the API runs open."""
+    """Who is calling: `key_id` is None when the API runs open. A scoped caller is a
+    `KEY:own` key (subject issuer "api", its id the key's) or a client token (issuer
+    "app", its id the token's `sub`, with the token's metadata): both act only on the
+    sessions their subject owns and end only client-handled calls."""
 
     key_id: str | None
     full: bool
     read_only: bool = False  # a `KEY:read` key: sees every session, changes nothing
+    issuer: str = "api"
+    metadata: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    @property
+    def token(self) -> bool:
+        """A client token's caller (the Frontend caller of upstream's auth page)."""
+        return self.issuer != "api"
+
+    @property
+    def caller(self) -> str:
+        """The name its streams are counted under: a key's id, or a token's subject."""
+        return f"{self.issuer}:{self.key_id}"
 
     def owns(self, identity: Mapping[str, Any] | None) -> bool:
-        """Full access owns everything; a scoped key owns what its first input created."""
+        """Full access owns everything; a scoped caller owns what its subject created."""
         if self.full:
             return True
         subject = (identity or {}).get("subject") or {}
-        return subject.get("issuer") == "api" and subject.get("id") == self.key_id
+        return subject.get("issuer") == self.issuer and subject.get("id") == self.key_id
 
     def identity(self) -> dict[str, Any]:
         """The identity a new session created by this caller records."""
         if self.key_id is None:
             return {"metadata": {}}
-        return {"subject": {"issuer": "api", "id": self.key_id}, "metadata": {}}
+        subject = {"issuer": self.issuer, "id": self.key_id}
+        return {"subject": subject, "metadata": dict(self.metadata)}
 
 
 @dataclass(frozen=True)

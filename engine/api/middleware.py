@@ -11,7 +11,8 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from engine.api.auth import read_only_refusal, unauthorized
+from engine.api.auth import Principal, read_only_refusal, unauthorized
+from engine.api.client_tokens import APP_ISSUER, looks_like_jwt
 from engine.api.errors import INTERNAL, STORE_DOWN, ApiError, error_response, http_error
 from engine.api.local import local_refusal
 from engine.api.state import API, PRINCIPAL
@@ -26,6 +27,9 @@ _OPEN_PATHS = frozenset({"/healthz", "/console"})
 # Slack signs its own requests; the console's and the chat page's files hold nothing a
 # key protects (each page asks for the key and sends it with its calls).
 _OPEN_PREFIXES = ("/slack/", "/console/")
+# Where a client token is a credential (upstream's docs/250-api.md: the client API and the
+# AG-UI channel take a client JWT; the machine and admin APIs an API key).
+_TOKEN_PREFIXES = ("/api/client/", "/api/channels/ag-ui/")
 # The console's pages run only the package's own files: no inline script or style, no
 # other origin, never framed. Its JS reaches the API on the same origin.
 CONSOLE_POLICY = (
@@ -114,7 +118,12 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
     api = request.app[API]
     if request.path in _OPEN_PATHS or request.path.startswith(_OPEN_PREFIXES):
         return await handler(request)
-    principal = api.keys.authenticate(request.headers.get("Authorization"))
+    authorization = request.headers.get("Authorization")
+    principal = None if api.keys.open else api.keys.authenticate(authorization)
+    if principal is None:
+        principal = _token_caller(request, authorization)
+    if principal is None and api.keys.open:
+        principal = Principal(None, full=True)
     if principal is None:
         raise ApiError(
             unauthorized(request.headers.get("Authorization")), status=401, code="unauthorized"
@@ -123,6 +132,29 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
         raise ApiError(refusal, status=403, code="forbidden")
     request[PRINCIPAL] = principal
     return await handler(request)
+
+
+def _token_caller(request: web.Request, authorization: str | None) -> Principal | None:
+    """The caller a bearer client token names, None when the credential is no token (a
+    JWT-shaped bearer is one when tokens are on, or when keys are set: then the 401 says
+    tokens are off). A bad token is a 401 with PyJWT's reason; a good one only reaches
+    the client API and the AG-UI channel."""
+    api = request.app[API]
+    scheme, _, credential = (authorization or "").partition(" ")
+    credential = credential.strip()
+    if scheme.lower() != "bearer" or not looks_like_jwt(credential):
+        return None
+    if not api.tokens.enabled and api.keys.open:
+        return None
+    claims = api.tokens.verify(credential)
+    if not request.path.startswith(_TOKEN_PREFIXES):
+        raise ApiError(
+            f"{request.path}: a client token reaches only /api/client/ and the AG-UI channel; "
+            "this route takes an API key",
+            status=403,
+            code="forbidden",
+        )
+    return Principal(claims.sub, full=False, issuer=APP_ISSUER, metadata=claims.metadata)
 
 
 async def console_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from engine.api.auth import ApiKeys, Principal
+from engine.api.client_tokens import ClientTokens
 from engine.api.errors import ApiError
 from engine.api.fanout import Hub
 from engine.api.stream import SseLimits, SseStream
@@ -32,6 +33,7 @@ class ApiState:
     request_timeout: float
     hub: Hub
     max_streams_per_key: int
+    tokens: ClientTokens = field(default_factory=ClientTokens)  # off without a secret
     agents: tuple[str, ...] = ()  # the project's agents: the chat page has a page for each
     # The `Host` names an open API answers (engine.api.local): loopback, the bound address
     # and `public_url`'s host.
@@ -48,7 +50,7 @@ class ApiState:
         Returns the caller to hand back to `free_stream_slot`.
         """
         key_id = request[PRINCIPAL].key_id
-        caller = f"key:{key_id}" if key_id is not None else f"addr:{request.remote}"
+        caller = request[PRINCIPAL].caller if key_id is not None else f"addr:{request.remote}"
         held = self.streams_by_caller.get(caller, 0)
         if held >= self.max_streams_per_key:
             who = "this key" if key_id is not None else "this address"

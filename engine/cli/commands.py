@@ -611,6 +611,7 @@ async def _serve(args: argparse.Namespace) -> int:
 
     from bot.app import start_bots  # the Slack stack: only serve needs it
     from engine.api import ApiKeys, ApiKeysError, bind_warning, check_bind, make_app, make_runner
+    from engine.api.client_tokens import ClientTokens, TokenConfigError
     from engine.client import Client
     from engine.runtime.engine import Engine
     from engine.runtime.metrics import Metrics
@@ -621,7 +622,12 @@ async def _serve(args: argparse.Namespace) -> int:
     port = project.serve.port if args.port is None else args.port
     try:
         keys = ApiKeys.from_env(os.environ)
-    except ApiKeysError as err:
+        tokens = ClientTokens.from_env(
+            os.environ,
+            issuer=project.serve.client_token_issuer,
+            audience=project.serve.client_token_audience,
+        )
+    except (ApiKeysError, TokenConfigError) as err:
         raise Usage(str(err)) from None
     refusal = check_bind(host, keys)
     if refusal is not None:
@@ -672,6 +678,7 @@ async def _serve(args: argparse.Namespace) -> int:
             agents=project.agents,
             store_problem=store_problem,
             hosts=(host, urlsplit(project.serve.public_url or "").hostname),
+            tokens=tokens,
         )
         app.add_routes(bots.routes())  # POST /slack/<agent>/events
         runner = make_runner(

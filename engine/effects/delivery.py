@@ -123,14 +123,24 @@ def traceparent() -> str:
     return f"00-{trace_id:032x}-{parent_id:016x}-01"
 
 
+class Deferred(Exception):
+    """A decision answered with an empty body: the worker sends its answer later."""
+
+
 async def deliver(
-    http: aiohttp.ClientSession, d: Delivery, on_delta: OnDelta | None = None
+    http: aiohttp.ClientSession,
+    d: Delivery,
+    on_delta: OnDelta | None = None,
+    *,
+    defer: bool = False,
 ) -> dict[str, Any]:
     """POST the request once and return the worker's DecisionResponse as `to_json` gives it.
 
     `{}` is the empty decision (a `null` or `{}` answer). Token deltas of a streamed
     answer go to `on_delta` in order, untouched. Raises DecisionFailure for anything
     the worker or the network did; an exception raised by `on_delta` itself propagates.
+    With `defer` (a decision, not a call), an empty body raises `Deferred`: the worker
+    decides later (`POST /api/machine/workers/submit`, upstream's async worker submit).
     """
     headers = {
         "Content-Type": "application/json",
@@ -145,7 +155,7 @@ async def deliver(
             async with http.post(
                 d.url, data=d.body, headers=headers, allow_redirects=False
             ) as response:
-                return await _answer(response, d.max_body, on_delta)
+                return await _answer(response, d.max_body, on_delta, defer)
     except TimeoutError:  # the deadline, or one of aiohttp's own timeouts
         raise DecisionFailure(
             f"no answer within {d.timeout:g} s",
@@ -163,13 +173,15 @@ async def deliver(
 
 
 async def _answer(
-    response: aiohttp.ClientResponse, limit: int, on_delta: OnDelta | None
+    response: aiohttp.ClientResponse, limit: int, on_delta: OnDelta | None, defer: bool = False
 ) -> dict[str, Any]:
     if not 200 <= response.status < 300:
         raise await _status_failure(response)
     if "text/event-stream" in response.headers.get("Content-Type", "").lower():
         return await _read_stream(response, limit, on_delta)
     body = await _read_body(response, limit)
+    if not body.strip() and defer:
+        raise Deferred
     if not body.strip():
         raise _invalid("the answer is not JSON: the body is empty")
     try:

@@ -14,13 +14,14 @@ from typing import Any
 import aiohttp
 from pydantic import TypeAdapter, ValidationError
 
-from engine.effects.delivery import DecisionFailure, Delivery, deliver
+from engine.effects.delivery import DecisionFailure, Deferred, Delivery, deliver
 from engine.effects.llm import ProviderError, anthropic, openai
 from engine.effects.llm.files import Fetch, resolve_files
 from engine.errors import SubsError
 from engine.jsonedge import encode
 from engine.machine import (
     DecisionAnswered,
+    DecisionDeferred,
     DecisionFailed,
     ExecuteAnswered,
     ExecuteFailed,
@@ -88,7 +89,9 @@ class DecisionRun:
     async def run(self, http: aiohttp.ClientSession) -> Input:
         """Deliver the decision; the answer or the failure is one machine input."""
         try:
-            response = await deliver(http, self.delivery)
+            response = await deliver(http, self.delivery, defer=True)
+        except Deferred:  # an empty body: the worker submits its answer later
+            return DecisionDeferred(self.decision_id, self.attempt)
         except DecisionFailure as failure:
             return DecisionFailed(self.decision_id, self.attempt, failure.info(), failure.retryable)
         return DecisionAnswered(self.decision_id, self.attempt, response)

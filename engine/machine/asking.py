@@ -105,7 +105,7 @@ def live_decision(st: Step, decision_id: str, attempt: int) -> Decision | None:
     if d is None or d.id != decision_id:
         st.ignore(f"decision {decision_id!r} is not live (answered already?)")
         return None
-    if d.status != "running" or d.attempt != attempt:
+    if d.status not in ("running", "waiting") or d.attempt != attempt:
         st.ignore(f"decision {decision_id!r} attempt {attempt} was replaced (now {d.attempt})")
         return None
     return d

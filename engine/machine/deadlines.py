@@ -46,7 +46,7 @@ def armed(state: SessionState | None, kinds: Kinds) -> Armed:
         if due is not None:
             out[("interrupt", iid, 0)] = (due, InterruptDeadline(iid))
     d = state.decision
-    if d is not None and d.status == "running" and d.deadline is not None:
+    if d is not None and d.status in ("running", "waiting") and d.deadline is not None:
         out[("decision", d.id, d.attempt)] = (
             d.deadline + BACKSTOP_GRACE_MS,
             DecisionDeadline(d.id, d.attempt),

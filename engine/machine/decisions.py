@@ -24,9 +24,15 @@ from .calls import (
 )
 from .connections import entries
 from .connectors import start_sync
-from .core import CannotRun, Step
+from .core import CannotRun, MachineError, Step
 from .ending import end_turn, fail_turn
-from .inputs import DecisionAnswered, ExecuteAnswered, ExecuteFailed
+from .inputs import (
+    DecisionAnswered,
+    DecisionDeferred,
+    DecisionSubmitted,
+    ExecuteAnswered,
+    ExecuteFailed,
+)
 from .interrupts import raise_interrupt
 from .retry import Fault
 from .state import Call
@@ -54,6 +60,39 @@ def decision_answered(st: Step, inp: DecisionAnswered) -> None:
     st.emit({"type": ev.DECISION_COMPLETED, "decision_id": d.id, "attempt": d.attempt})
     if d.trigger["type"] == "turn.finished":
         st.finished = d.trigger["turn_id"]  # asked once more: with nothing to do, it is over
+    apply_decision(st, inp.response, d.trigger)
+
+
+def decision_deferred(st: Step, inp: DecisionDeferred) -> None:
+    """The worker will decide later: the decision waits, under the deadline its attempt
+    was dispatched with (deadlines.py keeps the timer armed), as an async tool waits."""
+    d = live_decision(st, inp.decision_id, inp.attempt)
+    if d is None:
+        return
+    if d.status == "waiting":
+        st.ignore(f"decision {d.id!r} is already waiting")
+        return
+    st.emit({"type": ev.DECISION_WAITING, "decision_id": d.id, "attempt": d.attempt})
+
+
+def decision_submitted(st: Step, inp: DecisionSubmitted) -> None:
+    """A waiting decision's answer, sent separately (workers/submit). Refused, changing
+    nothing, when that decision is not the one waiting (answered already, never asked,
+    timed out and asked again) or the answer does not fit its trigger."""
+    d = st.s.decision
+    if d is None or d.id != inp.decision_id or d.status != "waiting":
+        raise MachineError(
+            f"decision {inp.decision_id!r} is not pending (answered already, replaced by a "
+            "retry, or never sent as a deferred decision)",
+            code="decision_not_pending",
+            status=409,
+        )
+    problem = check_response(st, inp.response, d.trigger)
+    if problem is not None:
+        raise MachineError(f"actions: {problem}", code="invalid_input", status=422)
+    st.emit({"type": ev.DECISION_COMPLETED, "decision_id": d.id, "attempt": d.attempt})
+    if d.trigger["type"] == "turn.finished":
+        st.finished = d.trigger["turn_id"]
     apply_decision(st, inp.response, d.trigger)
 
 

@@ -53,6 +53,9 @@ CALL_RETRY_SCHEDULED: Final = "call.retry_scheduled"
 DECISION_QUEUED: Final = "decision.queued"
 DECISION_DISPATCHED: Final = "decision.dispatched"
 DECISION_COMPLETED: Final = "decision.completed"
+# The worker answered a decision request with an empty body: it decides later, through
+# `POST /api/machine/workers/submit`, before the attempt's recorded deadline.
+DECISION_WAITING: Final = "decision.waiting"
 DECISION_ERRORED: Final = "decision.errored"
 SESSION_INTERRUPTED: Final = "session.interrupted"
 SESSION_INTERRUPT_RESUMED: Final = "session.interrupt_resumed"
@@ -370,6 +373,15 @@ class DecisionDispatched(TypedDict):
 
 
 @with_config(_STRICT)
+class DecisionWaiting(TypedDict):
+    """The worker will answer the live decision later (workers/submit); its deadline holds."""
+
+    type: str
+    decision_id: str
+    attempt: int
+
+
+@with_config(_STRICT)
 class DecisionCompleted(TypedDict):
     """The worker's answer to the live decision was applied; the slot is free."""
 
@@ -473,6 +485,7 @@ Payload = (
     | DecisionQueued
     | DecisionDispatched
     | DecisionCompleted
+    | DecisionWaiting
     | DecisionErrored
     | SessionInterrupted
     | SessionInterruptResumed
@@ -512,6 +525,7 @@ EVENTS: Final[Mapping[str, type]] = {
     DECISION_QUEUED: DecisionQueued,
     DECISION_DISPATCHED: DecisionDispatched,
     DECISION_COMPLETED: DecisionCompleted,
+    DECISION_WAITING: DecisionWaiting,
     DECISION_ERRORED: DecisionErrored,
     SESSION_INTERRUPTED: SessionInterrupted,
     SESSION_INTERRUPT_RESUMED: SessionInterruptResumed,

@@ -282,6 +282,11 @@ def _decision_completed(s: SessionState, e: Event, p: ev.DecisionCompleted) -> N
     s.decision = None
 
 
+def _decision_waiting(s: SessionState, e: Event, p: ev.DecisionWaiting) -> None:
+    assert s.decision is not None and s.decision.id == p["decision_id"]
+    s.decision.status = "waiting"
+
+
 def _decision_errored(s: SessionState, e: Event, p: ev.DecisionErrored) -> None:
     assert s.decision is not None
     if p["final"]:
@@ -367,6 +372,7 @@ _APPLY: dict[str, Callable[[SessionState, Event, Any], None]] = {
     ev.DECISION_QUEUED: _decision_queued,
     ev.DECISION_DISPATCHED: _decision_dispatched,
     ev.DECISION_COMPLETED: _decision_completed,
+    ev.DECISION_WAITING: _decision_waiting,
     ev.DECISION_ERRORED: _decision_errored,
     ev.SESSION_INTERRUPTED: _interrupted,
     ev.SESSION_INTERRUPT_RESUMED: _interrupt_resumed,

@@ -70,6 +70,24 @@ class DecisionAnswered:
 
 
 @dataclass(frozen=True)
+class DecisionDeferred:
+    """The worker answered the live decision's attempt with an empty body: it will send
+    its DecisionResponse later (`DecisionSubmitted`)."""
+
+    decision_id: str
+    attempt: int
+
+
+@dataclass(frozen=True)
+class DecisionSubmitted:
+    """A worker's DecisionResponse for a waiting decision, sent separately
+    (`POST /api/machine/workers/submit`, upstream's shape)."""
+
+    decision_id: str
+    response: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class DecisionFailed:
     """One delivery attempt of the live decision failed."""
 
@@ -273,6 +291,8 @@ Input = (
     | CallLost
     | DecisionAnswered
     | DecisionFailed
+    | DecisionDeferred
+    | DecisionSubmitted
     | DecisionTimerFired
     | DecisionDeadline
     | ExecuteAnswered
@@ -303,6 +323,8 @@ WIRE_NAMES: dict[type, str] = {
     CallLost: "call.lost",
     DecisionAnswered: "decision.answered",
     DecisionFailed: "decision.failed",
+    DecisionDeferred: "decision.deferred",
+    DecisionSubmitted: "decision.submitted",
     DecisionTimerFired: "decision.timer_fired",
     DecisionDeadline: "decision.deadline",
     ExecuteAnswered: "execute.answered",

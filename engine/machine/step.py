@@ -51,7 +51,9 @@ from .inputs import (
     ClientSubmitted,
     DecisionAnswered,
     DecisionDeadline,
+    DecisionDeferred,
     DecisionFailed,
+    DecisionSubmitted,
     DecisionTimerFired,
     ExecuteAnswered,
     ExecuteFailed,
@@ -166,6 +168,8 @@ _HANDLERS: dict[type, Callable[[Step, Any], None]] = {
     CallLost: calls.call_lost,
     DecisionAnswered: decisions.decision_answered,
     DecisionFailed: asking.decision_failed_input,
+    DecisionDeferred: decisions.decision_deferred,
+    DecisionSubmitted: decisions.decision_submitted,
     DecisionTimerFired: asking.decision_timer_fired,
     DecisionDeadline: asking.decision_deadline,
     ExecuteAnswered: decisions.execute_answered,
@@ -255,7 +259,7 @@ def step(
             raise MachineError(
                 f"session {session_id!r} does not exist", code="unknown_session", status=404
             )
-        if isinstance(inp, CallSettled | InterruptRequested | CancelRequested):
+        if isinstance(inp, CallSettled | DecisionSubmitted | InterruptRequested | CancelRequested):
             raise MachineError(
                 f"session {session_id!r} does not exist", code="unknown_session", status=404
             )

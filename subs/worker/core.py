@@ -48,8 +48,9 @@ MAX_BODY = 64 * 1024 * 1024  # a long conversation is a big request
 
 
 class Later:
-    """Answer nothing now (`{}`): for `tool.execute`, the call stays open until
-    `SubsClient.settle`; for another trigger, until `SubsClient.submit_decision`."""
+    """Answer nothing now: for `tool.execute` an empty decision (`{}`), and the call stays
+    open until `SubsClient.settle`; for another trigger an empty body, and the decision
+    waits (under its attempt's deadline) until `SubsClient.submit_decision`."""
 
 
 LATER = Later()
@@ -176,5 +177,8 @@ class Worker:
         if isinstance(answer, Stream):
             return Reply(200, stream=answer.frames())
         if isinstance(answer, Later):
-            return Reply(200, b"{}")
+            # An execute's call stays open on `{}`; a decision waits on an empty body
+            # (docs/API.md, POST /api/machine/workers/submit).
+            execute = request.trigger.type in ("tool.execute", "llm.execute")
+            return Reply(200, b"{}" if execute else b"")
         return Reply(200, json.dumps(answer.to_wire()).encode())
