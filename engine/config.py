@@ -391,6 +391,15 @@ class TelemetryConfig:
 
 
 @dataclass(frozen=True)
+class AlertmanagerHookConfig:
+    """`[hooks.alertmanager]`: POST /api/hooks/alertmanager triages each alert group in a
+    thread of `channel`, answered by `agent`'s Slack app (docs/slack.md)."""
+
+    agent: str
+    channel: str
+
+
+@dataclass(frozen=True)
 class Project:
     """A whole subs.toml, checked against itself and the environment."""
 
@@ -403,6 +412,7 @@ class Project:
     store: StoreConfig = StoreConfig()
     mcp: dict[str, McpBlock] = dataclasses.field(default_factory=dict)
     telemetry: TelemetryConfig = TelemetryConfig()
+    alertmanager: AlertmanagerHookConfig | None = None
 
     def connections_off(self, env: Mapping[str, str]) -> dict[str, str]:
         """The MCP connections that cannot start here, and why (McpBlock.off_reason)."""
@@ -763,6 +773,15 @@ class _Telemetry(_Model):
     service_name: NonEmpty = "subs"
 
 
+class _AlertmanagerHook(_Model):
+    agent: NonEmpty
+    channel: Annotated[str, _slack_ids("CG", "channel (C…/G…)")]
+
+
+class _Hooks(_Model):
+    alertmanager: _AlertmanagerHook | None = None
+
+
 class _Root(_Model):
     name: NonEmpty | None = None
     redis: RedisUrl | None = None
@@ -773,6 +792,7 @@ class _Root(_Model):
     agent: dict[str, _Agent] = Field(default_factory=dict)
     mcp: dict[str, _Mcp] = Field(default_factory=dict)
     telemetry: _Telemetry = Field(default_factory=_Telemetry)
+    hooks: _Hooks = Field(default_factory=_Hooks)
 
 
 # Setting any of these makes the file, not the worker, the source of the model config.
@@ -1028,6 +1048,14 @@ def _check(root: _Root, file: str) -> None:
         _check_mcp(file, mid, conn)
     for aid, agent in root.agent.items():
         _check_agent(root, file, aid, agent)
+    hook = root.hooks.alertmanager
+    if hook is not None and (hook.agent not in root.agent or root.agent[hook.agent].slack is None):
+        raise ConfigError(
+            f"names {hook.agent!r}, which is no agent with a [agent.<id>.slack] block "
+            "(its app posts the alerts' threads)",
+            file=file,
+            key="hooks.alertmanager.agent",
+        )
 
 
 _URL_ONLY = ("auth", "token_env", "header")
@@ -1260,6 +1288,9 @@ def _build(root: _Root, path: str) -> Project:
         telemetry=TelemetryConfig(
             endpoint=root.telemetry.endpoint, service_name=root.telemetry.service_name
         ),
+        alertmanager=None
+        if root.hooks.alertmanager is None
+        else AlertmanagerHookConfig(root.hooks.alertmanager.agent, root.hooks.alertmanager.channel),
     )
 
 

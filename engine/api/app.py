@@ -20,6 +20,7 @@ from engine.api.auth import ApiKeys
 from engine.api.chat_page import add_chat_routes
 from engine.api.console import add_console_routes
 from engine.api.fanout import Hub
+from engine.api.hooks import post_alertmanager
 from engine.api.local import allowed_hosts
 from engine.api.middleware import (
     authenticate,
@@ -41,6 +42,7 @@ from engine.api.sessions import (
 from engine.api.state import API, ApiState
 from engine.api.stream import SseLimits, sse_frame
 from engine.client import Client
+from engine.landing import AlertHook, Lander
 from engine.runtime.metrics import Metrics
 from engine.store.store import Store
 
@@ -79,6 +81,8 @@ def make_app(
     agents: Iterable[str] = (),
     store_problem: Callable[[], str | None] = lambda: None,
     hosts: Iterable[str | None] = (),
+    lander: Lander | None = None,
+    alertmanager: AlertHook | None = None,
 ) -> web.Application:
     """The API as an aiohttp app; the caller runs it (and decides where, see `check_bind`).
 
@@ -90,6 +94,9 @@ def make_app(
     `store_problem` says why the store is degraded though Redis answers (/healthz).
     `hosts` are the names an open API (no keys) answers besides the loopback ones: the
     address it is bound to and `[serve] public_url`'s host (engine/api/local.py).
+    `lander` is the Slack bot of this process: sessions whose identity names a Slack
+    channel land there (engine/api/slack_landing.py); `alertmanager` configures
+    `POST /api/hooks/alertmanager` (engine/api/hooks.py), else it answers 404.
     """
     limits = sse or SseLimits()
     app = web.Application(
@@ -110,6 +117,8 @@ def make_app(
         agents=tuple(sorted(agents)),
         store_problem=store_problem,
         local_hosts=allowed_hosts(hosts),
+        lander=lander,
+        alertmanager=alertmanager,
     )
     app.on_response_prepare.append(cors_headers)
     app.on_response_prepare.append(console_headers)
@@ -117,6 +126,7 @@ def make_app(
     app.on_cleanup.append(_close_hub)
     r = app.router
     r.add_post("/api/client/sessions/input", post_input)
+    r.add_post("/api/hooks/alertmanager", post_alertmanager)
     r.add_get("/api/client/sessions/{sid}", get_session)
     r.add_get("/api/client/sessions/{sid}/events/stream", stream_events)
     r.add_post("/api/client/sessions/{sid}/interrupt", post_interrupt)

@@ -600,6 +600,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from bot.app import start_bots  # the Slack stack: only serve needs it
     from engine.api import ApiKeys, ApiKeysError, bind_warning, check_bind, make_app, make_runner
     from engine.client import Client
+    from engine.landing import AlertHook
     from engine.runtime.engine import Engine
     from engine.runtime.metrics import Metrics
     from engine.store.store import Store, connect
@@ -660,6 +661,10 @@ async def _serve(args: argparse.Namespace) -> int:
             agents=project.agents,
             store_problem=store_problem,
             hosts=(host, urlsplit(project.serve.public_url or "").hostname),
+            lander=bots if bots.bots else None,  # sessions that land in Slack: docs/slack.md
+            alertmanager=None
+            if project.alertmanager is None
+            else AlertHook(project.alertmanager.agent, project.alertmanager.channel),
         )
         app.add_routes(bots.routes())  # POST /slack/<agent>/events
         runner = make_runner(
