@@ -8,12 +8,18 @@ against the fake Slack.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
-from tests.engine_helpers import poll_until
+from engine.api import ApiKeys, make_app
+from engine.client import Client
+from engine.runtime.engine import Engine
+from tests.api_helpers import ALICE, INPUT, ROOT, auth, serve
+from tests.engine_helpers import ENV, make_project, poll_until
 from tests.fakes import alertmanager
 from tests.fakes.llm_vendor import FakeVendor, Text
 from tests.fakes.slack import FakeSlack, Message
@@ -231,3 +237,54 @@ async def test_alertmanager_posts_one_triage_thread_per_group_and_a_refire_conti
                 ),
                 timeout=20,
             )
+
+
+# -- the edge, without a Slack app: every refusal names what was wrong ----------------------
+
+
+@pytest.fixture
+async def engine(redis: Any, vendor: FakeVendor, tmp_path: Path) -> AsyncIterator[Engine]:
+    eng = Engine(make_project(tmp_path, vendor.url), redis, env=ENV, lease_ms=3000)
+    await eng.start()
+    yield eng
+    await eng.stop()
+
+
+async def test_a_landing_that_cannot_land_is_refused_naming_why(
+    engine: Engine, vendor: FakeVendor
+) -> None:
+    vendor.default = Text("ok")
+    app = make_app(Client(engine.store), engine.store, keys=ApiKeys.parse(f"{ROOT},{ALICE}:own"))
+    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as http:
+        message = {"role": "user", "content": "hi"}
+        say = {"type": "client.message", "agent_id": "ops_openai", "message": message}
+
+        async def send(metadata: dict[str, Any], sid: str | None = None) -> httpx.Response:
+            body: dict[str, Any] = {"input": say, "identity": {"metadata": metadata}}
+            if sid is not None:
+                body["session_id"] = sid
+            return await http.post(INPUT, json=body, headers=auth(ROOT))
+
+        alone = await send({"slack_thread_ts": "1700000000.000100"})
+        assert alone.status_code == 422, alone.text
+        assert alone.json()["param"] == "identity.metadata.slack_thread_ts"
+        bad_ts = await send({"slack_channel": "C0ALERTS", "slack_thread_ts": "yesterday"})
+        assert bad_ts.status_code == 422 and "yesterday" in bad_ts.json()["error"]
+        nobody = await send({"slack_channel": "C0ALERTS"})
+        assert nobody.status_code == 409 and nobody.json()["code"] == "slack_unavailable"
+        made = await http.post(
+            INPUT, json={"session_id": "plain-1", "input": say}, headers=auth(ROOT)
+        )
+        assert made.status_code == 202, made.text
+        late = await send({"slack_channel": "C0ALERTS"}, sid="plain-1")
+        assert late.status_code == 409 and late.json()["code"] == "conflict", late.text
+        hook = await http.post(
+            "/api/hooks/alertmanager",
+            json=alertmanager.notification("X", [alertmanager.alert("X", "a")]),
+            headers=auth(ROOT),
+        )
+        assert hook.status_code == 404 and "[hooks.alertmanager]" in hook.json()["error"]
+        assert [
+            r["session_id"]
+            for r in (await http.get("/api/admin/sessions", headers=auth(ROOT))).json()["sessions"]
+        ] == ["plain-1"]  # nothing else was created

@@ -242,6 +242,13 @@ async def purge_sessions(redis: RedisClient, removed: Sequence[Removed]) -> int:
             if cp.turn_id in turns.get(cp.session_id, ()):
                 doomed += [(turns_key(bucket), field), (checkpoint_keys(cp)[1], None)]
     notes = [key for r in removed if (key := archived_key(r.session_id)) is not None]
+    for r in removed:  # a landed session's home, both ways: its thread starts afresh
+        raw = await redis.get(home_key(r.session_id))
+        if raw is not None:
+            agent, channel, thread_ts = (raw.decode() if isinstance(raw, bytes) else raw).split(" ")
+            doomed.append((home_key(r.session_id), None))
+            if thread_ts:
+                doomed.append((thread_key(agent, channel, thread_ts), None))
     for r in removed:
         thread = _thread_of(r.session_id)
         if thread is not None:
