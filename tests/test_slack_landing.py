@@ -69,6 +69,7 @@ async def test_a_submit_naming_a_channel_lands_there_and_a_mention_continues_it(
 ) -> None:
     vendor.push(Text("Disk on db-1 is at 71%: fine for now."))
     vendor.push(Text("db-2 is at 93%: clean up /var/log."))
+    vendor.push(Text("Backups ran at 01:00: all green."))
     async with slack_serve(tmp_path, redis_url, vendor.url, env=KEYS) as app:
         fake, general = app.fake, app.fake.general.id
         refused = await _post(
@@ -126,6 +127,23 @@ async def test_a_submit_naming_a_channel_lands_there_and_a_mention_continues_it(
             timeout=20,
         )
         assert not await app.client.last_seq(app.session_id(general, root.ts))  # no 2nd session
+
+        # The API's next input to the session lands in its thread too (no identity needed).
+        more = {"session_id": sid, "input": _ask("And the backups?", general)["input"]}
+        again = await _post(app, "/api/client/sessions/input", more, AUTH)
+        assert again.status_code == 202, again.text
+        assert again.json()["slack"]["thread_ts"] == root.ts
+        await _turns_done(app, sid, 3)
+        await fake.until(
+            lambda: (
+                (
+                    len(app.bot_messages(root)) == 4
+                    and _shown(app.bot_messages(root)[3]) == "Backups ran at 01:00: all green."
+                )
+                or None
+            ),
+            timeout=20,
+        )
         assert len(_roots(app, general)) == 1
 
 
