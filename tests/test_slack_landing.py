@@ -110,6 +110,7 @@ async def test_a_submit_naming_a_channel_lands_there_and_a_mention_continues_it(
         assert identity["subject"]["issuer"] == "api"
         assert identity["metadata"]["slack_channel"] == general
         assert identity["metadata"]["slack_thread_ts"] == root.ts
+        assert identity["metadata"]["slack_team"] == fake.team.id  # the app's (auth.test)
 
         asked = fake.post_as_user(general, fake.mention("and db-2?"), thread_ts=root.ts)
         assert (await app.send_event(fake.event_for(asked, kind="app_mention"))).status == 200

@@ -95,6 +95,7 @@ class Followers:
         self._following: dict[str, tuple[Checkpoint, asyncio.Task[None]]] = {}
         self._keeper: asyncio.Task[None] | None = None
         self._directories: dict[str, Directory] = {}
+        self._teams: dict[str, str] = {}  # agent -> its app's workspace (auth.test)
 
     async def start(self) -> None:
         """Resume the turns left half-written, then keep leases in the background."""
@@ -216,6 +217,9 @@ class Followers:
         working: Indicator | None = None
         slot = self.slots.slot(cp.agent, cp.key, bot.max_concurrent_turns)
         try:
+            if not cp.team:  # a landed turn: its workspace, for pacing and the metadata
+                cp.team = await self._team(bot)
+                await self.checkpoints.save(cp)
             if not cp.thread_ts:
                 await self._post_root(cp, reply, resumed=resumed)
             working = Indicator(bot.web, self.paced, cp.team, cp.channel, cp.thread_ts, cp.trigger)
@@ -312,6 +316,14 @@ class Followers:
             author["name"] = name
         client = {"forwarded_props": {"slack": {"author": author}}}
         return {"type": "client.append", "messages": messages, "queue": True, "client": client}
+
+    async def _team(self, bot: Bot) -> str:
+        """The workspace `bot`'s token belongs to (`auth.test`), asked once per process."""
+        found = self._teams.get(bot.agent)
+        if found is None:
+            answer = await call(bot.web, "auth.test", {})
+            found = self._teams[bot.agent] = str(answer.get("team_id") or "")
+        return found
 
     def directory(self, bot: Bot) -> Directory:
         """The names `bot`'s token may look up, cached for this process."""
