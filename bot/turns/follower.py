@@ -155,7 +155,9 @@ class Followers:
                 code="slack_unavailable",
             )
         sid, channel, thread = landing.session_id, landing.channel, landing.thread_ts or ""
-        home = await self.checkpoints.claim_home(sid, landing.agent, channel, thread)
+        home = await self.checkpoints.claim_home(
+            sid, landing.agent, channel, thread, DEDUPE_SECONDS
+        )
         if home is not None:
             _, channel, thread = home
             if not thread:

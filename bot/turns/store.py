@@ -176,12 +176,16 @@ class Checkpoints:
         return key is not None and await self.redis.getdel(key) is not None
 
     async def claim_home(
-        self, session_id: str, agent: str, channel: str, thread_ts: str
+        self, session_id: str, agent: str, channel: str, thread_ts: str, pending_s: int
     ) -> tuple[str, str, str] | None:
         """Make this the session's home unless it has one: None when it is ours now, else
-        the home it had (agent, channel, thread ts; the ts empty while its root is posted)."""
+        the home it had (agent, channel, thread ts; the ts empty while its root is posted).
+
+        A home whose root is still to be posted lapses after `pending_s`: a landing that
+        never got its checkpoint recorded (a crash in between) must not hold it forever."""
         home = f"{agent} {channel} {thread_ts}"
-        if await self.redis.set(home_key(session_id), home, nx=True):
+        ttl = None if thread_ts else pending_s
+        if await self.redis.set(home_key(session_id), home, nx=True, ex=ttl):
             if thread_ts:
                 await self.redis.set(thread_key(agent, channel, thread_ts), session_id)
             return None
