@@ -40,6 +40,7 @@ from bot.turns.store import Checkpoints, Slots
 from bot.turns.watch import Watch
 from engine.client import Client
 from engine.config import Project, WatchEntry, slack_env_suffix
+from engine.landing import Landed, Landing
 from engine.store.store import RedisClient
 from engine.telemetry.spans import SpanRecord
 
@@ -147,6 +148,16 @@ class Bots:
         app.action(re.compile(rf"^{ACTION_PREFIX}:"))(on_click)
         app.action(re.compile(rf"^(?!{ACTION_PREFIX}:)"))(on_button)
         self.bots[agent] = bot
+
+    def land(self, landing: Landing) -> Awaitable[Landed]:
+        """A turn the API sends into Slack (engine/landing.py `Lander`)."""
+        return self.followers.land(landing)
+
+    async def home(self, session_id: str) -> tuple[str, str] | None:
+        """(channel, thread ts) of a session landed in Slack; None for any other (and for
+        one whose root is still being posted: (channel, "") then)."""
+        found = await self.followers.checkpoints.home(session_id)
+        return None if found is None else (found[1], found[2])
 
     def routes(self) -> list[web.RouteDef]:
         """`POST /slack/<agent>/events` for every bot over HTTP (those without an app token)."""

@@ -409,6 +409,15 @@ class TelemetryConfig:
 
 
 @dataclass(frozen=True)
+class AlertmanagerHookConfig:
+    """`[hooks.alertmanager]`: POST /api/hooks/alertmanager triages each alert group in a
+    thread of `channel`, answered by `agent`'s Slack app (docs/slack.md)."""
+
+    agent: str
+    channel: str
+
+
+@dataclass(frozen=True)
 class Project:
     """A whole subs.toml, checked against itself and the environment."""
 
@@ -421,6 +430,7 @@ class Project:
     store: StoreConfig = StoreConfig()
     mcp: dict[str, McpBlock] = dataclasses.field(default_factory=dict)
     telemetry: TelemetryConfig = TelemetryConfig()
+    alertmanager: AlertmanagerHookConfig | None = None
 
     def connections_off(self, env: Mapping[str, str]) -> dict[str, str]:
         """The MCP connections that cannot start here, and why (McpBlock.off_reason)."""
@@ -812,6 +822,15 @@ class _Telemetry(_Model):
     capture_content: bool = False
 
 
+class _AlertmanagerHook(_Model):
+    agent: NonEmpty
+    channel: Annotated[str, _slack_ids("CG", "channel (C…/G…)")]
+
+
+class _Hooks(_Model):
+    alertmanager: _AlertmanagerHook | None = None
+
+
 class _Root(_Model):
     name: NonEmpty | None = None
     redis: RedisUrl | None = None
@@ -822,6 +841,7 @@ class _Root(_Model):
     agent: dict[str, _Agent] = Field(default_factory=dict)
     mcp: dict[str, _Mcp] = Field(default_factory=dict)
     telemetry: _Telemetry = Field(default_factory=_Telemetry)
+    hooks: _Hooks = Field(default_factory=_Hooks)
 
 
 # Setting any of these makes the file, not the worker, the source of the model config.
@@ -1079,6 +1099,14 @@ def _check(root: _Root, file: str) -> None:
         _check_mcp(file, mid, conn)
     for aid, agent in root.agent.items():
         _check_agent(root, file, aid, agent)
+    hook = root.hooks.alertmanager
+    if hook is not None and (hook.agent not in root.agent or root.agent[hook.agent].slack is None):
+        raise ConfigError(
+            f"names {hook.agent!r}, which is no agent with a [agent.<id>.slack] block "
+            "(its app posts the alerts' threads)",
+            file=file,
+            key="hooks.alertmanager.agent",
+        )
 
 
 _URL_ONLY = ("auth", "token_env", "header")
@@ -1328,6 +1356,9 @@ def _build(root: _Root, path: str) -> Project:
             service_name=root.telemetry.service_name,
             capture_content=root.telemetry.capture_content,
         ),
+        alertmanager=None
+        if root.hooks.alertmanager is None
+        else AlertmanagerHookConfig(root.hooks.alertmanager.agent, root.hooks.alertmanager.channel),
     )
 
 

@@ -345,9 +345,11 @@ async def slack_serve(
     stream: str = "edit",
     fake: FakeSlack | None = None,
     extra: str = "",
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[SlackServe]:
     """A FakeSlack (default limits) and `subs serve` with a Slack app for `agent` over
-    `transport`; everything stopped afterwards. Pass `fake` to use a started one of your own."""
+    `transport`; everything stopped afterwards. Pass `fake` to use a started one of your own,
+    `env` for more of serve's environment (e.g. `SUBS_API_KEYS`)."""
     config = tmp_path / "subs.toml"
     config.write_text(
         slack_toml(
@@ -362,12 +364,13 @@ async def slack_serve(
     )
     async with _fake(fake) as slack:
         suffix = slack_env_suffix(agent)
-        env = {f"SLACK_BOT_TOKEN_{suffix}": slack.bot_token, "SLACK_API_URL": slack.url}
+        environ = {f"SLACK_BOT_TOKEN_{suffix}": slack.bot_token, "SLACK_API_URL": slack.url}
         if transport == "socket":
-            env[f"SLACK_APP_TOKEN_{suffix}"] = slack.app_token
+            environ[f"SLACK_APP_TOKEN_{suffix}"] = slack.app_token
         else:
-            env[f"SLACK_SIGNING_SECRET_{suffix}"] = slack.signing_secret
-        served = SlackServe(slack, config, redis_url, env, transport, agent)
+            environ[f"SLACK_SIGNING_SECRET_{suffix}"] = slack.signing_secret
+        environ.update(env or {})
+        served = SlackServe(slack, config, redis_url, environ, transport, agent)
         try:
             await served.start()
             yield served

@@ -979,3 +979,19 @@ def test_approvers_allow_and_approve_load_and_bad_ids_are_named(tmp_path: Path):
         load(tmp_path, text.replace('"S0GROUP"', '"#oncall"'))
     with pytest.raises(ConfigError, match="approve"):
         load(tmp_path, text.replace('"always"', '"sometimes"'))
+
+
+def test_the_alertmanager_hook_names_an_agent_with_a_slack_app_and_a_channel_id(
+    tmp_path: Path,
+):
+    hook = '[hooks.alertmanager]\nagent = "oncall"\nchannel = "C0ALERTS"\n'
+    project = load(tmp_path, OK + "[agent.oncall.slack]\n" + hook)
+    assert project.alertmanager is not None
+    assert (project.alertmanager.agent, project.alertmanager.channel) == ("oncall", "C0ALERTS")
+    assert load(tmp_path, OK).alertmanager is None
+    with pytest.raises(ConfigError) as caught:  # its app posts the threads: it needs one
+        load(tmp_path, OK + hook)
+    assert caught.value.key == "hooks.alertmanager.agent"
+    with pytest.raises(ConfigError) as caught:
+        load(tmp_path, OK + "[agent.oncall.slack]\n" + hook.replace("C0ALERTS", "#alerts"))
+    assert caught.value.key == "hooks.alertmanager.channel"

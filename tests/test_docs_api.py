@@ -37,6 +37,7 @@ from engine.store.snapshots import load_state
 from engine.store.store import Store, connect
 from tests.engine_helpers import ROOT, EngineProcess, poll_until, subs
 from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
+from tests.fakes.slack import FakeSlack
 
 DOC = ROOT / "docs" / "API.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.M | re.S)
@@ -274,12 +275,33 @@ def api_toml(vendor_url: str) -> str:
 
 
 @pytest.fixture
-async def serve(tmp_path: Path, redis_url: str) -> AsyncIterator[EngineProcess]:
+async def fake_slack() -> AsyncIterator[FakeSlack]:
+    """The workspace the doc's Slack examples land in (the doc's `$SLACK_CHANNEL` is its
+    #general)."""
+    async with FakeSlack() as fake:
+        yield fake
+
+
+@pytest.fixture
+async def serve(
+    tmp_path: Path, redis_url: str, fake_slack: FakeSlack
+) -> AsyncIterator[EngineProcess]:
     async with FakeVendor() as vendor:
         vendor.responder = confirm_then_answer
         config = tmp_path / "subs.toml"
-        config.write_text(api_toml(vendor.url))
-        env = {"SUBS_API_KEYS": KEY, "CLIENT_TOKEN_HS256_SECRET": "docs-" + "0" * 40}
+        channel = fake_slack.general.id
+        config.write_text(
+            api_toml(vendor.url)
+            + '\n[agent.oncall.slack]\nanswers = "channels"\n'
+            + f'\n[hooks.alertmanager]\nagent = "oncall"\nchannel = "{channel}"\n'
+        )
+        env = {
+            "SUBS_API_KEYS": KEY,
+            "CLIENT_TOKEN_HS256_SECRET": "docs-" + "0" * 40,
+            "SLACK_BOT_TOKEN_ONCALL": fake_slack.bot_token,
+            "SLACK_SIGNING_SECRET_ONCALL": fake_slack.signing_secret,
+            "SLACK_API_URL": fake_slack.url,
+        }
         proc = await EngineProcess(config, redis_url, env).start()
         try:
             yield proc
@@ -333,12 +355,13 @@ async def quiet(store: Store, sid: str) -> dict[str, str]:
 
 
 async def test_every_curl_example_in_api_md_answers_as_shown(
-    serve: EngineProcess, redis_url: str
+    serve: EngineProcess, redis_url: str, fake_slack: FakeSlack
 ) -> None:
     text = DOC.read_text()
     examples = curl_examples(text)
     assert len(examples) >= 15, f"only {len(examples)} curl examples found in {DOC}"
     env = {"PATH": os.environ["PATH"], **doc_variables(text), "SUBS_URL": serve.api}
+    env["SLACK_CHANNEL"] = fake_slack.general.id  # the doc's is a placeholder
     assert env["SUBS_API_KEY"] == KEY, "the doc's SUBS_API_KEY must be the key the test serves"
     redis = connect(redis_url)
     store = await Store.open(redis)

@@ -258,6 +258,7 @@ BOT_LAYERS: dict[str, tuple[set[str], set[str]]] = {
             "bot.turns",
             "engine.client",
             "engine.errors",
+            "engine.landing",
             "engine.session_ids",
             "engine.telemetry",
         },
@@ -270,6 +271,7 @@ BOT_LAYERS: dict[str, tuple[set[str], set[str]]] = {
             "engine.client",
             "engine.config",
             "engine.errors",
+            "engine.landing",
             "engine.store.store",
             "engine.telemetry",
         },
@@ -349,6 +351,7 @@ def test_the_layer_rule_lets_each_layer_use_those_below() -> None:
 # packages are held by the rules above (the machine's purity, Redis in the store alone).
 _BELOW_ALL = {
     "engine.errors",
+    "engine.landing",
     "engine.files",
     "engine.ids",
     "engine.session_ids",
@@ -366,6 +369,7 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
     "engine.errors": (set(), set()),  # the machine raises these too
     "engine.ids": (set(), set()),
     "engine.session_ids": (set(), set()),  # the ids the engine reserves (a Slack thread's)
+    "engine.landing": ({"engine.errors"}, set()),  # sessions the API sends into Slack
     "engine.messages": (set(), set()),
     "engine.sse": (set(), set()),
     "engine.statuses": (set(), set()),
@@ -536,6 +540,7 @@ ENGINE_BREACHES = [
     ("engine.errors", "from engine.config import Project"),
     ("engine.ids", "from engine.runtime.apply import Applier"),
     ("engine.session_ids", "from engine.config import Project"),
+    ("engine.landing", "from engine.client import Client"),
     ("engine.messages", "from engine.machine.tree import path_to"),
     ("engine.sse", "from engine.jsonedge import encode"),
     ("engine.statuses", "from engine.machine.state import SessionState"),

@@ -59,11 +59,19 @@ class Checkpoint:
     retry_at: float = 0.0  # epoch seconds: not resumed before (backing off after a failure)
     posted: dict[str, str] = field(default_factory=dict)  # reply part -> message ts
     streaming: str = ""  # ts of a native stream not known to be stopped
+    # A session landed from the API (engine/landing.py), or a mention in its thread: its
+    # id, whatever its shape; empty: the thread's own `slack:` session.
+    session: str = ""
+    # A landed turn's owner identity (the API caller's, with its metadata), submitted
+    # as a full key would; None: a Slack person's turn.
+    identity: dict[str, Any] | None = None
+    title: str = ""  # a landed turn's root message text
 
     @property
     def session_id(self) -> str:
-        """The engine session of this thread (a thread is a session)."""
-        return session_id_for(self.agent, self.channel, self.thread_ts)
+        """The engine session of this thread (a thread is a session): its own, or the
+        landed session whose home it is."""
+        return self.session or session_id_for(self.agent, self.channel, self.thread_ts)
 
     @property
     def key(self) -> str:

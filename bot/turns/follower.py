@@ -36,15 +36,17 @@ from bot.slack.reply import Reply
 from bot.slack.webapi import call, every_message, governed, thread_messages
 from bot.turns.checkpoint import Checkpoint, LeaseLost
 from bot.turns.files import FileReader
-from bot.turns.routing import missed_messages
+from bot.turns.routing import missed_messages, session_id_for
 from bot.turns.slots import Slot, TurnSlots
 from bot.turns.store import Checkpoints, seen_key
 from engine.client import Client, ClientError
+from engine.landing import Landed, Landing, LandingError
 from engine.telemetry.live import LIVE, Live, now_ms
 from engine.telemetry.spans import Attributes, SpanRecord, intake_context
 
 log = logging.getLogger(__name__)
 
+CLOCK_SKEW = 60.0  # how far this host's clock may be off Slack's (a root's ts is Slack's)
 DEDUPE_SECONDS = 3600  # Slack retries within minutes; an hour covers replays too
 LEASE_MS = 15_000  # a dead bot's turns move to a live one within this (plus a scan)
 MAX_FAILURES = 5
@@ -93,6 +95,7 @@ class Followers:
         self._following: dict[str, tuple[Checkpoint, asyncio.Task[None]]] = {}
         self._keeper: asyncio.Task[None] | None = None
         self._directories: dict[str, Directory] = {}
+        self._teams: dict[str, str] = {}  # agent -> its app's workspace (auth.test)
 
     async def start(self) -> None:
         """Resume the turns left half-written, then keep leases in the background."""
@@ -132,7 +135,56 @@ class Followers:
         if not task.cancelled() and task.exception() is not None:
             log.error("slack turn failed", exc_info=task.exception())
 
-    async def start_turn(self, cp: Checkpoint, seen: list[str]) -> None:
+    async def land(self, landing: Landing) -> Landed:
+        """A turn the API sends into Slack (engine/landing.py): recorded as a checkpoint
+        before the API answers, then followed as a mention is: the root message (when no
+        thread is named), the submit under the API's turn id, the streamed reply.
+
+        The session's home is claimed first: a second landing while its root is still being
+        posted is told to retry (503) rather than post a second root.
+
+        Raises:
+            LandingError: no app of the agent here (409), or the home is being posted (503).
+        """
+        bot = self.bots.get(landing.agent)
+        if bot is None:
+            raise LandingError(
+                f"agent {landing.agent!r} has no Slack app running here (its [agent."
+                f"{landing.agent}.slack] block and SLACK_BOT_TOKEN_* are needed)",
+                status=409,
+                code="slack_unavailable",
+            )
+        sid, channel, thread = landing.session_id, landing.channel, landing.thread_ts or ""
+        home = await self.checkpoints.claim_home(
+            sid, landing.agent, channel, thread, DEDUPE_SECONDS
+        )
+        if home is not None:
+            _, channel, thread = home
+            if not thread:
+                raise LandingError(
+                    f"session {sid!r}: its Slack thread is still being posted; try again",
+                    status=503,
+                    code="unavailable",
+                )
+        cp = Checkpoint(
+            agent=landing.agent,
+            team="",
+            channel=channel,
+            thread_ts=thread,
+            turn_id=landing.turn_id,
+            user="",
+            payload=landing.input,
+            since=f"{time.time() - CLOCK_SKEW:.6f}",
+            trigger=thread,
+            by_app=True,  # no person asked in Slack: nobody to stream to natively
+            session=sid,
+            identity=landing.identity,
+            title=landing.title,
+        )
+        recorded = await self.start_turn(cp, [seen_key("land", f"{sid} {landing.turn_id}")])
+        return Landed(channel, thread or None, recorded)
+
+    async def start_turn(self, cp: Checkpoint, seen: list[str]) -> bool:
         """Record the turn, once per Slack input, then follow it in a task of its own.
 
         Its id is in the dedupe keys too: an edited mention arrives as a new event with the
@@ -143,6 +195,8 @@ class Followers:
         keys = [*seen, seen_key("turn", cp.key)]
         if await self.checkpoints.start(keys, DEDUPE_SECONDS, cp):
             self._following[cp.key] = (cp, self.spawn(self._follow(cp, resumed=False)))
+            return True
+        return False
 
     # -- following a turn ---------------------------------------------------------------------
 
@@ -165,6 +219,9 @@ class Followers:
         working: Indicator | None = None
         slot = self.slots.slot(cp.agent, cp.key, bot.max_concurrent_turns)
         try:
+            if not cp.team:  # a landed turn: its workspace, for pacing and the metadata
+                cp.team = await self._team(bot)
+                await self.checkpoints.save(cp)
             if not cp.thread_ts:
                 await self._post_root(cp, reply, resumed=resumed)
             working = Indicator(bot.web, self.paced, cp.team, cp.channel, cp.thread_ts, cp.trigger)
@@ -262,6 +319,14 @@ class Followers:
         client = {"forwarded_props": {"slack": {"author": author}}}
         return {"type": "client.append", "messages": messages, "queue": True, "client": client}
 
+    async def _team(self, bot: Bot) -> str:
+        """The workspace `bot`'s token belongs to (`auth.test`), asked once per process."""
+        found = self._teams.get(bot.agent)
+        if found is None:
+            answer = await call(bot.web, "auth.test", {})
+            found = self._teams[bot.agent] = str(answer.get("team_id") or "")
+        return found
+
     def directory(self, bot: Bot) -> Directory:
         """The names `bot`'s token may look up, cached for this process."""
         found = self._directories.get(bot.agent)
@@ -279,11 +344,17 @@ class Followers:
             found = stamped_parts(history, cp.turn_id)
             if "root" in found:
                 cp.posted["root"] = found["root"]
-        args = cp.payload["args"] if cp.payload else {}
-        ran = escape(f"/{(cp.payload or {}).get('name')} {args.get('text') or ''}".strip())
-        root = await reply.post("root", {"text": f"<@{cp.user}> ran `{ran}`"}, thread=False)
+        if cp.session:  # a landed session's first turn: its title, said by the app
+            text = escape(cp.title)
+        else:
+            args = cp.payload["args"] if cp.payload else {}
+            ran = escape(f"/{(cp.payload or {}).get('name')} {args.get('text') or ''}".strip())
+            text = f"<@{cp.user}> ran `{ran}`"
+        root = await reply.post("root", {"text": text}, thread=False)
         cp.thread_ts = cp.trigger = cp.since = root
         await self.checkpoints.save(cp)
+        if cp.session:  # before the submit: a mention there finds the session from now on
+            await self.checkpoints.set_home(cp.session, cp.agent, cp.channel, root)
 
     async def _submit(self, cp: Checkpoint, reply: Reply) -> bool:
         """Submit the turn's input; False when there is no turn to follow.
@@ -295,7 +366,12 @@ class Followers:
             "slack_thread_ts": cp.thread_ts,
             "slack_team": cp.team,
         }
+        if not cp.team:  # a landed turn's root was posted by the app: no event named it
+            del metadata["slack_team"]
         identity = {"subject": {"issuer": "slack", "id": cp.user}, "metadata": metadata}
+        if cp.identity is not None:  # landed: the API caller's identity, and its thread
+            given = cp.identity.get("metadata") or {}
+            identity = {**cp.identity, "metadata": {**given, **metadata}}
         try:
             payload = {**(cp.payload or {}), "agent_id": cp.agent, "turn_id": cp.turn_id}
             live = LIVE.get()
@@ -303,7 +379,9 @@ class Followers:
                 payload,
                 session_id=cp.session_id,
                 identity=identity,
-                owner=SLACK_OWNER,
+                # A landed session was pointed at this thread by a full key: the bot writes
+                # it as one (only `land` records a thread's session).
+                owner=None if cp.session else SLACK_OWNER,
                 traceparent=live.parent.traceparent() if live else None,
             )
         except ClientError as err:
@@ -483,6 +561,11 @@ class Followers:
                 log.warning("slack: lease round failed: %s", err)
 
     # -- shared with the listeners ------------------------------------------------------------
+
+    async def session_of(self, agent: str, channel: str, thread_ts: str) -> tuple[str, str]:
+        """The session a thread continues: (its id, the landed session's id or "")."""
+        landed = await self.checkpoints.landed(agent, channel, thread_ts)
+        return landed or session_id_for(agent, channel, thread_ts), landed or ""
 
     async def open_interrupts(self, sid: str) -> dict[str, dict[str, Any]]:
         """The session's open interrupts as the engine recorded them, by id."""

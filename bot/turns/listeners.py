@@ -29,7 +29,7 @@ from bot.turns.access import REFUSED, Access, refusal
 from bot.turns.approvers import approvers_of, named
 from bot.turns.checkpoint import Checkpoint
 from bot.turns.follower import SLACK_OWNER, Followers
-from bot.turns.routing import route, session_id_for, thread_ts_of
+from bot.turns.routing import route, thread_ts_of
 from bot.turns.store import seen_key
 from bot.turns.watch import Watch
 from engine.client import ClientError
@@ -105,10 +105,9 @@ class Listeners:
             return
         thread_ts = thread_ts_of(event)
         assert thread_ts is not None  # route checked
-        if kind == "reply":
-            sid = session_id_for(bot.agent, event["channel"], thread_ts)
-            if not await self.followers.client.last_seq(sid):
-                return  # a thread the app was never asked in: people talking
+        sid, landed = await self.followers.session_of(bot.agent, event["channel"], thread_ts)
+        if kind == "reply" and not await self.followers.client.last_seq(sid):
+            return  # a thread the app was never asked in: people talking
         app_team = str(body.get("team_id") or context.team_id or "")
         if kind != "alert":  # a watched channel's alerts are the operator's own choice
             user_team = event.get("user_team") or event.get("team")
@@ -134,6 +133,7 @@ class Listeners:
             bot_id=bot_id or "",
             mention={"event": event, "bot_user": bot_user, "bot_id": bot_id},
             by_app=bool(event.get("bot_id")),
+            session=landed,
         )
         await self.followers.start_turn(cp, [seen_key("event", event_id)])
 
@@ -179,6 +179,7 @@ class Listeners:
         ):
             return
         thread_ts = str(container.get("thread_ts") or message_ts)
+        _, landed = await self.followers.session_of(bot.agent, str(channel), thread_ts)
         action_ts = str(action["action_ts"])
         team = str((body.get("team") or {}).get("id") or "")
         user_team = (body.get("user") or {}).get("team_id")
@@ -208,6 +209,7 @@ class Listeners:
             since=action_ts,
             bot_id=bot_id,
             quiet=True,
+            session=landed,
         )
         seen = f"{channel}:{message_ts}:{action['action_id']}:{action_ts}:{user}"
         await self.followers.start_turn(cp, [seen_key("action", seen)])
@@ -231,7 +233,7 @@ class Listeners:
             return
         interrupt_id, index = parsed
         thread_ts = container.get("thread_ts") or message_ts
-        sid = session_id_for(bot.agent, channel, thread_ts)
+        sid, landed = await self.followers.session_of(bot.agent, channel, str(thread_ts))
         interrupt = (await self.followers.open_interrupts(sid)).get(interrupt_id)
         option = option_of(interrupt, index)
         if interrupt is not None and option is not None:
@@ -252,7 +254,7 @@ class Listeners:
             }
             try:
                 reply = await self.followers.client.submit(
-                    resume, session_id=sid, owner=SLACK_OWNER
+                    resume, session_id=sid, owner=None if landed else SLACK_OWNER
                 )
             except ClientError as err:
                 log.warning("slack prompt %s: %s", interrupt_id, err)

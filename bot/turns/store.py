@@ -20,6 +20,7 @@ __all__ = [
     "Slots",
     "archived_key",
     "checkpoint_keys",
+    "home_key",
     "seen_key",
     "slot_keys",
     "turns_key",
@@ -66,6 +67,20 @@ def archived_key(session_id: str) -> str | None:
     session no Slack thread started."""
     thread = _thread_of(session_id)
     return None if thread is None else _tag(thread[1]) + "archived:" + session_id
+
+
+# A session landed in Slack from the API (engine/landing.py) keeps its home thread here,
+# both ways: the session's thread (its turns go there) and the thread's session (mentions
+# there continue it, whatever the shape of its id). Only `Followers.land`, for a full key,
+# writes them: no other key can point a thread at a session.
+def home_key(session_id: str) -> str:
+    """A landed session's home: `<agent> <channel> <thread ts>` (ts empty: being posted)."""
+    return f"subs:slack:home:{session_id}"
+
+
+def thread_key(agent: str, channel: str, thread_ts: str) -> str:
+    """The session a thread's mentions continue, when it is not `slack:<agent>:…`."""
+    return _tag(channel) + f"thread:{agent} {channel} {thread_ts}"
 
 
 _START = lua_script(__package__, "start.lua")
@@ -160,6 +175,41 @@ class Checkpoints:
         key = archived_key(session_id)
         return key is not None and await self.redis.getdel(key) is not None
 
+    async def claim_home(
+        self, session_id: str, agent: str, channel: str, thread_ts: str, pending_s: int
+    ) -> tuple[str, str, str] | None:
+        """Make this the session's home unless it has one: None when it is ours now, else
+        the home it had (agent, channel, thread ts; the ts empty while its root is posted).
+
+        A home whose root is still to be posted lapses after `pending_s`: a landing that
+        never got its checkpoint recorded (a crash in between) must not hold it forever."""
+        home = f"{agent} {channel} {thread_ts}"
+        ttl = None if thread_ts else pending_s
+        if await self.redis.set(home_key(session_id), home, nx=True, ex=ttl):
+            if thread_ts:
+                await self.redis.set(thread_key(agent, channel, thread_ts), session_id)
+            return None
+        return await self.home(session_id)
+
+    async def home(self, session_id: str) -> tuple[str, str, str] | None:
+        """(agent, channel, thread ts) of a landed session; None for any other."""
+        raw = await self.redis.get(home_key(session_id))
+        if raw is None:
+            return None
+        agent, channel, thread_ts = (raw.decode() if isinstance(raw, bytes) else raw).split(" ")
+        return agent, channel, thread_ts
+
+    async def set_home(self, session_id: str, agent: str, channel: str, thread_ts: str) -> None:
+        """The landed session's root message is posted: its thread is its home, both ways
+        (the thread's key first: a mention finds the session before the API sends there)."""
+        await self.redis.set(thread_key(agent, channel, thread_ts), session_id)
+        await self.redis.set(home_key(session_id), f"{agent} {channel} {thread_ts}")
+
+    async def landed(self, agent: str, channel: str, thread_ts: str) -> str | None:
+        """The session a landed thread belongs to; None for a thread the bot's ids name."""
+        raw = await self.redis.get(thread_key(agent, channel, thread_ts))
+        return None if raw is None else raw.decode() if isinstance(raw, bytes) else str(raw)
+
     async def release(self, cp: Checkpoint) -> None:
         """Give up following this turn, if this follower still holds it."""
         await self._release(keys=[checkpoint_keys(cp)[1]], args=[self.owner])
@@ -196,6 +246,13 @@ async def purge_sessions(redis: RedisClient, removed: Sequence[Removed]) -> int:
             if cp.turn_id in turns.get(cp.session_id, ()):
                 doomed += [(turns_key(bucket), field), (checkpoint_keys(cp)[1], None)]
     notes = [key for r in removed if (key := archived_key(r.session_id)) is not None]
+    for r in removed:  # a landed session's home, both ways: its thread starts afresh
+        raw = await redis.get(home_key(r.session_id))
+        if raw is not None:
+            agent, channel, thread_ts = (raw.decode() if isinstance(raw, bytes) else raw).split(" ")
+            doomed.append((home_key(r.session_id), None))
+            if thread_ts:
+                doomed.append((thread_key(agent, channel, thread_ts), None))
     for r in removed:
         thread = _thread_of(r.session_id)
         if thread is not None:

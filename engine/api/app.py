@@ -21,6 +21,7 @@ from engine.api.chat_page import add_chat_routes
 from engine.api.client_tokens import ClientTokens
 from engine.api.console import add_console_routes
 from engine.api.fanout import Hub
+from engine.api.hooks import post_alertmanager
 from engine.api.local import allowed_hosts
 from engine.api.machine import post_client_token, post_machine_submit, post_worker_submit
 from engine.api.middleware import (
@@ -43,6 +44,7 @@ from engine.api.sessions import (
 from engine.api.state import API, ApiState
 from engine.api.stream import SseLimits, sse_frame
 from engine.client import Client
+from engine.landing import AlertHook, Lander
 from engine.runtime.metrics import Metrics
 from engine.store.store import Store
 
@@ -82,6 +84,8 @@ def make_app(
     store_problem: Callable[[], str | None] = lambda: None,
     hosts: Iterable[str | None] = (),
     tokens: ClientTokens | None = None,
+    lander: Lander | None = None,
+    alertmanager: AlertHook | None = None,
 ) -> web.Application:
     """The API as an aiohttp app; the caller runs it (and decides where, see `check_bind`).
 
@@ -94,6 +98,9 @@ def make_app(
     `hosts` are the names an open API (no keys) answers besides the loopback ones: the
     address it is bound to and `[serve] public_url`'s host (engine/api/local.py).
     `tokens` mints and checks client tokens (engine/api/client_tokens.py); none: off.
+    `lander` is the Slack bot of this process: sessions whose identity names a Slack
+    channel land there (engine/api/slack_landing.py); `alertmanager` configures
+    `POST /api/hooks/alertmanager` (engine/api/hooks.py), else it answers 404.
     """
     limits = sse or SseLimits()
     app = web.Application(
@@ -115,6 +122,8 @@ def make_app(
         agents=tuple(sorted(agents)),
         store_problem=store_problem,
         local_hosts=allowed_hosts(hosts),
+        lander=lander,
+        alertmanager=alertmanager,
     )
     app.on_response_prepare.append(cors_headers)
     app.on_response_prepare.append(console_headers)
@@ -122,6 +131,7 @@ def make_app(
     app.on_cleanup.append(_close_hub)
     r = app.router
     r.add_post("/api/client/sessions/input", post_input)
+    r.add_post("/api/hooks/alertmanager", post_alertmanager)
     r.add_get("/api/client/sessions/{sid}", get_session)
     r.add_get("/api/client/sessions/{sid}/events/stream", stream_events)
     r.add_post("/api/client/sessions/{sid}/interrupt", post_interrupt)

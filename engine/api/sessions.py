@@ -17,6 +17,7 @@ from engine.api.parsing import (
     json_body,
     validate,
 )
+from engine.api.slack_landing import land_if_slack
 from engine.api.state import API, principal_of
 from engine.api.stream import SseStream, read_cut, session_feed
 from engine.client import session_view
@@ -76,6 +77,11 @@ async def post_input(request: web.Request) -> web.Response:
             raise ApiError(
                 f"session {body.session_id!r} belongs to another key", status=403, code="forbidden"
             )
+    landed = await land_if_slack(
+        api, body.input, session_id=body.session_id, identity=identity, full=principal.full
+    )
+    if landed is not None:  # the bot submits it, under the turn id chosen here
+        return web.json_response(landed, status=202, dumps=compact_json)
     reply = await api.client.submit(
         body.input,
         session_id=body.session_id,

@@ -14,6 +14,7 @@ from engine.api.errors import ApiError
 from engine.api.fanout import Hub
 from engine.api.stream import SseLimits, SseStream
 from engine.client import Client
+from engine.landing import AlertHook, Lander
 from engine.runtime.metrics import Metrics
 from engine.store.store import Store
 
@@ -40,6 +41,10 @@ class ApiState:
     local_hosts: frozenset[str] = frozenset()
     # Why the store is degraded though it answers (the embedded server's folder removed).
     store_problem: Callable[[], str | None] = lambda: None
+    # The Slack bot of this process (subs serve), for sessions that land in Slack; None:
+    # such a submit is refused (engine/api/slack_landing.py).
+    lander: Lander | None = None
+    alertmanager: AlertHook | None = None  # `[hooks.alertmanager]`: POST /api/hooks/alertmanager
     streams: set[SseStream] = field(default_factory=set)
     streams_by_caller: dict[str, int] = field(default_factory=dict)
 

@@ -613,6 +613,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from engine.api import ApiKeys, ApiKeysError, bind_warning, check_bind, make_app, make_runner
     from engine.api.client_tokens import ClientTokens, TokenConfigError
     from engine.client import Client
+    from engine.landing import AlertHook
     from engine.runtime.engine import Engine
     from engine.runtime.metrics import Metrics
     from engine.store.store import Store, connect
@@ -679,6 +680,10 @@ async def _serve(args: argparse.Namespace) -> int:
             store_problem=store_problem,
             hosts=(host, urlsplit(project.serve.public_url or "").hostname),
             tokens=tokens,
+            lander=bots if bots.bots else None,  # sessions that land in Slack: docs/slack.md
+            alertmanager=None
+            if project.alertmanager is None
+            else AlertHook(project.alertmanager.agent, project.alertmanager.channel),
         )
         app.add_routes(bots.routes())  # POST /slack/<agent>/events
         runner = make_runner(
