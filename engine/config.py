@@ -183,6 +183,7 @@ class LlmBlock:
     api_key_env: str | None  # None for worker, and for a server that takes no key (auth = "none")
     base_url: str | None  # None for worker
     format: str | None  # worker only: openai | anthropic | None (neutral)
+    cache: bool = True  # ask for prompt caching where the vendor needs asking (Anthropic)
 
 
 @dataclass(frozen=True)
@@ -630,6 +631,7 @@ class _Llm(_Model):
     api_key_env: EnvName | None = None
     base_url: HttpUrl | None = None
     format: Literal["openai", "anthropic"] | None = None
+    cache: bool = True  # prompt caching (docs/prompt-caching.md)
 
 
 class _Tool(_Model):
@@ -1173,6 +1175,7 @@ def _build(root: _Root, path: str) -> Project:
             else b.api_key_env or LLM_DEFAULTS.get(b.type, (None, None))[0],
             base_url=b.base_url or LLM_DEFAULTS.get(b.type, (None, None))[1],
             format=b.format,
+            cache=b.cache,
         )
         for lid, b in root.llm.items()
     }

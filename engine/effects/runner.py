@@ -321,6 +321,7 @@ class EffectRunner:
             api_key=(self.env.get(block.api_key_env) or None) if block.api_key_env else None,
             api_key_env=block.api_key_env,
             block=block.id,
+            cache=block.cache,
         )
 
     def _kept(self, sid: str, vendor: str, message: dict[str, Any]) -> bool:

@@ -18,6 +18,8 @@ from typing import Any
 
 import orjson
 
+from engine.effects.llm import caching as cache
+
 Groups = Callable[[list[dict[str, Any]]], tuple[list[dict[str, Any]], list[list[dict[str, Any]]]]]
 Convert = Callable[[list[dict[str, Any]]], dict[str, Any]]
 Build = Callable[..., dict[str, Any]]
@@ -72,20 +74,83 @@ def encode_body(
     build: Build,
     stream: bool,
     kept: EncodedMessages,
+    caching: cache.Caching | None = None,
 ) -> bytes:
     """The vendor body of a neutral request, as bytes equal in JSON to
-    `build(request, stream=stream)`; `scope` is (session id, vendor format)."""
+    `build(request, stream=stream)` (plus cache breakpoints when `caching` is given);
+    `scope` is (session id, vendor format)."""
     system, grouped = groups(request["messages"])
-    head = orjson.dumps(build({**request, "messages": system}, stream=stream))
+    head_value = build({**request, "messages": system}, stream=stream)
     fragments = []
+    keys: list[tuple[str, ...] | None] = []
     for group in grouped:
         ids = [m.get("id") for m in group]
         key = None if None in ids else (*scope, *map(str, ids))
+        keys.append(key)
         fragments.append(kept.fragment(key, partial(convert, group)))
+    if caching is not None:
+        head_value = _breakpoints(head_value, grouped, fragments, keys, caching, kept)
+    head = orjson.dumps(head_value)
     # The messages go where `build` puts them, so the body reads the same. The first
     # `"messages":[]` is that key: inside a string its quotes would be escaped, and the
-    # keys before it (model, max_tokens, system) hold no such object.
+    # keys before it (model, max_tokens, system, tools) hold no such object.
     at = head.index(_EMPTY_MESSAGES)
     return b"".join(
         (head[:at], b'"messages":[', b",".join(fragments), b"]", head[at + len(_EMPTY_MESSAGES) :])
     )
+
+
+_KINDS = {"tool": "result"}  # a tool message is a result, not a tool definition
+
+
+def _breakpoints(
+    head: dict[str, Any],
+    grouped: list[list[dict[str, Any]]],
+    fragments: list[bytes],
+    keys: list[tuple[str, ...] | None],
+    caching: cache.Caching,
+    kept: EncodedMessages,
+) -> dict[str, Any]:
+    """Puts the cache breakpoints `caching.choose` picks on the head (tools, Anthropic's
+    system) and on the message fragments (replaced in place by marked ones, kept under
+    their own key: the next call marks another message, and reuses the plain one)."""
+    head = dict(head)
+    tools = head.get("tools") or []
+    units: list[cache.Unit] = []
+    if caching.style == "anthropic":
+        units += [cache.Unit("tool", len(orjson.dumps(t))) for t in tools]
+        if head.get("system"):
+            units.append(cache.Unit("system", len(orjson.dumps(head["system"]))))
+    elif tools:  # Chat Completions: no documented marker on tools; they still count
+        units.append(cache.Unit("tool", len(orjson.dumps(tools)), markable=False))
+    first = len(units)
+    for group, fragment in zip(grouped, fragments, strict=True):
+        role = group[0]["role"]
+        units.append(cache.Unit(_KINDS.get(role, role), len(fragment)))
+    for index in cache.choose(units, caching.min_tokens):
+        unit = units[index]
+        if index >= first:
+            at = index - first
+            marked = _marked(fragments[at], keys[at], kept)
+            if marked is not None:
+                fragments[at] = marked
+        elif unit.kind == "system":
+            system = cache.mark_system(head["system"])
+            if system is not None:
+                head["system"] = system
+        else:
+            head["tools"] = [*tools[:-1], cache.mark_tool(tools[-1])]
+    return head
+
+
+def _marked(fragment: bytes, key: tuple[str, ...] | None, kept: EncodedMessages) -> bytes | None:
+    """The fragment's message with a breakpoint on its last block, or None if it cannot
+    carry one. Made from the encoded message, never converted again (its files may be
+    left unresolved because the plain form was kept)."""
+    marked_key = None if key is None else (*key, "cache")
+    if marked_key is not None and kept.holds(marked_key):
+        return kept.fragment(marked_key, dict)
+    message = cache.mark_message(orjson.loads(fragment))
+    if message is None:
+        return None
+    return kept.fragment(marked_key, lambda: message)
