@@ -124,6 +124,7 @@ class Recorded:
     body: Any
     received: float
     peer: str = ""
+    raw: bytes = b""  # the body's bytes as they arrived
 
 
 # --- one answer, vendor-neutral --------------------------------------------------------
@@ -311,7 +312,8 @@ class FakeVendor:
         headers = {name.lower(): value for name, value in request.headers.items()}
         assert request.transport is not None
         host, port = request.transport.get_extra_info("peername")[:2]
-        self.requests.append(Recorded(request.path, headers, body, time.time(), f"{host}:{port}"))
+        peer = f"{host}:{port}"
+        self.requests.append(Recorded(request.path, headers, body, time.time(), peer, raw))
         self._arrived.set()
         vendor = _VENDORS[request.path](self._rng, body if isinstance(body, dict) else {})
         use = self._cache_use(request.path, body)

@@ -138,23 +138,20 @@ def _segments(body: dict[str, Any], *, chat: bool) -> list[_Segment]:
     for tool in body.get("tools") or ():
         pieces.append(_piece(("tool", tool), tool_chars(tool), tool))
     if not chat:
-        system = body.get("system")
-        if isinstance(system, str):
-            pieces.append((("system", system), text_chars(system, "system"), False))
-        elif isinstance(system, list):
-            for block in system:
-                pieces.append(_piece(("system", block), text_chars(block), block))
+        system = _blocks(body.get("system"))
+        for block in system:
+            pieces.append(_piece(("system", block), text_chars(block), block))
     for message in body.get("messages") or ():
         if not isinstance(message, dict):
             continue
         role = message.get("role")
         rest = {k: v for k, v in message.items() if k not in ("content", "tool_calls")}
         content = message.get("content")
-        if isinstance(content, list):
-            for index, block in enumerate(content):
+        if isinstance(content, str | list):
+            for index, block in enumerate(_blocks(content)):
                 pieces.append(_piece((rest, index, block), text_chars(block, "content"), block))
         else:
-            pieces.append(((rest, content), text_chars(content, "content"), False))
+            pieces.append(((rest, content), 0, False))
         for call in message.get("tool_calls") or ():
             pieces.append(_piece((role, call), 0, call))
     segments: list[_Segment] = []
@@ -164,6 +161,14 @@ def _segments(body: dict[str, Any], *, chat: bool) -> list[_Segment]:
         digest = hashlib.sha256(digest + json.dumps(what, sort_keys=True).encode()).digest()
         segments.append(_Segment(digest, chars // 4, marked))
     return segments
+
+
+def _blocks(content: Any) -> list[Any]:
+    """Content as blocks: a string is the one text block it stands for (the vendors render
+    both alike, so marking a message's text does not change its prefix)."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return list(content) if isinstance(content, list) else []
 
 
 def _piece(what: Any, size: int, block: Any) -> tuple[Any, int, bool]:
