@@ -296,6 +296,13 @@ async def test_the_second_turn_reads_the_first_turns_prefix_at_the_cache_price(
     )
     uncached_price = (u["input"] * 3 + u["output"] * 15) / Decimal(10**6)
     assert uncached_price - Decimal(second["cost"]) == saved > 0
+    # /metrics counts input tokens by how the cache served them.
+    labels = 'model="claude-sonnet-4-5",provider="anthropic"'
+    scraped = cache_engine.metrics.render()
+    reads = first["usage"]["cache_read"] + second["usage"]["cache_read"]
+    assert f'subs_model_input_tokens_total{{cache="cache_read",{labels}}} {reads}\n' in scraped
+    writes = first["usage"]["cache_write"] + second["usage"]["cache_write"]
+    assert f'subs_model_input_tokens_total{{cache="cache_write",{labels}}} {writes}\n' in scraped
 
 
 async def test_with_cache_false_no_breakpoint_is_sent(cache_engine, vendor):

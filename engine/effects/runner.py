@@ -391,6 +391,9 @@ class EffectRunner:
             tokens={k: v for k in ("input", "output") if isinstance(v := usage.get(k), int)},
             error=None if settled.error is None else str(settled.error.get("code", "error")),
         )
+        self.metrics.model_input(
+            usage, provider=provider, model=str(plan.request.get("model") or "unknown")
+        )
         return settled
 
 
