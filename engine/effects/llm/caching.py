@@ -148,8 +148,3 @@ def _mark_last(blocks: list[Any]) -> list[Any] | None:
             blocks[i] = {**block, "cache_control": dict(EPHEMERAL)}
             return blocks
     return None
-
-
-def markable(message: dict[str, Any]) -> bool:
-    """Whether `mark_message` can put a breakpoint on `message`."""
-    return mark_message(message) is not None
