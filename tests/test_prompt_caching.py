@@ -22,7 +22,7 @@ import pytest
 from engine.client import Client
 from engine.config import parse_project
 from engine.effects.llm import anthropic, caching, prices
-from engine.effects.llm.caching import Unit, choose
+from engine.effects.llm.caching import choose
 from engine.effects.llm.prompts import EncodedMessages, encode_body
 from engine.runtime.engine import Engine
 from tests.engine_helpers import ENV, turn_ended, wait_for_event
@@ -43,23 +43,18 @@ EPHEMERAL = {"type": "ephemeral"}
 
 
 def test_breakpoints_close_tools_system_previous_turn_and_newest_message() -> None:
-    units = [
-        Unit("tool", 40),
-        Unit("tool", 60),
-        Unit("system", 5000),
-        Unit("user", 10),
-        Unit("assistant", 20),
-        Unit("user", 10),
-    ]
-    assert choose(units, minimum=1) == [1, 2, 4, 5]
+    kinds = ["definition", "definition", "system", "user", "assistant", "user"]
+    sizes = [40, 60, 5000, 10, 20, 10]
+    assert choose(kinds, sizes, minimum=1) == [1, 2, 4, 5]
     # A prefix under the model's minimum (4096 bytes ~ 1024 tokens) is not worth a marker.
-    assert choose(units, minimum=1024) == [2, 4, 5]
+    assert choose(kinds, sizes, minimum=1024) == [2, 4, 5]
     # Within a turn the newest message is a tool result; the previous turn ends before
     # the newest user message.
-    loop = [*units, Unit("assistant", 30), Unit("result", 30)]
-    assert choose(loop, minimum=1) == [1, 2, 4, 7]
-    assert choose([Unit("user", 10)], minimum=1) == [0]
-    assert len(choose(loop, minimum=1)) <= caching.MAX_BREAKPOINTS
+    loop = ([*kinds, "assistant", "tool"], [*sizes, 30, 30])
+    assert choose(*loop, minimum=1) == [1, 2, 4, 7]
+    assert choose(*loop, minimum=1, unmarkable=[1]) == [2, 4, 7]
+    assert choose(["user"], [10], minimum=1) == [0]
+    assert choose([], [], minimum=1) == []
 
 
 def test_caching_style_by_vendor_and_model() -> None:

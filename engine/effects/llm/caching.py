@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 EPHEMERAL = {"type": "ephemeral"}
@@ -70,42 +71,44 @@ def min_tokens(model: str) -> int:
     return DEFAULT_MIN_TOKENS
 
 
-@dataclass(frozen=True)
-class Unit:
-    """One piece of the prompt in render order: `kind` is "tool" (a definition),
-    "system", or a message's: "user", "assistant", "result" (tool results); `size` its
-    encoded bytes; `markable` whether a marker can go on it."""
-
-    kind: str
-    size: int
-    markable: bool = True
+_HEAD_KINDS = ("definition", "system")
 
 
-def choose(units: Sequence[Unit], minimum: int) -> list[int]:
-    """The indices of the units to mark: the last tool, the last system unit, the end of
-    the previous turn and the last message, each only when the prefix it closes reaches
-    `minimum` tokens (estimated), never more than MAX_BREAKPOINTS (the latest kept)."""
-    reach: list[int] = []
-    prefix = 0
-    for unit in units:
-        prefix += unit.size
-        reach.append(prefix)
+def choose(
+    kinds: Sequence[str], sizes: Sequence[int], minimum: int, *, unmarkable: Sequence[int] = ()
+) -> list[int]:
+    """The indices of the prompt's pieces to mark, given each piece's kind in render
+    order ("definition" for a tool definition, "system", or a message's role: "user",
+    "assistant", "tool" for tool results) and its encoded bytes: the last tool, the last
+    system piece, the end of the previous turn (the message before the newest user
+    message) and the last message, each only when the prefix it closes reaches `minimum`
+    tokens (estimated), never more than MAX_BREAKPOINTS. Linear in C: a call's history
+    can be long."""
+    reach = list(accumulate(sizes))
+    backwards = list(reversed(kinds))
+    last = len(kinds) - 1
     ends: list[int] = []
-    for kind in ("tool", "system"):
-        found = [i for i, u in enumerate(units) if u.kind == kind]
-        if found:
-            ends.append(found[-1])
-    conversation = [i for i, u in enumerate(units) if u.kind not in ("tool", "system")]
-    users = [i for i in conversation if units[i].kind == "user"]
-    if users:
-        before = [i for i in conversation if i < users[-1]]
-        if before:
-            ends.append(before[-1])
-    if conversation:
-        ends.append(conversation[-1])
+    for kind in _HEAD_KINDS:
+        if kind in backwards:
+            ends.append(last - backwards.index(kind))
+    newest = _message_before(kinds, len(kinds))
+    if newest is not None:
+        ends.append(newest)
+    if "user" in backwards:
+        previous = _message_before(kinds, last - backwards.index("user"))
+        if previous is not None:
+            ends.append(previous)
     enough = minimum * BYTES_PER_TOKEN
-    chosen = sorted({i for i in ends if units[i].markable and reach[i] >= enough})
+    chosen = sorted({i for i in ends if i not in unmarkable and reach[i] >= enough})
     return chosen[-MAX_BREAKPOINTS:]
+
+
+def _message_before(kinds: Sequence[str], index: int) -> int | None:
+    """The last message (not a tool definition or system piece) before `index`."""
+    for i in range(index - 1, -1, -1):
+        if kinds[i] not in _HEAD_KINDS:
+            return i
+    return None
 
 
 # --- markers on vendor shapes -----------------------------------------------------------

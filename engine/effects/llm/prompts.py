@@ -100,9 +100,6 @@ def encode_body(
     )
 
 
-_KINDS = {"tool": "result"}  # a tool message is a result, not a tool definition
-
-
 def _breakpoints(
     head: dict[str, Any],
     grouped: list[list[dict[str, Any]]],
@@ -116,25 +113,29 @@ def _breakpoints(
     their own key: the next call marks another message, and reuses the plain one)."""
     head = dict(head)
     tools = head.get("tools") or []
-    units: list[cache.Unit] = []
+    kinds: list[str] = []
+    sizes: list[int] = []
+    unmarkable: list[int] = []
     if caching.style == "anthropic":
-        units += [cache.Unit("tool", len(orjson.dumps(t))) for t in tools]
+        kinds += ["definition"] * len(tools)
+        sizes += [len(orjson.dumps(t)) for t in tools]
         if head.get("system"):
-            units.append(cache.Unit("system", len(orjson.dumps(head["system"]))))
+            kinds.append("system")
+            sizes.append(len(orjson.dumps(head["system"])))
     elif tools:  # Chat Completions: no documented marker on tools; they still count
-        units.append(cache.Unit("tool", len(orjson.dumps(tools)), markable=False))
-    first = len(units)
-    for group, fragment in zip(grouped, fragments, strict=True):
-        role = group[0]["role"]
-        units.append(cache.Unit(_KINDS.get(role, role), len(fragment)))
-    for index in cache.choose(units, caching.min_tokens):
-        unit = units[index]
+        unmarkable.append(len(kinds))
+        kinds.append("definition")
+        sizes.append(len(orjson.dumps(tools)))
+    first = len(kinds)
+    kinds += [group[0]["role"] for group in grouped]
+    sizes += map(len, fragments)
+    for index in cache.choose(kinds, sizes, caching.min_tokens, unmarkable=unmarkable):
         if index >= first:
             at = index - first
             marked = _marked(fragments[at], keys[at], kept)
             if marked is not None:
                 fragments[at] = marked
-        elif unit.kind == "system":
+        elif kinds[index] == "system":
             system = cache.mark_system(head["system"])
             if system is not None:
                 head["system"] = system
