@@ -378,15 +378,26 @@ async def test_console_lists_sessions_and_shows_a_live_timeline(
         lambda: "you asked: and payments?" in page.find("#path").text,
     )
     # The cache hit share: the call's, the turn's and the session's.
-    cached = page.all(call)[1].find_element(By.CSS_SELECTOR, "td.tokens").text
-    assert re.fullmatch(r"[\d,]+ in \(\d+% cached\) · [\d,]+ out", cached), cached
-    assert "cached" not in page.all(call)[0].find_element(By.CSS_SELECTOR, "td.tokens").text
+    tokens_of = "td.tokens"
+    await _page(
+        page.until,
+        "the call's cache hit share",
+        lambda: re.fullmatch(
+            r"[\d,]+ in \(\d+% cached\) · [\d,]+ out",
+            page.all(call)[1].find_element(By.CSS_SELECTOR, tokens_of).text,
+        ),
+    )
+    assert "cached" not in page.all(call)[0].find_element(By.CSS_SELECTOR, tokens_of).text
     await _page(
         page.until,
         "the session's cache hit share",
         lambda: re.fullmatch(r"[1-9]\d?%", page.find("#cache-share").text),
     )
-    assert re.search(r"total · [1-9]\d?% cache hits", page.find("#timeline").text)
+    await _page(
+        page.until,
+        "the turn's cache hit share",
+        lambda: re.search(r"total · [1-9]\d?% cache hits", page.find("#timeline").text),
+    )
     await _page(page.shot, "console-timeline")
 
     # The failed turn's reason, on its own row.
