@@ -11,6 +11,7 @@ with the kept fragments spliced in. Messages without an id (a worker's explicit
 
 from __future__ import annotations
 
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable
 from functools import partial
@@ -25,7 +26,8 @@ Convert = Callable[[list[dict[str, Any]]], dict[str, Any]]
 Build = Callable[..., dict[str, Any]]
 
 DEFAULT_MAX_BYTES = 64 << 20
-_EMPTY_MESSAGES = b'"messages":[]'
+_SLOT = f"subs-messages-{uuid.uuid4().hex}"
+_SLOT_JSON = orjson.dumps(_SLOT)
 
 
 class EncodedMessages:
@@ -90,14 +92,11 @@ def encode_body(
         fragments.append(kept.fragment(key, partial(convert, group)))
     if caching is not None:
         head_value = _breakpoints(head_value, grouped, fragments, keys, caching, kept)
-    head = orjson.dumps(head_value)
-    # The messages go where `build` puts them, so the body reads the same. The first
-    # `"messages":[]` is that key: inside a string its quotes would be escaped, and the
-    # keys before it (model, max_tokens, system, tools) hold no such object.
-    at = head.index(_EMPTY_MESSAGES)
-    return b"".join(
-        (head[:at], b'"messages":[', b",".join(fragments), b"]", head[at + len(_EMPTY_MESSAGES) :])
-    )
+    # The messages go where `build` puts them, so the body reads the same: their key holds
+    # a string no tool schema or text can hold (a nonce of this process) until spliced.
+    head = orjson.dumps({**head_value, "messages": _SLOT})
+    at = head.index(_SLOT_JSON)
+    return b"".join((head[:at], b"[", b",".join(fragments), b"]", head[at + len(_SLOT_JSON) :]))
 
 
 def _breakpoints(
