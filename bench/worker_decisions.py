@@ -68,6 +68,7 @@ from engine.client import Client
 from engine.config import Project, parse_project
 from engine.effects.worker import DecisionRun
 from engine.machine import DecisionAnswered, Input
+from engine.machine.inputs import WIRE_NAMES
 from engine.runtime.engine import Engine, _Partition
 from engine.store.embedded import EmbeddedRedis
 from engine.store.store import Commit, Store, WorkItem, connect
@@ -161,7 +162,7 @@ def instrumented(engine: Engine, probe: Probe) -> Iterator[None]:
         return result
 
     async def timed_apply(part: _Partition, item: WorkItem) -> None:
-        if item.input.get("kind") != "DecisionAnswered":
+        if item.input.get("kind") != WIRE_NAMES[DecisionAnswered]:
             return await apply(part, item)
         started = time.perf_counter()
         await apply(part, item)

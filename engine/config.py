@@ -184,6 +184,9 @@ class LlmBlock:
     base_url: str | None  # None for worker
     format: str | None  # worker only: openai | anthropic | None (neutral)
     cache: bool = True  # ask for prompt caching where the vendor needs asking (Anthropic)
+    # Model -> {input, output, cache_read, cache_write}: USD per million tokens, decimal
+    # strings, for models the built-in table (engine/effects/llm/prices.py) lacks.
+    prices: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -351,6 +354,9 @@ class AgentDecl:
     # empty: the person whose message started the turn.
     approvers: tuple[str, ...] = ()
     subagent_modes: dict[str, str] = field(default_factory=dict)  # child -> SubagentMode
+    # Ours (engine/machine/budgets.py): per turn and over the session; None: no limit.
+    budget: dict[str, Any] | None = None
+    session_budget: dict[str, Any] | None = None
 
     def wire_config(self, project: Project) -> dict[str, Any] | None:
         """The protocol AgentConfig for this agent; None when its worker supplies it.
@@ -376,7 +382,16 @@ class AgentDecl:
             out["mcp"] = copy.deepcopy(list(self.mcp))
         if self.retry is not None:
             out["retry"] = copy.deepcopy(self.retry)
+        if self.budget is not None:
+            out["budget"] = copy.deepcopy(self.budget)
+        if self.session_budget is not None:
+            out["session_budget"] = copy.deepcopy(self.session_budget)
         return out
+
+    @property
+    def cost_limited(self) -> bool:
+        """Whether a limit of its is in USD (then its model must have a known price)."""
+        return any(b and "max_cost_usd" in b for b in (self.budget, self.session_budget))
 
 
 @dataclass(frozen=True)
@@ -626,6 +641,31 @@ class _Store(_Model):
     max_memory: Annotated[str, AfterValidator(_max_memory)] = "auto"
 
 
+USD = Annotated[float, Field(ge=0)]
+
+
+class _Price(_Model):
+    """USD per million tokens of each kind; a cache price left out is the input price."""
+
+    input: USD
+    output: USD
+    cache_read: USD | None = None
+    cache_write: USD | None = None
+
+
+class _Budget(_Model):
+    max_cost_usd: USD | None = None
+    max_model_calls: UInt32 | None = None
+    max_tool_calls: UInt32 | None = None
+    max_tokens: UInt32 | None = None
+    on_exceeded: Literal["fail", "ask"] = "fail"
+
+
+class _SessionBudget(_Model):
+    max_cost_usd: USD
+    on_exceeded: Literal["fail", "ask"] = "fail"
+
+
 class _Llm(_Model):
     type: Literal["anthropic", "openai", "openrouter", "worker"]
     auth: Literal["key", "none"] = "key"  # "none": a server of your own that takes no key
@@ -633,6 +673,7 @@ class _Llm(_Model):
     base_url: HttpUrl | None = None
     format: Literal["openai", "anthropic"] | None = None
     cache: bool = True  # prompt caching (docs/prompt-caching.md)
+    prices: dict[NonEmpty, _Price] = Field(default_factory=dict)
 
 
 class _Tool(_Model):
@@ -759,6 +800,8 @@ class _Agent(_Model):
     slack: _Slack | None = None
     mcp: list[NonEmpty | _McpRef] = Field(default_factory=list)
     approvers: list[_UserOrGroup] | None = None
+    budget: _Budget | None = None
+    session_budget: _SessionBudget | None = None
 
 
 class _Telemetry(_Model):
@@ -790,6 +833,8 @@ _MODEL_KEYS = (
     "max_subagent_depth",
     "retry",
     "mcp",
+    "budget",
+    "session_budget",
 )
 
 
@@ -1167,6 +1212,14 @@ def _check_agent(root: _Root, file: str, aid: str, agent: _Agent) -> None:
         )
 
 
+def _price_strings(p: _Price) -> dict[str, str]:
+    """A block's price as decimal strings (the cost arithmetic is Decimal, never float)."""
+    read = p.input if p.cache_read is None else p.cache_read
+    write = p.input if p.cache_write is None else p.cache_write
+    values = {"input": p.input, "output": p.output, "cache_read": read, "cache_write": write}
+    return {k: repr(float(v)) for k, v in values.items()}
+
+
 def _build(root: _Root, path: str) -> Project:
     llm = {
         lid: LlmBlock(
@@ -1178,6 +1231,7 @@ def _build(root: _Root, path: str) -> Project:
             base_url=b.base_url or LLM_DEFAULTS.get(b.type, (None, None))[1],
             format=b.format,
             cache=b.cache,
+            prices={m: _price_strings(p) for m, p in b.prices.items()},
         )
         for lid, b in root.llm.items()
     }
@@ -1218,6 +1272,10 @@ def _build(root: _Root, path: str) -> Project:
                 watch=tuple(WatchEntry(w.channel, tuple(w.from_), w.match) for w in a.slack.watch),
             ),
             approvers=tuple(a.approvers or ()),
+            budget=None if a.budget is None else a.budget.model_dump(exclude_none=True),
+            session_budget=None
+            if a.session_budget is None
+            else a.session_budget.model_dump(exclude_none=True),
         )
         for aid, a in root.agent.items()
     }

@@ -685,6 +685,30 @@ class SubagentTools(WireModel):
     wait: Nullable[bool] = None
 
 
+class BudgetPrice(WireModel):
+    """The model's input price the engine estimates a call's cost with (USD / 1M tokens)."""
+
+    input: str
+
+
+class TurnBudget(WireModel):
+    """Ours (issue #28): what one turn of the agent may spend (engine/machine/budgets.py)."""
+
+    max_cost_usd: float | None = Field(default=None, ge=0)
+    max_model_calls: int | None = Field(default=None, ge=0)
+    max_tool_calls: int | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(default=None, ge=0)
+    on_exceeded: Literal["fail", "ask"] | None = None
+    price: BudgetPrice | None = None
+
+
+class SessionBudget(WireModel):
+    """Ours (issue #28): what the session may spend over its life."""
+
+    max_cost_usd: float | None = Field(default=None, ge=0)
+    on_exceeded: Literal["fail", "ask"] | None = None
+
+
 class AgentConfig(WireModel):
     """An agent config from the file or a worker.
 
@@ -693,7 +717,13 @@ class AgentConfig(WireModel):
     MCP, plugin, attachment and deferral settings are carried, not interpreted.
     """
 
-    _wire_extensions: ClassVar[tuple[str, ...]] = ("handler", "format", "stream")
+    _wire_extensions: ClassVar[tuple[str, ...]] = (
+        "handler",
+        "format",
+        "stream",
+        "budget",
+        "session_budget",
+    )
 
     model: str
     llm: Nullable[str] = None
@@ -712,6 +742,8 @@ class AgentConfig(WireModel):
     handler: Literal["server", "worker"] | None = None
     format: LlmFormat | None = None
     stream: bool | None = None
+    budget: TurnBudget | None = None  # ours: engine/machine/budgets.py
+    session_budget: SessionBudget | None = None
 
     @field_validator("format")
     @classmethod

@@ -19,10 +19,11 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 
 from bot.turns.checkpoint import Checkpoint
-from bot.turns.store import BUCKETS, Checkpoints, seen_key
+from bot.turns.store import BUCKETS, Checkpoints, Slots, seen_key
 from engine.client import Client
 from engine.config import parse_project
 from engine.runtime.engine import Engine
+from engine.store.retention import REMOVED
 from engine.store.store import Commit, Store, cluster_enabled, connect, spread_tags
 from tests.engine_helpers import (
     ENV,
@@ -115,6 +116,18 @@ async def test_every_script_runs_on_the_cluster_with_keys_on_every_master(
             assert await store.committed_seq(sid) == 1
         gone = next(iter(by_partition.values()))
         assert await store.delete_session(gone, 1)
+        # Retention's scripts: a quiet session (nothing in flight) archived away whole, then
+        # written back from its archive.
+        quiet = "ses_quiet"
+        qp = store.partition_of(quiet)
+        lease = leases[qp]
+        assert lease is not None
+        c = Commit(quiet, 0, 1, (b'{"seq":1}',), b'{"identity":{}}', created_ms=1)
+        await store.commit(qp, lease, c, [])
+        assert await store.remove_session(quiet, 1) == REMOVED
+        assert await store.committed_seq(quiet) == 0  # nothing of it left
+        assert await store.restore_session(quiet, [b'{"seq":1}'], b'{"identity":{}}', 1)
+        assert await store.committed_seq(quiet) == 1
         for p, lease in leases.items():
             assert lease is not None
             await store.release(p, lease)
@@ -136,8 +149,16 @@ async def test_every_script_runs_on_the_cluster_with_keys_on_every_master(
             assert await checkpoints.claim(cp) is not None
             await checkpoints.drop(cp)
         assert await checkpoints.open() == []
+        # The bot's turn slots: taken, kept, left.
+        slots = Slots(redis, 10_000)
+        assert (await slots.take("oncall", "me T1", 1))[0]
+        assert not (await slots.take("oncall", "me T2", 1))[0]  # the one slot is taken
+        await slots.keep("oncall", ["me T1", "me T2"])
+        await slots.leave("oncall", "me T1")
+        assert (await slots.take("oncall", "me T2", 1))[0]
+        await slots.leave("oncall", "me T2")
         # Reads that fan out over partitions and over nodes.
-        assert len(await store.list_sessions(limit=100)) == store.partitions - 1
+        assert len(await store.list_sessions(limit=100)) == store.partitions  # -gone +quiet
         assert len(await store.last_events(list(by_partition.values()))) == store.partitions
         assert await store.heartbeat("me", 2**40, 0) == 1
     finally:

@@ -270,8 +270,9 @@ async def test_a_client_trickling_its_headers_is_cut_off_within_the_bound(
     await site.start()
     port = runner.addresses[0][1]
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        # The server's bound runs from the moment it accepts: the clock starts before that.
         started = time.monotonic()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
 
         async def trickle() -> int:

@@ -147,6 +147,18 @@ def _load(args: argparse.Namespace) -> Project:
     return project
 
 
+def _load_priced(args: argparse.Namespace) -> Project:
+    """The project to serve or check: an agent with a limit in USD needs its model's price
+    (a cost it cannot count would never stop it), so one without is a ConfigError."""
+    from engine.config import ConfigError
+    from engine.effects.llm.prices import unpriced
+
+    project = _load(args)
+    for key, why in unpriced(project):
+        raise ConfigError(why, file=project.path, key=key)
+    return project
+
+
 def _http_url(url: str) -> str:
     """`--url` as given, when it is one: a bare `host:port` would fail later, less clearly."""
     parts = urlsplit(url)
@@ -604,7 +616,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from engine.runtime.metrics import Metrics
     from engine.store.store import Store, connect
 
-    project = _load(args)
+    project = _load_priced(args)
     host = args.host or project.serve.host
     port = project.serve.port if args.port is None else args.port
     try:
@@ -717,7 +729,7 @@ def _check(args: argparse.Namespace) -> int:
     With a Redis URL configured (--redis, SUBS_REDIS, `redis`) that names a node of a
     Redis Cluster, it also says the cluster's shape; a Redis it cannot reach is not an
     error here (check validates the file, and runs where Redis may not be reachable)."""
-    project = _load(args)
+    project = _load_priced(args)
     missing = project.missing_env(os.environ)
     off = project.connections_off(os.environ)
     slack = project.slack_off(os.environ)

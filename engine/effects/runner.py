@@ -28,7 +28,7 @@ import aiohttp
 
 from engine.config import Project, project_secrets
 from engine.effects.http_pool import new_session
-from engine.effects.llm import LlmTarget, ProviderError, complete
+from engine.effects.llm import LlmTarget, ProviderError, complete, prices
 from engine.effects.llm.files import resolve_files
 from engine.effects.llm.prompts import EncodedMessages
 from engine.effects.worker import CheckedMessages, DecisionRun, ExecuteRun, WorkerTarget
@@ -365,6 +365,8 @@ class EffectRunner:
                     kept=self.prompts,
                     session_id=sid,
                 )
+            own = self.project.llm[plan.llm or ""].prices  # `_target` found the block
+            response = prices.reprice(response, own) if own else response
             settled = LlmCallSettled(effect.call_id, effect.attempt, response=response)
         except ProviderError as err:
             info = err.info()

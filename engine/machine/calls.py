@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from . import budgets, retry
 from . import events as ev
-from . import retry
 from .asking import decide, decision_lost
 from .connections import call_params, entries
 from .core import MachineError, Step, iso
@@ -107,16 +107,25 @@ def start_llm_call(st: Step, action: dict[str, Any]) -> None:
     handler, fmt = llm_handler(st, params.get("llm") or (st.s.agent or {}).get("llm"))
     if fmt:
         params["format"] = fmt
-    st.emit(
-        {
-            "type": ev.LLM_CALL_REQUESTED,
-            "id": call_id,
-            "handler": handler,
-            "anchor": st.s.head_id,
-            "params": params,
-            "retry": st.kinds.policy("llm", st.s.agent, action.get("retry")),
-        }
-    )
+    est = budgets.estimate(st.s, params)
+    over = budgets.check(st.s, "llm", est)
+    if over is not None and over.on_exceeded != "ask":
+        budgets.refuse(st, over)  # the call is not made
+        return
+    requested: ev.LlmCallRequested = {
+        "type": ev.LLM_CALL_REQUESTED,
+        "id": call_id,
+        "handler": handler,
+        "anchor": st.s.head_id,
+        "params": params,
+        "retry": st.kinds.policy("llm", st.s.agent, action.get("retry")),
+    }
+    if est is not None:
+        requested["estimate"] = est
+    st.emit(requested)
+    if over is not None:
+        budgets.ask(st, over, call_id)  # sent once a person approves (turns.py)
+        return
     dispatch(st, st.s.calls[call_id], 1)
 
 
@@ -130,6 +139,10 @@ def start_tool_call(st: Step, action: dict[str, Any], unrunnable: list[tuple[Cal
     tool = find_tool(st.s.agent, name, st.s.turn_tools) or call_params(st.s, name)
     handler = (tool or {}).get("handler") or "worker"
     kind = st.kinds.of("tool", handler)
+    over = budgets.check(st.s, "tool", None)
+    if over is not None and over.on_exceeded != "ask":
+        budgets.refuse(st, over)  # the call is not made
+        return
     requested: ev.ToolCallRequested = {
         "type": ev.TOOL_CALL_REQUESTED,
         "id": call_id,
@@ -143,10 +156,10 @@ def start_tool_call(st: Step, action: dict[str, Any], unrunnable: list[tuple[Cal
     st.emit(requested)
     call = st.s.calls[call_id]
     if kind is not None and kind.runnable(st.s):
-        if tool is not None and "connector" in tool and needs_approval(st.s, tool):
-            ask_approval(st, call, tool)  # sent once a person approves (turns.py)
+        if over is not None:
+            budgets.ask(st, over, call_id)  # `send_tool` once a person approves (turns.py)
             return
-        dispatch(st, call, 1)
+        send_tool(st, call)
         return
     # An engine-decided agent has no worker to run it: the model learns that.
     if tool is None:
@@ -156,6 +169,18 @@ def start_tool_call(st: Step, action: dict[str, Any], unrunnable: list[tuple[Cal
     else:
         reason = f"no {handler} runs {name!r}"
     unrunnable.append((call, reason))
+
+
+def send_tool(st: Step, call: Call) -> None:
+    """Send a recorded, runnable tool call: a connector's that needs a person's approval
+    asks for it first."""
+    tool = find_tool(st.s.agent, call.name or "", st.s.turn_tools) or call_params(
+        st.s, call.name or ""
+    )
+    if tool is not None and "connector" in tool and needs_approval(st.s, tool):
+        ask_approval(st, call, tool)  # sent once a person approves (turns.py)
+        return
+    dispatch(st, call, 1)
 
 
 def dispatch(st: Step, call: Call, attempt: int) -> None:

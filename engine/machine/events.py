@@ -222,6 +222,8 @@ class LlmCallRequested(TypedDict):
     anchor: str | None
     params: JSON  # the action's overrides (+ `format` for a worker)
     retry: JSON  # the resolved policy (retry.py)
+    # Under a budget: the input estimate {tokens, cost} it was checked with (budgets.py).
+    estimate: NotRequired[JSON]
 
 
 @with_config(_STRICT)
@@ -394,7 +396,7 @@ class SessionInterrupted(TypedDict):
 
     type: str
     interrupt_id: str
-    origin: str  # client | worker | connector | approval
+    origin: str  # client | worker | connector | approval | budget
     reason: str
     payload: Any
     by: NotRequired[JSON]  # the running turn's `by`: who may answer it (interrupts.py)

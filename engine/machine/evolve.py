@@ -124,6 +124,25 @@ def _turn_ended(
     return end
 
 
+def _count_call(s: SessionState, e: Event, kind: str, p: Mapping[str, Any]) -> None:
+    """A call requested in the running turn counts toward its budget (budgets.py)."""
+    turn = s.turn
+    if turn is None or e.get("turn_id") != turn.id:
+        return
+    if kind == "llm":
+        turn.model_calls += 1
+        if p.get("estimate"):
+            turn.estimates[p["id"]] = [p["estimate"]["tokens"], p["estimate"]["cost"]]
+    elif kind == "tool":
+        turn.tool_calls += 1
+
+
+def _settled(s: SessionState, call_id: str) -> None:
+    """A model call ended: its estimate gives way to what it reported (or to nothing)."""
+    if s.turn is not None:
+        s.turn.estimates.pop(call_id, None)
+
+
 CallRequested = ev.LlmCallRequested | ev.ToolCallRequested | ev.ConnectorSyncRequested
 
 
@@ -145,6 +164,7 @@ def _call_requested(kind: str) -> Callable[[SessionState, Event, CallRequested],
             anchor=fields.get("anchor"),
             params=fields.get("params") or {},
         )
+        _count_call(s, e, kind, p)
 
     return requested
 
@@ -190,6 +210,7 @@ def _subagent_ended(s: SessionState, e: Event, p: ev.SubagentEnded) -> None:
 
 def _llm_completed(s: SessionState, e: Event, p: ev.LlmCallCompleted) -> None:
     s.calls.pop(p["id"])
+    _settled(s, p["id"])
     _add_cost(s, p.get("usage"), p.get("cost") or "0")
 
 
@@ -211,6 +232,7 @@ def _call_closed(s: SessionState, e: Event, p: ev.ToolCallCompleted) -> None:
 def _call_errored(s: SessionState, e: Event, p: ev.CallErrored) -> None:
     if p["final"]:
         s.calls.pop(p["id"])
+        _settled(s, p["id"])
         for child in s.children.values():
             if child.get("call_id") == p["id"]:
                 child["call_id"] = None  # the call is over: its child may be called again
@@ -310,7 +332,15 @@ def _connector_errored(s: SessionState, e: Event, p: ev.CallErrored) -> None:
 
 
 def _interrupt_resumed(s: SessionState, e: Event, p: ev.SessionInterruptResumed) -> None:
-    s.interrupts.pop(p["interrupt_id"])
+    interrupt = s.interrupts.pop(p["interrupt_id"])
+    if interrupt.get("origin") == "budget" and not p.get("expired") and s.turn is not None:
+        # An approved budget prompt raises its limit by its own size, this turn only.
+        answer = p.get("payload")
+        if isinstance(answer, dict):
+            answer = answer.get("value")
+        limit = ((interrupt.get("payload") or {}).get("metadata") or {}).get("limit")
+        if answer == "approve" and isinstance(limit, str):
+            s.turn.raised[limit] = s.turn.raised.get(limit, 0) + 1
 
 
 # One fold rule per kind of the catalogue but `session.created` (it makes the state).

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import connections
+from .budgets import metadata as budget_metadata
 from .core import iso
 from .spawns import ALLOWED_MODES, spawn_args
 from .state import Call, SessionState
@@ -133,7 +134,7 @@ _STATUS = {
     "failed": "failed",
 }
 # Our extensions to the agent config, kept in state but not on the wire (seed 002).
-_NOT_ON_WIRE = ("handler", "format", "stream")
+_NOT_ON_WIRE = ("handler", "format", "stream", "budget", "session_budget")
 
 
 def wire_agent(agent: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -156,9 +157,10 @@ def wire_proposed(proposed: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _identity(identity: dict[str, Any]) -> dict[str, Any]:
-    """The owner as a worker sees it: `{subject?, metadata, visibility?}`."""
-    out: dict[str, Any] = {"metadata": dict(identity.get("metadata") or {})}
+def _identity(identity: dict[str, Any], extra: dict[str, str]) -> dict[str, Any]:
+    """The owner as a worker sees it: `{subject?, metadata, visibility?}`; `extra` (the
+    turn's budget and spend, budgets.py) joins the metadata."""
+    out: dict[str, Any] = {"metadata": {**(identity.get("metadata") or {}), **extra}}
     if identity.get("subject"):
         out["subject"] = identity["subject"]
     if identity.get("visibility"):
@@ -214,7 +216,7 @@ def decision_request(
         "session_id": state.session_id,
         "decision_id": decision_id,
         "agent_id": state.agent_id,
-        "identity": _identity(state.identity),
+        "identity": _identity(state.identity, budget_metadata(state)),
         "trigger": wire_trigger(state, trigger),
         "proposed": wire_proposed(proposed),
         "state": state.worker_state,

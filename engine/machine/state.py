@@ -16,7 +16,7 @@ from engine.statuses import CallStatus, DecisionStatus, SessionStatus, TurnStatu
 # under another version (or before versions: none) is not trusted: its reader folds the
 # session's log again (engine/store/snapshots.py). Raise it with any change to either; the
 # golden logs (tests/golden/) hold every version to folding old logs the same way.
-FOLD_VERSION = 2
+FOLD_VERSION = 3
 
 ZERO_USAGE: dict[str, int] = {
     "input": 0,
@@ -91,6 +91,12 @@ class Turn:
     tools: list[dict[str, Any]] | None = None  # the client's per-submit tools, this turn only
     by: dict[str, Any] | None = None  # who submitted it: {privilege, subject?} (interrupts.py)
     trace: str | None = None  # the client's traceparent: the turn's trace joins it
+    # What its budget counts (budgets.py): calls requested, the input estimates of its
+    # model calls in flight (call id -> [tokens, cost]), and approved raises by limit.
+    model_calls: int = 0
+    tool_calls: int = 0
+    estimates: dict[str, list[Any]] = field(default_factory=dict)
+    raised: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -161,6 +167,9 @@ def state_to_json(s: SessionState) -> dict[str, Any]:
             turn_json["by"] = turn.by
         if turn.trace:  # the same
             turn_json["trace"] = turn.trace
+        for key in ("model_calls", "tool_calls", "estimates", "raised"):  # the same
+            if getattr(turn, key):
+                turn_json[key] = getattr(turn, key)
     return {
         "fold_version": FOLD_VERSION,
         "session_id": s.session_id,

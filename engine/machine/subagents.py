@@ -26,8 +26,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from . import budgets, retry
 from . import events as ev
-from . import retry
 from .calls import dispatch, tool_finished
 from .core import CallKind, Step
 from .effects import Deliver
@@ -48,6 +48,10 @@ def start_subagent(st: Step, action: dict[str, Any], unrunnable: list[tuple[Call
     message = action.get("message")
     sub = subagent_entry(s.agent, agent_id)
     mode, mode_problem = spawn_mode((sub or {}).get("mode"), action.get("mode"))
+    over = budgets.check(s, "tool", None)
+    if over is not None:  # a child is a tool call: over max_tool_calls it is not spawned
+        budgets.refuse(st, over)
+        return
     arguments = {"message": (message or {}).get("content")}
     if action.get("session_id"):
         arguments["session"] = action["session_id"]

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import budgets, retry
 from . import events as ev
-from . import retry
 from .asking import decide
-from .calls import call_failed, dispatch, reprompt_or_nothing
+from .calls import call_failed, dispatch, reprompt_or_nothing, send_tool
 from .connections import connector_of, own_names, tools_of
 from .connectors import start_sync
 from .core import MachineError, Opening, Step
@@ -362,6 +362,9 @@ def resume_interrupt(st: Step, iid: str, payload: Any, *, expire: bool = False) 
     if expire:
         resumed["expired"] = True
     st.emit(resumed)
+    if budgets.budget_of(interrupt) is not None:
+        _budget_answered(st, interrupt, payload, expire)
+        return not expire
     if interrupt.get("origin") == "approval":
         _approval_answered(st, interrupt, payload, expire)
         return not expire
@@ -397,6 +400,34 @@ def _approval_answered(st: Step, interrupt: dict[str, Any], payload: Any, expire
         "detail": {"declined": True, "expired": expire},
     }
     call_failed(st, call, error, False, None)
+
+
+def _budget_answered(st: Step, interrupt: dict[str, Any], payload: Any, expire: bool) -> None:
+    """A call held by its budget (budgets.py): approved, its limit was raised (the resume
+    event's fold) and it is sent; declined or expired, the turn fails as over budget."""
+    meta = budgets.budget_of(interrupt) or {}
+    call = st.s.calls.get(str(meta.get("call_id") or ""))
+    if st.s.turn is None:
+        return
+    if not expire and approved(payload):
+        if call is not None and call.status == "requested":
+            # A tool call may still need its connection's approval; a model call is sent.
+            if call.kind == "tool":
+                send_tool(st, call)
+            else:
+                dispatch(st, call, 1)
+        return
+    why = "the prompt expired" if expire else "a person declined to raise it"
+    figures: dict[str, Any] = {
+        k: meta[k] for k in ("limit", "allowed", "spent", "next") if k in meta
+    }
+    said = str(interrupt.get("reason") or "").removeprefix("budget: ")
+    error = {
+        "message": f"budget exceeded: {said}; {why}",
+        "code": "budget_exceeded",
+        "detail": {**figures, "declined": not expire, "expired": expire},
+    }
+    fail_turn(st, error)
 
 
 # -- messages between sessions ---------------------------------------------------

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import Project
+from engine.effects.llm.prices import with_prices
 from engine.errors import describe
 from engine.ids import new_id
 from engine.jsonedge import encode
@@ -113,7 +114,10 @@ class Applier:
         self.cache = StateCache(serve.state_cache_mb * 1024 * 1024, serve.state_cache_sessions)
         self.snapshot_min_bytes = SNAPSHOT_MIN_BYTES
         # Built once: the machine only reads these (events carry them by reference).
-        self.agent_configs = {a.id: a.wire_config(project) for a in project.agents.values()}
+        # An agent's budget carries its model's price (the machine estimates a call with it).
+        self.agent_configs = {
+            a.id: with_prices(project, a.wire_config(project), a) for a in project.agents.values()
+        }
         self.llm_routes = {b.id: {"type": b.type, "format": b.format} for b in project.llm.values()}
 
     def now_ms(self) -> int:

@@ -54,6 +54,7 @@ SCENARIOS = {
     "connectors": "tests/golden/scenarios.py::"
     "test_connectors_a_sync_a_call_and_a_server_that_is_not_installed",
     "connector_off": "tests/golden/scenarios.py::test_an_off_connection_over_two_turns",
+    "budget_ask": "tests/test_budgets.py::test_ask_holds_the_call_until_a_person_approves_more",
 }
 
 

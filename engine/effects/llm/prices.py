@@ -8,9 +8,18 @@ costs accumulate across turns and sessions, and float sums drift.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from engine.config import AgentDecl, Project
+
+# A block's own prices (`[llm.<id>] prices`): model -> {input, output, cache_read,
+# cache_write} as decimal strings, USD per million tokens (engine/config.py).
+Extra = Mapping[str, Mapping[str, str]]
+T = TypeVar("T")
 
 _MILLION = Decimal(1_000_000)
 
@@ -41,18 +50,30 @@ PRICES: dict[str, Price] = {
 }
 
 
-def price_for(model: str) -> Price | None:
-    """Returns the price of `model`, matched by the longest known prefix, or None.
+def price_for(model: str, extra: Extra | None = None) -> Price | None:
+    """Returns the price of `model`, matched by the longest known prefix, or None; a
+    block's own `prices` (`extra`, matched the same way) come before the table.
 
     A router's vendor prefix is dropped ("anthropic/claude-sonnet-4-5"), and so
     is a dated suffix ("claude-haiku-4-5-20251001"); OpenRouter's dotted
     versions ("claude-sonnet-4.5") match their dashed names.
     """
+    if extra:
+        own = {k.lower(): v for k, v in extra.items()}
+        if model.lower() in own:
+            return _price(**own[model.lower()])
+        found = _lookup(model, {k.rsplit("/", 1)[-1]: v for k, v in own.items()})
+        if found is not None:
+            return _price(**found)
+    return _lookup(model, PRICES)
+
+
+def _lookup(model: str, table: Mapping[str, T]) -> T | None:
     name = model.rsplit("/", 1)[-1].lower()
     for candidate in (name, name.replace(".", "-")):
-        best = max((key for key in PRICES if _has_prefix(candidate, key)), key=len, default=None)
+        best = max((key for key in table if _has_prefix(candidate, key)), key=len, default=None)
         if best is not None:
-            return PRICES[best]
+            return table[best]
     return None
 
 
@@ -64,9 +85,10 @@ def _has_prefix(name: str, key: str) -> bool:
     return not rest or not (rest[0].isalnum() or rest[0] == ".")
 
 
-def cost(model: str, usage: dict[str, Any]) -> str:
-    """Returns the USD cost of a call from the price table; an unknown model costs "0"."""
-    price = price_for(model)
+def cost(model: str, usage: dict[str, Any], extra: Extra | None = None) -> str:
+    """Returns the USD cost of a call from the price table (and a block's own `extra`);
+    an unknown model costs "0" (a cost budget refuses one at `subs check`: `unpriced`)."""
+    price = price_for(model, extra)
     if price is None:
         return "0"
     total = (
@@ -87,3 +109,52 @@ def usd(amount: Decimal | float | int | str) -> str:
     if value.is_zero():
         return "0"
     return format(value.normalize(), "f")
+
+
+def reprice(response: dict[str, Any], extra: Extra) -> dict[str, Any]:
+    """A reply's cost by its block's own `prices` when they name its model and the vendor
+    reported no cost of its own (OpenRouter's `usage.cost` stands)."""
+    usage = response.get("usage")
+    model = str(response.get("model") or "")
+    if not extra or not isinstance(usage, dict) or price_for(model, extra) is None:
+        return response
+    provider = usage.get("provider")
+    if isinstance(provider, dict) and isinstance(provider.get("cost"), int | float):
+        return response
+    return {**response, "cost": cost(model, usage, extra)}
+
+
+def agent_price(project: Project, agent: AgentDecl) -> Price | None:
+    """The price of an agent's model: its block's own `prices`, then the table."""
+    block = project.llm.get(agent.llm or "")
+    return price_for(agent.model or "", block.prices if block is not None else None)
+
+
+def unpriced(project: Project) -> list[tuple[str, str]]:
+    """The agents with a limit in USD whose model has no known price, each with why: their
+    spend could not be counted, so the limit would never hold (`subs check` refuses)."""
+    out = []
+    for agent in project.agents.values():
+        if agent.cost_limited and agent.model and agent_price(project, agent) is None:
+            which = "budget" if "max_cost_usd" in (agent.budget or {}) else "session_budget"
+            out.append(
+                (
+                    f"agent.{agent.id}.{which}.max_cost_usd",
+                    f"a limit in USD, but no known price for model "
+                    f"{agent.model!r}: set [llm.{agent.llm}] prices = "
+                    f'{{ "{agent.model}" = {{ input = ..., output = ... }} }} (USD per '
+                    "million tokens)",
+                )
+            )
+    return out
+
+
+def with_prices(project: Project, config: dict[str, Any] | None, agent: AgentDecl) -> Any:
+    """An agent's wire config with its model's input price in `budget.price`, which the
+    machine estimates a call's cost with (engine/machine/budgets.py)."""
+    if config is None or "budget" not in config:
+        return config
+    price = agent_price(project, agent)
+    if price is None:
+        return config
+    return {**config, "budget": {**config["budget"], "price": {"input": usd(price.input)}}}
