@@ -185,6 +185,7 @@ class LlmBlock:
     api_key_env: str | None  # None for worker, and for a server that takes no key (auth = "none")
     base_url: str | None  # None for worker
     format: str | None  # worker only: openai | anthropic | None (neutral)
+    cache: bool = True  # ask for prompt caching where the vendor needs asking (Anthropic)
     # Model -> {input, output, cache_read, cache_write}: USD per million tokens, decimal
     # strings, for models the built-in table (engine/effects/llm/prices.py) lacks.
     prices: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
@@ -685,6 +686,7 @@ class _Llm(_Model):
     api_key_env: EnvName | None = None
     base_url: HttpUrl | None = None
     format: Literal["openai", "anthropic"] | None = None
+    cache: bool = True  # prompt caching (docs/prompt-caching.md)
     prices: dict[NonEmpty, _Price] = Field(default_factory=dict)
 
 
@@ -1260,6 +1262,7 @@ def _build(root: _Root, path: str) -> Project:
             else b.api_key_env or LLM_DEFAULTS.get(b.type, (None, None))[0],
             base_url=b.base_url or LLM_DEFAULTS.get(b.type, (None, None))[1],
             format=b.format,
+            cache=b.cache,
             prices={m: _price_strings(p) for m, p in b.prices.items()},
         )
         for lid, b in root.llm.items()

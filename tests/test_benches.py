@@ -160,6 +160,19 @@ TINY: dict[str, tuple[str, list[str]]] = {
             rf"{NUMBER} turns/s while the sweep ran",
         ],
     ),
+    "prompt_cache.py": (
+        "--turns 2 --tool-every 2",
+        [
+            r"prompt cache: the example agent \(anthropic/claude-sonnet-4-5 on OpenRouter, "
+            r"fake\), 2 turns, a tool call every 2",
+            rf"  +1 +\d+ +0 +[1-9]\d* +\${NUMBER} +\${NUMBER}",
+            rf"  +2 +\d+ +[1-9]\d* +\d+ +\${NUMBER} +\${NUMBER}",
+            rf"  total: \${NUMBER} cached, \${NUMBER} uncached: \d+% saved; \d+% of input read",
+            r"  tools offered: \d+ \(.*confirm.*\)",
+            rf"  turn 2: \${NUMBER} against turn 1's \${NUMBER}; breakpoints on system, "
+            r"messages\[2\] \(assistant\), messages\[3\] \(user\)",
+        ],
+    ),
     "history.py": (
         "--turns 6 --tool-every 3",
         [

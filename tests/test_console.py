@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import textwrap
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -62,6 +63,8 @@ def _model(body: dict[str, Any]) -> Reply:
         return ToolCalls([("confirm", {"question": "Restart checkout?"})])
     if "slowly" in text:  # a slow vendor: its tokens show while they stream
         return Text("Typing this one slowly, word by word.", chunk_delay=0.15)
+    if "payments" in text:  # as a second turn would: its prefix read from the vendor's cache
+        return Text(f"Checkout is healthy (you asked: {text}).", cache_read=300)
     return Text(f"Checkout is healthy (you asked: {text}).")
 
 
@@ -373,6 +376,27 @@ async def test_console_lists_sessions_and_shows_a_live_timeline(
         page.until,
         "the active path's new reply",
         lambda: "you asked: and payments?" in page.find("#path").text,
+    )
+    # The cache hit share: the call's, the turn's and the session's.
+    tokens_of = "td.tokens"
+    await _page(
+        page.until,
+        "the call's cache hit share",
+        lambda: re.fullmatch(
+            r"[\d,]+ in \(\d+% cached\) · [\d,]+ out",
+            page.all(call)[1].find_element(By.CSS_SELECTOR, tokens_of).text,
+        ),
+    )
+    assert "cached" not in page.all(call)[0].find_element(By.CSS_SELECTOR, tokens_of).text
+    await _page(
+        page.until,
+        "the session's cache hit share",
+        lambda: re.fullmatch(r"[1-9]\d?%", page.find("#cache-share").text),
+    )
+    await _page(
+        page.until,
+        "the turn's cache hit share",
+        lambda: re.search(r"total · [1-9]\d?% cache hits", page.find("#timeline").text),
     )
     await _page(page.shot, "console-timeline")
 

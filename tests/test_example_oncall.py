@@ -45,6 +45,14 @@ def example(tmp_path: Path, vendor: FakeVendor) -> Path:
     return tmp_path / "subs.toml"
 
 
+def text_of(content: str | list[dict]) -> str:
+    """A Chat Completions content's text: a string, or its text parts (the newest message
+    is sent as parts, the last carrying a cache breakpoint: docs/prompt-caching.md)."""
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content)
+
+
 def git_repo(path: Path) -> Path:
     path.mkdir()
     env = {**os.environ, "GIT_AUTHOR_NAME": "Dana", "GIT_AUTHOR_EMAIL": "dana@example.com"}
@@ -110,7 +118,7 @@ async def test_the_example_agent_reads_a_runbook_and_recent_changes(
     assert "runbooks__read_text_file" in offered and "runbooks__write_file" not in offered
     assert "changes__git_log" in offered and "changes__git_commit" not in offered
     tool_messages = [
-        m["content"] for m in vendor.requests[1].body["messages"] if m["role"] == "tool"
+        text_of(m["content"]) for m in vendor.requests[1].body["messages"] if m["role"] == "tool"
     ]
     assert any("Postgres connection pool exhausted" in m for m in tool_messages), tool_messages
     assert any("Lower the API's pool size to 5" in m for m in tool_messages), tool_messages

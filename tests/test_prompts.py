@@ -75,6 +75,25 @@ def test_a_spliced_body_is_the_built_body(fmt: str, stream: bool) -> None:
         assert list(orjson.loads(body)) == list(whole)  # the same keys in the same order
 
 
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_a_tool_schema_holding_an_empty_messages_list_does_not_move_the_messages(fmt: str):
+    """Tools come before the messages in a Chat Completions body; a schema whose default is
+    `{"messages": []}` must not be taken for the messages' place."""
+    groups, convert, build = FORMATS[fmt]
+    schema = {"type": "object", "default": {"messages": []}}
+    req = {**request(HISTORY[:3]), "tools": [{"name": "t", "description": "", "input": schema}]}
+    body = encode_body(
+        req,
+        scope=("s1", fmt),
+        groups=groups,
+        convert=convert,
+        build=build,
+        stream=False,
+        kept=EncodedMessages(),
+    )
+    assert orjson.loads(body) == build(req, stream=False)
+
+
 def test_a_message_is_encoded_once_per_session_and_format() -> None:
     groups, convert, build = FORMATS["openai"]
     converted: list[str] = []

@@ -322,6 +322,7 @@ class EffectRunner:
             api_key=(self.env.get(block.api_key_env) or None) if block.api_key_env else None,
             api_key_env=block.api_key_env,
             block=block.id,
+            cache=block.cache,
         )
 
     def _kept(self, sid: str, vendor: str, message: dict[str, Any]) -> bool:
@@ -392,6 +393,9 @@ class EffectRunner:
             model=str(plan.request.get("model") or "unknown"),
             tokens={k: v for k in ("input", "output") if isinstance(v := usage.get(k), int)},
             error=None if settled.error is None else str(settled.error.get("code", "error")),
+        )
+        self.metrics.model_input(
+            usage, provider=provider, model=str(plan.request.get("model") or "unknown")
         )
         return settled
 

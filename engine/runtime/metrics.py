@@ -74,6 +74,11 @@ class Metrics:
         "subs_model_call_seconds": ("histogram", "Duration of one model call attempt."),
         "subs_worker_call_seconds": ("histogram", "Duration of one worker delivery."),
         "subs_http_request_seconds": ("histogram", "HTTP request duration (to the last byte)."),
+        "subs_model_input_tokens_total": (
+            "counter",
+            "Input tokens of answered model calls, by cache: uncached, cache_read (read from "
+            "the vendor's prompt cache, at its price) or cache_write (written to it).",
+        ),
         # The OpenTelemetry GenAI client metrics, under their Prometheus names.
         "gen_ai_client_operation_duration_seconds": (
             "histogram",
@@ -176,6 +181,20 @@ class Metrics:
         self.observe("gen_ai_client_operation_duration_seconds", seconds, **labels)
         for kind, count in tokens.items():
             self.observe("gen_ai_client_token_usage", count, gen_ai_token_type=kind, **labels)
+
+    def model_input(self, usage: Mapping[str, object], *, provider: str, model: str) -> None:
+        """Hook: an answered call's input tokens by how the prompt cache served them, so a
+        dashboard can show the cache hit share (cache_read over all input)."""
+        for cache in ("uncached", "cache_read", "cache_write"):
+            count = usage.get("uncached_input" if cache == "uncached" else cache)
+            if isinstance(count, int):
+                self.inc(
+                    "subs_model_input_tokens_total",
+                    count,
+                    cache=cache,
+                    provider=provider,
+                    model=model,
+                )
 
     def observe_worker_call(self, seconds: float) -> None:
         """Hook: one worker delivery took `seconds`."""

@@ -5,8 +5,11 @@ one and the reply is rendered in the format of the route that received it, as a
 JSON body or an event stream (the request's `stream` decides), byte for byte as
 notes/engine-facts.md §3 records the vendors' wire formats.
 
-Usage is deterministic: uncached input = characters of the request's text // 4 + 1,
-output = words of the reply (+ a quarter of each tool call's arguments).
+Usage is deterministic: input = characters of the request's text and tools // 4 + 1, output =
+words of the reply (+ a quarter of each tool call's arguments). Part of the input is
+read from or written to the vendor's prompt cache as each vendor does it
+(tests/fakes/prompt_cache.py: Anthropic's breakpoints, OpenAI's automatic prefixes); the
+rest is uncached. OpenRouter's reported cost prices each kind at its own rate.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.prompt_cache import CacheUse, PromptCaches, TooManyBreakpoints, tool_chars
+
 OPENAI_PATH = "/v1/chat/completions"
 OPENROUTER_PATH = "/api/v1/chat/completions"
 ANTHROPIC_PATH = "/v1/messages"
@@ -41,7 +46,8 @@ class Text:
     word). `chunk_delay` is slept before each chunk (before a whole body, once);
     `end_delay` between a stream's last chunk and the end of its body, which over a
     real network can arrive in a packet of its own.
-    `cache_read` / `cache_write` add that many cached input tokens.
+    `cache_read` / `cache_write` add that many cached input tokens to what the vendor's
+    cache rule gives.
     `reasoning` adds Anthropic thinking / OpenRouter reasoning. `cost` is what
     OpenRouter reports (default: derived from the usage).
     """
@@ -118,6 +124,7 @@ class Recorded:
     body: Any
     received: float
     peer: str = ""
+    raw: bytes = b""  # the body's bytes as they arrived
 
 
 # --- one answer, vendor-neutral --------------------------------------------------------
@@ -196,7 +203,8 @@ def _split_json(text: str) -> list[str]:
 
 
 def _request_text(body: Any) -> int:
-    """Characters of the request's message text (content, text, system, tool results)."""
+    """Characters of the request's message text (content, text, system, tool results) and
+    of its tool definitions (their JSON)."""
     total = 0
 
     def walk(value: Any, key: str | None) -> None:
@@ -213,6 +221,7 @@ def _request_text(body: Any) -> int:
 
     if isinstance(body, dict):
         walk({"system": body.get("system"), "messages": body.get("messages")}, None)
+        total += sum(tool_chars(tool) for tool in body.get("tools") or ())
     return total
 
 
@@ -236,6 +245,7 @@ class FakeVendor:
         self._arrived = asyncio.Event()
         self._rng = random.Random(seed)
         self._runner: web.AppRunner | None = None
+        self.caches = PromptCaches()
 
     async def start(self) -> None:
         app = web.Application()
@@ -302,8 +312,13 @@ class FakeVendor:
         headers = {name.lower(): value for name, value in request.headers.items()}
         assert request.transport is not None
         host, port = request.transport.get_extra_info("peername")[:2]
-        self.requests.append(Recorded(request.path, headers, body, time.time(), f"{host}:{port}"))
+        peer = f"{host}:{port}"
+        self.requests.append(Recorded(request.path, headers, body, time.time(), peer, raw))
         self._arrived.set()
+        vendor = _VENDORS[request.path](self._rng, body if isinstance(body, dict) else {})
+        use = self._cache_use(request.path, body)
+        if isinstance(use, TooManyBreakpoints):
+            return vendor.refuse(use)
         if self._script:
             reply = self._script.popleft()
         elif self.responder is not None:
@@ -315,14 +330,13 @@ class FakeVendor:
                 {"error": {"message": "FakeVendor: the script ran out of replies."}},
                 status=500,
             )
-        vendor = _VENDORS[request.path](self._rng, body if isinstance(body, dict) else {})
         if isinstance(reply, Raw):
             return web.Response(
                 status=reply.status, body=reply.body, headers={"Content-Type": reply.content_type}
             )
         if isinstance(reply, HttpError):
             return vendor.error(reply)
-        answer = self._answer(vendor, reply, body)
+        answer = self._answer(vendor, reply, body, use)
         delay = reply.chunk_delay if isinstance(reply, Text | ToolCalls) else 0.0
         if not vendor.streaming:
             if delay:
@@ -340,8 +354,18 @@ class FakeVendor:
             request, vendor.stream_headers(), frames, delay, cut, end_delay
         )
 
-    def _answer(self, vendor: _Vendor, reply: Reply, body: Any) -> _Answer:
-        uncached = _request_text(body) // 4 + 1
+    def _cache_use(self, path: str, body: Any) -> CacheUse | TooManyBreakpoints:
+        """What the route's vendor reads from and writes to its prompt cache."""
+        if not isinstance(body, dict):
+            return CacheUse()
+        if path == ANTHROPIC_PATH:
+            return self.caches.anthropic(body, chat=False)
+        if path == OPENROUTER_PATH and str(body.get("model", "")).startswith("anthropic/"):
+            return self.caches.anthropic(body, chat=True)
+        return self.caches.openai(body)
+
+    def _answer(self, vendor: _Vendor, reply: Reply, body: Any, use: CacheUse) -> _Answer:
+        uncached = _request_text(body) // 4 + 1 - use.read - use.write
         model = body.get("model", "") if isinstance(body, dict) else ""
         if isinstance(reply, ToolCalls):
             ids = reply.ids or [vendor.call_id() for _ in reply.calls]
@@ -358,21 +382,21 @@ class FakeVendor:
                 calls=calls,
                 finish="tool_calls",
                 uncached=uncached,
-                cache_read=0,
-                cache_write=0,
+                cache_read=use.read,
+                cache_write=use.write,
                 output=output,
             )
         if isinstance(reply, Text):
             text, chunks, reasoning = reply.text, reply.chunks, reply.reasoning or ""
             cache_read, cache_write, finish, cost = (
-                reply.cache_read,
-                reply.cache_write,
+                use.read + reply.cache_read,
+                use.write + reply.cache_write,
                 reply.finish,
                 reply.cost,
             )
         else:  # CutStream / InStreamError: a text answer that will not finish
             text, chunks, reasoning = reply.text, None, ""
-            cache_read, cache_write, finish, cost = 0, 0, "stop", None
+            cache_read, cache_write, finish, cost = use.read, use.write, "stop", None
         return _Answer(
             model=model,
             text_pieces=_split_words(text, chunks),
@@ -478,6 +502,10 @@ class _Vendor:
         return _json_response(_dumps(body), headers, status=reply.status)
 
     def error_body(self, status: int) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def refuse(self, refusal: TooManyBreakpoints) -> web.Response:
+        """The 400 for too many cache breakpoints (Anthropic's own error)."""
         raise NotImplementedError
 
 
@@ -635,6 +663,26 @@ class _OpenAI(_Vendor):
         return {"error": {"message": message, "type": kind, "param": None, "code": code}}
 
 
+@dataclass(frozen=True)
+class _Price:
+    input: Decimal  # USD per token
+    output: Decimal
+
+
+# What OpenRouter bills per token for the models the tests and benches use (its model
+# pages: anthropic/claude-sonnet-4.5 $3 / $15 per million); any other model the fake's
+# flat $0.10 / $0.40 per million.
+_OPENROUTER_PRICES = {
+    "anthropic/claude-sonnet-4-5": _Price(Decimal("0.000003"), Decimal("0.000015")),
+    "anthropic/claude-haiku-4-5": _Price(Decimal("0.000001"), Decimal("0.000005")),
+}
+_OPENROUTER_DEFAULT = _Price(Decimal("0.0000001"), Decimal("0.0000004"))
+# Cache reads and writes as multiples of the input price (OpenRouter's prompt-caching
+# page): Anthropic reads 0.1x and writes 1.25x; OpenAI's writes cost nothing more and its
+# reads are discounted (0.5x on that page's table; the exact rate is per model).
+_CACHE_RATES = {"anthropic": (Decimal("0.1"), Decimal("1.25")), "": (Decimal("0.5"), Decimal(1))}
+
+
 class _OpenRouter(_OpenAI):
     """OpenAI's format plus OpenRouter's additions (notes §3.3)."""
 
@@ -648,8 +696,12 @@ class _OpenRouter(_OpenAI):
 
     def usage(self, answer: _Answer) -> dict[str, Any]:
         prompt = answer.uncached + answer.cache_read + answer.cache_write
-        prompt_cost = Decimal(prompt) * Decimal("0.0000001")
-        completion_cost = Decimal(answer.output) * Decimal("0.0000004")
+        price = _OPENROUTER_PRICES.get(answer.model.replace(".", "-"), _OPENROUTER_DEFAULT)
+        read, write = _CACHE_RATES["anthropic" if answer.model.startswith("anthropic/") else ""]
+        prompt_cost = price.input * (
+            answer.uncached + answer.cache_read * read + answer.cache_write * write
+        )
+        completion_cost = Decimal(answer.output) * price.output
         cost = Decimal(answer.cost) if answer.cost is not None else prompt_cost + completion_cost
         return {
             "prompt_tokens": prompt,
@@ -770,6 +822,16 @@ class _OpenRouter(_OpenAI):
             503: "No available provider meets your routing requirements",
         }.get(status, "Internal Server Error")
         return {"error": {"code": status, "message": message, "metadata": {}}}
+
+    def refuse(self, refusal: TooManyBreakpoints) -> web.Response:
+        """OpenRouter relays the provider's 400 with its raw body in `metadata.raw`."""
+        raw = {
+            "type": "error",
+            "error": {"type": "invalid_request_error", "message": refusal.message},
+        }
+        metadata = {"raw": _dumps(raw), "provider_name": "Anthropic"}
+        body = {"error": {"code": 400, "message": "Provider returned error", "metadata": metadata}}
+        return _json_response(_dumps(body), {}, status=400)
 
 
 _ANTHROPIC_ERRORS: dict[int, tuple[str, str]] = {
@@ -943,6 +1005,15 @@ class _Anthropic(_Vendor):
             "error": {"type": kind, "message": message},
             "request_id": "req_01" + self.rand(22),
         }
+
+    def refuse(self, refusal: TooManyBreakpoints) -> web.Response:
+        """Anthropic's 400 for a fifth cache_control block."""
+        body = {
+            "type": "error",
+            "error": {"type": "invalid_request_error", "message": refusal.message},
+            "request_id": "req_01" + self.rand(22),
+        }
+        return _json_response(_dumps(body), {"request-id": "req_01" + self.rand(22)}, status=400)
 
 
 _VENDORS: dict[str, type[_Vendor]] = {

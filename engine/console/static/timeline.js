@@ -6,6 +6,7 @@
 import { ApiError, call, follow } from "./api.js";
 import {
   between,
+  cacheShare,
   chatHref,
   clip,
   clock,
@@ -53,7 +54,7 @@ export function showSession(main, sid, { fail, setLink }) {
 
   const calls = new Map(); // call id -> row state
   const offs = new Map(); // MCP connection -> why it is off, as last recorded
-  const totals = { cost: 0, tokens: 0, turns: 0 };
+  const totals = { cost: 0, tokens: 0, turns: 0, input: 0, cacheRead: 0 };
   let view = null;
   let turnStart = null;
   let lastSeq = 0;
@@ -84,6 +85,7 @@ export function showSession(main, sid, { fail, setLink }) {
       fact("turns", count(totals.turns)),
       fact("tokens", count(totals.tokens)),
       fact("cost", money(totals.cost)),
+      fact("cache hits", h("span", { id: "cache-share" }, cacheShare({ input: totals.input, cache_read: totals.cacheRead }) || "–")),
       fact("events", h("span", { id: "facts-seq" }, String(lastSeq))),
     );
     cancel.hidden = status !== "running" && status !== "interrupted";
@@ -217,7 +219,8 @@ export function showSession(main, sid, { fail, setLink }) {
     row.model = p.model ?? row.model;
     row.finish = p.finish_reason;
     const u = p.usage ?? {};
-    row.tokens = `${count(u.input)} in · ${count(u.output)} out`;
+    const cached = u.cache_read ? ` (${cacheShare(u)} cached)` : "";
+    row.tokens = `${count(u.input)} in${cached} · ${count(u.output)} out`;
     row.cost = money(p.cost);
     ended(e, row, "ok", "done");
   }
@@ -252,6 +255,8 @@ export function showSession(main, sid, { fail, setLink }) {
       case "turn.failed": {
         totals.cost += Number(p.cost || 0);
         totals.tokens += Number(p.usage?.total || 0);
+        totals.input += Number(p.usage?.input || 0);
+        totals.cacheRead += Number(p.usage?.cache_read || 0);
         const failed = p.type === "turn.failed";
         add(e, failed ? "turn failed" : "turn done", () => [
           h("div", { class: failed ? "error reason" : "title" }, failed ? errorText(p.error) : `completed ${p.turn_id}`),
@@ -259,7 +264,7 @@ export function showSession(main, sid, { fail, setLink }) {
         ], {
           state: failed ? "failed" : "ok",
           took: duration(between(turnStart, e.occurred_at)),
-          tokens: `${count(p.usage?.total)} total`,
+          tokens: `${count(p.usage?.total)} total` + (cacheShare(p.usage) && ` · ${cacheShare(p.usage)} cache hits`),
           cost: money(p.cost),
         });
         turnStart = null;

@@ -62,6 +62,14 @@ export function count(n) {
   return Number(n || 0).toLocaleString("en-US");
 }
 
+// The share of a usage's input read from the vendor's prompt cache, "37%", or "" when it
+// has no input.
+export function cacheShare(usage) {
+  const input = Number(usage?.input || 0);
+  if (input === 0) return "";
+  return `${Math.round((100 * Number(usage.cache_read || 0)) / input)}%`;
+}
+
 export function clip(text, limit) {
   const s = String(text ?? "");
   return s.length <= limit ? s : `${s.slice(0, limit - 1)}…`;

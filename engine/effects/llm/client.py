@@ -17,9 +17,9 @@ import aiohttp
 from pydantic import BaseModel, ValidationError
 
 from engine.effects.http_pool import drain, failure_name, failure_text, is_decoding
-from engine.effects.llm import anthropic, openai, prompts
+from engine.effects.llm import anthropic, caching, openai, prompts
 from engine.effects.llm.errors import ProviderError, quote
-from engine.jsonedge import JsonEdgeError, compact_json, loads_checked
+from engine.jsonedge import JsonEdgeError, loads_checked
 from engine.protocol import LlmResponse, StreamDelta
 from engine.sse import Event, SseDecoder
 from engine.telemetry.logs import CURRENT
@@ -42,6 +42,8 @@ class LlmTarget:
         api_key_env: the variable's name, for the error when the key is missing; None for
             a server that takes no key (`auth = "none"`): the call is sent without one.
         block: the `[llm.<id>]` block's id, named in connection errors with the URL.
+        cache: whether to ask for prompt caching where the vendor wants to be asked
+            (`[llm.<id>] cache`; engine.effects.llm.caching).
     """
 
     type: str
@@ -49,6 +51,7 @@ class LlmTarget:
     api_key: str | None
     api_key_env: str | None
     block: str = ""
+    cache: bool = True
 
 
 class _Accumulator(Protocol):
@@ -129,7 +132,7 @@ async def complete(
         stream: whether to stream the answer.
         on_delta: awaited with each neutral StreamDelta as it arrives.
         kept: the session's messages already encoded in vendor form (engine.effects.llm.prompts);
-            without it, the body is built whole.
+            without it, every message is encoded for this call alone.
         session_id: whose messages `kept` holds them as.
 
     Returns:
@@ -151,18 +154,16 @@ async def complete(
     span = CURRENT.get()  # tracing on: the call attempt's span, for a vendor that reads it
     if span is not None:
         headers["traceparent"] = span.traceparent()
-    if kept is None:
-        body = compact_json(adapter.build(request, stream=stream)).encode()
-    else:
-        body = prompts.encode_body(
-            request,
-            scope=(session_id, target.type),
-            groups=adapter.groups,
-            convert=adapter.convert,
-            build=adapter.build,
-            stream=stream,
-            kept=kept,
-        )
+    body = prompts.encode_body(
+        request,
+        scope=(session_id, target.type),
+        groups=adapter.groups,
+        convert=adapter.convert,
+        build=adapter.build,
+        stream=stream,
+        kept=prompts.EncodedMessages() if kept is None else kept,
+        caching=caching.caching_for(target.type, str(request.get("model") or ""), target.cache),
+    )
     try:
         if stream:
             response = await _streamed(http, adapter, url, headers, body, on_delta)

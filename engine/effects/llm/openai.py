@@ -44,15 +44,14 @@ _BY_STATUS: dict[str, dict[int, tuple[str, bool]]] = {
 def build_request(
     request: dict[str, Any], *, stream: bool, provider: str = "openai"
 ) -> dict[str, Any]:
-    """Returns the Chat Completions body for a neutral LlmRequest.
+    """Returns the Chat Completions body for a neutral LlmRequest: the model, tools and
+    options first and the messages last, each in a fixed order, so that consecutive calls
+    share a byte-identical prefix (OpenAI's automatic prompt caching matches prefixes).
 
     Raises:
         ProviderError: a message holds content that must be resolved first.
     """
-    body: dict[str, Any] = {
-        "model": request["model"],
-        "messages": [_message(message) for message in request["messages"]],
-    }
+    body: dict[str, Any] = {"model": request["model"]}
     tools = [_tool(tool) for tool in request.get("tools") or () if not tool.get("defer")]
     if tools:
         body["tools"] = tools
@@ -70,6 +69,9 @@ def build_request(
     if stream:
         body["stream"] = True
         body["stream_options"] = {"include_usage": True}
+    # Last: what stays the same from call to call comes first, so the bytes of two calls
+    # of a session share their prefix up to the new messages (OpenAI caches prefixes).
+    body["messages"] = [_message(message) for message in request["messages"]]
     return body
 
 
