@@ -753,3 +753,28 @@ async def test_prompts_and_completions_reach_spans_only_when_captured_and_masked
     said = {"type": "text", "content": "Rotate it now."}
     assert outputs == [{"role": "assistant", "parts": [said]}]
     assert key not in json.dumps(receiver.spans)
+
+
+def test_a_retried_attempts_span_carries_the_retry_that_scheduled_it():
+    state = state_mid_turn()
+    projector = Projector()
+    failed = envelope(8, "2023-11-14T22:13:20.000Z", {
+        "type": "llm.call.errored", "id": "call_1", "attempt": 1,
+        "error": {"code": "rate_limited", "message": "429"}, "retryable": True, "final": False,
+    })
+    retry = envelope(9, "2023-11-14T22:13:20.000Z", {
+        "type": "call.retry_scheduled", "id": "call_1", "attempt": 2,
+        "due_at": "2023-11-14T22:13:21.000Z",
+    })
+    state.calls["call_1"].attempt = 1
+    (first,) = projector.project(Before.of(state, "ses_1"), [failed, retry])
+    assert first.error == "rate_limited" and first.events == ()
+    state.calls["call_1"].attempt = 2
+    done = envelope(11, "2023-11-14T22:13:23.000Z", {
+        "type": "llm.call.completed", "id": "call_1", "attempt": 2, "usage": None,
+        "cost": "0", "finish_reason": "stop", "model": None,
+    })
+    (second,) = projector.project(Before.of(state, "ses_1"), [done])
+    (wait,) = second.events
+    assert wait.name == "retry_scheduled" and wait.attributes["subs.due_at"].endswith("21.000Z")
+    assert second.context.span_id != first.context.span_id

@@ -191,6 +191,8 @@ class Projector:
         self._starts: OrderedDict[tuple[str, ...], int] = OrderedDict()
         self._turn_events: OrderedDict[tuple[str, str], list[SpanEvent]] = OrderedDict()
         self._clients: OrderedDict[tuple[str, str], str] = OrderedDict()  # turns' traceparents
+        # A retry's schedule, kept for the attempt it schedules: (sid, what, id, attempt).
+        self._waits: OrderedDict[tuple[str, ...], SpanEvent] = OrderedDict()
 
     def _remember(self, key: tuple[str, ...], at: int) -> None:
         self._starts[key] = at
@@ -243,8 +245,18 @@ class Projector:
                 if record is not None:
                     out.append(record)
             elif kind == ev.CALL_RETRY_SCHEDULED and turn_id:
-                attrs: Attributes = {"subs.call.id": p["id"], "subs.attempt": p["attempt"]}
-                self._note(sid, turn_id, SpanEvent("retry_scheduled", at, attrs))
+                attrs: Attributes = {
+                    "subs.call.id": p["id"],
+                    "subs.attempt": p["attempt"],
+                    "subs.due_at": p["due_at"],
+                }
+                retry = SpanEvent("retry_scheduled", at, attrs)
+                self._note(sid, turn_id, retry)
+                # ... and on the attempt it schedules: the wait before that span began.
+                what = "decision" if p.get("kind") == "decision" else "call"
+                self._waits[(sid, what, p["id"], str(p["attempt"]))] = retry
+                while len(self._waits) > self.max_open:
+                    self._waits.popitem(last=False)
         if self.capture:
             out = [_with_content(r, before, replies) for r in out]
         if decided and turn_id and at is not None:
@@ -261,6 +273,11 @@ class Projector:
                     SpanRecord(f"decision {trigger}", ctx, turn.span_id, "internal", at, at, made)
                 )
         return out
+
+    def _waited(self, sid: str, what: str, ident: str, attempt: int) -> tuple[SpanEvent, ...]:
+        """The retry that scheduled this attempt, as an event of its span (if it was one)."""
+        wait = self._waits.pop((sid, what, ident, str(attempt)), None)
+        return () if wait is None else (wait,)
 
     def _context(self, before: Before, turn_id: str) -> SpanContext:
         """The turn's span, in the trace its client named when it named one."""
@@ -331,6 +348,7 @@ class Projector:
             attrs,
             error=str(error.get("code", "error")) if error else None,
             message=str(error.get("message", "")) if error else None,
+            events=self._waited(sid, "decision", did, attempt),
         )
 
     def _call(self, before: Before, p: Mapping[str, Any], at: int) -> SpanRecord | None:
@@ -392,6 +410,7 @@ class Projector:
             attrs,
             error=str(error.get("code", "error")) if error else None,
             message=str(error.get("message", "")) if error else None,
+            events=self._waited(sid, "call", p["id"], attempt),
         )
 
 
