@@ -16,11 +16,10 @@ from typing import Any
 import httpx
 
 from engine.client import Client
-from engine.config import parse_project
-from engine.runtime.engine import Engine
 from tests.api_helpers import INPUT, auth, read_stream
-from tests.engine_helpers import ENV, ROOT, start_subs, subs, turn_ended, wait_for_event
+from tests.engine_helpers import ROOT, start_subs, subs, turn_ended, wait_for_event
 from tests.fakes.llm_vendor import FakeVendor, HttpError, Text, ToolCalls
+from tests.test_engine_worker import start_engine, worker_project
 
 SERVER = str(ROOT / "tests" / "mcp_server.py")
 SECRETS = {
@@ -147,10 +146,6 @@ async def test_check_warns_about_a_secret_in_an_mcp_command_line(tmp_path: Path)
     assert code == 0, err  # a warning, not an error
 
 
-LOOKUP = (
-    '{ name = "lookup", description = "Look a thing up", input = { type = "object", '
-    'properties = { q = { type = "string" } }, required = ["q"] } }'
-)
 
 
 async def test_a_workers_error_echoing_a_secret_is_recorded_masked(
@@ -167,23 +162,9 @@ async def test_a_workers_error_echoing_a_secret_is_recorded_masked(
         return request["proposed"]
 
     worker = await test_worker(decide, secret=secret)
-    text = textwrap.dedent(
-        f"""\
-        [llm.openai]
-        type = "openai"
-        base_url = "{vendor.url}/v1"
-
-        [agent.helper]
-        llm = "openai"
-        model = "gpt-4.1-mini"
-        worker = "{worker.url}"
-        signing_secret_env = "HELPER_SECRET"
-        tools = [{LOOKUP}]
-        """
+    engine = await start_engine(
+        redis, worker_project(tmp_path, vendor.url, worker.url), secret=secret
     )
-    project = parse_project(text, str(tmp_path / "subs.toml"), env={})
-    engine = Engine(project, redis, env={**ENV, "HELPER_SECRET": secret}, lease_ms=3000)
-    await engine.start()
     vendor.push(ToolCalls([("lookup", {"q": "x"})]), Text("It failed."))
     try:
         client = Client(engine.store)

@@ -52,6 +52,7 @@ from subs.worker import (
 from tests.api_helpers import KEYS_ENV, ROOT, serve
 from tests.engine_helpers import ENV, assert_consistent, payloads, turn_ended, wait_for_event
 from tests.fakes.llm_vendor import Text, ToolCalls
+from tests.test_engine_worker import start_engine, worker_project
 from tests.workers import REQUEST_SCHEMA, RESPONSE_SCHEMA, SCHEMA_PATH, schema_errors
 
 SPEC = json.loads(SCHEMA_PATH.read_text())
@@ -456,10 +457,6 @@ async def test_a_handler_that_raises_is_a_500_with_its_reason() -> None:
 
 # --- a real turn --------------------------------------------------------------------------------
 
-LOOKUP = (
-    '{ name = "lookup", description = "Look a thing up", input = { type = "object", '
-    'properties = { q = { type = "string" } }, required = ["q"] } }'
-)
 
 
 class CheckedWorker(Worker):
@@ -510,24 +507,8 @@ async def test_an_sdk_worker_decides_a_real_turn_with_an_async_tool(
         context = _as_context(uvicorn_url(asgi_app(worker)))
     async with context as worker_url:
         worker_url = worker_url.rstrip("/")
-        text = textwrap.dedent(
-            f"""\
-            [llm.openai]
-            type = "openai"
-            base_url = "{vendor.url}/v1"
-
-            [agent.helper]
-            llm = "openai"
-            model = "gpt-4.1-mini"
-            system = "You help."
-            worker = "{worker_url}/"
-            signing_secret_env = "HELPER_SECRET"
-            tools = [{LOOKUP}]
-            """
-        )
-        project = parse_project(text, str(tmp_path / "subs.toml"), env={})
-        engine = Engine(project, redis, env={**ENV, "HELPER_SECRET": SECRET}, lease_ms=3000)
-        await engine.start()
+        project = worker_project(tmp_path, vendor.url, worker_url + "/")
+        engine = await start_engine(redis, project, secret=SECRET)
         client = Client(engine.store)
         api = make_app(client, engine.store, keys=ApiKeys.from_env(KEYS_ENV))
         try:

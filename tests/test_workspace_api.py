@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import textwrap
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -19,12 +18,12 @@ from aiohttp import web
 
 from engine.api import ApiKeys, make_app, make_runner
 from engine.client import Client
-from engine.config import parse_project
 from engine.runtime.engine import Engine
 from tests.agui_helpers import run_path
 from tests.api_helpers import ALICE, INPUT, ROOT, auth, serve
 from tests.engine_helpers import ENV, make_project, wait_for_event
 from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
+from tests.test_engine_worker import start_engine, worker_project
 
 READER = "reader-key"
 KEYS = ApiKeys.parse(f"{ROOT},{ALICE}:own,{READER}:read")
@@ -99,10 +98,6 @@ async def test_a_scoped_key_can_neither_create_nor_write_a_slack_session(
             assert resp.json()["code"] == "reserved_session_id", (path, resp.text)
 
 
-LOOKUP = (
-    '{ name = "lookup", description = "Look a thing up", input = { type = "object", '
-    'properties = { q = { type = "string" } }, required = ["q"] } }'
-)
 
 
 async def test_a_scoped_key_cannot_settle_its_sessions_worker_call(
@@ -114,23 +109,8 @@ async def test_a_scoped_key_cannot_settle_its_sessions_worker_call(
         return request["proposed"]
 
     worker = await test_worker(decide, secret="wsecret-1234")
-    text = textwrap.dedent(
-        f"""\
-        [llm.openai]
-        type = "openai"
-        base_url = "{vendor.url}/v1"
-
-        [agent.helper]
-        llm = "openai"
-        model = "gpt-4.1-mini"
-        worker = "{worker.url}"
-        signing_secret_env = "HELPER_SECRET"
-        tools = [{LOOKUP}]
-        """
-    )
-    project = parse_project(text, str(tmp_path / "subs.toml"), env={})
-    engine = Engine(project, redis, env={**ENV, "HELPER_SECRET": "wsecret-1234"}, lease_ms=3000)
-    await engine.start()
+    project = worker_project(tmp_path, vendor.url, worker.url)
+    engine = await start_engine(redis, project, secret="wsecret-1234")
     vendor.push(ToolCalls([("lookup", {"q": "x"})]), Text("Got it."))
     try:
         async with api(engine) as http:
