@@ -15,8 +15,16 @@ empty (the store opened), full, and after the sweep.
 Last, `--load-turns` (40) on-call turns over 4 fresh sessions at once, without and then
 with a sweep of as many idle copies running: turns/s of each (one run each).
 
+`--scale N` (the issue's 100,000 sessions x 3 turns) does instead: the on-call session run
+through the engine as above, then `--live` (1000) copies of it stamped now (not idle) and N
+idle copies written straight into Redis in bulk (the restore script, pipelined 250 at a
+time: running 300,000 turns through the engine would take hours on 2 cores), token deltas
+copied unless `--no-deltas`; then the sweep, archives on, until a pass removes nothing.
+Printed: `used_memory` empty, with the live sessions, full and after the sweep, and whether
+after is within 10 % of (empty + live), the issue's bound.
+
     .venv/bin/python bench/retention.py [--sessions 2000] [--turns 3] [--words 40]
-        [--load-turns 40]
+        [--load-turns 40] [--scale 100000 [--live 1000] [--no-deltas]]
 """
 
 from __future__ import annotations
@@ -115,6 +123,9 @@ async def main(args: argparse.Namespace) -> None:
 
             log = await store.read_log(sid)
             deltas = await redis.dump(store.delta_key(sid))
+            if args.scale:
+                await at_scale(engine, store, log, None if args.no_deltas else deltas, args)
+                return
             started = time.perf_counter()
             await clone(store, log, deltas, args.sessions)
             made = time.perf_counter() - started
@@ -145,6 +156,103 @@ async def main(args: argparse.Namespace) -> None:
             await engine.stop()
             await redis.aclose()
             await vendor.stop()
+
+
+BULK = 250  # copies a pipeline writes
+
+
+async def bulk_clone(
+    store: Store,
+    events: list[dict[str, Any]],
+    deltas: bytes | None,
+    ids: list[str],
+    now_ms: int | None = None,
+) -> None:
+    """Copies of the session under `ids`, written by the restore script `BULK` at a time;
+    with `now_ms`, every event and the index entry are stamped then (a live session)."""
+    from datetime import UTC, datetime
+
+    from engine.machine import fold, state_to_json
+
+    stamp = None
+    if now_ms is not None:
+        stamp = datetime.fromtimestamp(now_ms / 1000, UTC).isoformat()
+        events = [{**e, "occurred_at": stamp} for e in events]
+    base = fold(events)
+    assert base is not None
+    state = state_to_json(base)
+    created = now_ms if now_ms is not None else base.created_at
+    for at in range(0, len(ids), BULK):
+        async with store.redis.pipeline(transaction=False) as pipe:
+            for sid in ids[at : at + BULK]:
+                keys = [
+                    store.snap_key(sid),
+                    store.log_key(sid),
+                    store.sessions_key(store.partition_of(sid)),
+                    store.files_key(sid),
+                ]
+                argv: list[Any] = [sid, len(events), encode({**state, "session_id": sid})]
+                argv += [created, 0]
+                for n, event in enumerate(events, 1):
+                    argv += [f"{n}-0", encode({**event, "session_id": sid})]
+                await store._restore(keys=keys, args=argv, client=pipe)
+                if deltas is not None:
+                    pipe.restore(store.delta_key(sid), 0, deltas, replace=True)
+            await pipe.execute()
+
+
+async def at_scale(
+    engine: Engine,
+    store: Store,
+    log: list[dict[str, Any]],
+    deltas: bytes | None,
+    args: argparse.Namespace,
+) -> None:
+    """The issue's figure: `--scale` idle sessions and `--live` live ones; the sweep gives
+    back all but the live ones' memory (within 10 %)."""
+    await store.redis.delete(store.log_key("ses_oncall"), store.snap_key("ses_oncall"))
+    await store.redis.delete(store.delta_key("ses_oncall"))
+    await store.redis.zrem(store.sessions_key(store.partition_of("ses_oncall")), "ses_oncall")
+    empty = await used(store)
+    now_ms = int(time.time() * 1000)
+    await bulk_clone(store, log, deltas, [f"ses_live{i:07d}" for i in range(args.live)], now_ms)
+    live = await used(store)
+    started = time.perf_counter()
+    await bulk_clone(store, log, deltas, [f"ses_idle{i:07d}" for i in range(args.scale)])
+    made = time.perf_counter() - started
+    full = await used(store)
+    print(
+        f"scale: {args.scale} idle sessions x {args.turns} turns written in bulk in {made:.0f} s "
+        f"({'with' if deltas is not None else 'without'} token deltas), {args.live} live"
+    )
+    sweeper = engine.sweeper
+    assert sweeper is not None
+    started = time.perf_counter()
+    archived = on_disk = 0
+    while True:
+        report = await sweeper.sweep_once()
+        assert report is not None
+        archived += report.archived
+        on_disk += sum(p.stat().st_size for p in report.files)
+        for path in report.files:
+            path.unlink()  # the disk is shared: the size is counted, the file goes
+        if not report.archived:
+            break
+    seconds = time.perf_counter() - started
+    after = await used(store)
+    bound = empty + (live - empty) * 1.1
+    print(
+        f"  sweep: {archived} archived in {seconds:.0f} s ({archived / seconds:.0f} sessions/s), "
+        f"{on_disk / max(archived, 1):.0f} archive bytes a session"
+    )
+    print(
+        f"  Redis used_memory: empty {empty / 1e6:.1f} MB, with {args.live} live "
+        f"{live / 1e6:.1f} MB, full {full / 1e6:.1f} MB, after the sweep {after / 1e6:.1f} MB "
+        f"({'within' if after <= bound else 'NOT within'} 10 % of empty + live: "
+        f"{bound / 1e6:.1f} MB)"
+    )
+    if archived != args.scale:
+        raise RuntimeError(f"swept {archived} of {args.scale} idle sessions")
 
 
 LOAD_SESSIONS = 4
@@ -207,4 +315,7 @@ if __name__ == "__main__":
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--words", type=int, default=40)
     parser.add_argument("--load-turns", type=int, default=40, help="0: no load figure")
+    parser.add_argument("--scale", type=int, default=0, help="idle sessions written in bulk")
+    parser.add_argument("--live", type=int, default=1000, help="live sessions, with --scale")
+    parser.add_argument("--no-deltas", action="store_true", help="--scale copies no deltas")
     asyncio.run(main(parser.parse_args()))
