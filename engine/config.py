@@ -244,6 +244,8 @@ class McpBlock:
     cwd: (
         str | None
     )  # command only: the child's working directory (default and relative: the file's)
+    # How long a call waiting for approval (`approve`) may wait before it is declined.
+    approve_timeout_ms: int = 3_600_000
 
     @property
     def path(self) -> str:
@@ -501,6 +503,12 @@ def _retention(value: str) -> str:
     return value
 
 
+def _approve_timeout(value: str) -> str:
+    if duration_ms(value) <= 0:
+        raise ValueError(f"must be a positive duration like \"1h\", got {value!r}")
+    return value
+
+
 def _archive(value: str) -> str:
     if value != "none" and not (value.startswith("dir:") and value[4:].strip()):
         raise ValueError(
@@ -722,6 +730,7 @@ class _Mcp(_Model):
     env: dict[str, str] = Field(default_factory=dict)
     env_from: list[EnvName] = Field(default_factory=list)
     cwd: NonEmpty | None = None
+    approve_timeout: Annotated[str, AfterValidator(_approve_timeout)] = "1h"
 
 
 class _McpTools(_Model):
@@ -1254,6 +1263,7 @@ def _build(root: _Root, path: str) -> Project:
                 env=tuple(b.env.items()),
                 env_from=tuple(b.env_from),
                 cwd=b.cwd,
+                approve_timeout_ms=duration_ms(b.approve_timeout),
             )
             for mid, b in root.mcp.items()
         },
