@@ -100,6 +100,7 @@ class ServeConfig:
     port: int = 8080
     cors_origins: tuple[str, ...] = ()  # browser origins the API answers; none: no CORS
     max_streams_per_key: int = 100  # event streams one API key (or address) may hold open
+    max_streams: int = 10_000  # event streams the whole API may hold open
     public_url: str | None = None  # where people reach this API; links to the console use it
     header_timeout_secs: float = 10.0  # a request's headers must arrive within this (slow-loris)
     state_cache_mb: int = 256  # the engine's cache of session states, at most this big
@@ -505,7 +506,7 @@ def _retention(value: str) -> str:
 
 def _approve_timeout(value: str) -> str:
     if duration_ms(value) <= 0:
-        raise ValueError(f"must be a positive duration like \"1h\", got {value!r}")
+        raise ValueError(f'must be a positive duration like "1h", got {value!r}')
     return value
 
 
@@ -616,6 +617,7 @@ class _Serve(_Model):
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
     cors_origins: list[Origin] = Field(default_factory=list)
     max_streams_per_key: Annotated[int, Field(ge=1)] = 100
+    max_streams: Annotated[int, Field(ge=1)] = 10_000
     public_url: PublicUrl | None = None
     header_timeout_secs: Annotated[float, Field(gt=0, le=3600)] = 10.0
     state_cache_mb: Annotated[int, Field(ge=1)] = 256
@@ -1234,6 +1236,7 @@ def _build(root: _Root, path: str) -> Project:
             port=root.serve.port,
             cors_origins=tuple(dict.fromkeys(root.serve.cors_origins)),
             max_streams_per_key=root.serve.max_streams_per_key,
+            max_streams=root.serve.max_streams,
             public_url=root.serve.public_url,
             header_timeout_secs=root.serve.header_timeout_secs,
             state_cache_mb=root.serve.state_cache_mb,

@@ -807,8 +807,10 @@ async def test_an_approval_prompt_expires_after_approve_timeout_and_the_model_re
         client, sid, lambda e: e["payload"]["type"] == "session.interrupted", timeout=60
     )
     expires = datetime.fromisoformat(raised["payload"]["payload"]["expiresAt"])
-    assert before + timedelta(milliseconds=800) <= expires <= datetime.now(UTC) + timedelta(
-        milliseconds=800
+    assert (
+        before + timedelta(milliseconds=800)
+        <= expires
+        <= datetime.now(UTC) + timedelta(milliseconds=800)
     )
     end = await wait_for_event(client, sid, turn_ended(turn_id), timeout=60)
     assert end["payload"]["type"] == "turn.completed"
