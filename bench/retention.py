@@ -23,8 +23,16 @@ copied unless `--no-deltas`; then the sweep, archives on, until a pass removes n
 Printed: `used_memory` empty, with the live sessions, full and after the sweep, and whether
 after is within 10 % of (empty + live), the issue's bound.
 
+`--rss N` (the issue's 50,000) does instead: N copies of the on-call session written in bulk
+(stamped now), then a `subs serve` process with `[serve] state_cache_mb = --cache-mb` (32)
+touches each once (`POST …/cancel`, which the engine answers `409 no_turn_running` after
+loading the session's state into its cache), `--touchers` (32) at a time. Printed: the
+serve's RSS (VmRSS) right after start, every 5,000 sessions, at its peak and at the end,
+and the peak less `state_cache_mb`: the constant a serve costs beside its cache.
+
     .venv/bin/python bench/retention.py [--sessions 2000] [--turns 3] [--words 40]
         [--load-turns 40] [--scale 100000 [--live 1000] [--no-deltas]]
+        [--rss 50000 [--cache-mb 32] [--touchers 32]]
 """
 
 from __future__ import annotations
@@ -101,6 +109,7 @@ async def main(args: argparse.Namespace) -> None:
         vendor = TurnVendor(args.words)
         await vendor.start()
         redis = connect(server.url)
+        stopped = False
         clock = Clock()
         engine = Engine(project_of(tmp, vendor.url), redis, env=ENV, lease_ms=5000, clock=clock)
         try:
@@ -125,6 +134,11 @@ async def main(args: argparse.Namespace) -> None:
             deltas = await redis.dump(store.delta_key(sid))
             if args.scale:
                 await at_scale(engine, store, log, None if args.no_deltas else deltas, args)
+                return
+            if args.rss:
+                await engine.stop()
+                stopped = True
+                await serve_rss(server.url, tmp, store, log, args)
                 return
             started = time.perf_counter()
             await clone(store, log, deltas, args.sessions)
@@ -153,7 +167,8 @@ async def main(args: argparse.Namespace) -> None:
             if args.load_turns:
                 await sweep_under_load(engine, client, store, log, deltas, args)
         finally:
-            await engine.stop()
+            if not stopped:
+                await engine.stop()
             await redis.aclose()
             await vendor.stop()
 
@@ -255,6 +270,73 @@ async def at_scale(
         raise RuntimeError(f"swept {archived} of {args.scale} idle sessions")
 
 
+def rss_mb(pid: int) -> float:
+    """A process's resident set (VmRSS), MB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+async def serve_rss(
+    redis_url: str, tmp: Path, store: Store, log: list[dict[str, Any]], args: argparse.Namespace
+) -> None:
+    """The issue's figure: a serve's RSS over `--rss` sessions touched stays under
+    `state_cache_mb` plus a constant, measured here."""
+    import httpx
+
+    from tests.engine_helpers import EngineProcess
+
+    sids = [f"ses_rss{i:07d}" for i in range(args.rss)]
+    started = time.perf_counter()
+    await bulk_clone(store, log, None, sids, int(time.time() * 1000))
+    print(
+        f"rss: {args.rss} sessions x {args.turns} turns written in bulk in "
+        f"{time.perf_counter() - started:.0f} s"
+    )
+    config = tmp / "subs.toml"
+    config.write_text(config.read_text() + f"\n[serve]\nstate_cache_mb = {args.cache_mb}\n")
+    proc = await EngineProcess(config, redis_url).start()
+    assert proc.proc is not None
+    pid = proc.proc.pid
+    try:
+        first = peak = rss_mb(pid)
+        print(f"  serve (state_cache_mb = {args.cache_mb}): RSS {first:.0f} MB after start")
+        queue = iter(sids)
+        done = 0
+        async with httpx.AsyncClient(base_url=proc.api, timeout=60) as http:
+
+            async def toucher() -> None:
+                nonlocal done, peak
+                for sid in queue:
+                    got = await http.post(
+                        f"/api/client/sessions/{sid}/cancel",
+                        content=b"{}",
+                        headers={"Content-Type": "application/json"},
+                    )
+                    if got.status_code != 409:
+                        raise RuntimeError(f"cancel {sid}: {got.status_code} {got.text}")
+                    done += 1
+                    if done % 500 == 0:
+                        peak = max(peak, rss_mb(pid))
+                    if done % 5000 == 0:
+                        print(f"  {done:6d} sessions touched: RSS {rss_mb(pid):.0f} MB")
+
+            began = time.perf_counter()
+            await asyncio.gather(*(toucher() for _ in range(args.touchers)))
+            seconds = time.perf_counter() - began
+        end = rss_mb(pid)
+        peak = max(peak, end)
+        print(
+            f"  {done} touched in {seconds:.0f} s ({done / seconds:.0f}/s): "
+            f"RSS peak {peak:.0f} MB, "
+            f"end {end:.0f} MB; peak - state_cache_mb = {peak - args.cache_mb:.0f} MB "
+            f"(the constant; {first:.0f} MB at start)"
+        )
+    finally:
+        await proc.stop()
+
+
 LOAD_SESSIONS = 4
 
 
@@ -318,4 +400,7 @@ if __name__ == "__main__":
     parser.add_argument("--scale", type=int, default=0, help="idle sessions written in bulk")
     parser.add_argument("--live", type=int, default=1000, help="live sessions, with --scale")
     parser.add_argument("--no-deltas", action="store_true", help="--scale copies no deltas")
+    parser.add_argument("--rss", type=int, default=0, help="sessions a serve touches")
+    parser.add_argument("--cache-mb", type=int, default=32, help="with --rss")
+    parser.add_argument("--touchers", type=int, default=32, help="with --rss")
     asyncio.run(main(parser.parse_args()))
