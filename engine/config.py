@@ -391,6 +391,7 @@ class TelemetryConfig:
 
     endpoint: str | None = None
     service_name: str = "subs"
+    capture_content: bool = False  # prompts and completions on the chat spans
 
 
 @dataclass(frozen=True)
@@ -772,6 +773,7 @@ class _Agent(_Model):
 class _Telemetry(_Model):
     endpoint: HttpUrl | None = None
     service_name: NonEmpty = "subs"
+    capture_content: bool = False
 
 
 class _Root(_Model):
@@ -1271,7 +1273,9 @@ def _build(root: _Root, path: str) -> Project:
             for mid, b in root.mcp.items()
         },
         telemetry=TelemetryConfig(
-            endpoint=root.telemetry.endpoint, service_name=root.telemetry.service_name
+            endpoint=root.telemetry.endpoint,
+            service_name=root.telemetry.service_name,
+            capture_content=root.telemetry.capture_content,
         ),
     )
 

@@ -91,6 +91,13 @@ async def grow(ctx: Context) -> str:
     return "grown"
 
 
+@server.tool(annotations=READ_ONLY, structured_output=False)
+def traced(ctx: Context) -> str:
+    """The W3C trace context the call came with (`params._meta.traceparent`), or `none`."""
+    meta = ctx.request_context.meta or {}
+    return str(meta.get("traceparent") or "none")
+
+
 @server.tool(annotations=HARMLESS, structured_output=False)
 def grow_quietly() -> str:
     """Add the tool `hush` without telling anyone."""

@@ -27,16 +27,41 @@ import aiohttp
 import pytest
 
 from engine.config import load_project
-from engine.effects.delivery import sign, sign_timestamped, verify_timestamped
+from engine.effects.delivery import (
+    Delivery,
+    deliver,
+    sign,
+    sign_timestamped,
+    verify_timestamped,
+)
+from subs.worker import SignatureError, aiohttp_app, verify
+from tests.api_helpers import serve as serve_app
 from tests.engine_helpers import ROOT, EngineProcess
 from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
-from tests.workers import RESPONSE_SCHEMA, schema_errors
+from tests.workers import REQUEST_SCHEMA, RESPONSE_SCHEMA, schema_errors
 
 EXAMPLES = ROOT / "docs" / "examples"
 WORKERS_MD = ROOT / "docs" / "workers.md"
 SECRET = "example-worker-secret"
 RUNBOOK = "kubectl rollout restart deploy/checkout"  # what the examples' runbook says
 EXAMPLE_WORKER_URL = "http://127.0.0.1:8787/"  # where worker.toml sends the requests
+# The smallest whole request the engine sends (a new session), to knock at a worker with.
+SESSION_START = {
+    "session_id": "docs-1",
+    "decision_id": "dec-1",
+    "agent_id": "oncall",
+    "turn_id": None,
+    "identity": {"metadata": {}},
+    "trigger": {"type": "session.start"},
+    "proposed": {},
+    "state": None,
+    "calls": [],
+    "pending_calls": 0,
+    "messages": [],
+    "message_tree": {"nodes": [], "head_id": None},
+    "ancestry": [],
+    "attempts": 1,
+}
 
 
 def page_commands() -> dict[str, str]:
@@ -120,7 +145,8 @@ async def test_the_example_worker_serves_a_turn(
     example_worker: str, tmp_path: Path, redis_url: str
 ) -> None:
     async with aiohttp.ClientSession() as http:
-        body = json.dumps({"trigger": {"type": "session.start"}, "proposed": {}}).encode()
+        assert not schema_errors(REQUEST_SCHEMA, SESSION_START)
+        body = json.dumps(SESSION_START).encode()
         now = int(time.time())
         for headers in (
             {},
@@ -197,25 +223,39 @@ async def test_ctrl_c_stops_the_example_worker_quietly(kind: str) -> None:
 
 
 def test_the_python_examples_check_refuses_a_replay_outside_the_window(monkeypatch) -> None:
-    """docs/examples/worker.py's own `signed`, on what the engine sends (`deliver`'s
-    header): good within 5 minutes either way of the worker's clock, refused past them,
-    refused for another body or secret; the engine's `verify_timestamped` agrees."""
+    """docs/examples/worker.py's worker (its SDK `Worker`, with the secret from the
+    environment), on what the engine sends (`deliver`'s headers): good within 5 minutes
+    either way of the worker's clock, refused past them, refused for another body or
+    secret; the engine's `verify_timestamped` agrees."""
     monkeypatch.setenv("ONCALL_WORKER_SECRET", SECRET)
     spec = importlib.util.spec_from_file_location("example_worker", EXAMPLES / "worker.py")
     assert spec is not None and spec.loader is not None
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
+    assert example.worker.secret == SECRET
+
+    def signed(body: bytes, headers: dict[str, str], now: float) -> bool:
+        try:
+            verify(example.worker.secret, body, headers, now=now, window=example.worker.window)
+        except SignatureError:
+            return False
+        return True
+
     body = b'{"trigger": {"type": "session.start"}, "proposed": {}}'
     sent_at = 1_800_000_000
     header = sign_timestamped(SECRET, body, sent_at)
+    both = {"X-Subs-Signature": header, "X-Substructure-Signature": sign(SECRET, body)}
     for delay, good in [(0, True), (299, True), (-299, True), (301, False), (3600, False)]:
         now = sent_at + delay
-        assert example.signed(body, header, now=now) is good, delay
+        assert signed(body, both, now) is good, delay
+        assert signed(body, {"X-Subs-Signature": header}, now) is good, delay
         assert verify_timestamped(SECRET, body, header, now) is good, delay
-    assert not example.signed(body + b" ", header, now=sent_at)
-    assert not example.signed(body, sign_timestamped("another", body, sent_at), now=sent_at)
-    assert not example.signed(body, header.replace(f"t={sent_at}", f"t={sent_at + 1}"), now=sent_at)
-    assert not example.signed(body, sign(SECRET, body), now=sent_at)
+    assert not signed(body + b" ", both, sent_at)
+    other = {"X-Subs-Signature": sign_timestamped("another", body, sent_at)}
+    assert not signed(body, other, sent_at)
+    moved = {"X-Subs-Signature": header.replace(f"t={sent_at}", f"t={sent_at + 1}")}
+    assert not signed(body, moved, sent_at)
+    assert not signed(body, {"X-Substructure-Signature": sign(SECRET, body)}, sent_at)
 
 
 def test_the_page_shows_the_example_config_whole() -> None:
@@ -272,3 +312,57 @@ def test_worker_ts_is_worker_mjs_with_types() -> None:
             f"  ts:  {'; '.join(ours[first : first + 2])}\n"
             f"  mjs: {'; '.join(theirs[first : first + 2])}"
         )
+
+
+# --- the Python SDK's part of the page ------------------------------------------------------
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", WORKERS_MD.read_text(), re.M | re.S)
+
+
+def test_the_heart_of_it_shown_is_the_python_example() -> None:
+    """The page's excerpt of worker.py is worker.py's own text, not a paraphrase."""
+    [heart] = [b for b in python_blocks() if '@worker.tool("runbook")' in b]
+    assert heart in (EXAMPLES / "worker.py").read_text()
+
+
+async def test_the_sdk_example_of_the_page_streams_and_answers_later() -> None:
+    """The page's SDK block, run as written (its secret as the test's): a streamed
+    `llm.execute` read by the engine's own delivery (deltas, then the `llm.result`), and a
+    `deploy` tool call answered `{}` with the job queued for `settle`."""
+    [block] = [b for b in python_blocks() if "stream_text" in b]
+    namespace: dict = {}
+    exec(
+        compile(block.replace('secret="..."', f'secret="{SECRET}"'), "workers.md", "exec"),
+        namespace,
+    )
+    worker = namespace["worker"]
+    assert worker.secret == SECRET
+    deltas: list[dict] = []
+
+    async def on_delta(delta: dict) -> None:
+        deltas.append(delta)
+
+    llm = {"type": "llm.execute", "id": "llm_1", "request": {}, "stream": True, "attempt": 1}
+    tool = {
+        "type": "tool.execute",
+        "id": "call_9",
+        "name": "deploy",
+        "arguments": '{"service": "checkout"}',
+        "input": {"status": "valid", "value": {"service": "checkout"}},
+        "attempt": 1,
+    }
+    async with serve_app(aiohttp_app(worker)) as url, aiohttp.ClientSession() as http:
+        answers = []
+        for trigger in (llm, tool):
+            body = json.dumps({**SESSION_START, "trigger": trigger}).encode()
+            delivery = Delivery(url + "/", body, SECRET, timeout=10)
+            answers.append(await deliver(http, delivery, on_delta))
+    streamed, later = answers
+    assert "".join(d.get("text") or "" for d in deltas) == "Checkout restarts in a minute."
+    [result] = streamed["actions"]
+    assert result["response"]["content"] == "Checkout restarts in a minute."
+    assert not schema_errors(RESPONSE_SCHEMA, streamed)
+    assert later == {}
+    assert namespace["jobs"].get_nowait() == ("docs-1", "call_9", {"service": "checkout"})

@@ -469,6 +469,56 @@ def test_every_engine_module_keeps_to_its_layer() -> None:
     assert not found, f"engine modules importing past their layer (ENGINE_LAYERS): {found}"
 
 
+# The worker SDK (subs/) is what a worker's author installs: it speaks the wire protocol
+# (spec/protocol.schema.json) and nothing of ours but itself. No engine or bot internals
+# (a worker must not break when they change), no Redis, Slack, MCP or jsonschema.
+SUBS_LAYERS: dict[str, tuple[set[str], set[str]]] = {
+    "subs": (
+        set(),
+        {"engine", "bot", *REDIS, "slack_sdk", "slack_bolt", "mcp", "jsonschema"},
+    ),
+}
+
+
+def test_every_sdk_module_keeps_to_its_layer() -> None:
+    found = {
+        _module_of(p): bad
+        for p in _sources("subs")
+        if (
+            bad := layer_violations(
+                _module_of(p).removesuffix(".__init__"), imports(p), SUBS_LAYERS
+            )
+        )
+    }
+    assert not found, f"worker SDK modules importing past their layer (SUBS_LAYERS): {found}"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from engine.protocol import DecisionResponse",
+        "from engine.effects.delivery import verify_timestamped",
+        "import bot.payloads",
+        "def f():\n    import redis",
+        "import jsonschema",
+    ],
+)
+def test_the_sdk_layer_rule_sees_each_breach(source: str) -> None:
+    assert layer_violations("subs.worker.probe", imported(source, "subs.worker.probe"), SUBS_LAYERS)
+
+
+def test_the_sdk_layer_rule_lets_it_use_itself_and_aiohttp() -> None:
+    source = "from subs.worker.models import DecisionRequest\nimport aiohttp\nfrom . import core"
+    assert (
+        layer_violations("subs.worker.probe", imported(source, "subs.worker.probe"), SUBS_LAYERS)
+        == []
+    )
+
+
+def test_no_import_cycles_between_sdk_modules() -> None:
+    assert import_cycles(module_graph("subs")) == []
+
+
 def test_every_engine_module_has_a_row_of_its_own() -> None:
     """A new top-level module (or folder) is placed in the table on purpose, not by default."""
     unplaced = [

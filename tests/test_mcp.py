@@ -817,3 +817,34 @@ async def test_an_approval_prompt_expires_after_approve_timeout_and_the_model_re
     assert "nobody approved it before the prompt expired" in tool_message(vendor, 1)
     assert not (calls_log.exists() and "secret_rotate" in calls_log.read_text())
     await assert_consistent(harness.engine.store, sid)
+
+
+async def test_an_mcp_call_carries_its_spans_trace_context_when_tracing(harness, vendor):
+    """With tracing on, a tool call's `params._meta.traceparent` names the call attempt's
+    span (the OpenTelemetry MCP conventions); with it off, the server gets none."""
+    from engine.telemetry.ids import parse_traceparent
+    from tests.otlp_receiver import otlp_receiver
+
+    async with otlp_receiver() as receiver:
+        text = toml(vendor, blocks=stdio_block(), mcp='[{ id = "mcp.clock" }]')
+        await harness.start(text + f'\n[telemetry]\nendpoint = "{receiver.url}"\n')
+        vendor.push(ToolCalls([("clock__traced", {})]), Text("Traced."))
+        sid, end = await harness.turn("trace it")
+        assert end["payload"]["type"] == "turn.completed"
+        assert harness.engine is not None
+        events = await harness.client.events(sid)
+        [requested] = payloads(events, "tool.call.requested")
+        sent = parse_traceparent(tool_message(vendor, 1))
+        await harness.stop()
+    assert sent is not None and sent.sampled
+    (span,) = [s for s in receiver.spans if s["name"] == "execute_tool clock__traced"]
+    assert (sent.trace_id, sent.span_id) == (span["trace_id"], span["span_id"])
+    assert span["attributes"]["gen_ai.tool.call.id"] == requested["id"]
+
+
+async def test_without_tracing_an_mcp_call_carries_no_trace_context(harness, vendor):
+    await harness.start(toml(vendor, blocks=stdio_block(), mcp='[{ id = "mcp.clock" }]'))
+    vendor.push(ToolCalls([("clock__traced", {})]), Text("Not traced."))
+    _, end = await harness.turn("trace it")
+    assert end["payload"]["type"] == "turn.completed"
+    assert tool_message(vendor, 1) == "none"

@@ -345,6 +345,18 @@ async def test_an_engine_turn_with_a_tool_call_is_one_trace(redis, vendor, tmp_p
     assert turn["start_ns"] <= chats[0]["start_ns"] <= chats[0]["end_ns"] <= tool["start_ns"]
     assert tool["end_ns"] <= chats[1]["start_ns"] <= chats[1]["end_ns"] <= turn["end_ns"]
     assert turn["resource"]["service.name"] == "subs"
+    # The engine's own decisions, one span each, under the turn.
+    decided = receiver.named("decision ")
+    assert all(d["attributes"]["subs.decider"] == "engine" for d in decided)
+    assert all(d["parent_id"] == turn["span_id"] for d in decided)
+    triggers = [d["attributes"]["subs.trigger.type"] for d in decided]
+    assert {"client.messages", "llm.finished", "tool.finished"} <= set(triggers), triggers
+    assert triggers.count("llm.finished") == 2
+    # Each vendor request named its call attempt's span.
+    sent = [parse_traceparent(r.headers.get("traceparent")) for r in vendor.requests]
+    assert [(c.trace_id, c.span_id) for c in sent if c] == [
+        (c["trace_id"], c["span_id"]) for c in sorted(chats, key=lambda c: c["start_ns"])
+    ]
 
 
 async def test_a_worker_turn_nests_the_workers_requests_under_its_decisions(
@@ -707,3 +719,37 @@ async def test_a_slack_mentions_turn_joins_the_bots_intake_span(redis, vendor, t
     assert calls and all(s["parent_id"] == intake["span_id"] for s in calls)
     assert {s["trace_id"] for s in receiver.spans} == {intake["trace_id"]}
     assert "slack chat.update" in {s["name"] for s in calls}
+
+
+@pytest.mark.parametrize("capture", [False, True])
+async def test_prompts_and_completions_reach_spans_only_when_captured_and_masked(
+    redis, vendor, tmp_path, capture
+):
+    key = ENV["OPENAI_API_KEY"]  # a secret the engine knows, typed by a person
+    vendor.push(Text("Rotate it now."))
+    async with otlp_receiver() as receiver:
+        block = f'[telemetry]\nendpoint = "{receiver.url}"\n'
+        block += f"capture_content = {str(capture).lower()}\n"
+        engine = Engine(project_with(tmp_path, vendor.url, block), redis, env=ENV, lease_ms=3000)
+        await engine.start()
+        try:
+            client = Client(engine.store)
+            message = {"role": "user", "content": f"is {key} leaked?"}
+            reply = await client.submit(
+                {"type": "client.message", "agent_id": "ops_openai", "message": message}
+            )
+            await wait_for_event(client, reply["session_id"], turn_ended(reply["turn_id"]))
+        finally:
+            await engine.stop()
+    (chat,) = receiver.named("chat")
+    attributes = chat["attributes"]
+    if not capture:
+        assert "gen_ai.input.messages" not in attributes
+        assert "gen_ai.output.messages" not in attributes
+        return
+    inputs = json.loads(attributes["gen_ai.input.messages"])
+    assert inputs[-1] == {"role": "user", "parts": [{"type": "text", "content": "is *** leaked?"}]}
+    outputs = json.loads(attributes["gen_ai.output.messages"])
+    said = {"type": "text", "content": "Rotate it now."}
+    assert outputs == [{"role": "assistant", "parts": [said]}]
+    assert key not in json.dumps(receiver.spans)

@@ -8,6 +8,7 @@ conversation run by the engine against the same vendor must record the same thin
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import re
@@ -347,3 +348,37 @@ async def test_a_neutral_worker_answer_is_checked_then_recorded(
     ]
     assert end["payload"]["usage"] == NEUTRAL_USAGE
     assert vendor.requests == []  # the worker ran the call; the engine called no vendor
+
+
+async def test_a_stored_image_reaches_a_worker_run_call_in_its_format(
+    vendor, test_worker, engine_for, tmp_path
+):
+    """A file the session stores once (a Slack screenshot, say) is a `link` in the log; a
+    worker that runs the model call in the Anthropic format gets it as the image block the
+    engine would send the vendor itself."""
+    agent = {"model": MODEL, "handler": "worker", "format": "anthropic", "system": SYSTEM}
+    worker = await test_worker(seed_worker(vendor, agent), secret=SECRET)
+    engine = await engine_for(project(tmp_path, vendor, worker.url))
+    png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64
+    digest = await engine.store.put_file("shot", png)
+    message = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "what does this graph say?"},
+            {"type": "link", "uri": f"subs-file:sha256:{digest}", "mimeType": "image/png",
+             "name": "graph.png"},
+        ],
+    }
+    vendor.push(Text("It says the disk is full."))
+    client = Client(engine.store)
+    reply = await client.submit(
+        {"type": "client.message", "agent_id": "byo", "message": message}, session_id="shot"
+    )
+    end = await wait_for_event(client, "shot", turn_ended(reply["turn_id"]))
+    assert end["payload"]["type"] == "turn.completed", end["payload"]
+    (execute,) = [r["trigger"] for r in worker.requests if r["trigger"]["type"] == "llm.execute"]
+    blocks = execute["request"]["messages"][0]["content"]
+    images = [b for b in blocks if b.get("type") == "image"]
+    assert images and images[0]["source"]["media_type"] == "image/png"
+    assert base64.b64decode(images[0]["source"]["data"]) == png
+    assert "subs-file" not in json.dumps(execute["request"])

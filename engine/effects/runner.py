@@ -287,7 +287,8 @@ class EffectRunner:
             async def run_execute() -> Input:
                 started = time.perf_counter()
                 try:
-                    return await execute.run(self.http, deltas.add)
+                    files = functools.partial(self.store.get_files, sid)
+                    return await execute.run(self.http, deltas.add, files)
                 finally:
                     self.metrics.observe_worker_call(time.perf_counter() - started)
 

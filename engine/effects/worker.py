@@ -7,7 +7,7 @@ later transition cannot change what was sent.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from engine.effects.delivery import DecisionFailure, Delivery, deliver
 from engine.effects.llm import ProviderError, anthropic, openai
+from engine.effects.llm.files import Fetch, resolve_files
 from engine.errors import SubsError
 from engine.jsonedge import encode
 from engine.machine import (
@@ -109,30 +110,48 @@ class ExecuteRun:
         self.call_id, self.attempt, self.kind = call.id, call.attempt, call.kind
         request = execute_request(state, call)
         _check_outgoing(request, checked)  # with the neutral LlmRequest, before any vendor body
-        trigger = request["trigger"]
-        self.format: str | None = trigger.get("format")
-        if self.format:
-            # The vendor's own body, ready to send; the trigger's `stream` is authoritative.
-            try:
-                body = _VENDORS[self.format].build_request(trigger["request"], stream=False)
-            except ProviderError as err:  # content this format cannot carry (input_audio…)
-                raise SubsError(
-                    f"the model request cannot be sent in the {self.format} format: {err.message}",
-                    code="unroutable",
-                ) from None
-            body.pop("stream", None)
-            trigger["request"] = body
+        self.request = request
+        self.format: str | None = request["trigger"].get("format")
         ctx = call_context(state, call.id, call.attempt)
         assert ctx is not None  # the call is open
         span = SpanContext(ctx.trace_id, ctx.span_id, sampled).traceparent()
-        self.delivery = Delivery(
-            target.url, _body(request), target.secret, _timeout(call.deadline, now_ms), span
-        )
+        self.target, self.timeout = target, _timeout(call.deadline, now_ms)
+        self.traceparent = span
         self.accumulator = _VENDORS[self.format].StreamAccumulator() if self.format else None
         self.delta_seq = 0
 
-    async def run(self, http: aiohttp.ClientSession, add_delta: AddDelta) -> Input:
-        """Deliver the call to the worker, streaming its deltas; one machine input at the end."""
+    def _vendor_body(self, neutral: dict[str, Any]) -> dict[str, Any]:
+        """The vendor's own body, ready to send but for `stream` (the trigger's is
+        authoritative); content the format cannot carry (input_audio…) is unroutable."""
+        assert self.format is not None
+        try:
+            body: dict[str, Any] = _VENDORS[self.format].build_request(neutral, stream=False)
+        except ProviderError as err:
+            raise SubsError(
+                f"the model request cannot be sent in the {self.format} format: {err.message}",
+                code="unroutable",
+            ) from None
+        body.pop("stream", None)
+        return body
+
+    async def delivery(self, fetch: Fetch) -> Delivery:
+        """What is sent: with a `format`, the vendor's body, the session's stored files
+        (images, PDFs) read and put in it as that vendor takes them (`fetch` reads them)."""
+        request = self.request
+        if self.format:
+            trigger = request["trigger"]
+            neutral = await resolve_files(trigger["request"], fetch, self.format)
+            request = {**request, "trigger": {**trigger, "request": self._vendor_body(neutral)}}
+        return Delivery(
+            self.target.url, _body(request), self.target.secret, self.timeout, self.traceparent
+        )
+
+    async def run(
+        self, http: aiohttp.ClientSession, add_delta: AddDelta, fetch: Fetch | None = None
+    ) -> Input:
+        """Deliver the call to the worker, streaming its deltas; one machine input at the end.
+
+        `fetch` reads the session's stored files (None: a request that holds none)."""
 
         async def on_delta(frame: dict[str, Any]) -> None:
             for delta in self._deltas(frame):
@@ -148,7 +167,11 @@ class ExecuteRun:
                 )
 
         try:
-            response = await deliver(http, self.delivery, on_delta)
+            delivery = await self.delivery(fetch or _no_files)
+        except SubsError as err:
+            return ExecuteFailed(self.call_id, self.attempt, err.info(), False)
+        try:
+            response = await deliver(http, delivery, on_delta)
             if self.kind == "llm":
                 response = self._neutral(response)
         except DecisionFailure as failure:
@@ -195,6 +218,10 @@ class ExecuteRun:
             ) from None
         # What the vendor reader made of it must be a neutral response too (ids are strings…).
         return _validated(LlmResponse, parsed, where)
+
+
+async def _no_files(digests: Sequence[str]) -> list[bytes | None]:
+    return [None for _ in digests]
 
 
 class Unsendable(SubsError):

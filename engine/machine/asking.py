@@ -28,6 +28,7 @@ def decide(st: Step, trigger: dict[str, Any], proposed: dict[str, Any]) -> None:
     """`trigger` calls for a decision, `proposed` is the engine's proposal for it."""
     if not st.by_worker:
         st.record(Proposal(trigger, proposed))
+        st.out.decided.append(str(trigger.get("type", "?")))
     elif st.s.decision is not None or st.s.pending:
         st.emit({"type": ev.DECISION_QUEUED, "trigger": trigger, "proposed": proposed})
     else:

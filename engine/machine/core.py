@@ -51,6 +51,9 @@ class Transition:
     effects: list[Effect] = field(default_factory=list)
     reply: dict[str, Any] | None = None
     ignored: str | None = None
+    # The triggers the engine decided itself in this step (an engine-decided agent's
+    # proposals): no event records them, a trace shows them (engine/telemetry/spans.py).
+    decided: list[str] = field(default_factory=list)
 
 
 def iso(ms: int) -> str:

@@ -202,7 +202,7 @@ class Applier:
         self.cache.put(t.state.session_id, t.state, mark, size)
         self._count(t.events)
         if self.tracing is not None and planned.before is not None:
-            self.tracing.committed(planned.before, t.events)
+            self.tracing.committed(planned.before, t.events, t.decided)
         self.stats.steps += 1
         if self.stats.record_steps:
             self.stats.step_seconds.append(time.perf_counter() - planned.started)
@@ -269,7 +269,7 @@ class Applier:
         sid = item.session_id
         state = await self.load(sid)
         seq = state.seq if state else 0
-        before = None if self.tracing is None else Before.of(state, sid)
+        before = None if self.tracing is None else Before.of(state, sid, self.tracing.capture)
         try:
             inp = self._machine_input(state, item.input)
             t = step(state, sid, inp, self.now_ms(), new_id, self.kinds)

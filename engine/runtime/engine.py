@@ -182,6 +182,8 @@ class Engine:
             self.project, self.store, self.env, self.workers, self.metrics, self.clock, runners
         )
         self.effects.sampled = self.tracing is not None
+        if self.tracing is not None:
+            self.tracing.scrub = self.effects.redactor.scrub
         await self._balance()
         self._background = [
             asyncio.create_task(self._lease_loop(), name="subs-leases"),

@@ -11,14 +11,17 @@ OpenTelemetry GenAI conventions (docs/telemetry.md); `subs.*` attributes are our
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.machine import events as ev
 from engine.machine.evolve import at_ms
 from engine.machine.state import SessionState
+from engine.machine.tree import path_to
 from engine.telemetry.ids import SpanContext, parse_traceparent, span_id, trace_id_for_turn
 
 __all__ = ["Before", "Projector", "SpanEvent", "SpanRecord", "turn_context"]
@@ -73,10 +76,13 @@ class Before:
     calls: Mapping[str, _CallBefore]
     model: str | None
     provider: str | None
+    # With content captured: each open model call's input messages (its path to its anchor).
+    inputs: Mapping[str, list[dict[str, Any]]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, state: SessionState | None, session_id: str) -> Before:
-        """What the projector needs of `state` before a step (None: the session is new)."""
+    def of(cls, state: SessionState | None, session_id: str, capture: bool = False) -> Before:
+        """What the projector needs of `state` before a step (None: the session is new);
+        with `capture`, the messages of its open model calls too."""
         if state is None:
             return cls(session_id, "", None, None, {}, None, None)
         agent = state.agent or {}
@@ -95,6 +101,13 @@ class Before:
             },
             agent.get("model") if isinstance(agent.get("model"), str) else None,
             route.get("type") if isinstance(route.get("type"), str) else None,
+            {
+                c.id: path_to(state.nodes, c.anchor)
+                for c in state.calls.values()
+                if c.kind == "llm"
+            }
+            if capture
+            else {},
         )
 
 
@@ -172,8 +185,9 @@ class Projector:
     was forgotten starts where the state before its closing step says it did.
     """
 
-    def __init__(self, max_open: int = 50_000) -> None:
+    def __init__(self, max_open: int = 50_000, *, capture: bool = False) -> None:
         self.max_open = max_open
+        self.capture = capture  # prompts and completions on chat spans (capture_content)
         self._starts: OrderedDict[tuple[str, ...], int] = OrderedDict()
         self._turn_events: OrderedDict[tuple[str, str], list[SpanEvent]] = OrderedDict()
         self._clients: OrderedDict[tuple[str, str], str] = OrderedDict()  # turns' traceparents
@@ -188,11 +202,19 @@ class Projector:
         while len(self._turn_events) > self.max_open:
             self._turn_events.popitem(last=False)
 
-    def project(self, before: Before, envelopes: Iterable[Mapping[str, Any]]) -> list[SpanRecord]:
-        """The spans that the committed `envelopes` of one step end."""
+    def project(
+        self,
+        before: Before,
+        envelopes: Iterable[Mapping[str, Any]],
+        decided: Sequence[str] = (),
+    ) -> list[SpanRecord]:
+        """The spans that the committed `envelopes` of one step end, and one for each
+        trigger the engine decided itself in the step (`decided`)."""
         sid = before.session_id
         out: list[SpanRecord] = []
         turn_id = before.turn[0] if before.turn else None
+        at: int | None = None
+        replies: dict[str, dict[str, Any]] = {}  # assistant messages by call id (capture)
         for env in envelopes:
             p = env["payload"]
             kind = p["type"]
@@ -212,6 +234,10 @@ class Projector:
                 out.append(self._decision(before, turn_id, p, at))
             elif kind in (ev.LLM_CALL_DISPATCHED, ev.TOOL_CALL_DISPATCHED):
                 self._remember((sid, "call", p["id"], str(p["attempt"])), at)
+            elif kind == ev.MESSAGE_NEW and self.capture:
+                message = p["message"]
+                if message.get("role") == "assistant" and message.get("id"):
+                    replies[message["id"]] = message
             elif kind in ev.CALL_ENDS:
                 record = self._call(before, p, at)
                 if record is not None:
@@ -219,6 +245,21 @@ class Projector:
             elif kind == ev.CALL_RETRY_SCHEDULED and turn_id:
                 attrs: Attributes = {"subs.call.id": p["id"], "subs.attempt": p["attempt"]}
                 self._note(sid, turn_id, SpanEvent("retry_scheduled", at, attrs))
+        if self.capture:
+            out = [_with_content(r, before, replies) for r in out]
+        if decided and turn_id and at is not None:
+            turn = self._context(before, turn_id)
+            for n, trigger in enumerate(decided):
+                ident = span_id(turn.trace_id, "engine-decision", str(at), str(n), trigger)
+                made: Attributes = {
+                    "subs.decider": "engine",
+                    "subs.trigger.type": trigger,
+                    "gen_ai.conversation.id": sid,
+                }
+                ctx = SpanContext(turn.trace_id, ident)
+                out.append(
+                    SpanRecord(f"decision {trigger}", ctx, turn.span_id, "internal", at, at, made)
+                )
         return out
 
     def _context(self, before: Before, turn_id: str) -> SpanContext:
@@ -352,3 +393,49 @@ class Projector:
             error=str(error.get("code", "error")) if error else None,
             message=str(error.get("message", "")) if error else None,
         )
+
+
+def _parts(message: Mapping[str, Any]) -> dict[str, Any]:
+    """A message as the GenAI conventions spell one: its role and its parts (a file's
+    bytes never: only its part's type)."""
+    content = message.get("content")
+    parts: list[dict[str, Any]] = []
+    if message.get("role") == "tool":
+        parts.append(
+            {"type": "tool_call_response", "id": message.get("tool_call_id"), "response": content}
+        )
+    elif isinstance(content, str):
+        parts.append({"type": "text", "content": content})
+    elif isinstance(content, list):
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text":
+                parts.append({"type": "text", "content": part.get("text", "")})
+            elif isinstance(part, dict):
+                parts.append({"type": str(part.get("type", "?"))})
+    for call in message.get("tool_calls") or ():
+        fn = call.get("function") or {}
+        parts.append(
+            {
+                "type": "tool_call",
+                "id": call.get("id"),
+                "name": fn.get("name"),
+                "arguments": fn.get("arguments"),
+            }
+        )
+    return {"role": message.get("role"), "parts": parts}
+
+
+def _with_content(
+    record: SpanRecord, before: Before, replies: Mapping[str, dict[str, Any]]
+) -> SpanRecord:
+    """A chat span with its input and output messages (`capture_content = true`)."""
+    if record.attributes.get("gen_ai.operation.name") != "chat":
+        return record
+    call_id = str(record.attributes.get("subs.call.id", ""))
+    attributes = dict(record.attributes)
+    inputs = before.inputs.get(call_id)
+    if inputs is not None:
+        attributes["gen_ai.input.messages"] = json.dumps([_parts(m) for m in inputs])
+    if call_id in replies:
+        attributes["gen_ai.output.messages"] = json.dumps([_parts(replies[call_id])])
+    return dataclasses.replace(record, attributes=attributes)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Protocol
 
@@ -21,13 +22,21 @@ class Sink(Protocol):
 class Tracing:
     """Projects each commit's events into spans and hands the finished ones on."""
 
-    def __init__(self, sink: Sink) -> None:
-        self.projector = Projector()
+    def __init__(self, sink: Sink, *, capture: bool = False) -> None:
+        self.capture = capture  # prompts and completions on chat spans (capture_content)
+        self.projector = Projector(capture=capture)
         self.sink = sink
+        # Masks the secrets the process knows in captured content (set by the engine).
+        self.scrub: Callable[[str], str] = lambda text: text
 
-    def committed(self, before: Before, envelopes: Iterable[Mapping[str, Any]]) -> None:
-        """A commit landed: its events become spans, the finished ones handed to the sink."""
-        spans = self.projector.project(before, envelopes)
+    def committed(
+        self, before: Before, envelopes: Iterable[Mapping[str, Any]], decided: Sequence[str] = ()
+    ) -> None:
+        """A commit landed: its events become spans, the finished ones handed to the sink,
+        with one for each trigger the engine decided itself in it (`decided`)."""
+        spans = self.projector.project(before, envelopes, decided)
+        if self.capture:
+            spans = [_scrubbed(s, self.scrub) for s in spans]
         if spans:
             self.sink.emit(spans)
 
@@ -38,6 +47,16 @@ class Tracing:
     async def aclose(self) -> None:
         """Flush and close the sink: spans of a stopping engine are not lost."""
         await self.sink.aclose()
+
+
+def _scrubbed(record: SpanRecord, scrub: Callable[[str], str]) -> SpanRecord:
+    """`record` with the captured messages' secrets masked."""
+    attributes = dict(record.attributes)
+    for key in ("gen_ai.input.messages", "gen_ai.output.messages"):
+        value = attributes.get(key)
+        if isinstance(value, str):
+            attributes[key] = scrub(value)
+    return dataclasses.replace(record, attributes=attributes)
 
 
 def _on(value: str | None) -> bool:
@@ -70,4 +89,5 @@ def tracing_from(project: Project, env: Mapping[str, str]) -> Tracing | None:
     except PackageNotFoundError:
         subs_version = "0"
     service = (env.get("OTEL_SERVICE_NAME") or "").strip() or project.telemetry.service_name
-    return Tracing(Exporter(endpoint=endpoint, service_name=service, version=subs_version))
+    exporter = Exporter(endpoint=endpoint, service_name=service, version=subs_version)
+    return Tracing(exporter, capture=project.telemetry.capture_content)

@@ -22,6 +22,7 @@ from engine.effects.llm.errors import ProviderError, quote
 from engine.jsonedge import JsonEdgeError, compact_json, loads_checked
 from engine.protocol import LlmResponse, StreamDelta
 from engine.sse import Event, SseDecoder
+from engine.telemetry.logs import CURRENT
 
 ANTHROPIC_VERSION = "2023-06-01"
 
@@ -147,6 +148,9 @@ async def complete(
     url = target.base_url.rstrip("/") + adapter.path
     key = None if target.api_key_env is None else target.api_key
     headers = {"Content-Type": "application/json", **adapter.auth(key)}
+    span = CURRENT.get()  # tracing on: the call attempt's span, for a vendor that reads it
+    if span is not None:
+        headers["traceparent"] = span.traceparent()
     if kept is None:
         body = compact_json(adapter.build(request, stream=stream)).encode()
     else:

@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
-from mcp_types import CallToolResult
+from mcp_types import CallToolResult, RequestParamsMeta
 
 from engine.config import Project, project_secrets
 from engine.effects.mcp.connection import McpConnection, McpTrouble
@@ -29,6 +29,7 @@ from engine.machine.connectors import AUTH, RunConnectorSync, RunMcpCall
 from engine.machine.retry import Fault
 from engine.machine.tools import validate_input
 from engine.redact import Redactor, env_secrets
+from engine.telemetry.logs import CURRENT
 
 
 class Connectors:
@@ -172,8 +173,14 @@ class McpRunners:
                 }
                 return CallAnswered(effect.call_id, effect.attempt, error=error, retryable=False)
             arguments = checked["value"]
+            # Tracing on: the call attempt's span, where the MCP conventions carry it
+            # (`params._meta.traceparent`), so the server's spans nest under it.
+            span = CURRENT.get()
+            meta = None
+            if span is not None:  # a key the MCP conventions add to the SDK's TypedDict
+                meta = cast(RequestParamsMeta, {"traceparent": span.traceparent()})
             result = await self.connectors.get(path).request(
-                lambda session: session.call_tool(tool, arguments)
+                lambda session: session.call_tool(tool, arguments, meta=meta)
             )
             return CallAnswered(effect.call_id, effect.attempt, result=stored_result(result))
 
