@@ -138,9 +138,9 @@ class Client:
         self._memory: tuple[int, int] = (0, 0)  # used_memory, maxmemory (0: no limit)
         self._memory_at = -math.inf
 
-    async def _refuse_when_full(self, session_id: str | None) -> None:
-        """A new session is refused (503 store_full) while Redis is past `FULL_AT` of its
-        maxmemory: what is left is for the sessions that run. One INFO a second at most."""
+    async def store_memory(self) -> tuple[int, int, bool]:
+        """Redis's used_memory, its maxmemory (0: no limit) and whether it is full (past
+        `FULL_AT`: new sessions are refused). One INFO a second at most."""
         now = time.monotonic()
         if now - self._memory_at >= self.memory_every_s:
             try:
@@ -149,7 +149,13 @@ class Client:
                 self._memory = (0, 0)
             self._memory_at = now
         used, limit = self._memory
-        if not limit or used < FULL_AT * limit:
+        return used, limit, bool(limit) and used >= FULL_AT * limit
+
+    async def _refuse_when_full(self, session_id: str | None) -> None:
+        """A new session is refused (503 store_full) while Redis is past `FULL_AT` of its
+        maxmemory: what is left is for the sessions that run."""
+        used, limit, full = await self.store_memory()
+        if not full:
             return
         if session_id is not None and await self.store.head(session_id) is not None:
             return

@@ -100,6 +100,7 @@ class ServeConfig:
     port: int = 8080
     cors_origins: tuple[str, ...] = ()  # browser origins the API answers; none: no CORS
     max_streams_per_key: int = 100  # event streams one API key (or address) may hold open
+    max_streams: int = 10_000  # event streams the whole API may hold open
     public_url: str | None = None  # where people reach this API; links to the console use it
     header_timeout_secs: float = 10.0  # a request's headers must arrive within this (slow-loris)
     state_cache_mb: int = 256  # the engine's cache of session states, at most this big
@@ -250,6 +251,8 @@ class McpBlock:
     cwd: (
         str | None
     )  # command only: the child's working directory (default and relative: the file's)
+    # How long a call waiting for approval (`approve`) may wait before it is declined.
+    approve_timeout_ms: int = 3_600_000
 
     @property
     def path(self) -> str:
@@ -530,6 +533,12 @@ def _retention(value: str) -> str:
     return value
 
 
+def _approve_timeout(value: str) -> str:
+    if duration_ms(value) <= 0:
+        raise ValueError(f'must be a positive duration like "1h", got {value!r}')
+    return value
+
+
 def _archive(value: str) -> str:
     if value != "none" and not (value.startswith("dir:") and value[4:].strip()):
         raise ValueError(
@@ -637,6 +646,7 @@ class _Serve(_Model):
     port: Annotated[int, Field(ge=0, le=65535)] = 8080
     cors_origins: list[Origin] = Field(default_factory=list)
     max_streams_per_key: Annotated[int, Field(ge=1)] = 100
+    max_streams: Annotated[int, Field(ge=1)] = 10_000
     public_url: PublicUrl | None = None
     header_timeout_secs: Annotated[float, Field(gt=0, le=3600)] = 10.0
     state_cache_mb: Annotated[int, Field(ge=1)] = 256
@@ -780,6 +790,7 @@ class _Mcp(_Model):
     env: dict[str, str] = Field(default_factory=dict)
     env_from: list[EnvName] = Field(default_factory=list)
     cwd: NonEmpty | None = None
+    approve_timeout: Annotated[str, AfterValidator(_approve_timeout)] = "1h"
 
 
 class _McpTools(_Model):
@@ -1320,6 +1331,7 @@ def _build(root: _Root, path: str) -> Project:
             port=root.serve.port,
             cors_origins=tuple(dict.fromkeys(root.serve.cors_origins)),
             max_streams_per_key=root.serve.max_streams_per_key,
+            max_streams=root.serve.max_streams,
             public_url=root.serve.public_url,
             header_timeout_secs=root.serve.header_timeout_secs,
             state_cache_mb=root.serve.state_cache_mb,
@@ -1351,6 +1363,7 @@ def _build(root: _Root, path: str) -> Project:
                 env=tuple(b.env.items()),
                 env_from=tuple(b.env_from),
                 cwd=b.cwd,
+                approve_timeout_ms=duration_ms(b.approve_timeout),
             )
             for mid, b in root.mcp.items()
         },

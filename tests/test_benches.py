@@ -236,3 +236,32 @@ def test_vs_langgraph_without_langgraph_runs_subs_and_says_why(tmp_path: Path) -
     assert_printed(out, [p for p in patterns if "LangGraph" not in p])
     assert_printed(out, [r"LangGraph not measured: langgraph hidden by the test .*\[bench\]"])
     assert "LangGraph 1" not in out
+
+
+@pytest.mark.parametrize(
+    ("args", "patterns"),
+    [
+        (
+            "--turns 1 --words 5 --scale 40 --live 5",
+            [
+                r"scale: 40 idle sessions x 1 turns written in bulk in \d+ s \(with token "
+                r"deltas\), 5 live",
+                rf"  sweep: 40 archived in \d+ s \({NUMBER} sessions/s\)",
+                rf"  Redis used_memory: empty {NUMBER} MB, with 5 live {NUMBER} MB, full "
+                rf"{NUMBER} MB, after the sweep {NUMBER} MB \(within 10 %",
+            ],
+        ),
+        (
+            "--turns 1 --words 5 --rss 30 --cache-mb 4 --touchers 4",
+            [
+                r"rss: 30 sessions x 1 turns written in bulk",
+                rf"  serve \(state_cache_mb = 4\): RSS {NUMBER} MB after start",
+                rf"  30 touched in \d+ s \({NUMBER}/s\): RSS peak {NUMBER} MB, end {NUMBER} MB; "
+                rf"peak - state_cache_mb = {NUMBER} MB",
+            ],
+        ),
+    ],
+    ids=["scale", "rss"],
+)
+def test_retention_bench_at_scale_and_a_serves_rss_run_tiny(args: str, patterns: list[str]) -> None:
+    assert_printed(run_bench("retention.py", args), patterns)

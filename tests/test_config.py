@@ -449,6 +449,12 @@ BROKEN = [
     ),
     ("mcp both", '[mcp.c]\ncommand = ["x"]\nurl = "http://h/mcp"\n', "mcp.c", "exactly one of url"),
     ("mcp neither", "[mcp.c]\nprefix_tools = false\n", "mcp.c", "exactly one of url"),
+    (
+        "mcp approve_timeout",
+        '[mcp.c]\ncommand = ["x"]\napprove_timeout = "soon"\n',
+        "mcp.c.approve_timeout",
+        "duration",
+    ),
     ("mcp empty command", "[mcp.c]\ncommand = []\n", "mcp.c.command", "at least 1"),
     (
         "mcp env with url",

@@ -580,6 +580,41 @@ async def test_the_list_draws_sessions_an_older_version_stored(
     assert not errors, errors
 
 
+async def test_the_list_shows_a_banner_while_the_store_is_full(
+    served: tuple[EngineProcess, Proxy], page: Page, redis_url: str
+) -> None:
+    """Redis past 90 % of its maxmemory (the admin API's `store.full`): the list page says
+    so and names the settings; room made, the banner goes at the next refresh."""
+    _, proxy = served
+    redis = connect(redis_url)
+    [(_, before)] = (await redis.config_get("maxmemory")).items()
+    try:
+        await _page(page.open, f"{proxy.url}/console")
+        await _page(page.until, "the key prompt", lambda: page.find("#key-form").is_displayed())
+        await _page(lambda: page.find("#key").send_keys(FULL_KEY + "\n"))
+        await _page(page.until, "the list", lambda: page.find("#list-note").text)
+        assert not page.find("#store-full").is_displayed()
+        used = (await redis.info("memory"))["used_memory"]
+        await redis.config_set("maxmemory", int(used / 0.93))  # full, yet writes still fit
+        banner = await _page(
+            page.until,
+            "the store-full banner",
+            lambda: page.find("#store-full").is_displayed() and page.find("#store-full"),
+        )
+        assert "The store is full" in banner.text and "[store] max_memory" in banner.text
+        assert "503 store_full" in banner.text
+        await _page(page.shot, "console-list-store-full")
+        await redis.config_set("maxmemory", before)
+        await _page(
+            page.until, "the banner to go", lambda: not page.find("#store-full").is_displayed()
+        )
+    finally:
+        await redis.config_set("maxmemory", before)
+        await redis.aclose()
+    errors = [m for m in page.console_log() if "SEVERE" in m or "could not show" in m]
+    assert not errors, errors
+
+
 async def test_the_chat_page_sends_the_first_message_once_the_key_is_in_and_asks_the_tool(
     served: tuple[EngineProcess, Proxy], page: Page, api: Api
 ) -> None:

@@ -196,7 +196,9 @@ async def test_the_list_shows_totals_and_failures_and_filters_by_agent_and_statu
     assert page["next_offset"] == 2  # the next match may be the one after it
     page = (await listed("agent=ops_openai&limit=1&offset=2")).json()
     assert [r["session_id"] for r in page["sessions"]] == ["ses-1-ok"]
-    assert (await listed("status=running")).json() == {"sessions": [], "next_offset": None}
+    running = (await listed("status=running")).json()
+    assert (running["sessions"], running["next_offset"]) == ([], None)
+    assert running["store"]["full"] is False and running["store"]["used_memory"] > 0
     wrong = await listed("status=broken")
     assert wrong.status_code == 400 and wrong.json()["code"] == "invalid_query"
     assert "status: 'broken' is not one of idle, running, interrupted, failed" in wrong.text

@@ -317,3 +317,99 @@ async def test_a_redis_restart_under_open_streams_is_one_warning_per_reader(tmp_
             await hub.aclose()
         await redis.aclose()
         await asyncio.to_thread(server.stop)
+
+
+# -- bounded: a deleted session's tap goes at once; the streams have a ceiling ----------------
+
+
+async def test_deleting_sessions_ends_their_streams_and_empties_the_hub(engine, vendor, api_redis):
+    """Every watched session deleted over the API: its streams end at once (no turn end, no
+    client leaving), and the hub holds nothing: no tap, no reader, no stream slot."""
+    store = await Store.open(api_redis)
+    app = make_app(Client(store), store, keys=ApiKeys.from_env(KEYS_ENV), heartbeat=30)
+    api = app[API]
+    sids = [(await finished_turn(engine, vendor))[0] for _ in range(3)]
+    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as http:
+        readers = [
+            asyncio.create_task(read_stream(http, sid, params={"after_seq": 0}))
+            for sid in sids
+            for _ in range(2)
+        ]
+        await poll_until(lambda: _is(api.hub.taps(), 3), 10, "three watched sessions")
+        for sid in sids:
+            deleted = await http.delete(f"/api/client/sessions/{sid}", headers=auth(ROOT))
+            assert deleted.status_code == 204, deleted.text
+        streams = await asyncio.wait_for(asyncio.gather(*readers), 10)
+        assert all(
+            events_of(frames)[-1]["payload"]["type"] == "turn.completed" for frames in streams
+        )
+        await poll_until(lambda: _is(len(api.hub.readers), 0), 10, "the readers to stop")
+        assert api.hub.taps() == 0 and api.streams == set()
+        assert api.streams_by_caller == {} and api.streams_held == 0
+    await app.cleanup()
+
+
+async def test_the_api_holds_at_most_max_streams_whoever_asks(engine, vendor, api_redis):
+    store = await Store.open(api_redis)
+    keys = ApiKeys.from_env(KEYS_ENV)
+    app = make_app(Client(store), store, keys=keys, heartbeat=30, max_streams=2)
+    sid, _ = await finished_turn(engine, vendor)
+    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as http:
+        async with (
+            http.stream("GET", path_of(sid), headers=auth(ROOT)) as one,
+            http.stream("GET", path_of(sid), headers=auth(ROOT)) as two,
+        ):
+            assert one.status_code == two.status_code == 200
+            third = await http.get(path_of(sid), headers=auth(ROOT))
+            assert third.status_code == 503
+            assert third.json()["code"] == "too_many_streams"
+            assert "[serve] max_streams" in third.json()["error"]
+        async with http.stream("GET", path_of(sid), headers=auth(ROOT)) as again:
+            assert again.status_code == 200  # a slot came back when those closed
+    await app.cleanup()
+
+
+async def test_the_hubs_taps_never_outlive_their_watchers_or_their_session(redis):
+    """Random joins, leaves and removals (the store's hook, as a delete or the retention
+    sweep calls it): after each, the hub taps exactly the sessions with a watcher that
+    joined since the session was last removed, never more than its open watches; every
+    watcher of a removed session is told why. At the end, all removed: nothing left."""
+    import random
+
+    from engine.store.retention import removed
+
+    store = await Store.open(redis)
+    hub = Hub(store, sse_frame, block_ms=30_000)
+    rng = random.Random(27)
+    sids = [f"bound{i}" for i in range(6)]
+    open_: list[tuple[str, Any, contextlib.AsyncExitStack]] = []
+    try:
+        for _ in range(150):
+            op = rng.random()
+            if op < 0.5 or not open_:
+                sid = rng.choice(sids)
+                stack = contextlib.AsyncExitStack()
+                watch = await stack.enter_async_context(hub.watch(sid))
+                open_.append((sid, watch, stack))
+            elif op < 0.8:
+                _sid, _watch, stack = open_.pop(rng.randrange(len(open_)))
+                await stack.aclose()
+            else:
+                gone = rng.choice(sids)
+                removed(gone)
+                for sid, watch, _stack in open_:
+                    if sid == gone:
+                        assert watch.ended == "the session was deleted or archived"
+            live = {sid for sid, watch, _ in open_ if watch.ended is None}
+            tapped = {sid for reader in hub.readers.values() for sid in reader.taps}
+            assert tapped == live
+            assert hub.taps() <= len(open_)
+        for sid in sids:
+            removed(sid)
+        assert hub.taps() == 0
+        assert all(watch.ended for _, watch, _ in open_)
+        await poll_until(lambda: _is(len(hub.readers), 0), 10, "the readers to stop")
+        for _sid, _watch, stack in open_:
+            await stack.aclose()
+    finally:
+        await hub.aclose()

@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -786,6 +787,35 @@ async def test_a_destructive_tool_waits_for_approval_and_a_declined_one_is_a_too
     assert end["payload"]["type"] == "turn.completed"
     assert "clock__secret_rotate was not run: a person declined it" in tool_message(vendor, 3)
     assert len(calls_log.read_text().splitlines()) == 1  # the declined call never reached it
+    await assert_consistent(harness.engine.store, sid)
+
+
+async def test_an_approval_prompt_expires_after_approve_timeout_and_the_model_reads_why(
+    harness, vendor, tmp_path
+):
+    """An approval interrupt carries its own `expiresAt` (`[mcp.<id>] approve_timeout`):
+    nobody answering, the engine's timer resolves it as expired, the call is never sent,
+    and the model reads a tool error saying so; the turn ends."""
+    calls_log = tmp_path / "calls.log"
+    block = stdio_block(MCP_CALLS_LOG=str(calls_log)) + 'approve_timeout = "800ms"\n'
+    await harness.start(toml(vendor, blocks=block, mcp='[{ id = "mcp.clock" }]'))
+    client = harness.client
+    vendor.push(ToolCalls([("clock__secret_rotate", {"why": "leaked"})]), Text("It waited."))
+    before = datetime.now(UTC)
+    sid, turn_id = await harness.say("rotate the secret")
+    raised = await wait_for_event(
+        client, sid, lambda e: e["payload"]["type"] == "session.interrupted", timeout=60
+    )
+    expires = datetime.fromisoformat(raised["payload"]["payload"]["expiresAt"])
+    assert (
+        before + timedelta(milliseconds=800)
+        <= expires
+        <= datetime.now(UTC) + timedelta(milliseconds=800)
+    )
+    end = await wait_for_event(client, sid, turn_ended(turn_id), timeout=60)
+    assert end["payload"]["type"] == "turn.completed"
+    assert "nobody approved it before the prompt expired" in tool_message(vendor, 1)
+    assert not (calls_log.exists() and "secret_rotate" in calls_log.read_text())
     await assert_consistent(harness.engine.store, sid)
 
 

@@ -249,6 +249,27 @@ async def test_a_slack_connect_guest_gets_a_polite_refusal_and_no_turn(world: Wo
     assert (await world.reply_to(mine)).text == "Hello alice."
 
 
+async def test_a_refusal_is_told_once_when_slack_retries_the_event(world: World) -> None:
+    """Slack retries an event it thinks was not acknowledged (same event_id, with
+    `X-Slack-Retry-Num`: https://api.slack.com/apis/events-api#retries), and a mention in a
+    channel also arrives as a `message`: the guest is told (and counted) once."""
+    fake = world.fake
+    guest = fake.add_external_user("gina")
+    shared = fake.add_channel("shared-incident", members=[fake.user, guest])
+    msg = fake.post_as_user(shared, fake.mention("restart prod"), user=guest)
+    first = await fake.send_event(world.url, fake.event_for(msg, kind="app_mention"))
+    assert (await ephemeral(fake, 1)).text == REFUSED["external"]
+    retry = await fake.send_event(world.url, first.payload, retry_num=1)
+    again = await fake.send_event(world.url, fake.event_for(msg, kind="message"))
+    assert first.status == retry.status == again.status == 200
+    later = fake.post_as_user(shared, fake.mention("and now?"), user=guest)
+    await fake.send_event(world.url, fake.event_for(later, kind="app_mention"))
+    await ephemeral(fake, 2)  # the next message is refused: the ones before were handled
+    await world.bots.idle()
+    assert [e.text for e in fake.ephemerals] == [REFUSED["external"]] * 2
+    assert world.vendor.requests == []
+
+
 @pytest.mark.parametrize("refused_by", ["users", "channels", "teams"])
 async def test_allow_lists_refuse_users_channels_and_teams(world: World, refused_by: str) -> None:
     fake = world.fake

@@ -28,7 +28,7 @@ from bot.slack.webapi import call
 from bot.turns.access import REFUSED, Access, refusal
 from bot.turns.approvers import approvers_of, named
 from bot.turns.checkpoint import Checkpoint
-from bot.turns.follower import SLACK_OWNER, Followers
+from bot.turns.follower import DEDUPE_SECONDS, SLACK_OWNER, Followers
 from bot.turns.routing import route, thread_ts_of
 from bot.turns.store import seen_key
 from bot.turns.watch import Watch
@@ -113,6 +113,12 @@ class Listeners:
             user_team = event.get("user_team") or event.get("team")
             reason = self._refusal(bot, event["user"], event["channel"], user_team, app_team)
             if reason is not None:
+                # Refused once: Slack's retries of the event (same event_id) and a mention's
+                # second delivery (`message`, same ts) are dropped, neither told nor counted.
+                checkpoints = self.followers.checkpoints
+                for name in (seen_key("event", event_id), seen_key("refused", event["ts"])):
+                    if not await checkpoints.first(event["channel"], name, DEDUPE_SECONDS):
+                        return
                 where = {"channel": event["channel"], "user": event["user"]}
                 if event.get("thread_ts"):
                     where["thread_ts"] = event["thread_ts"]

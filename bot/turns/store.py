@@ -169,6 +169,11 @@ class Checkpoints:
         lease = checkpoint_keys(cp)[1]
         return bool(await self._renew(keys=[lease], args=[self.owner, self.lease_ms]))
 
+    async def first(self, channel: str, name: str, ttl_s: int) -> bool:
+        """Whether this is the first time `name` (a `seen_key`) is seen in `channel`'s
+        bucket within `ttl_s`: it is remembered from now on."""
+        return bool(await self.redis.set(_tag(channel) + name, "1", nx=True, ex=ttl_s))
+
     async def take_archived(self, session_id: str) -> bool:
         """Whether retention archived this thread's session since a turn last said so
         (read and forgotten at once: a thread is told once)."""

@@ -52,7 +52,9 @@ async def admin_sessions(request: web.Request) -> web.Response:
         sessions, next_offset = await client.find_rows(
             offset, limit, agent=agent, status=status, scan=FILTER_SCAN
         )
-    body = {"sessions": sessions, "next_offset": next_offset}
+    used, limit, full = await client.store_memory()
+    store = {"used_memory": used, "maxmemory": limit, "full": full}
+    body = {"sessions": sessions, "next_offset": next_offset, "store": store}
     return web.json_response(body, dumps=compact_json)
 
 

@@ -12,6 +12,10 @@ A watcher joins before it reads its catch-up cut, and a tap is positioned before
 any watcher of it may read one, so the cut is never older than the first frame
 the watcher is handed: what it reads both ways it drops by seq (events) or by
 delta stream id (deltas).
+
+Bounded: a tap lives only while a watcher holds it (at most one per open stream, which
+`[serve] max_streams` bounds), and a session this process deletes or archives loses its tap
+at once (the store's removal hook), its watchers told why.
 """
 
 from __future__ import annotations
@@ -19,11 +23,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.store.retention import unwatch_removals, watch_removals
 from engine.store.store import STORE_FAULTS, Store
 
 log = logging.getLogger("subs.fanout")
@@ -194,6 +200,30 @@ class Hub:
         self.buffer = buffer  # frames a watcher may hold unread before it is dropped
         self.readers: dict[int, _Reader] = {}
         self.closed = False
+        # Weakly: a hub nobody closed (an app never cleaned up) is not kept alive by the hook.
+        ref = weakref.ref(self)
+
+        def forget(sid: str) -> None:
+            hub = ref()
+            if hub is not None:
+                hub.forget(sid)
+
+        self._on_removal = forget
+        watch_removals(forget)
+
+    def taps(self) -> int:
+        """How many sessions are watched now (one tap each)."""
+        return sum(len(reader.taps) for reader in self.readers.values())
+
+    def forget(self, sid: str) -> None:
+        """The session was deleted or archived: end its watches (their streams end, told
+        why) and drop its tap now, not when its last client leaves."""
+        reader = self.readers.get(self.store.partition_of(sid))
+        tap = reader.taps.pop(sid, None) if reader is not None else None
+        if reader is None or tap is None:
+            return
+        tap.close(_REMOVED)
+        reader.restart()  # the read in flight names the tap: the next one does not
 
     @contextlib.asynccontextmanager
     async def watch(self, sid: str) -> AsyncIterator[Watch]:
@@ -237,6 +267,7 @@ class Hub:
     async def aclose(self) -> None:
         """End every watch and stop every reader (the server is shutting down)."""
         self.closed = True
+        unwatch_removals(self._on_removal)
         readers = list(self.readers.values())
         for reader in readers:
             for tap in reader.taps.values():
@@ -248,3 +279,4 @@ class Hub:
 
 
 _SHUTDOWN = "the server is shutting down"
+_REMOVED = "the session was deleted or archived"

@@ -34,6 +34,7 @@ class ApiState:
     request_timeout: float
     hub: Hub
     max_streams_per_key: int
+    max_streams: int  # all callers' streams together: bounds the fan-out's taps and buffers
     tokens: ClientTokens = field(default_factory=ClientTokens)  # off without a secret
     agents: tuple[str, ...] = ()  # the project's agents: the chat page has a page for each
     # The `Host` names an open API answers (engine.api.local): loopback, the bound address
@@ -47,6 +48,7 @@ class ApiState:
     alertmanager: AlertHook | None = None  # `[hooks.alertmanager]`: POST /api/hooks/alertmanager
     streams: set[SseStream] = field(default_factory=set)
     streams_by_caller: dict[str, int] = field(default_factory=dict)
+    streams_held: int = 0  # the slots `streams_by_caller` counts, all callers together
 
     def take_stream_slot(self, request: web.Request) -> str:
         """Count one more stream for the caller, or refuse it: 429 past the limit.
@@ -57,6 +59,16 @@ class ApiState:
         key_id = request[PRINCIPAL].key_id
         caller = request[PRINCIPAL].caller if key_id is not None else f"addr:{request.remote}"
         held = self.streams_by_caller.get(caller, 0)
+        total = self.streams_held
+        if total >= self.max_streams:
+            raise ApiError(
+                f"too many event streams: the API already has {total} open, the limit set by "
+                "[serve] max_streams; try again when one closes",
+                status=503,
+                code="too_many_streams",
+                headers={"Retry-After": "1"},
+                limit=self.max_streams,
+            )
         if held >= self.max_streams_per_key:
             who = "this key" if key_id is not None else "this address"
             raise ApiError(
@@ -68,11 +80,13 @@ class ApiState:
                 limit=self.max_streams_per_key,
             )
         self.streams_by_caller[caller] = held + 1
+        self.streams_held += 1
         return caller
 
     def free_stream_slot(self, caller: str) -> None:
         """A stream of `caller` closed: its slot counts no more against the key's limit."""
         held = self.streams_by_caller.pop(caller) - 1
+        self.streams_held -= 1
         if held:
             self.streams_by_caller[caller] = held
 

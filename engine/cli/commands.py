@@ -676,6 +676,7 @@ async def _serve(args: argparse.Namespace) -> int:
             metrics=metrics,
             cors_origins=project.serve.cors_origins,
             max_streams_per_key=project.serve.max_streams_per_key,
+            max_streams=project.serve.max_streams,
             agents=project.agents,
             store_problem=store_problem,
             hosts=(host, urlsplit(project.serve.public_url or "").hostname),

@@ -68,16 +68,25 @@ def needs_approval(state: SessionState, tool: dict[str, Any]) -> bool:
     return notes.get("readOnlyHint") is not True and notes.get("destructiveHint") is not False
 
 
+# How long a call may wait for approval when its connection's sync named no timeout.
+APPROVE_TIMEOUT_MS = 3_600_000
+
+
 def ask_approval(st: Step, call: Call, tool: dict[str, Any]) -> None:
-    """Hold a connector call behind an interrupt naming the tool and its arguments."""
+    """Hold a connector call behind an interrupt naming the tool and its arguments. It
+    expires (`expiresAt`) after the connection's `approve_timeout`, so an unanswered
+    prompt cannot hold the turn open forever: expired, the model reads a tool error."""
     parsed = arguments_of(call.arguments or "")
     shown = json.dumps(parsed, ensure_ascii=False) if parsed not in (None, {}) else "no arguments"
+    synced = st.s.connectors.get(tool["connector"]) or {}
+    timeout = synced.get("approve_timeout_ms") or APPROVE_TIMEOUT_MS
     action = {
         "interrupt_id": f"approve-{call.id}",
         "reason": f"{call.name} changes things: approve it first",
         "payload": {
             "message": f"Run `{call.name}` ({tool['connector']}) with {shown}?",
             "toolCallId": call.id,
+            "expiresAt": iso(st.now + timeout),
             "metadata": {
                 "options": APPROVE_OPTIONS,
                 "tool": call.name,

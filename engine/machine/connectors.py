@@ -95,11 +95,15 @@ def settle_sync(st: Step, call: Call, inp: CallAnswered) -> None:
     listed = inp.result if isinstance(inp.result, dict) else {}
     path, off, prefix = call.name or "", listed.get("off"), listed.get("prefix")
     tools = [] if off else list(listed.get("tools") or ())
+    timeout = listed.get("approve_timeout_ms")
+    timeout = timeout if isinstance(timeout, int) and timeout > 0 else None
     now: dict[str, Any] = {"tools": tools}
     if prefix:
         now["prefix"] = prefix
     if off:
         now["off"] = off
+    if timeout:
+        now["approve_timeout_ms"] = timeout
     synced: ev.ConnectorSynced = {"type": ev.CONNECTOR_SYNCED, "id": call.id, "path": path}
     if st.s.connectors.get(path) != now:  # recorded when it changes: a turn adds no list
         synced["tools"] = tools
@@ -107,6 +111,8 @@ def settle_sync(st: Step, call: Call, inp: CallAnswered) -> None:
             synced["prefix"] = prefix
         if off:
             synced["off"] = off
+        if timeout:
+            synced["approve_timeout_ms"] = timeout
     st.emit(synced)
     release(st)
 

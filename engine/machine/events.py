@@ -267,6 +267,9 @@ class ConnectorSynced(TypedDict):
     tools: NotRequired[list[JSON]]  # {name, description?, input?, annotations?}
     prefix: NotRequired[str]  # the model sees `<prefix>__<name>`; absent: the raw names
     off: NotRequired[str]  # why the connection is off (`tools` is then empty)
+    # How long a call of it may wait for approval (`[mcp.<id>] approve_timeout`); absent:
+    # APPROVE_TIMEOUT_MS (connections.py).
+    approve_timeout_ms: NotRequired[int]
 
 
 @with_config(_STRICT)

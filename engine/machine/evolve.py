@@ -323,6 +323,8 @@ def _connector_synced(s: SessionState, e: Event, p: ev.ConnectorSynced) -> None:
         synced["prefix"] = p["prefix"]
     if p.get("off"):
         synced["off"] = p["off"]
+    if p.get("approve_timeout_ms"):
+        synced["approve_timeout_ms"] = p["approve_timeout_ms"]
     s.connectors[p["path"]] = synced
 
 

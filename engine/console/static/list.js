@@ -32,7 +32,10 @@ export function showList(main, params, go, fail) {
   const body = h("tbody");
   const pager = h("nav", { class: "pager" });
   const note = h("p", { class: "muted", id: "list-note" });
+  // Redis past 90 % of maxmemory: new sessions are refused (503 store_full) until room is made.
+  const full = h("p", { class: "banner", id: "store-full", role: "alert", hidden: true });
   main.replaceChildren(
+    full,
     form,
     h(
       "table",
@@ -63,6 +66,7 @@ export function showList(main, params, go, fail) {
     if (status) q.set("status", status);
     const page = await call("GET", `/api/admin/sessions?${q}`);
     body.replaceChildren(...page.sessions.map(row));
+    showStore(full, page.store);
     note.textContent = page.sessions.length
       ? `${page.sessions.length} sessions, from #${offset + 1}; refreshed ${new Date().toISOString().slice(11, 19)}Z`
       : agent || status ? "no session matches this filter on this page" : "no sessions yet";
@@ -85,6 +89,16 @@ export function showList(main, params, go, fail) {
   };
   tick();
   return () => clearTimeout(timer);
+}
+
+function showStore(banner, store) {
+  banner.hidden = !store?.full;
+  if (!store?.full) return;
+  const share = store.maxmemory ? Math.floor((store.used_memory * 100) / store.maxmemory) : 100;
+  banner.textContent =
+    `The store is full: Redis uses ${share}% of its maxmemory, so new sessions are refused ` +
+    "(503 store_full) while running ones go on. Make room: lower [store] retention, delete " +
+    "sessions, or raise [store] max_memory (the server's maxmemory for an outside Redis).";
 }
 
 function row(s) {

@@ -141,6 +141,7 @@ class McpRunners:
             listed: dict[str, Any] = {"tools": await conn.list_tools(force=force)}
             if conn.block.prefix_tools:
                 listed["prefix"] = prefix_of(path)
+            listed["approve_timeout_ms"] = conn.block.approve_timeout_ms
             return CallAnswered(effect.call_id, effect.attempt, result=listed)
 
         self._start(runner, state, effect, path, "list its tools", sync, done, tasks)
