@@ -357,6 +357,11 @@ export function showSession(main, sid, { fail, setLink }) {
         }
         break;
       }
+      case "decision.waiting": { // the worker answers later (POST /api/machine/workers/submit)
+        const row = calls.get(p.decision_id);
+        if (row) { row.status = "waiting (async)"; draw(row); }
+        break;
+      }
       case "decision.completed": {
         const row = calls.get(p.decision_id);
         if (row) ended(e, row, "ok", "answered");
