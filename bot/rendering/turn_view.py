@@ -37,6 +37,7 @@ _IGNORED = frozenset(
         ev.DECISION_DISPATCHED,
         ev.DECISION_COMPLETED,
         ev.DECISION_ERRORED,
+        ev.DECISION_WAITING,  # a worker answers later: the turn goes on when it does
         ev.MESSAGE_SENT,
         ev.INPUT_REJECTED,  # the turn.failed that follows says why
         ev.LLM_CALL_DISPATCHED,
