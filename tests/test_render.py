@@ -601,13 +601,3 @@ def _assert_valid_blocks(blocks: list[dict[str, Any]]) -> None:
             if element.get("type") == "mrkdwn":
                 assert len(element["text"]) <= 3000
 
-
-def test_the_turn_view_knows_every_kind_of_event_the_catalogue_has():
-    """A kind the view neither draws nor ignores on purpose makes the bot log a warning at
-    each such event (as a newer engine's would): every kind of engine/machine/events.py must
-    be one or the other."""
-    from bot.rendering.turn_view import _APPLY, _IGNORED
-    from engine.machine.events import EVENTS
-
-    unknown = set(EVENTS) - set(_APPLY) - _IGNORED
-    assert not unknown, f"kinds the Slack turn view does not know: {sorted(unknown)}"

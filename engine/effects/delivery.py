@@ -123,8 +123,9 @@ def traceparent() -> str:
     return f"00-{trace_id:032x}-{parent_id:016x}-01"
 
 
-class Deferred(Exception):
-    """A decision answered with an empty body: the worker sends its answer later."""
+class Deferred(SubsError):
+    """A decision answered with an empty body: the worker sends its answer later
+    (`POST /api/machine/workers/submit`). Not a failure: the caller records it waiting."""
 
 
 async def deliver(
@@ -181,7 +182,7 @@ async def _answer(
         return await _read_stream(response, limit, on_delta)
     body = await _read_body(response, limit)
     if not body.strip() and defer:
-        raise Deferred
+        raise Deferred("the worker answers this decision later")
     if not body.strip():
         raise _invalid("the answer is not JSON: the body is empty")
     try:
