@@ -600,4 +600,3 @@ def _assert_valid_blocks(blocks: list[dict[str, Any]]) -> None:
         for element in block.get("elements", []):
             if element.get("type") == "mrkdwn":
                 assert len(element["text"]) <= 3000
-
