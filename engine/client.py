@@ -40,7 +40,7 @@ from engine.statuses import ListedStatus
 from engine.store.retention import FULL_AT
 from engine.store.snapshots import load_state, load_states
 from engine.store.store import RedisError, Store
-from engine.telemetry.ids import parse_traceparent
+from engine.telemetry.ids import parse_traceparent, parse_tracestate
 
 
 def validate_client_input(data: Any) -> None:
@@ -176,6 +176,7 @@ class Client:
         identity: dict[str, Any] | None = None,
         owner: dict[str, Any] | None = None,
         traceparent: str | None = None,
+        tracestate: str | None = None,
         timeout: float = 30.0,
     ) -> dict[str, Any]:
         """Send one ClientInput; returns `{session_id, turn_id, queued}` once committed.
@@ -198,6 +199,9 @@ class Client:
         trace = parse_traceparent(traceparent)
         if trace is not None:
             body["traceparent"] = trace.traceparent()
+            state = parse_tracestate(tracestate)
+            if state is not None:
+                body["tracestate"] = state
         return await self._request(sid, body, timeout)
 
     async def _request(self, sid: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:

@@ -25,7 +25,13 @@ from engine.config import parse_project
 from engine.machine.state import Call, Decision, SessionState, Turn
 from engine.runtime.engine import Engine
 from engine.store.store import Store
-from engine.telemetry.ids import SpanContext, parse_traceparent, span_id, trace_id_for_turn
+from engine.telemetry.ids import (
+    SpanContext,
+    parse_traceparent,
+    parse_tracestate,
+    span_id,
+    trace_id_for_turn,
+)
 from engine.telemetry.spans import Before, Projector, turn_context
 from engine.telemetry.tracing import tracing_from
 from tests.engine_helpers import (
@@ -778,3 +784,46 @@ def test_a_retried_attempts_span_carries_the_retry_that_scheduled_it():
     (wait,) = second.events
     assert wait.name == "retry_scheduled" and wait.attributes["subs.due_at"].endswith("21.000Z")
     assert second.context.span_id != first.context.span_id
+
+
+@pytest.mark.parametrize(
+    ("header", "kept"),
+    [
+        ("congo=t61rcWkgMzE", "congo=t61rcWkgMzE"),
+        ("rojo=00f067aa0ba902b7, congo=t61rcWkgMzE", "rojo=00f067aa0ba902b7,congo=t61rcWkgMzE"),
+        ("vendor@tenant=a/b*c", "vendor@tenant=a/b*c"),
+        ("", None),
+        (None, None),
+        ("Upper=1", None),  # keys are lowercase
+        ("k=v,=x", None),
+        ("k=a,b", None),  # a member without `=`
+        ("k=" + "x" * 600, None),  # past what a vendor must pass on
+    ],
+)
+def test_tracestate_headers_are_passed_on_or_dropped_whole(header, kept):
+    assert parse_tracestate(header) == kept
+
+
+async def test_a_clients_tracestate_goes_to_the_turns_worker_with_its_trace(
+    redis, vendor, test_worker, tmp_path
+):
+    worker = await test_worker(echo_proposed, secret=SECRET)
+    vendor.push(Text("Fine."))
+    engine = await start_engine(redis, worker_project(tmp_path, vendor.url, worker.url))
+    caller = SpanContext("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331")
+    try:
+        client = Client(engine.store)
+        message = {"role": "user", "content": "status?"}
+        reply = await client.submit(
+            {"type": "client.message", "agent_id": "helper", "message": message},
+            traceparent=caller.traceparent(),
+            tracestate="rojo=00f067aa0ba902b7",
+        )
+        await wait_for_event(client, reply["session_id"], turn_ended(reply["turn_id"]))
+    finally:
+        await engine.stop()
+    assert worker.headers
+    for headers in worker.headers:
+        sent = parse_traceparent(headers.get("traceparent"))
+        assert sent is not None and sent.trace_id == caller.trace_id
+        assert headers.get("tracestate") == "rojo=00f067aa0ba902b7"

@@ -251,6 +251,7 @@ async def _begin(
             identity=identity,
             owner=None if principal.full else identity.get("subject"),
             traceparent=request.headers.get("traceparent"),
+            tracestate=request.headers.get("tracestate"),
             timeout=api.request_timeout,
         )
         translator.turn_id = reply["turn_id"]

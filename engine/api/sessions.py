@@ -88,6 +88,7 @@ async def post_input(request: web.Request) -> web.Response:
         identity=identity,
         owner=None if principal.full else identity.get("subject"),
         traceparent=request.headers.get("traceparent"),
+        tracestate=request.headers.get("tracestate"),
         timeout=api.request_timeout,
     )
     return web.json_response(reply, status=202, dumps=compact_json)

@@ -78,6 +78,7 @@ class Delivery:
     secret: str | None
     timeout: float
     traceparent: str | None = None  # the attempt's span (engine/telemetry); None: a fresh one
+    tracestate: str | None = None  # the client's, passed on untouched with its trace
     max_body: int = 8 * 1024 * 1024
 
 
@@ -147,6 +148,7 @@ async def deliver(
         "Content-Type": "application/json",
         "Accept": "text/event-stream, application/json",
         "traceparent": d.traceparent or traceparent(),
+        **({"tracestate": d.tracestate} if d.tracestate else {}),
     }
     if d.secret is not None:
         headers[SIGNATURE_HEADER] = sign(d.secret, d.body)

@@ -78,12 +78,14 @@ class DecisionRun:
         self.decision_id, self.attempt = d.id, d.attempt
         request = control_request(state)
         _check_outgoing(request, checked)
-        span = None
+        span = tracestate = None
         if state.turn is not None:
             turn = turn_context(state.session_id, state.turn.id, sampled, state.turn.trace)
             span = attempt_context(turn, "decision", d.id, d.attempt).traceparent()
+            tracestate = state.turn.tracestate
+        timeout = _timeout(d.deadline, now_ms)
         self.delivery = Delivery(
-            target.url, _body(request), target.secret, _timeout(d.deadline, now_ms), span
+            target.url, _body(request), target.secret, timeout, span, tracestate
         )
 
     async def run(self, http: aiohttp.ClientSession) -> Input:
@@ -120,6 +122,8 @@ class ExecuteRun:
         span = SpanContext(ctx.trace_id, ctx.span_id, sampled).traceparent()
         self.target, self.timeout = target, _timeout(call.deadline, now_ms)
         self.traceparent = span
+        turn = state.turn
+        self.tracestate = turn.tracestate if turn is not None and turn.id == call.turn_id else None
         self.accumulator = _VENDORS[self.format].StreamAccumulator() if self.format else None
         self.delta_seq = 0
 
@@ -145,9 +149,9 @@ class ExecuteRun:
             trigger = request["trigger"]
             neutral = await resolve_files(trigger["request"], fetch, self.format)
             request = {**request, "trigger": {**trigger, "request": self._vendor_body(neutral)}}
-        return Delivery(
-            self.target.url, _body(request), self.target.secret, self.timeout, self.traceparent
-        )
+        target, body = self.target, _body(request)
+        trace, state = self.traceparent, self.tracestate
+        return Delivery(target.url, body, target.secret, self.timeout, trace, state)
 
     async def run(
         self, http: aiohttp.ClientSession, add_delta: AddDelta, fetch: Fetch | None = None

@@ -191,6 +191,7 @@ class TurnStarted(TypedDict):
     by: NotRequired[JSON]
     # The W3C trace context the client submitted with it: the turn's trace joins it.
     traceparent: NotRequired[str]
+    tracestate: NotRequired[str]  # the vendor-specific part beside it, passed on untouched
 
 
 @with_config(_STRICT)

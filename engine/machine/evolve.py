@@ -97,6 +97,7 @@ def _turn_started(s: SessionState, e: Event, p: ev.TurnStarted) -> None:
         tools=p.get("client_tools"),
         by=p.get("by"),
         trace=p.get("traceparent"),
+        tracestate=p.get("tracestate"),
     )
     s.turns[tid] = "running"
     if s.queue and s.queue[0]["turn_id"] == tid:

@@ -28,8 +28,10 @@ class ClientSubmitted:
     # The agent's Slack slash commands ("/oncall"): a `client.action` named after one
     # proposes recording the command as the user's message (SPEC §14).
     slash_commands: tuple[str, ...] = ()
-    # The client's W3C `traceparent` (checked at the edge): the turn joins its trace.
+    # The client's W3C `traceparent` (checked at the edge): the turn joins its trace; its
+    # `tracestate` goes with it to the turn's workers.
     traceparent: str | None = None
+    tracestate: str | None = None
 
 
 @dataclass(frozen=True)

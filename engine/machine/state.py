@@ -91,6 +91,7 @@ class Turn:
     tools: list[dict[str, Any]] | None = None  # the client's per-submit tools, this turn only
     by: dict[str, Any] | None = None  # who submitted it: {privilege, subject?} (interrupts.py)
     trace: str | None = None  # the client's traceparent: the turn's trace joins it
+    tracestate: str | None = None  # and its tracestate, passed on to the turn's workers
     # What its budget counts (budgets.py): calls requested, the input estimates of its
     # model calls in flight (call id -> [tokens, cost]), and approved raises by limit.
     model_calls: int = 0
@@ -167,6 +168,8 @@ def state_to_json(s: SessionState) -> dict[str, Any]:
             turn_json["by"] = turn.by
         if turn.trace:  # the same
             turn_json["trace"] = turn.trace
+        if turn.tracestate:
+            turn_json["tracestate"] = turn.tracestate
         for key in ("model_calls", "tool_calls", "estimates", "raised"):  # the same
             if getattr(turn, key):
                 turn_json[key] = getattr(turn, key)

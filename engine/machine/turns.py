@@ -53,7 +53,11 @@ LLM_CALL = {"type": "llm.call"}
 
 def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> None:
     """A turn-starting input: started now, queued behind the running turn, or refused."""
-    body = inp.input if inp.traceparent is None else {**inp.input, "traceparent": inp.traceparent}
+    body = inp.input
+    if inp.traceparent is not None:
+        body = {**body, "traceparent": inp.traceparent}
+        if inp.tracestate is not None:
+            body["tracestate"] = inp.tracestate
     st.slash_commands = inp.slash_commands
     s = st.state
     if s is not None and s.agent_id != inp.agent_id:
@@ -229,6 +233,8 @@ def start_turn(
         started["client_tools"] = tools
     if body.get("traceparent"):
         started["traceparent"] = body["traceparent"]
+        if body.get("tracestate"):
+            started["tracestate"] = body["tracestate"]
     if body.get("parent"):
         started["parent"] = body["parent"]
         parent = body["parent"]

@@ -265,6 +265,7 @@ class Applier:
             owner=body.get("owner"),
             slash_commands=commands,
             traceparent=body.get("traceparent"),
+            tracestate=body.get("tracestate"),
         )
 
     async def _plan(self, item: WorkItem) -> _Planned:

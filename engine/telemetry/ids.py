@@ -13,7 +13,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-__all__ = ["SpanContext", "parse_traceparent", "span_id", "trace_id_for_turn"]
+__all__ = ["SpanContext", "parse_traceparent", "parse_tracestate", "span_id", "trace_id_for_turn"]
 
 # version 00: 2 hex version, 32 hex trace id, 16 hex parent id, 2 hex flags.
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
@@ -48,6 +48,28 @@ def span_id(trace_id: str, *what: str) -> str:
     """The id of the span `what` names within `trace_id` (never the invalid all-zero id)."""
     sid = _digest("span", trace_id, *what)[:8].hex()
     return sid if sid != _ZERO_SPAN else "0" * 15 + "1"
+
+
+_TRACESTATE_MAX = 512  # what W3C Trace Context asks a vendor to pass on at least
+# key=value: a key of lowercase letters, digits and `_-*/@`; a value of printable ASCII but
+# `,` and `=`, not ending in a space.
+_TRACESTATE_MEMBER = re.compile(
+    r"[a-z0-9][_0-9a-z\-*/@]{0,255}"
+    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+)
+
+
+def parse_tracestate(value: str | None) -> str | None:
+    """A `tracestate` header to pass on as it came, or None when it is missing, too long
+    or not a list of `key=value` members (then it is dropped, as the spec allows)."""
+    if not value or len(value) > _TRACESTATE_MAX:
+        return None
+    members = [m.strip() for m in value.split(",") if m.strip()]
+    if not members or len(members) > 32:
+        return None
+    if not all(_TRACESTATE_MEMBER.fullmatch(m) for m in members):
+        return None
+    return ",".join(members)
 
 
 def parse_traceparent(value: str | None) -> SpanContext | None:
