@@ -331,7 +331,7 @@ async def test_turns_racing_a_sweep_run_on_the_session_as_it_was_or_on_a_fresh_o
     rng = random.Random(27)
 
     async def second(sid: str) -> None:
-        await asyncio.sleep(rng.random() * 0.05)
+        await asyncio.sleep(rng.random() * 0.05)  # jitter: the race's spread, not a wait
         reply = await client.submit(say("again", turn_id="T2"), session_id=sid)
         await wait_for_event(client, sid, turn_ended(reply["turn_id"]))
 
