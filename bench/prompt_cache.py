@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import os
 import shutil
-import subprocess
 import tempfile
 from decimal import Decimal
 from typing import Any
@@ -39,6 +38,7 @@ from engine.store.embedded import EmbeddedRedis
 from engine.store.store import connect
 from tests.engine_helpers import ENV, ROOT, turn_ended, wait_for_event
 from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
+from tests.test_example_oncall import git_repo  # the example agent's repo, as its test makes it
 
 QUESTIONS = [
     "pg_pool_waiting_clients is firing on the API, what do I check first?",
@@ -62,18 +62,6 @@ def project_text(vendor: FakeVendor, cache: bool) -> str:
     assert block in text, "subs.toml's [llm.openrouter] block moved"
     said = f'{block}\nbase_url = "{vendor.openrouter_base()}"\ncache = {str(cache).lower()}'
     return text.replace(block, said)
-
-
-def git_repo(path: Path) -> Path:
-    path.mkdir()
-    env = {**os.environ, "GIT_AUTHOR_NAME": "Dana", "GIT_AUTHOR_EMAIL": "dana@example.com"}
-    env |= {"GIT_COMMITTER_NAME": "Dana", "GIT_COMMITTER_EMAIL": "dana@example.com"}
-    for args in (
-        ["init", "-q", "-b", "main"],
-        ["commit", "-q", "--allow-empty", "-m", "Lower the API's pool size to 5"],
-    ):
-        subprocess.run(["git", *args], cwd=path, env=env, check=True)
-    return path
 
 
 def bare_path(tmp: Path) -> str:
