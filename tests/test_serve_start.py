@@ -192,9 +192,10 @@ async def test_serve_and_check_say_the_same_of_slack_apps_without_their_tokens(
 
 
 # Redis answers clients while it loads once per 2 MB read: keys of 2.1 MB, each read
-# KEY_LOAD_DELAY µs slower, make it answer every quarter second, for 7.5 s (6.2 takes
-# no CONFIG SET while loading: the time cannot be cut short once serve said it waits).
-LOAD_KEYS = 30
+# KEY_LOAD_DELAY µs slower, make it answer every quarter second, for 3 s from the moment
+# serve first connects (6.2 takes no CONFIG SET while loading: the time cannot be cut
+# short once serve said it waits).
+LOAD_KEYS = 12
 KEY_LOAD_DELAY = 250_000
 
 
@@ -212,6 +213,81 @@ def _slow_to_load(data_dir: Path) -> None:
             time.sleep(0.05)
 
 
+class LoadsOnFirstConnect:
+    """A unix socket that starts the redis-server (loading its AOF) when serve first
+    connects to it, and from then on pipes every connection's bytes to that server.
+
+    Redis's loading time runs from its own start, and serve's start (Python's imports)
+    takes seconds on a busy machine: a Redis started beside serve could be done loading
+    before serve ever asked. Started on serve's first connection, the server is loading
+    whenever serve first reaches it, however long serve took to get there."""
+
+    def __init__(self, path: Path, data_dir: Path) -> None:
+        self.path = path
+        self.data_dir = data_dir
+        self.redis: subprocess.Popen[bytes] | None = None
+        self.server: asyncio.Server | None = None
+        self._started = asyncio.Lock()
+        self._pipes: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> LoadsOnFirstConnect:
+        self.server = await asyncio.start_unix_server(self._connected, str(self.path))
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+        for task in self._pipes:
+            task.cancel()
+        await asyncio.gather(*self._pipes, return_exceptions=True)
+        if self.redis is not None:
+            self.redis.terminate()
+            await asyncio.to_thread(self.redis.wait, 10)
+
+    async def _redis(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        socket_path = self.data_dir / "redis.sock"
+        async with self._started:
+            if self.redis is None:
+                self.redis = subprocess.Popen(
+                    [
+                        find_redis_server(),
+                        str(self.data_dir / CONFIG_NAME),
+                        *("--key-load-delay", str(KEY_LOAD_DELAY)),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+        deadline = time.monotonic() + 10
+        while True:  # a process start has no event to wait on: its socket appears
+            try:
+                return await asyncio.open_unix_connection(str(socket_path))
+            except (FileNotFoundError, ConnectionRefusedError):
+                assert time.monotonic() < deadline, "the loading redis-server did not listen"
+                await asyncio.sleep(0.02)
+
+    async def _connected(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        task = asyncio.current_task()
+        assert task is not None
+        self._pipes.add(task)
+        try:
+            up_reader, up_writer = await self._redis()
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        finally:
+            writer.close()
+            self._pipes.discard(task)
+
+
+async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    try:
+        while data := await source.read(65536):
+            sink.write(data)
+            await sink.drain()
+    except ConnectionError:
+        pass
+    finally:
+        sink.close()
+
+
 async def test_serve_waits_for_a_redis_still_loading_its_aof_then_serves(
     tmp_path: Path, config: Path
 ):
@@ -219,36 +295,33 @@ async def test_serve_waits_for_a_redis_still_loading_its_aof_then_serves(
     serves once the data is in, instead of exiting 1."""
     data_dir = tmp_path / "redis"
     await asyncio.to_thread(_slow_to_load, data_dir)
-    loading = subprocess.Popen(
-        [find_redis_server(), str(data_dir / CONFIG_NAME), "--key-load-delay", str(KEY_LOAD_DELAY)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = "unix://" + quote(str(data_dir / "redis.sock"))
-    serve = EngineProcess(config, url)
-    starting = asyncio.create_task(serve.start())
-    try:
+    front = tmp_path / "front.sock"
+    url = "unix://" + quote(str(front))
+    async with LoadsOnFirstConnect(front, data_dir) as loading:
+        serve = EngineProcess(config, url)
+        starting = asyncio.create_task(serve.start())
+        try:
 
-        async def waiting() -> list[str]:
-            assert not starting.done(), "serve started (or ended) while Redis was loading"
-            return [line for line in serve.stderr if "loading" in line]
+            async def waiting() -> list[str]:
+                assert not starting.done(), "serve started (or ended) while Redis was loading"
+                return [line for line in serve.stderr if "loading" in line]
 
-        said = await poll_until(waiting, 20, "serve to say it waits for the loading Redis")
-        assert said[0].startswith(f"subs: Redis at {url} is loading its data; waiting"), said
-        await starting
-        assert [line for line in serve.stderr if "loading" in line] == said  # said once
-        assert await healthy(serve.api)
-        with Redis.from_url(url) as client:
-            assert client.exists("bulk:0", f"bulk:{LOAD_KEYS - 1}") == 2
-        assert await serve.stop() == 0, serve.log_tail()
-    finally:
-        if not starting.done():
-            starting.cancel()
-        if serve.proc is not None and serve.proc.returncode is None:
-            serve.kill()
-            await serve.proc.wait()
-        loading.terminate()
-        loading.wait(10)
+            said = await poll_until(waiting, 20, "serve to say it waits for the loading Redis")
+            assert loading.redis is not None  # it was serve's connection that started it
+            assert said[0].startswith(f"subs: Redis at {url} is loading its data; waiting"), said
+            await starting
+            assert [line for line in serve.stderr if "loading" in line] == said  # said once
+            assert await healthy(serve.api)
+            direct = "unix://" + quote(str(data_dir / "redis.sock"))  # not through the loop
+            with Redis.from_url(direct) as client:
+                assert client.exists("bulk:0", f"bulk:{LOAD_KEYS - 1}") == 2
+            assert await serve.stop() == 0, serve.log_tail()
+        finally:
+            if not starting.done():
+                starting.cancel()
+            if serve.proc is not None and serve.proc.returncode is None:
+                serve.kill()
+                await serve.proc.wait()
 
 
 async def test_serve_on_a_redis_that_never_answers_ends_with_the_clear_error(
@@ -256,17 +329,36 @@ async def test_serve_on_a_redis_that_never_answers_ends_with_the_clear_error(
 ):
     """A Redis that takes the connection but never answers (not LOADING: nothing at all)
     still ends serve after the bound, with the error that names it. (A unix socket: a
-    TCP URL is first asked whether it is a cluster node, which has a bound of its own.)"""
+    TCP URL is first asked whether it is a cluster node, which has a bound of its own.)
+
+    The bound runs from serve's first connection, not from the process's start: Python's
+    imports take seconds of their own on a busy machine, before serve asks anything. So
+    the upper bound is measured from the moment the connection arrives, the lower one
+    (serve gave up no sooner than 5 s) from the launch, which is earlier still."""
     path = tmp_path / "silent.sock"
-    with socket.socket(socket.AF_UNIX) as silent:
-        silent.bind(str(path))
-        silent.listen()
-        started = time.monotonic()
+    loop = asyncio.get_running_loop()
+    connected: list[float] = []
+    held: list[asyncio.StreamWriter] = []
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connected.append(loop.time())
+        held.append(writer)
+        await reader.read()  # takes whatever serve sends, answers nothing, until it hangs up
+
+    server = await asyncio.start_unix_server(silent, str(path))
+    try:
+        launched = loop.time()
         code, _, err = await subs(
             "serve", "-c", str(config), "--port", "0", "--redis", f"unix://{path}"
         )
-        took = time.monotonic() - started
+        ended = loop.time()
+    finally:
+        server.close()
+        for writer in held:
+            writer.close()
     assert code == 1, err
     assert f"cannot reach Redis at unix://{path} (no answer within 5 s)" in err, err
     assert "Traceback" not in err and "loading" not in err, err
-    assert 5 <= took < 15, took
+    assert connected, "serve never connected"
+    assert ended - launched >= 5, ended - launched
+    assert ended - connected[0] < 15, ended - connected[0]
