@@ -468,17 +468,25 @@ class Run:
             if what == "redis":
                 await self.restart_redis(n, len(plan))
             else:
-                restart = await self.kill_serve(n, len(plan))
+                restart = await self.kill_serve(n, len(plan), restarts)
                 if restart is not None:
                     restarts.append(restart)
         if restarts:
             await asyncio.wait(restarts, timeout=90)
 
-    async def kill_serve(self, n: int, of: int) -> asyncio.Task[None] | None:
-        up = [s for s in self.serves if s.up]
-        if not up:
-            self.kills_skipped += 1
-            return None
+    async def kill_serve(
+        self, n: int, of: int, restarts: list[asyncio.Task[None]]
+    ) -> asyncio.Task[None] | None:
+        """SIGKILL a serve that is up. When every serve is still starting again (a loaded
+        machine takes longer to start one than the gap between two kills), the kill waits
+        for the first of them to be up: it is a kill of a running serve, never skipped."""
+        while not (up := [s for s in self.serves if s.up]):
+            pending = [r for r in restarts if not r.done()]
+            if not pending:  # none is coming back (each start failure is counted)
+                self.kills_skipped += 1
+                return None
+            self.say(f"{n}/{of}: waiting for a serve to be up again")
+            await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
         victim = self.rng.choice(up)
         owner = victim.owner
         try:

@@ -9,7 +9,10 @@ not an install's timeout.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -53,3 +56,14 @@ def npm_install(npm: str, folder: Path, *packages: str, timeout: float = 300) ->
     )
     if done.returncode != 0:
         pytest.fail(f"npm install {' '.join(packages)} failed:\n{done.stderr[-2000:]}")
+
+
+@contextlib.contextmanager
+def only_installer(folder: Path) -> Iterator[None]:
+    """Held while checking for, and making, an install in a folder kept between runs:
+    xdist's workers, and other runs of the suite on the machine, share that folder, and
+    two `npm install`s into one prefix at once leave it broken."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f"{folder.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        yield

@@ -22,7 +22,7 @@ from tests.agui_helpers import run_path
 from tests.api_helpers import ROOT
 from tests.engine_helpers import payloads
 from tests.fakes.llm_vendor import Text, ToolCalls
-from tests.npm_helpers import npm_install
+from tests.npm_helpers import npm_install, only_installer
 
 PACKAGES = ("@ag-ui/client@1.0.0", "@ag-ui/core@1.0.0")
 SCRIPT = Path(__file__).with_name("agui_client.cjs")
@@ -47,8 +47,9 @@ def node_modules(node_exe: str) -> Path:
         pytest.skip("npm is needed to install @ag-ui/client (not on PATH)")
     folder = Path(tempfile.gettempdir()) / "subs-tests-agui-client-1.0.0"
     modules = folder / "node_modules"
-    if not (modules / "@ag-ui" / "client" / "package.json").exists():
-        npm_install(npm, folder, *PACKAGES)
+    with only_installer(folder):
+        if not (modules / "@ag-ui" / "client" / "package.json").exists():
+            npm_install(npm, folder, *PACKAGES)
     return modules
 
 
