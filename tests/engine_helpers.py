@@ -26,6 +26,7 @@ on_both_redis = pytest.mark.parametrize("redis_url", ["single", "cluster"], indi
 
 ENV = {"OPENAI_API_KEY": "test-openai", "ANTHROPIC_API_KEY": "test-anthropic"}
 LEASE_MS = 1500  # short, for tests that kill engines on purpose
+START_GUARD_SECS = 60  # EngineProcess.start gives up on a serve that has not started by then
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -178,7 +179,10 @@ class EngineProcess:
         )
         assert self.proc.stderr is not None
         try:
-            async with asyncio.timeout(20):
+            # A guard against a serve that never starts, not a bound on how fast it does
+            # (that is no test's subject here): a serve's imports alone take 15 s and more
+            # on a shared 2-core machine at load 12 (bench/chaos.py's restarts, measured).
+            async with asyncio.timeout(START_GUARD_SECS):
                 # Lines before the start line (a Redis still loading) are kept, in order.
                 while not (line := (await self.proc.stderr.readline()).decode()).startswith(
                     "subs: engine "
