@@ -20,4 +20,20 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
 
 def test_the_test_command_type_checks_and_lints_before_the_tests() -> None:
     steps = [s.strip() for s in _readme_command().split("&&")]
-    assert steps[-3:] == [".venv/bin/ruff check", ".venv/bin/mypy", ".venv/bin/pytest -q"]
+    assert steps[-3:][:2] == [".venv/bin/ruff check", ".venv/bin/mypy"]
+    assert steps[-1].startswith(".venv/bin/pytest -q")
+
+
+def test_the_suite_runs_in_two_workers_with_xdist_pinned() -> None:
+    """The default run in two pytest-xdist workers (README "Test it" says why two), with
+    the plugin in the test extra at a version that has `--dist worksteal`."""
+    assert _readme_command().split("&&")[-1].split() == [
+        ".venv/bin/pytest",
+        "-q",
+        "-n",
+        "2",
+        "--dist",
+        "worksteal",
+    ]
+    extra = (ROOT / "pyproject.toml").read_text().split("test = [", 1)[1].split("]", 1)[0]
+    assert '"pytest-xdist>=' in extra, extra
