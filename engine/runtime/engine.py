@@ -177,6 +177,7 @@ class Engine:
             tracing=self.tracing,
         )
         self.mcp = McpRunners(self.project, self.env)
+        await self.mcp.start()
         runners = {**builtin_runners(), **self.mcp.runners(), **self._more_runners}
         self.effects = EffectRunner(
             self.project, self.store, self.env, self.workers, self.metrics, self.clock, runners

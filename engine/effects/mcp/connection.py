@@ -22,17 +22,18 @@ import os
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
-from typing import Any, TextIO, cast
-
-import httpx2
-from mcp import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
-from mcp_types import PaginatedRequestParams, ToolListChangedNotification
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 from engine.config import McpBlock
 from engine.errors import SubsError
+
+# The MCP SDK (and its httpx2) is a quarter of what `subs serve` imports, and most projects
+# declare no connection: it is loaded by `load_sdk` when one is declared, and the imports
+# below each use are then only lookups.
+if TYPE_CHECKING:
+    import httpx2
+    from mcp import ClientSession
+    from mcp.shared.exceptions import MCPError
 
 log = logging.getLogger("subs.mcp")
 
@@ -59,6 +60,17 @@ class McpTrouble(SubsError):
     def __init__(self, message: str, *, retryable: bool, unauthorized: bool = False) -> None:
         super().__init__(message, retryable=retryable)
         self.unauthorized = unauthorized
+
+
+def load_sdk() -> None:
+    """Import what a connection uses (seconds of CPU on a busy machine): called in a
+    thread at the engine's start when the project has a connection, so neither the event
+    loop nor a call's deadline waits for the imports."""
+    import httpx2  # noqa: F401
+    import mcp.client.stdio
+    import mcp.client.streamable_http
+    import mcp.shared.exceptions  # noqa: F401
+    import mcp_types  # noqa: F401
 
 
 class McpConnection:
@@ -126,6 +138,8 @@ class McpConnection:
 
     async def _hold(self, opened: asyncio.Future[ClientSession]) -> None:
         """Own the transport and the session until closed or lost."""
+        from mcp import ClientSession
+
         try:
             async with AsyncExitStack() as stack:
                 transport = self._transport(stack)
@@ -208,6 +222,10 @@ class McpConnection:
         self._restarting = asyncio.get_running_loop().create_task(restart())
 
     def _transport(self, stack: AsyncExitStack) -> Any:
+        import httpx2
+        from mcp.client.stdio import StdioServerParameters, stdio_client
+        from mcp.client.streamable_http import streamable_http_client
+
         block = self.block
         if block.command:
             env = dict(block.env)
@@ -239,6 +257,8 @@ class McpConnection:
             self.refused = response.status_code
 
     async def _on_message(self, message: Any) -> None:
+        from mcp_types import ToolListChangedNotification
+
         if isinstance(message, ToolListChangedNotification):
             log.info("%s: the server's tool list changed", self.path)
             self.tools = None
@@ -248,6 +268,8 @@ class McpConnection:
     async def _with_last_words(self, err: BaseException) -> McpTrouble:
         """The trouble that ended an open; for a stdio server that exited, its exit code
         and the end of its stderr (read to its end first: the child may still be writing)."""
+        from mcp.shared.exceptions import MCPError
+
         trouble = self._trouble(err)
         errlog, child = self._errlog, self._child
         if errlog is None or not self.block.command:
@@ -298,6 +320,9 @@ class McpConnection:
     ) -> Any:
         """Run one request on the session; a transport failure drops the session (the
         next request reconnects) and is a retryable trouble."""
+        import httpx2
+        from mcp.shared.exceptions import MCPError
+
         session = await self.open(afresh=afresh)
         try:
             return await what(session)
@@ -318,6 +343,8 @@ class McpConnection:
         """The server's tools (every page), from the cache unless `force` or it changed."""
         if self.tools is not None and not force and self.session is not None:
             return self.tools
+
+        from mcp_types import PaginatedRequestParams
 
         async def listing(session: ClientSession) -> list[dict[str, Any]]:
             tools: list[dict[str, Any]] = []

@@ -16,12 +16,10 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, cast
-
-from mcp_types import CallToolResult, RequestParamsMeta
+from typing import TYPE_CHECKING, Any, cast
 
 from engine.config import Project, project_secrets
-from engine.effects.mcp.connection import McpConnection, McpTrouble
+from engine.effects.mcp.connection import McpConnection, McpTrouble, load_sdk
 from engine.effects.runner import Done, EffectRunner, Runner, Tasks
 from engine.machine import CallAnswered, Input, SessionState
 from engine.machine.connections import prefix_of
@@ -30,6 +28,9 @@ from engine.machine.retry import Fault
 from engine.machine.tools import validate_input
 from engine.redact import Redactor, env_secrets
 from engine.telemetry.logs import CURRENT
+
+if TYPE_CHECKING:  # the SDK is loaded by `start` when a connection is declared
+    from mcp_types import CallToolResult, RequestParamsMeta
 
 
 class Connectors:
@@ -67,6 +68,11 @@ class McpRunners:
 
     def __init__(self, project: Project, env: Mapping[str, str]) -> None:
         self.connectors = Connectors(project, env)
+
+    async def start(self) -> None:
+        """Load the MCP SDK, off the event loop, when the project declares a connection."""
+        if self.connectors.by_path:
+            await asyncio.to_thread(load_sdk)
 
     def runners(self) -> dict[type, Runner]:
         """The effect types this runs, for the engine's runner table."""
@@ -178,7 +184,7 @@ class McpRunners:
             span = CURRENT.get()
             meta = None
             if span is not None:  # a key the MCP conventions add to the SDK's TypedDict
-                meta = cast(RequestParamsMeta, {"traceparent": span.traceparent()})
+                meta = cast("RequestParamsMeta", {"traceparent": span.traceparent()})
             result = await self.connectors.get(path).request(
                 lambda session: session.call_tool(tool, arguments, meta=meta)
             )
