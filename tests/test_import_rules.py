@@ -142,12 +142,21 @@ def test_only_store_modules_import_redis() -> None:
     assert not found, f"only {sorted(STORE_MODULES)} may import Redis: {found}"
 
 
+# The modules that run `subs`'s commands (all of engine/cli/ but the package and its
+# parser): none is loaded before the arguments are good.
+CLI_COMMANDS = {
+    _module_of(p)
+    for p in _sources("engine/cli")
+    if p.stem not in {"__init__", "__main__", "parser"}
+}
+
+
 def test_cli_imports_the_engine_and_the_bot_lazily() -> None:
     cli = ROOT / "engine" / "cli" / "parser.py"
     eager = [
         n
         for n in imports(cli, top_level_only=True)
-        if n.split(".")[0] in {"bot", *REDIS} or n.startswith("engine.cli.commands")
+        if n.split(".")[0] in {"bot", *REDIS} or n in CLI_COMMANDS
     ]
     assert not eager, (
         f"engine/cli/parser.py imports {eager} at module level: `subs --help` pays for it"
@@ -159,7 +168,7 @@ def test_importing_the_cli_loads_no_engine_bot_or_redis() -> None:
     probe = (
         "import sys, engine.cli\n"
         "heavy = {m.split('.')[0] for m in sys.modules} & {'bot', 'redis', 'aiohttp'}\n"
-        "heavy |= {'engine.cli.commands'} & set(sys.modules)\n"
+        f"heavy |= {CLI_COMMANDS!r} & set(sys.modules)\n"
         "print(','.join(sorted(heavy)))\n"
     )
     out = subprocess.run(
@@ -450,8 +459,20 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
         set(),
     ),
     "engine.telemetry.ids": (set(), set()),  # trace ids from session facts: clients mint them
-    # `subs`: everything (the engine, the bot), lazily where a light command needs it.
-    "engine.cli": ({"engine", "bot"}, set()),
+    # `subs`'s commands: the engine, lazily where a light command needs it; not the
+    # Slack stack, which only serve (the composition root) and manifest use.
+    "engine.cli": ({"engine"}, set()),
+    # Arguments only: `subs --help` loads nothing else (the commands once parsed).
+    "engine.cli.parser": ({"engine.cli.commands"}, set()),
+    # What every command shares (the project as loaded): nothing that runs.
+    "engine.cli.common": (
+        {"engine.config", "engine.effects.llm.prices", "engine.errors", "engine.redact"},
+        set(),
+    ),
+    "engine.cli.logs": ({"engine.cli.common", "engine.errors", "engine.telemetry.logs"}, set()),
+    "engine.cli.manifest": ({"engine.cli.common", "engine.config", "bot.slack.manifest"}, set()),
+    # The composition root of `subs serve`: everything (the engine, the API, the bots).
+    "engine.cli.serve": ({"engine", "bot"}, set()),
     # The HTTP client: light enough for `sessions list --url` (the test below loads it).
     "engine.cli.remote": (
         {"engine.effects.http_pool", "engine.machine.events", "engine.session_client"} | _BELOW_ALL,
@@ -570,6 +591,11 @@ ENGINE_BREACHES = [
     ("engine.api.probe", "from bot.app import Bots"),
     ("engine.console", "from engine.api import app"),
     ("engine.cli.remote", "from engine.client import Client"),
+    ("engine.cli.probe", "from bot.app import start_bots"),
+    ("engine.cli.parser", "from engine.config import load_project"),
+    ("engine.cli.common", "from engine.runtime.engine import Engine"),
+    ("engine.cli.logs", "from engine.store.store import connect"),
+    ("engine.cli.manifest", "from bot.app import start_bots"),
     ("engine.cli.remote", "from engine.config import Project"),
 ]
 
@@ -594,7 +620,8 @@ def test_the_engine_layer_rule_lets_each_layer_use_those_below() -> None:
         "engine.effects.probe": "from engine.store.store import Store\nfrom .llm import x",
         "engine.runtime.probe": "from engine.effects.runner import EffectRunner",
         "engine.api.probe": "from engine.client import C\nfrom engine.runtime.metrics import M",
-        "engine.cli.commands": "from bot.app import Bots\nfrom engine.runtime.engine import E",
+        "engine.cli.commands": "from engine.runtime.engine import new_event_loop",
+        "engine.cli.serve": "from bot.app import Bots\nfrom engine.runtime.engine import E",
     }
     for module, source in allowed.items():
         assert layer_violations(module, imported(source, module), ENGINE_LAYERS) == [], module

@@ -603,10 +603,10 @@ async def test_a_subagents_turn_nests_under_its_parents_tool_call(redis, vendor,
 LOG_SCRIPT = textwrap.dedent(
     """\
     import logging
-    from engine.cli.commands import _start_logging
+    from engine.cli.logs import start_logging
     from engine.telemetry.ids import SpanContext
     from engine.telemetry.logs import CURRENT
-    _start_logging()
+    start_logging()
     log = logging.getLogger("subs.engine")
     log.warning("outside any span")
     CURRENT.set(SpanContext("%s", "%s"))
