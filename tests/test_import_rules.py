@@ -761,3 +761,82 @@ def test_no_module_imports_at_its_bottom() -> None:
 )
 def test_the_bottom_import_rule_sees_each_spelling(source: str, lines: list[int]) -> None:
     assert bottom_imports(source) == lines
+
+
+_MUTATORS = {"append", "add", "update", "setdefault", "pop", "popitem", "remove", "discard"}
+_MUTATORS |= {"clear", "extend", "insert", "move_to_end"}
+_CONTAINERS = {"dict", "list", "set", "defaultdict", "OrderedDict", "deque", "Counter"}
+
+
+def module_registries(source: str) -> list[str]:
+    """Module-level state the module's code changes: a container bound at module level
+    that something in the module adds to or takes from, or a name rebound by `global`.
+    Filled at import or at start, such a registry is what a test has to patch; the
+    composition root builds what it needs and passes it in instead."""
+    tree = ast.parse(source)
+    containers: set[str] = set()
+    for node in tree.body:
+        target, value = None, None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        if not isinstance(target, ast.Name) or value is None:
+            continue
+        call = value.func if isinstance(value, ast.Call) else None
+        called = call.id if isinstance(call, ast.Name) else getattr(call, "attr", None)
+        if isinstance(value, ast.Dict | ast.List | ast.Set) or called in _CONTAINERS:
+            containers.add(target.id)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            found |= set(node.names)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            held = node.func.value
+            if isinstance(held, ast.Name) and held.id in containers:
+                found |= {held.id} if node.func.attr in _MUTATORS else set()
+        elif isinstance(node, ast.Assign | ast.AugAssign | ast.Delete):
+            targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
+            found |= {
+                t.value.id
+                for t in targets
+                if isinstance(t, ast.Subscript)
+                and isinstance(t.value, ast.Name)
+                and t.value.id in containers
+            }
+    return sorted(found)
+
+
+# Module-level state that is a cache of what the process already knows, not a registry:
+# nothing is registered into it, and a test never needs to fill or patch it.
+MODULE_CACHES = {
+    "engine/effects/llm/files.py": ["_texts"],  # a PDF's text by digest, bounded
+    "engine/store/embedded.py": ["_VERSIONS"],  # a redis-server binary's version
+    "engine/cli/keyboard.py": ["_KEYBOARD"],  # the process's one terminal, made on first use
+}
+
+
+def test_no_module_level_registries() -> None:
+    found = {
+        rel: names
+        for p in _sources("engine", "bot")
+        if (names := module_registries(p.read_text()))
+        != MODULE_CACHES.get(rel := p.relative_to(ROOT).as_posix(), [])
+    }
+    assert not found, f"module-level state filled by the code (pass it in instead): {found}"
+
+
+@pytest.mark.parametrize(
+    ("source", "names"),
+    [
+        # What engine/store/retention.py kept before serve passed its hooks and watchers in.
+        ("_HOOKS = {}\n\ndef register(name, hook):\n    _HOOKS[name] = hook\n", ["_HOOKS"]),
+        ("_W: list[int] = []\n\ndef watch(w):\n    _W.append(w)\n", ["_W"]),
+        ("KINDS = dict()\n\ndef add(k):\n    KINDS.update(k)\n", ["KINDS"]),
+        ("_ONE = None\n\ndef one():\n    global _ONE\n    _ONE = 1\n", ["_ONE"]),
+        ("TABLE = {'a': 1}\n\ndef get(k):\n    return TABLE[k]\n", []),  # read only
+        ("def f():\n    seen = {}\n    seen['a'] = 1\n", []),  # a local
+    ],
+)
+def test_the_registry_rule_sees_each_spelling(source: str, names: list[str]) -> None:
+    assert module_registries(source) == names

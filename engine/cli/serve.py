@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from engine.config import Project
     from engine.runtime.engine import Engine
     from engine.runtime.metrics import Metrics
-    from engine.store.store import RedisClient, Store
+    from engine.store.store import RedisClient, Removals, Store
 
 
 SERVE_LOCK = "serve.lock"
@@ -184,13 +184,27 @@ async def _store(stack: contextlib.AsyncExitStack, settings: _Settings) -> _Pool
 
 
 async def _engine(
-    stack: contextlib.AsyncExitStack, project: Project, redis: RedisClient, metrics: Metrics
+    stack: contextlib.AsyncExitStack,
+    project: Project,
+    redis: RedisClient,
+    metrics: Metrics,
+    removals: Removals,
 ) -> Engine:
-    """The engine, running (it takes part in the retention sweep); stopped last, when it
-    hands back its partitions and in-flight calls."""
+    """The engine, running; stopped last, when it hands back its partitions and in-flight
+    calls. It takes part in the retention sweep, whose removals reach the process's
+    watchers (`removals`) and whose hooks drop the bot's keys of a removed session."""
+    from bot.app import PURGE_HOOKS
     from engine.runtime.engine import Engine
 
-    engine = Engine(project, redis, lease_ms=lease_ms(), metrics=metrics, sweep=True)
+    engine = Engine(
+        project,
+        redis,
+        lease_ms=lease_ms(),
+        metrics=metrics,
+        sweep=True,
+        removals=removals,
+        purge=PURGE_HOOKS,
+    )
     await engine.start()
     stack.push_async_callback(engine.stop)
     return engine
@@ -312,7 +326,7 @@ async def serve(args: argparse.Namespace) -> int:
     """
     from engine.client import Client
     from engine.runtime.metrics import Metrics
-    from engine.store.store import Store
+    from engine.store.store import Removals, Store
 
     settings = _settings(args)
     project = settings.project
@@ -323,8 +337,12 @@ async def serve(args: argparse.Namespace) -> int:
         sock = stack.enter_context(_listen(settings.host, settings.port))
         pools = await _store(stack, settings)
         metrics = Metrics()
-        engine = await _engine(stack, project, pools.engine, metrics)
-        store = await Store.open(pools.api)
+        # The process's watchers of removed sessions, for both stores: a session the sweep
+        # (the engine's) or a DELETE (the API's) removes leaves the engine's cache and
+        # ends the API's streams of it.
+        removals = Removals()
+        engine = await _engine(stack, project, pools.engine, metrics, removals)
+        store = await Store.open(pools.api, removals=removals)
         client = Client(store)
         bots = _bots(stack, project, client, pools.api, engine, metrics)
         api = await _api(stack, settings, sock, _Parts(client, store, metrics, bots, pools.problem))
