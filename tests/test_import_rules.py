@@ -369,9 +369,9 @@ _BELOW_ALL = {
     "engine.sse",
     "engine.statuses",
 }
-# Two helpers the effect runners share with the runtime that live in runtime/ (to move
-# below both, #24 item 3); named one by one so that nothing else of runtime/ slips in.
-_RUNTIME_HELPERS = {"engine.runtime.metrics", "engine.runtime.retrying"}
+# What the effect runners share with the runtime: the process's counters and the way a
+# loop waits out a fault. Below both, so neither imports the other for them.
+_PROCESS_HELPERS = {"engine.metrics", "engine.retrying"}
 ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
     "engine": (set(), set()),
     # What every layer shares; each imports at most the error model.
@@ -384,6 +384,8 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
     "engine.statuses": (set(), set()),
     "engine.files": (set(), set()),  # a stored file's reference: the client and the vendors
     "engine.redact": (set(), set()),  # below the config, whose errors it masks
+    "engine.metrics": (set(), set()),  # the process's counters: /metrics renders them
+    "engine.retrying": (set(), set()),  # backoff, and one warning per fault that repeats
     # Typing only, and the status words: `sessions list --url` loads it.
     "engine.session_client": ({"engine.statuses"}, set()),
     "engine.jsonedge": ({"engine.errors"}, set()),
@@ -409,7 +411,7 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
             "engine.telemetry.ids",
             "engine.telemetry.logs",
             "engine.telemetry.spans",
-            *_RUNTIME_HELPERS,
+            *_PROCESS_HELPERS,
             *_BELOW_ALL,
         },
         set(),
@@ -424,6 +426,7 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
             "engine.config",
             "engine.telemetry",
         }
+        | _PROCESS_HELPERS
         | _BELOW_ALL,
         set(),
     ),
@@ -439,7 +442,7 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
         | _BELOW_ALL,
         set(),
     ),
-    # The HTTP API: through the client and the store's readers; the runtime's metrics only.
+    # The HTTP API: through the client and the store's readers, counting in the metrics.
     "engine.api": (
         {
             "engine.api",
@@ -447,7 +450,7 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
             "engine.machine",
             "engine.store",
             "engine.protocol",
-            "engine.runtime.metrics",
+            "engine.metrics",
             *_BELOW_ALL,
         },
         set(),
@@ -571,6 +574,8 @@ ENGINE_BREACHES = [
     ("engine.telemetry.ids", "from engine.machine import SessionState"),
     # The config <-> redact circle this table ended (project_secrets moved to config).
     ("engine.redact", "from engine.config import Project"),
+    ("engine.metrics", "from engine.runtime.engine import Engine"),
+    ("engine.retrying", "from engine.effects.runner import EffectRunner"),
     ("engine.session_client", "from engine.client import Client"),
     ("engine.jsonedge", "from engine.protocol import parse_client_input"),
     ("engine.protocol", "from engine.machine import SessionState"),
@@ -580,6 +585,8 @@ ENGINE_BREACHES = [
     ("engine.store.probe", "from engine.runtime.apply import Applier"),
     ("engine.store.probe", "from engine.effects.runner import EffectRunner"),
     ("engine.effects.probe", "from engine.runtime.apply import Applier"),
+    # What effects/runner.py did for Metrics and Trouble before they moved below runtime/.
+    ("engine.effects.probe", "from engine.runtime.metrics import Metrics"),
     ("engine.effects.probe", "from engine.store.snapshots import load_state"),
     ("engine.effects.probe", "from engine.api.app import build"),
     ("engine.runtime.probe", "from engine.api.state import ApiState"),
@@ -619,7 +626,8 @@ def test_the_engine_layer_rule_lets_each_layer_use_those_below() -> None:
         "engine.store.probe": "from engine.machine import SessionState\nimport redis",
         "engine.effects.probe": "from engine.store.store import Store\nfrom .llm import x",
         "engine.runtime.probe": "from engine.effects.runner import EffectRunner",
-        "engine.api.probe": "from engine.client import C\nfrom engine.runtime.metrics import M",
+        "engine.api.probe": "from engine.client import C\nfrom engine.metrics import M",
+        "engine.effects.runner": "from engine.metrics import M\nfrom engine.retrying import T",
         "engine.cli.commands": "from engine.runtime.engine import new_event_loop",
         "engine.cli.serve": "from bot.app import Bots\nfrom engine.runtime.engine import E",
     }

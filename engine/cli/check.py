@@ -7,12 +7,9 @@ import dataclasses
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.cli.common import priced_project
-
-if TYPE_CHECKING:
-    pass
 
 
 def check(args: argparse.Namespace) -> int:

@@ -15,6 +15,8 @@ from engine.cli.common import Usage, http_url, lease_ms
 from engine.errors import ClientError, SubsError
 from engine.redact import redact_url
 
+# The engine, Redis and the HTTP client are imported by the functions that use them:
+# `subs sessions list --url` needs none but the last, and would wait for them.
 if TYPE_CHECKING:
     from engine.cli.remote import HttpClient
     from engine.client import Client

@@ -7,14 +7,9 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from engine.cli.common import REDACTOR, Usage
 from engine.errors import describe
-
-if TYPE_CHECKING:
-    pass
-
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 

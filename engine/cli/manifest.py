@@ -5,12 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING
 
 from engine.cli.common import Usage, project_from
-
-if TYPE_CHECKING:
-    pass
 
 
 def manifest(args: argparse.Namespace) -> int:

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from engine.cli.connect import StoreProblem
     from engine.client import Client
     from engine.config import Project
+    from engine.metrics import Metrics
     from engine.runtime.engine import Engine
-    from engine.runtime.metrics import Metrics
     from engine.store.store import RedisClient, Removals, Store
 
 
@@ -325,7 +325,7 @@ async def serve(args: argparse.Namespace) -> int:
     stacked as it starts, and stopped in reverse: requests, bots, engine, Redis.
     """
     from engine.client import Client
-    from engine.runtime.metrics import Metrics
+    from engine.metrics import Metrics
     from engine.store.store import Removals, Store
 
     settings = _settings(args)

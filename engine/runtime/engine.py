@@ -32,10 +32,10 @@ from engine.effects.mcp.runners import McpRunners
 from engine.effects.runner import EffectRunner, Runners, builtin_runners, worker_targets
 from engine.ids import new_id
 from engine.machine import Deliver, Input, Kinds, Transition, default_kinds, input_to_json
+from engine.metrics import Metrics
+from engine.retrying import Backoff, Trouble
 from engine.runtime.apply import Applier, EngineStats, lost_work
-from engine.runtime.metrics import Metrics
 from engine.runtime.retention import Sweeper
-from engine.runtime.retrying import Backoff, Trouble
 from engine.store.durability import check_server
 from engine.store.retention import FULL_AT, PurgeHooks, Removals
 from engine.store.store import STORE_FAULTS, RedisClient, Store, StoreConflict, WorkItem
