@@ -210,6 +210,7 @@ class SlackBlock:
     allow_users: tuple[str, ...] = ()
     external: bool = False  # people of other organisations (Slack Connect) may use it
     follow: bool = True  # a person's reply in a thread the app answered starts a turn
+    show_cost: bool = False  # a line of each turn's cost under its reply
     watch: tuple[WatchEntry, ...] = ()  # alert channels: new posts triaged without a mention
 
 
@@ -777,6 +778,7 @@ class _Slack(_Model):
     allow: _SlackAllow | None = None
     external: bool = False
     follow: bool = True
+    show_cost: bool = False
     watch: list[_Watch] = Field(default_factory=list)
 
 
@@ -1312,6 +1314,7 @@ def _build(root: _Root, path: str) -> Project:
                 allow_users=tuple(a.slack.allow.users) if a.slack.allow else (),
                 external=a.slack.external,
                 follow=a.slack.follow,
+                show_cost=a.slack.show_cost,
                 watch=tuple(WatchEntry(w.channel, tuple(w.from_), w.match) for w in a.slack.watch),
             ),
             approvers=tuple(a.approvers or ()),

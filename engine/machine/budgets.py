@@ -3,8 +3,8 @@
 An agent's config may carry `budget` (per turn: `max_cost_usd`, `max_model_calls`,
 `max_tool_calls`, `max_tokens`, `on_exceeded`, and `price`, the input and cache-read
 prices of its model in USD per million tokens, filled in by the engine from its price
-table) and
-`session_budget` (`max_cost_usd`, `on_exceeded`, over the session's life). Both are
+table) and `session_budget` (`max_cost_usd`, `on_exceeded`, over the session's life;
+`price` too when there is no `budget` to carry it). Both are
 engine extensions of the wire AgentConfig (a worker may return them at `session.start`
 to override the file's for its session).
 
