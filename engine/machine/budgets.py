@@ -4,16 +4,17 @@ An agent's config may carry `budget` (per turn: `max_cost_usd`, `max_model_calls
 `max_tool_calls`, `max_tokens`, `on_exceeded`, and `price`, the input and cache-read
 prices of its model in USD per million tokens, filled in by the engine from its price
 table) and `session_budget` (`max_cost_usd`, `on_exceeded`, over the session's life;
-`price` too when there is no `budget` to carry it). Both are
-engine extensions of the wire AgentConfig (a worker may return them at `session.start`
-to override the file's for its session).
+`price` too when there is no `budget` to carry it). Both are engine extensions of the
+wire AgentConfig (a worker may return them at `session.start` to override the file's for
+its session).
 
 The check runs before a call is recorded: a model call is estimated from the request's
 input tokens (its characters / 4) and that price (what the previous call left in the
 vendor's prompt cache at the cache-read price: `cached_at`), and the estimates of the
-turn's model calls still in flight are counted with it; when a call settles its estimate is replaced
-by what the vendor reported (evolve.py), so the next check reads the real figures. A
-child's spend reaches its parent's turn when the child's turn ends (`subagent.*`).
+turn's model calls still in flight are counted with it; when a call settles its estimate
+is replaced by what the vendor reported (evolve.py), so the next check reads the real
+figures. A child's spend reaches its parent's turn when the child's turn ends
+(`subagent.*`).
 
 A call that would cross a limit is not made. `on_exceeded = "fail"` (the default) fails
 the turn with `budget_exceeded`; `"ask"` records the call without sending it and raises
