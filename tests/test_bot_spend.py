@@ -117,3 +117,25 @@ def test_the_cost_line_names_calls_and_cache_hits_only_when_there_were_any() -> 
     )
     assert spend_line("0.0123", {"input": 10, "cache_read": 0}, 1, 0) == "$0.0123 · 1 model call"
     assert spend_line("0", None, 0, 0) == "$0"
+
+
+async def test_a_natively_streamed_reply_gets_its_cost_line_when_the_stream_stops(
+    redis, vendor: FakeVendor, tmp_path: Path
+) -> None:
+    """A native stream carries only the answer: the cost line comes with the final edit."""
+    text = project_text(vendor.url, slack='show_cost = true\nstream = "native"')
+    project = parse_project(text, str(tmp_path / "subs.toml"), env={})
+    async with serve_bots(redis, vendor, project, AGENT) as world:
+        fake = world.fake
+        vendor.push(Text("Nothing is paging.", chunks=4, chunk_delay=0.05))
+        mention = fake.post_as_user(fake.general, fake.mention("what is paging?"))
+        await fake.send_event(world.url, fake.event_for(mention, kind="app_mention"))
+        reply = await world.reply_to(mention)
+        assert fake.calls("chat.startStream") and fake.calls("chat.stopStream")
+        events = await world.client.events(session_id_for(AGENT, fake.general.id, mention.ts))
+        [done] = [e["payload"] for e in events if e["payload"]["type"] == "turn.completed"]
+        final = fake.message(reply.channel, reply.ts)
+        assert [b["text"] for b in final.blocks if b["type"] == "markdown"] == [
+            "Nothing is paging."
+        ]
+        assert context_lines(final.blocks) == [f"{money(done['cost'])} · 1 model call"]
