@@ -8,6 +8,8 @@
 - each module of `bot/` and `engine/` imports only what its row of `BOT_LAYERS` or
   `ENGINE_LAYERS` (the README's "may import" table, as data) allows;
 - no import cycles between the modules of `bot/`, of `engine/` (and so of its folders);
+- engine/config/ is a package in the order CONFIG_ORDER draws, reached from outside
+  through its face (`engine.config`) and never by a private name;
 - no module-level import after a def or a class (an import at the bottom of a file).
 
 Files are found from this file's location, not the working directory, and each rule
@@ -547,6 +549,68 @@ def test_every_config_module_has_its_place_in_the_order() -> None:
     assert found == set(CONFIG_ORDER), f"engine/config/ modules vs CONFIG_ORDER: {found}"
     for module in found:
         assert layer_of(f"engine.config.{module}", ENGINE_LAYERS) == f"engine.config.{module}"
+
+
+def past_the_config_face(source: str, module: str) -> list[str]:
+    """What `module`, outside engine/config/, takes of the config past its face: a
+    private name from any of it, or (in engine/, bot/ and subs/) one of its modules.
+    Tests and benches may import a module's public names (the file's schema, say)."""
+    strict = module.split(".")[0] in {"engine", "bot", "subs"}
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            reached = [alias.name for alias in node.names]
+            taken: list[str] = []
+        elif isinstance(node, ast.ImportFrom):
+            names = imported(ast.unparse(node), module)
+            if node.module is None:  # `from engine import config`: modules only
+                reached, taken = names, []
+            else:
+                [base] = names
+                taken = [alias.name for alias in node.names]
+                inner = [
+                    f"{base}.{n}" for n in taken if base == "engine.config" and n in CONFIG_ORDER
+                ]
+                reached = [base, *inner]
+                found += [
+                    f"{base}.{n}" for n in taken if _covers("engine.config", base) and n[0] == "_"
+                ]
+        else:
+            continue
+        found += [n for n in reached if strict and n.startswith("engine.config.")]
+    return found
+
+
+def test_the_config_is_imported_through_its_face() -> None:
+    found = {
+        _module_of(p): bad
+        for p in _sources("engine", "bot", "subs", "tests", "bench", "docs")
+        if not p.is_relative_to(ROOT / "engine" / "config")
+        and (bad := past_the_config_face(p.read_text(), _module_of(p)))
+    }
+    assert not found, f"imports of engine.config past engine/config/__init__.py: {found}"
+
+
+@pytest.mark.parametrize(
+    ("module", "source"),
+    [
+        ("tests.test_probe", "from engine.config import _Root"),
+        ("tests.test_probe", "from engine.config.wording import _human"),
+        ("engine.store.probe", "from engine.config.model import Fsync"),
+        ("engine.store.probe", "from ..config.model import Fsync"),
+        ("bot.slack.probe", "from engine.config import model"),
+        ("bot.slack.probe", "import engine.config.model"),
+        ("engine.cli.probe", "def f():\n    from engine.config.load import parse_project"),
+    ],
+)
+def test_the_config_face_rule_sees_each_breach(module: str, source: str) -> None:
+    assert past_the_config_face(source, module), source
+
+
+def test_the_config_face_rule_lets_tests_use_a_module_public_names() -> None:
+    source = "from engine.config import Project\nfrom engine.config.schema import Root"
+    assert past_the_config_face(source, "tests.test_probe") == []
+    assert past_the_config_face("from engine.config import Fsync", "engine.store.probe") == []
 
 
 def test_every_engine_module_has_a_row_of_its_own() -> None:
