@@ -6,6 +6,10 @@ holds the order): model.py (what the engine reads), schema.py (what the file may
 hold), wording.py (how a schema error reads), secrets.py (literal secrets refused, a
 project's secrets found), checks.py (the rules that span keys), build.py (file ->
 model), load.py (the whole read, in order, and the environment's overrides).
+
+A new key goes in three places and a page: its pydantic field in schema.py, its field
+in model.py, the line that carries it across in build.py, and its row in docs/config.md
+(and a rule in checks.py if it depends on other keys).
 """
 
 from engine.config.load import load_project, parse_project
