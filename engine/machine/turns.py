@@ -372,6 +372,12 @@ def resume_interrupt(st: Step, iid: str, payload: Any, *, expire: bool = False) 
         _budget_answered(st, interrupt, payload, expire)
         return not expire
     if interrupt.get("origin") == "approval":
+        if st.by_worker and st.s.turn is not None:
+            # The worker is told, as of any interrupt on its branch (SPEC §8), though it
+            # did not raise this one: the engine's own answer follows (the held call is
+            # sent, or ends as a tool error), so nothing is proposed; `tool.finished`
+            # comes after, as for any other call.
+            decide(st, trigger, {})
         _approval_answered(st, interrupt, payload, expire)
         return not expire
     if connector is not None and st.s.turn is not None:
