@@ -20,6 +20,7 @@ from . import retry
 from .effects import Effect, RunCall
 from .evolve import Event, evolve
 from .inputs import CallAnswered
+from .shapes import Answer, ClientAction, ClientMessages, ErrorInfo, Trigger
 from .state import Call, SessionState
 
 
@@ -87,7 +88,7 @@ class CallKind:
     settle: Callable[[Step, Call, CallAnswered], None] | None = None  # None: calls.answered
     # How a call that failed for good ends (its `errored` event is out); None: the tool
     # message the model sees (calls.tool_finished).
-    failed: Callable[[Step, Call, dict[str, Any]], None] | None = None
+    failed: Callable[[Step, Call, ErrorInfo], None] | None = None
     retry_defaults: Mapping[str, Any] | None = None  # a policy of its own, named `retry`
     agent_retry: str | None = None  # the agent's `retry.<block>` over its own policy
     # The deadline of an attempt dispatched at `now` (ms); None: its policy's run deadline.
@@ -95,7 +96,7 @@ class CallKind:
     dispatched: Callable[[Step, Call, int], None] | None = None  # after attempt n went out
     # Its deadline timer fired at `now`: the attempt's error and whether it is retryable;
     # None: `deadline_exceeded`, retryable.
-    overdue: Callable[[Call, int], tuple[dict[str, Any], bool]] | None = None
+    overdue: Callable[[Call, int], tuple[ErrorInfo, bool]] | None = None
     # It ends before its answer (its turn ended, its deadline passed): whom to tell.
     stop: Callable[[Step, Call], None] | None = None
 
@@ -156,8 +157,8 @@ class Proposal:
     """The engine decides (no worker): `proposed` is to be applied as the answer to
     `trigger` (decisions.apply_decision)."""
 
-    trigger: dict[str, Any]
-    proposed: dict[str, Any]
+    trigger: Trigger
+    proposed: Answer
 
 
 @dataclass(frozen=True)
@@ -165,8 +166,8 @@ class Opening:
     """A turn's first decision, held for its connections' syncs or decided at once;
     `start_config` is the file's agent config of a session's first turn."""
 
-    trigger: dict[str, Any]
-    proposed: dict[str, Any]
+    trigger: ClientMessages | ClientAction
+    proposed: Answer
     start_config: dict[str, Any] | None
     force: str | None  # a connection the client asked to fetch afresh
 

@@ -26,6 +26,8 @@ from typing import Any, Final, NotRequired
 from pydantic import ConfigDict, TypeAdapter, with_config
 from typing_extensions import TypedDict  # pydantic reads typing's only from 3.12
 
+from .shapes import JSON, Answer, ErrorInfo, ParentRef, Submitter, Trigger
+
 # -- the kinds -------------------------------------------------------------------------
 
 SESSION_CREATED: Final = "session.created"
@@ -79,7 +81,6 @@ _STRICT = ConfigDict(extra="forbid", strict=True)
 
 # -- the records -----------------------------------------------------------------------
 
-JSON = dict[str, Any]
 Usage = dict[str, Any]  # the neutral counts (SPEC §7), a call's with its vendor's raw `provider`
 
 
@@ -164,7 +165,7 @@ class InputRejected(TypedDict):
 
     type: str
     input_kind: str
-    error: JSON
+    error: ErrorInfo
 
 
 @with_config(_STRICT)
@@ -175,7 +176,7 @@ class TurnQueued(TypedDict):
     turn_id: str
     input: JSON  # the client input, started as is when the turn's time comes
     deadline_ms: NotRequired[int]  # when it has waited too long (its queue timeout)
-    by: NotRequired[JSON]  # who submitted it: {privilege, subject?} (interrupts.py)
+    by: NotRequired[Submitter]  # who submitted it: {privilege, subject?} (interrupts.py)
 
 
 @with_config(_STRICT)
@@ -184,11 +185,11 @@ class TurnStarted(TypedDict):
 
     type: str
     turn_id: str
-    parent: NotRequired[JSON]  # {session_id, call_id} when a parent's call runs it
+    parent: NotRequired[ParentRef]  # {session_id, call_id} when a parent's call runs it
     # The client's per-submit tools (`client.tools`, handler "client"): offered this turn only.
     client_tools: NotRequired[list[JSON]]
     # Who submitted it: {privilege: operator|frontend, subject?: {issuer, id}} (interrupts.py).
-    by: NotRequired[JSON]
+    by: NotRequired[Submitter]
     # The W3C trace context the client submitted with it: the turn's trace joins it.
     traceparent: NotRequired[str]
     tracestate: NotRequired[str]  # the vendor-specific part beside it, passed on untouched
@@ -211,7 +212,7 @@ class TurnFailed(TypedDict):
 
     type: str
     turn_id: str
-    error: JSON
+    error: ErrorInfo
     cost: str
     usage: Usage
 
@@ -278,8 +279,8 @@ class DecisionHeld(TypedDict):
     """A turn's first decision waits for its connections' tool lists."""
 
     type: str
-    trigger: JSON
-    proposed: JSON
+    trigger: Trigger
+    proposed: Answer
 
 
 @with_config(_STRICT)
@@ -337,7 +338,7 @@ class CallErrored(TypedDict):
     type: str
     id: str
     attempt: int
-    error: JSON
+    error: ErrorInfo
     retryable: bool
     final: bool
 
@@ -358,8 +359,8 @@ class DecisionQueued(TypedDict):
     """A trigger waits for the session's one decision slot."""
 
     type: str
-    trigger: JSON
-    proposed: JSON
+    trigger: Trigger
+    proposed: Answer
 
 
 @with_config(_STRICT)
@@ -370,8 +371,8 @@ class DecisionDispatched(TypedDict):
     decision_id: str
     attempt: int
     deadline_ms: int | None
-    trigger: NotRequired[JSON]
-    proposed: NotRequired[JSON]
+    trigger: NotRequired[Trigger]
+    proposed: NotRequired[Answer]
     retry: NotRequired[JSON]
     from_queue: NotRequired[bool]
 
@@ -401,7 +402,7 @@ class DecisionErrored(TypedDict):
     type: str
     decision_id: str
     attempt: int
-    error: JSON
+    error: ErrorInfo
     retryable: bool
     final: bool
 
@@ -415,7 +416,7 @@ class SessionInterrupted(TypedDict):
     origin: str  # client | worker | connector | approval | budget
     reason: str
     payload: Any
-    by: NotRequired[JSON]  # the running turn's `by`: who may answer it (interrupts.py)
+    by: NotRequired[Submitter]  # the running turn's `by`: who may answer it (interrupts.py)
 
 
 @with_config(_STRICT)
@@ -460,7 +461,7 @@ class SubagentEnded(TypedDict):
     tool_call_id: str
     usage: Usage | None
     cost: str
-    error: NotRequired[JSON | None]
+    error: NotRequired[ErrorInfo | None]
     detached: NotRequired[bool]
     result: NotRequired[str | None]
 

@@ -15,6 +15,7 @@ from engine.statuses import TurnStatus
 
 from . import events as ev
 from .accounting import add_cost, add_usage
+from .shapes import Queued
 from .state import Call, Decision, Node, SessionState, Turn
 
 Event = dict[str, Any]  # an `events.Envelope`; its payload one of the catalogue's records
@@ -79,7 +80,7 @@ def _head_moved(s: SessionState, e: Event, p: ev.HeadMoved) -> None:
 
 
 def _turn_queued(s: SessionState, e: Event, p: ev.TurnQueued) -> None:
-    entry: dict[str, Any] = {"turn_id": p["turn_id"], "input": p["input"]}
+    entry: Queued = {"turn_id": p["turn_id"], "input": p["input"]}
     if p.get("deadline_ms") is not None:
         entry["deadline_ms"] = p["deadline_ms"]
     if p.get("by"):

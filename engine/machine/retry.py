@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
+from .shapes import ErrorInfo
+
 # Backoff is ours to choose (the spec fixes the formula, not the numbers):
 # wait before attempt n = min(base ** n, max) seconds.
 BACKOFF: Mapping[str, int] = {"backoff_base_secs": 2, "backoff_max_secs": 60}
@@ -93,7 +95,7 @@ class Fault(Enum):
         self.code = code
         self.retryable = retryable
 
-    def error(self, message: str) -> dict[str, Any]:
+    def error(self, message: str) -> ErrorInfo:
         """An ErrorInfo with this fault's code."""
         return {"message": message, "code": self.code}
 
@@ -183,7 +185,7 @@ def queue_deadline(policy: dict[str, Any], since: int) -> int | None:
     return None if queue is None else since + queue * 1000
 
 
-def queue_timeout(what: str, policy: dict[str, Any]) -> dict[str, Any]:
+def queue_timeout(what: str, policy: dict[str, Any]) -> ErrorInfo:
     """The ErrorInfo of work that waited past its queue timeout: a `deadline_exceeded`
     (the closed set has no code of its own for it) whose detail names the queue."""
     secs = policy.get("queue_timeout_secs")

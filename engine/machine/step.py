@@ -70,6 +70,7 @@ from .inputs import (
 )
 from .interrupts import may_resume, raise_interrupt
 from .retry import Fault
+from .shapes import ErrorInfo, Raise
 from .state import SessionState
 from .turns import TURN_STARTS
 
@@ -122,7 +123,11 @@ def interrupt_requested(st: Step, inp: InterruptRequested) -> None:
         raise MachineError(
             f"session {st.session_id} has no running turn to interrupt", code="no_turn"
         )
-    action = {"interrupt_id": inp.interrupt_id, "reason": inp.reason, "payload": inp.payload}
+    action: Raise = {
+        "interrupt_id": inp.interrupt_id,
+        "reason": inp.reason,
+        "payload": inp.payload,
+    }
     before = set(st.s.interrupts)
     raise_interrupt(st, action, "client")
     new = set(st.s.interrupts) - before
@@ -142,7 +147,7 @@ def cancel_requested(st: Step, inp: CancelRequested) -> None:
     # The protocol's error codes are a closed set a worker may validate against (a
     # cancelled child's error reaches its parent's worker): the client's own doing
     # is `handler_error`, and `detail.cancelled` says which.
-    error: dict[str, Any] = {
+    error: ErrorInfo = {
         "message": "cancelled by the client",
         "code": "handler_error",
         "detail": {"cancelled": True},

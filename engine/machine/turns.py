@@ -36,6 +36,18 @@ from .inputs import (
     SubagentStarted,
 )
 from .interrupts import EXPIRED, approved, expired, submitter
+from .shapes import (
+    Answer,
+    ClientAction,
+    ClientMessages,
+    ErrorInfo,
+    InterruptResumed,
+    LlmCall,
+    MessageSend,
+    OpenInterrupt,
+    ParentRef,
+    Submitter,
+)
 from .tools import client_tool_clash, submitted_tools
 from .tree import id_clash, match_view, path_to
 
@@ -45,7 +57,7 @@ TURN_STARTS = ("client.message", "client.messages", "client.append", "client.act
 QUEUEABLE = ("client.message", "client.append")
 
 
-LLM_CALL = {"type": "llm.call"}
+LLM_CALL: LlmCall = {"type": "llm.call"}
 
 
 # -- starting ------------------------------------------------------------------
@@ -222,7 +234,7 @@ def start_turn(
     turn_id: str,
     body: dict[str, Any],
     start_config: dict[str, Any] | None = None,
-    by: dict[str, Any] | None = None,
+    by: Submitter | None = None,
 ) -> None:
     """Record the turn's start and what opens it; `advance` asks for its first decision."""
     started: ev.TurnStarted = {"type": ev.TURN_STARTED, "turn_id": turn_id}
@@ -246,13 +258,13 @@ def start_turn(
         decide(st, {"type": "session.start"}, {"agent": start_config} if start_config else {})
     kind = body["type"]
     if kind == "client.action":
-        trigger = {"type": "client.action", "name": body["name"]}
+        action: ClientAction = {"type": "client.action", "name": body["name"]}
         if body.get("args") is not None:
-            trigger["args"] = body["args"]
-        proposed = _action_proposal(st, body)
+            action["args"] = body["args"]
+        st.record(Opening(action, _action_proposal(st, body), start_config, _sync_asked(body)))
     else:
-        trigger, proposed = _messages_trigger(st, body)
-    st.record(Opening(trigger, proposed, start_config, _sync_asked(body)))
+        messages, proposed = _messages_trigger(st, body)
+        st.record(Opening(messages, proposed, start_config, _sync_asked(body)))
 
 
 def start_queued(st: Step) -> None:
@@ -270,7 +282,7 @@ def _sync_asked(body: dict[str, Any]) -> str | None:
     return path if isinstance(path, str) else None
 
 
-def _action_proposal(st: Step, body: dict[str, Any]) -> dict[str, Any]:
+def _action_proposal(st: Step, body: dict[str, Any]) -> Answer:
     """Nothing, except for a slash command: record `/<command> <text>` and call the model,
     so commands work with no worker code (a worker may replace it)."""
     command = f"/{body['name']}"
@@ -282,7 +294,7 @@ def _action_proposal(st: Step, body: dict[str, Any]) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": content}], "actions": [LLM_CALL]}
 
 
-def _messages_trigger(st: Step, body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _messages_trigger(st: Step, body: dict[str, Any]) -> tuple[ClientMessages, Answer]:
     """Every message input reaches a worker as `client.messages` (SPEC §4)."""
     kind = body["type"]
     if kind == "client.messages":
@@ -297,15 +309,15 @@ def _messages_trigger(st: Step, body: dict[str, Any]) -> tuple[dict[str, Any], d
         # grows); the request spells it out (`wire_trigger`).
         new = [body["message"]] if kind == "client.message" else _fresh(st, body["messages"])
         path = path_to(st.s.nodes, st.s.head_id)
-        trigger = {
+        recorded: ClientMessages = {
             "type": "client.messages",
             "path_to": st.s.head_id,
             "messages": new,
             "new_from": len(path),
             "client": _client_context(body),
         }
-        return trigger, {"messages": new, "actions": [LLM_CALL]}
-    trigger = {
+        return recorded, {"messages": new, "actions": [LLM_CALL]}
+    trigger: ClientMessages = {
         "type": "client.messages",
         "messages": view,
         "new_from": new_from,
@@ -361,7 +373,7 @@ def resume_interrupt(st: Step, iid: str, payload: Any, *, expire: bool = False) 
         "type": ev.SESSION_INTERRUPT_RESUMED,
         "interrupt_id": iid,
     }
-    trigger: dict[str, Any] = {"type": "interrupt.resumed", "interrupt_id": iid}
+    trigger: InterruptResumed = {"type": "interrupt.resumed", "interrupt_id": iid}
     if payload is not None:
         resumed["payload"] = payload
         trigger["payload"] = payload
@@ -395,7 +407,7 @@ def interrupt_deadline(st: Step, inp: InterruptDeadline) -> None:
     resume_interrupt(st, inp.interrupt_id, None, expire=True)
 
 
-def _approval_answered(st: Step, interrupt: dict[str, Any], payload: Any, expire: bool) -> None:
+def _approval_answered(st: Step, interrupt: OpenInterrupt, payload: Any, expire: bool) -> None:
     """A tool call that waited for a person (connectors' `approve`): approved, it is sent;
     declined or expired, it ends as a tool error the model reads."""
     call_id = (interrupt.get("payload") or {}).get("toolCallId")
@@ -406,7 +418,7 @@ def _approval_answered(st: Step, interrupt: dict[str, Any], payload: Any, expire
         dispatch(st, call, 1)
         return
     why = "nobody approved it before the prompt expired" if expire else "a person declined it"
-    error = {
+    error: ErrorInfo = {
         "message": f"{call.name} was not run: {why}",
         "code": "handler_error",
         "detail": {"declined": True, "expired": expire},
@@ -414,7 +426,7 @@ def _approval_answered(st: Step, interrupt: dict[str, Any], payload: Any, expire
     call_failed(st, call, error, False, None)
 
 
-def _budget_answered(st: Step, interrupt: dict[str, Any], payload: Any, expire: bool) -> None:
+def _budget_answered(st: Step, interrupt: OpenInterrupt, payload: Any, expire: bool) -> None:
     """A call held by its budget (budgets.py): approved, its limit was raised (the resume
     event's fold) and it is sent; declined or expired, the turn fails as over budget."""
     meta = budgets.budget_of(interrupt) or {}
@@ -434,7 +446,7 @@ def _budget_answered(st: Step, interrupt: dict[str, Any], payload: Any, expire: 
         k: meta[k] for k in ("limit", "allowed", "spent", "next") if k in meta
     }
     said = str(interrupt.get("reason") or "").removeprefix("budget: ")
-    error = {
+    error: ErrorInfo = {
         "message": f"budget exceeded: {said}; {why}",
         "code": "budget_exceeded",
         "detail": {**figures, "declined": not expire, "expired": expire},
@@ -445,7 +457,7 @@ def _budget_answered(st: Step, interrupt: dict[str, Any], payload: Any, expire: 
 # -- messages between sessions ---------------------------------------------------
 
 
-def send_message(st: Step, action: dict[str, Any]) -> None:
+def send_message(st: Step, action: MessageSend) -> None:
     """Record a message for another session and hand it over after the commit."""
     message = {k: v for k, v in action["message"].items() if v is not None}
     # The id travels with the message: the receiver drops one it has seen.
@@ -479,7 +491,7 @@ def child_spawned(st: Step, inp: ChildSpawned) -> None:
     The turn id is derived from the parent's call (and its attempt, past the first), so a
     replayed spawn is the same turn and a retried one a turn of its own.
     """
-    parent: dict[str, Any] = {"session_id": inp.parent_session, "call_id": inp.call_id}
+    parent: ParentRef = {"session_id": inp.parent_session, "call_id": inp.call_id}
     turn_id = f"sub~{inp.parent_session}~{inp.call_id}"
     if inp.attempt > 1:
         parent["attempt"] = inp.attempt
@@ -509,7 +521,7 @@ def child_spawned(st: Step, inp: ChildSpawned) -> None:
 def child_cancelled(st: Step, inp: ChildCancelled) -> None:
     """The parent's call ended: its turn here stops, or, still queued, never starts."""
 
-    def for_call(parent: dict[str, Any] | None) -> bool:
+    def for_call(parent: ParentRef | None) -> bool:
         if parent is None or (parent["session_id"], parent["call_id"]) != (
             inp.parent_session,
             inp.call_id,
@@ -517,7 +529,7 @@ def child_cancelled(st: Step, inp: ChildCancelled) -> None:
             return False
         return inp.attempt is None or parent.get("attempt", 1) <= inp.attempt
 
-    error = {"message": "the parent's call ended", "code": "internal"}
+    error: ErrorInfo = {"message": "the parent's call ended", "code": "internal"}
     waiting = [q["turn_id"] for q in st.s.queue if for_call(q["input"].get("parent"))]
     for turn_id in waiting:
         drop_queued(st, turn_id, error)
