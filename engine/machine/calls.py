@@ -36,6 +36,7 @@ from .shapes import (
     LlmCall,
     LlmFinished,
     Raise,
+    RetryPolicy,
     SubagentSpawn,
     ToolCall,
     ToolFinished,
@@ -75,7 +76,8 @@ def needs_approval(state: SessionState, tool: dict[str, Any]) -> bool:
     policy = entry.get("approve") or "destructive"
     if policy != "destructive":
         return bool(policy == "always")
-    synced = (state.connectors.get(tool["connector"]) or {}).get("tools") or ()
+    known = state.connectors.get(tool["connector"])
+    synced = known["tools"] if known is not None else ()
     listed: dict[str, Any] = next((t for t in synced if t.get("name") == tool["tool"]), {})
     notes = listed.get("annotations") or {}
     return notes.get("readOnlyHint") is not True and notes.get("destructiveHint") is not False
@@ -91,8 +93,8 @@ def ask_approval(st: Step, call: Call, tool: dict[str, Any]) -> None:
     prompt cannot hold the turn open forever: expired, the model reads a tool error."""
     parsed = arguments_of(call.arguments or "")
     shown = json.dumps(parsed, ensure_ascii=False) if parsed not in (None, {}) else "no arguments"
-    synced = st.s.connectors.get(tool["connector"]) or {}
-    timeout = synced.get("approve_timeout_ms") or APPROVE_TIMEOUT_MS
+    synced = st.s.connectors.get(tool["connector"])
+    timeout = (synced.get("approve_timeout_ms") if synced else None) or APPROVE_TIMEOUT_MS
     action: Raise = {
         "interrupt_id": f"approve-{call.id}",
         "reason": f"{call.name} changes things: approve it first",
@@ -365,7 +367,7 @@ def call_failed(
     retry_after: float | None,
     *,
     at_once: bool = False,
-    policy: dict[str, Any] | None = None,
+    policy: RetryPolicy | None = None,
     counted: bool = True,
     message_id: str | None = None,
 ) -> None:

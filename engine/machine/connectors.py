@@ -33,7 +33,7 @@ from .core import CallKind, Step
 from .effects import RunCall
 from .inputs import CallAnswered
 from .interrupts import raise_interrupt
-from .shapes import Answer, ClientAction, ClientMessages, ErrorInfo
+from .shapes import Answer, ClientAction, ClientMessages, ErrorInfo, Synced
 from .state import Call
 
 AUTH = "unauthorized"  # `detail.reason` of a sync or call refused for its credential
@@ -98,7 +98,7 @@ def settle_sync(st: Step, call: Call, inp: CallAnswered) -> None:
     tools = [] if off else list(listed.get("tools") or ())
     timeout = listed.get("approve_timeout_ms")
     timeout = timeout if isinstance(timeout, int) and timeout > 0 else None
-    now: dict[str, Any] = {"tools": tools}
+    now: Synced = {"tools": tools}
     if prefix:
         now["prefix"] = prefix
     if off:

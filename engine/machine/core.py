@@ -20,7 +20,7 @@ from . import retry
 from .effects import Effect, RunCall
 from .evolve import Event, evolve
 from .inputs import CallAnswered
-from .shapes import Answer, ClientAction, ClientMessages, ErrorInfo, Trigger
+from .shapes import Answer, ClientAction, ClientMessages, ErrorInfo, RetryPolicy, Trigger
 from .state import Call, SessionState
 
 
@@ -111,20 +111,20 @@ class Kinds:
 
     def __init__(self, kinds: Iterable[CallKind]) -> None:
         by_key: dict[tuple[str, str], CallKind] = {}
-        policies: dict[str, Mapping[str, Any]] = dict(retry.DEFAULTS)
+        policies: dict[str, RetryPolicy] = dict(retry.DEFAULTS)
         blocks: dict[str, str] = dict(retry.AGENT_BLOCKS)
         for k in kinds:
             key = (k.kind, k.handler)
             if by_key.setdefault(key, k) != k:
                 raise ValueError(f"call kind {key} is already registered, differently")
             if k.retry_defaults is not None:
-                own = {**retry.BACKOFF, **k.retry_defaults}
+                own = retry.own_policy(k.retry, k.retry_defaults)
                 if policies.setdefault(k.retry, own) != own:
                     raise ValueError(f"retry policy {k.retry!r} is already defined differently")
                 if k.agent_retry is not None:
                     blocks[k.retry] = k.agent_retry
         self._by_key = by_key
-        self.policies: Mapping[str, Mapping[str, Any]] = policies
+        self.policies: Mapping[str, RetryPolicy] = policies
         self.agent_blocks: Mapping[str, str] = blocks
 
     def __iter__(self) -> Iterator[CallKind]:
@@ -144,8 +144,8 @@ class Kinds:
         return {h for (kind, h) in self._by_key if kind == "tool" and h not in offered}
 
     def policy(
-        self, name: str, agent: dict[str, Any] | None, action_retry: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
+        self, name: str, agent: dict[str, Any] | None, action_retry: Mapping[str, Any] | None = None
+    ) -> RetryPolicy:
         """Policy `name` resolved for `agent` and the action's own `retry` (retry.py)."""
         return retry.resolve_policy(
             name, agent, action_retry, defaults=self.policies, agent_blocks=self.agent_blocks

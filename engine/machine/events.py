@@ -26,7 +26,7 @@ from typing import Any, Final, NotRequired
 from pydantic import ConfigDict, TypeAdapter, with_config
 from typing_extensions import TypedDict  # pydantic reads typing's only from 3.12
 
-from .shapes import JSON, Answer, ErrorInfo, ParentRef, Submitter, Trigger
+from .shapes import JSON, Answer, ErrorInfo, ParentRef, RetryPolicy, Submitter, Trigger
 
 # -- the kinds -------------------------------------------------------------------------
 
@@ -226,7 +226,7 @@ class LlmCallRequested(TypedDict):
     handler: str  # server | worker
     anchor: str | None
     params: JSON  # the action's overrides (+ `format` for a worker)
-    retry: JSON  # the resolved policy (retry.py)
+    retry: RetryPolicy  # the resolved policy (retry.py)
     # Under a budget: the input estimate {tokens, cost} it was checked with (budgets.py).
     estimate: NotRequired[JSON]
 
@@ -240,7 +240,7 @@ class ToolCallRequested(TypedDict):
     name: str
     arguments: str  # JSON text, as the model wrote it
     handler: str  # client | worker | subagent | server | another kind's (kinds.py)
-    retry: JSON
+    retry: RetryPolicy
     params: NotRequired[JSON]  # a connector tool's {connector, tool} (handler server)
 
 
@@ -252,7 +252,7 @@ class ConnectorSyncRequested(TypedDict):
     id: str
     name: str  # the connection, `mcp.<id>`
     handler: str  # server
-    retry: JSON
+    retry: RetryPolicy
     params: NotRequired[JSON]  # {force: true}: fetched from the server, not a cache
 
 
@@ -373,7 +373,7 @@ class DecisionDispatched(TypedDict):
     deadline_ms: int | None
     trigger: NotRequired[Trigger]
     proposed: NotRequired[Answer]
-    retry: NotRequired[JSON]
+    retry: NotRequired[RetryPolicy]
     from_queue: NotRequired[bool]
 
 

@@ -58,6 +58,41 @@ class ParentRef(TypedDict):
     attempt: NotRequired[int]
 
 
+# -- retry policies (retry.py) -------------------------------------------------------------
+
+
+@with_config(_STRICT)
+class RetryPolicy(TypedDict):
+    """A resolved policy (SPEC §11), as a call or a decision records it: whole seconds, as
+    the wire's RetryPolicy has them. A kind that brings its own may leave a timeout out
+    (then it has none)."""
+
+    max_attempts: int
+    backoff_base_secs: int
+    backoff_max_secs: int
+    queue_timeout_secs: NotRequired[int | None]
+    run_timeout_secs: NotRequired[int | None]
+    total_timeout_secs: NotRequired[int | None]
+
+
+PolicyKey = Literal[
+    "max_attempts",
+    "backoff_base_secs",
+    "backoff_max_secs",
+    "queue_timeout_secs",
+    "run_timeout_secs",
+    "total_timeout_secs",
+]
+POLICY_KEYS: tuple[PolicyKey, ...] = (
+    "queue_timeout_secs",
+    "run_timeout_secs",
+    "total_timeout_secs",
+    "max_attempts",
+    "backoff_base_secs",
+    "backoff_max_secs",
+)
+
+
 # -- triggers: what a decision is asked about (SPEC §4) -----------------------------------
 
 
@@ -400,6 +435,37 @@ class OpenInterrupt(TypedDict):
     reason: str
     payload: Any
     by: NotRequired[Submitter]
+
+
+@with_config(_STRICT)
+class ChildOutcome(TypedDict):
+    """How a detached child's run ended, kept for a later `wait` call."""
+
+    ok: bool
+    result: str | None
+    error: ErrorInfo | None
+
+
+@with_config(_STRICT)
+class Child(TypedDict):
+    """A child session of this one (`SessionState.children`), by its id."""
+
+    agent_id: str
+    call_id: str | None  # the call it is busy with; None: free for another
+    mode: NotRequired[str]  # "detached" (absent: blocking)
+    detached: NotRequired[str | None]  # the call a detached run goes on for
+    last: NotRequired[ChildOutcome]  # a detached run's outcome, for `wait`
+
+
+@with_config(_STRICT)
+class Synced(TypedDict):
+    """A connection's tool list as last synced (`SessionState.connectors`), by path."""
+
+    tools: list[JSON]  # {name, description?, input?, annotations?}
+    prefix: NotRequired[str]
+    off: NotRequired[str]  # why the connection cannot run here (it offers nothing)
+    approve_timeout_ms: NotRequired[int]
+    error: NotRequired[ErrorInfo]  # the sync failed for good
 
 
 @with_config(_STRICT)

@@ -12,7 +12,18 @@ from typing import Any
 
 from engine.statuses import CallStatus, DecisionStatus, SessionStatus, TurnStatus
 
-from .shapes import Answer, Asked, OpenInterrupt, ParentRef, Queued, Submitter, Trigger
+from .shapes import (
+    Answer,
+    Asked,
+    Child,
+    OpenInterrupt,
+    ParentRef,
+    Queued,
+    RetryPolicy,
+    Submitter,
+    Synced,
+    Trigger,
+)
 
 # How `evolve` folds the log and how the snapshot spells the state. A snapshot written
 # under another version (or before versions: none) is not trusted: its reader folds the
@@ -55,7 +66,7 @@ class Call:
     attempt: int
     status: CallStatus
     started_at: int  # ms, first attempt: the total-timeout clock
-    retry: dict[str, Any]  # resolved RetryPolicy
+    retry: RetryPolicy  # resolved (retry.py)
     name: str | None = None
     arguments: str | None = None
     anchor: str | None = None  # head node the call was requested at
@@ -77,7 +88,7 @@ class Decision:
     attempt: int
     status: DecisionStatus
     started_at: int
-    retry: dict[str, Any]
+    retry: RetryPolicy
     deadline: int | None = None
 
 
@@ -132,11 +143,9 @@ class SessionState:
     # both are read along the active path: after a branch, as of the branch point.
     state_writes: list[list[Any]] = field(default_factory=list)  # [anchor, state]
     agent_writes: list[list[Any]] = field(default_factory=list)  # [anchor, agent]
-    # child -> {agent_id, call_id (the call it is busy with), mode?, detached? (the call
-    # a detached turn runs for), last? (a detached turn's outcome, for `wait`)}
-    children: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # Each connection's tool list as last synced: path -> {tools, prefix?, off?} (connectors.py).
-    connectors: dict[str, dict[str, Any]] = field(default_factory=dict)
+    children: dict[str, Child] = field(default_factory=dict)  # by the child's session id
+    # Each connection's tool list as last synced, by path (connectors.py).
+    connectors: dict[str, Synced] = field(default_factory=dict)
     held: Asked | None = None  # the turn's first decision, waiting on its syncs
 
     @property

@@ -24,7 +24,6 @@ run's result, at once if it has ended, else when it ends. A subagent's configure
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from . import budgets, retry
 from . import events as ev
@@ -34,7 +33,7 @@ from .effects import Deliver
 from .inputs import ChildCancelled, ChildSpawned, SubagentFinished, SubagentStarted
 from .kinds import always
 from .retry import Fault
-from .shapes import ErrorInfo, SubagentSpawn
+from .shapes import Child, ErrorInfo, SubagentSpawn
 from .shapes import SubagentFinished as Finished  # the trigger (inputs has the input)
 from .spawns import spawn_args, spawn_mode, subagent_entry
 from .state import Call, SessionState
@@ -115,7 +114,7 @@ def start_subagent(st: Step, action: SubagentSpawn, unrunnable: list[tuple[Call,
     st.out.effects.append(Deliver(child, spawned))
 
 
-def _wait_problem(action: SubagentSpawn, known: dict[str, Any] | None, agent_id: str) -> str | None:
+def _wait_problem(action: SubagentSpawn, known: Child | None, agent_id: str) -> str | None:
     """Why a `wait` call cannot collect the child it names (None: it can)."""
     session = action.get("session_id")
     if not session:

@@ -158,10 +158,8 @@ class McpRunners:
         """Call one MCP tool; the result or the failure is one machine input."""
         call = state.calls[effect.call_id]
         path, tool = call.params["connector"], call.params["tool"]
-        synced = next(
-            (t for t in state.connectors.get(path, {}).get("tools") or () if t["name"] == tool),
-            None,
-        )
+        known = state.connectors.get(path)
+        synced = next((t for t in (known["tools"] if known else ()) if t["name"] == tool), None)
         checked = validate_input(synced, call.arguments or "")  # before any await: as committed
 
         async def send() -> Input:
