@@ -27,7 +27,8 @@ until nothing does. The rules import one way, each module only those below it
     interrupts.py  raising an interrupt
 and below them what the rules read: core.py (`Step`, `CallKind`, `Kinds`), kinds.py
 (the built-in kinds), connections.py and spawns.py (the config read), tools.py,
-tree.py, retry.py, state.py, evolve.py, events.py, inputs.py, effects.py.
+tree.py, retry.py, state.py, evolve.py, events.py, inputs.py, effects.py, and shapes.py
+(the triggers, actions and answers they pass, typed).
 """
 
 from __future__ import annotations
