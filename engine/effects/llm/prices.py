@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from engine.config import AgentDecl, Project
 
 # A block's own prices (`[llm.<id>] prices`): model -> {input, output, cache_read,
-# cache_write} as decimal strings, USD per million tokens (engine/config.py).
+# cache_write} as decimal strings, USD per million tokens (engine/config/build.py).
 Extra = Mapping[str, Mapping[str, str]]
 T = TypeVar("T")
 
