@@ -39,7 +39,9 @@ from .shapes import (
     RetryPolicy,
     SubagentSpawn,
     ToolCall,
+    ToolErrorInput,
     ToolFinished,
+    ToolResultInput,
     Trigger,
 )
 from .spawns import subagent_named
@@ -557,7 +559,7 @@ def reprompt_or_nothing(st: Step) -> Answer:
     return {"actions": [{"type": "llm.call"}]}
 
 
-def client_settles_tool(st: Step, body: dict[str, Any]) -> None:
+def client_settles_tool(st: Step, body: ToolResultInput | ToolErrorInput) -> None:
     """A client's `tool.result` / `tool.error` for one of its own tool calls."""
     call = settleable(st, body["id"], body.get("attempt"), client_input=True)
     if body["type"] == "tool.result":

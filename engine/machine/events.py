@@ -26,7 +26,7 @@ from typing import Any, Final, NotRequired
 from pydantic import ConfigDict, TypeAdapter, with_config
 from typing_extensions import TypedDict  # pydantic reads typing's only from 3.12
 
-from .shapes import JSON, Answer, ErrorInfo, ParentRef, RetryPolicy, Submitter, Trigger
+from .shapes import JSON, Answer, ErrorInfo, ParentRef, RetryPolicy, Submitter, Trigger, TurnStart
 
 # -- the kinds -------------------------------------------------------------------------
 
@@ -174,7 +174,7 @@ class TurnQueued(TypedDict):
 
     type: str
     turn_id: str
-    input: JSON  # the client input, started as is when the turn's time comes
+    input: TurnStart  # the client input, started as is when the turn's time comes
     deadline_ms: NotRequired[int]  # when it has waited too long (its queue timeout)
     by: NotRequired[Submitter]  # who submitted it: {privilege, subject?} (interrupts.py)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .shapes import Answer, ErrorInfo
+from .shapes import Answer, ClientInput, ErrorInfo
 
 
 @dataclass(frozen=True)
@@ -16,7 +16,7 @@ class ClientSubmitted:
     file declares it; they matter only when this input creates the session.
     """
 
-    input: dict[str, Any]
+    input: ClientInput
     agent_id: str
     identity: dict[str, Any]
     agent_config: dict[str, Any] | None

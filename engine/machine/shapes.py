@@ -58,6 +58,101 @@ class ParentRef(TypedDict):
     attempt: NotRequired[int]
 
 
+# -- client inputs (SPEC §13 ClientInput): what a client submits -----------------------------
+
+
+@with_config(_STRICT)
+class _Starts(TypedDict):
+    """What every input that starts a turn may carry: the client's fields, and the
+    engine's own (`parent`: a child's turn; `traceparent`/`tracestate`: the trace it joins)."""
+
+    agent_id: str
+    turn_id: NotRequired[str | None]
+    stream: NotRequired[bool | None]
+    parent: NotRequired[ParentRef]
+    traceparent: NotRequired[str]
+    tracestate: NotRequired[str]
+
+
+@with_config(_STRICT)
+class MessageInput(_Starts):
+    """`client.message`: one new message."""
+
+    type: Literal["client.message"]
+    message: JSON
+    queue: NotRequired[bool | None]
+
+
+@with_config(_STRICT)
+class ViewInput(_Starts):
+    """`client.messages`: the client's whole view of the conversation."""
+
+    type: Literal["client.messages"]
+    messages: list[JSON]
+    client: NotRequired[JSON | None]  # the ClientContext
+
+
+@with_config(_STRICT)
+class AppendInput(_Starts):
+    """`client.append`: messages added after what is recorded."""
+
+    type: Literal["client.append"]
+    messages: list[JSON]
+    client: NotRequired[JSON | None]
+    queue: NotRequired[bool | None]
+
+
+@with_config(_STRICT)
+class ActionInput(_Starts):
+    """`client.action`: a named action (a button, a slash command)."""
+
+    type: Literal["client.action"]
+    name: str
+    args: NotRequired[Any]
+
+
+@with_config(_STRICT)
+class ResumeInput(TypedDict):
+    """`interrupt.resume`: an answer to an open interrupt."""
+
+    type: Literal["interrupt.resume"]
+    interrupt_id: str
+    payload: NotRequired[Any]
+
+
+@with_config(_STRICT)
+class ToolResultInput(TypedDict):
+    """`tool.result`: a client tool's result."""
+
+    type: Literal["tool.result"]
+    id: str
+    attempt: NotRequired[int | None]
+    result: NotRequired[Any]
+    content: NotRequired[list[JSON] | None]
+    structured_content: NotRequired[Any]
+    is_error: NotRequired[bool | None]
+
+
+@with_config(_STRICT)
+class ToolErrorInput(TypedDict):
+    """`tool.error`: a client tool's failure."""
+
+    type: Literal["tool.error"]
+    id: str
+    error: str
+    retryable: NotRequired[bool]
+    attempt: NotRequired[int | None]
+
+
+TurnStart = MessageInput | ViewInput | AppendInput | ActionInput
+ClientInput = TurnStart | ResumeInput | ToolResultInput | ToolErrorInput
+
+
+def is_turn_start(body: ClientInput) -> TypeGuard[TurnStart]:
+    """Whether a client input starts a turn (or queues one)."""
+    return body["type"] in ("client.message", "client.messages", "client.append", "client.action")
+
+
 # -- retry policies (retry.py) -------------------------------------------------------------
 
 
@@ -473,6 +568,6 @@ class Queued(TypedDict):
     """A turn waiting behind the running one (`SessionState.queue`)."""
 
     turn_id: str
-    input: JSON  # the client input, started as is
+    input: TurnStart  # the client input, started as is
     deadline_ms: NotRequired[int]
     by: NotRequired[Submitter]

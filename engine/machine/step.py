@@ -71,7 +71,7 @@ from .inputs import (
 )
 from .interrupts import may_resume, raise_interrupt
 from .retry import Fault
-from .shapes import ErrorInfo, Raise
+from .shapes import ErrorInfo, Raise, is_turn_start
 from .state import SessionState
 from .turns import TURN_STARTS
 
@@ -88,17 +88,16 @@ def _subject_is(identity: dict[str, Any], owner: dict[str, Any]) -> bool:
 def client_submitted(st: Step, inp: ClientSubmitted) -> None:
     """A client's input: checked against the owner, then handled by its type."""
     body = inp.input
-    kind = body["type"]
     s = st.state
     if inp.owner is not None and s is not None and not _subject_is(s.identity, inp.owner):
         raise MachineError(
             f"session {st.session_id} belongs to another owner", code="forbidden", status=403
         )
-    if kind in TURN_STARTS:
-        turns.submit_turn(st, inp)
-    elif kind in ("tool.result", "tool.error"):
+    if is_turn_start(body):
+        turns.submit_turn(st, inp, body)
+    elif body["type"] == "tool.result" or body["type"] == "tool.error":
         calls.client_settles_tool(st, body)
-    elif kind == "interrupt.resume":
+    elif body["type"] == "interrupt.resume":
         iid = body["interrupt_id"]
         interrupt = s.interrupts.get(iid) if s is not None else None
         privilege = "frontend" if inp.owner is not None else "operator"
@@ -115,6 +114,7 @@ def client_submitted(st: Step, inp: ClientSubmitted) -> None:
         if expired:
             st.out.reply["expired"] = True
     else:
+        kind = body["type"]
         raise MachineError(f"unsupported input type {kind!r}", code="invalid_input", status=422)
 
 
