@@ -79,7 +79,7 @@ def needs_approval(state: SessionState, tool: dict[str, Any]) -> bool:
     if policy != "destructive":
         return bool(policy == "always")
     known = state.connectors.get(tool["connector"])
-    synced = known["tools"] if known is not None else ()
+    synced = (known.get("tools") if known else None) or ()
     listed: dict[str, Any] = next((t for t in synced if t.get("name") == tool["tool"]), {})
     notes = listed.get("annotations") or {}
     return notes.get("readOnlyHint") is not True and notes.get("destructiveHint") is not False

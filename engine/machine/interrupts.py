@@ -62,7 +62,7 @@ def submitter(owner: dict[str, Any] | None, identity: dict[str, Any]) -> Submitt
 def may_resume(interrupt: OpenInterrupt, privilege: str) -> bool:
     """Whether a caller of `privilege` may resume `interrupt` (at least its turn's)."""
     by = interrupt.get("by")
-    needed = (by["privilege"] if by is not None else None) or "frontend"
+    needed = (by.get("privilege") if by else None) or "frontend"
     return RANKS.get(privilege, 0) >= RANKS.get(needed, 0)
 
 

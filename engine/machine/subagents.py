@@ -227,7 +227,7 @@ def answer_from_child(
     error: ErrorInfo | None,
 ) -> None:
     """A child's run answers `call`: the tool result `{session, result}`, `subagent.finished`."""
-    text = result if ok else f"Error: {error['message'] if error else 'failed'}"
+    text = result if ok else f"Error: {error.get('message', 'failed') if error else 'failed'}"
     answer = tool_result_of({"session": child, "result": text})
     st.emit({"type": ev.TOOL_CALL_COMPLETED, "id": call.id, "result": answer})
     trigger: Finished = {

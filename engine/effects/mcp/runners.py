@@ -159,7 +159,8 @@ class McpRunners:
         call = state.calls[effect.call_id]
         path, tool = call.params["connector"], call.params["tool"]
         known = state.connectors.get(path)
-        synced = next((t for t in (known["tools"] if known else ()) if t["name"] == tool), None)
+        listed = (known.get("tools") if known else None) or ()
+        synced = next((t for t in listed if t["name"] == tool), None)
         checked = validate_input(synced, call.arguments or "")  # before any await: as committed
 
         async def send() -> Input:
