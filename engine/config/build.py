@@ -81,6 +81,7 @@ def build(root: Root, path: str) -> Project:
                 allow_users=tuple(a.slack.allow.users) if a.slack.allow else (),
                 external=a.slack.external,
                 follow=a.slack.follow,
+                show_cost=a.slack.show_cost,
                 watch=tuple(WatchEntry(w.channel, tuple(w.from_), w.match) for w in a.slack.watch),
             ),
             approvers=tuple(a.approvers or ()),

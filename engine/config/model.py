@@ -172,6 +172,7 @@ class SlackBlock:
     allow_users: tuple[str, ...] = ()
     external: bool = False  # people of other organisations (Slack Connect) may use it
     follow: bool = True  # a person's reply in a thread the app answered starts a turn
+    show_cost: bool = False  # a line of each turn's cost under its reply
     watch: tuple[WatchEntry, ...] = ()  # alert channels: new posts triaged without a mention
 
 

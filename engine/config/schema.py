@@ -303,6 +303,7 @@ class _Slack(_Model):
     allow: _SlackAllow | None = None
     external: bool = False
     follow: bool = True
+    show_cost: bool = False
     watch: list[_Watch] = Field(default_factory=list)
 
 
