@@ -1,6 +1,7 @@
 """The shapes the rules hand each other and the log keeps: triggers, actions, answers,
-errors, and the small records the state holds (who submitted a turn, an open interrupt,
-a queued turn, a child session).
+client inputs, retry policies, and the small records the state holds (who submitted a
+turn, an open interrupt, a queued turn, a child session, a synced connection). ErrorInfo
+is the error model's (engine/errors.py), re-exported here.
 
 Each is a `TypedDict` of the JSON as it is stored: a trigger or an answer *is* the dict
 a rule builds, the log records and a worker request is built from, so nothing is
@@ -14,6 +15,10 @@ stored `tool.execute` only which call and attempt) — request.py spells the wir
 the union (mypy's tagged unions). A field marked `NotRequired` is one a rule leaves out,
 or one an older version did not write. events.py's records use these, so the conftest's
 check of every emitted event holds them to what the rules really write.
+
+Past 500 lines on purpose: some forty small records and no logic beyond the three
+checks that tell a union's members apart; read side by side they are the protocol as the machine keeps it, and split
+they would be three files that always change together.
 """
 
 from __future__ import annotations
