@@ -17,8 +17,8 @@ or one an older version did not write. events.py's records use these, so the con
 check of every emitted event holds them to what the rules really write.
 
 Past 500 lines on purpose: some forty small records and no logic beyond the three
-checks that tell a union's members apart; read side by side they are the protocol as the machine keeps it, and split
-they would be three files that always change together.
+checks that tell a union's members apart; read side by side they are the protocol as
+the machine keeps it, and split they would be three files that always change together.
 """
 
 from __future__ import annotations
