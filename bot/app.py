@@ -20,6 +20,7 @@ import logging
 import re
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from aiohttp import web
@@ -36,17 +37,22 @@ from bot.turns.access import Access
 from bot.turns.follower import LEASE_MS, RETRY_SECONDS, Followers
 from bot.turns.listeners import Listeners
 from bot.turns.slots import TurnSlots
-from bot.turns.store import Checkpoints, Slots
+from bot.turns.store import Checkpoints, Slots, purge_sessions
 from bot.turns.watch import Watch
 from engine.client import Client
 from engine.config import Project, WatchEntry, slack_env_suffix
 from engine.landing import Landed, Landing
-from engine.store.store import RedisClient
+from engine.store.store import PurgeHooks, RedisClient
 from engine.telemetry.spans import SpanRecord
 
-__all__ = ["Bot", "Bots", "start_bots"]
+__all__ = ["PURGE_HOOKS", "Bot", "Bots", "start_bots"]
 
 log = logging.getLogger(__name__)
+
+# The bot's keys of a session (checkpoints, leases, dedupe keys) go with it when the
+# retention sweep removes it: the composition root hands these to the engine's sweep,
+# whether or not a Slack app runs now (an earlier serve's may have left keys).
+PURGE_HOOKS: PurgeHooks = MappingProxyType({"slack": purge_sessions})
 
 
 class Bots:
@@ -103,6 +109,7 @@ class Bots:
         files: bool = True,
         file_text_limit: int = 256 * 1024,
         follow: bool = False,
+        show_cost: bool = False,
         watches: Sequence[Watch] = (),
         access: Access | None = None,
         approvers: Sequence[str] = (),
@@ -110,7 +117,7 @@ class Bots:
         """One agent's app, its inputs handed to the listeners: with `follow`, a person's
         reply in a thread it answered starts a turn; `watches` are its alert channels;
         `access` says who may start turns, `approvers` who may answer prompts (else the
-        turn's starter)."""
+        turn's starter); `show_cost` puts each ended turn's cost under its reply."""
         bot = new_bot(
             agent,
             answers,
@@ -122,6 +129,7 @@ class Bots:
             max_concurrent_turns=max_concurrent_turns,
         )
         bot.files, bot.file_text_limit = files, file_text_limit
+        bot.show_cost = show_cost
         app = bot.app
         self.listeners.configure(agent, follow=follow, watches=watches)
         self.listeners.access[agent] = access or Access()
@@ -289,6 +297,7 @@ def start_bots(
             files=agent.slack.files,
             file_text_limit=agent.slack.file_text_limit,
             follow=agent.slack.follow,
+            show_cost=agent.slack.show_cost,
             watches=_watches(agent.id, agent.slack.watch, env),
             access=Access(
                 agent.slack.allow_teams,
