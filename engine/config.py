@@ -34,8 +34,10 @@ from pydantic import (
     ValidationInfo,
 )
 
+import engine.budget_config as budget_config
 from engine.errors import SubsError
 from engine.machine import default_kinds
+from engine.machine.policies import BudgetPolicy
 from engine.redact import redact_url, url_secrets
 
 LLM_DEFAULTS: dict[str, tuple[str, str]] = {
@@ -435,6 +437,7 @@ class Project:
     mcp: dict[str, McpBlock] = dataclasses.field(default_factory=dict)
     telemetry: TelemetryConfig = TelemetryConfig()
     alertmanager: AlertmanagerHookConfig | None = None
+    budgets: tuple[BudgetPolicy, ...] = ()  # `[[budgets]]` (engine/budget_config.py)
 
     def connections_off(self, env: Mapping[str, str]) -> dict[str, str]:
         """The MCP connections that cannot start here, and why (McpBlock.off_reason)."""
@@ -855,6 +858,7 @@ class _Root(_Model):
     mcp: dict[str, _Mcp] = Field(default_factory=dict)
     telemetry: _Telemetry = Field(default_factory=_Telemetry)
     hooks: _Hooks = Field(default_factory=_Hooks)
+    budgets: list[budget_config.BudgetEntry] = Field(default_factory=list)
 
 
 # Setting any of these makes the file, not the worker, the source of the model config.
@@ -1112,6 +1116,8 @@ def _check(root: _Root, file: str) -> None:
         _check_mcp(file, mid, conn)
     for aid, agent in root.agent.items():
         _check_agent(root, file, aid, agent)
+    for key, why in budget_config.problems(root.budgets, set(root.agent)):
+        raise ConfigError(why, file=file, key=key)
     hook = root.hooks.alertmanager
     if hook is not None and (hook.agent not in root.agent or root.agent[hook.agent].slack is None):
         raise ConfigError(
@@ -1375,6 +1381,7 @@ def _build(root: _Root, path: str) -> Project:
         alertmanager=None
         if root.hooks.alertmanager is None
         else AlertmanagerHookConfig(root.hooks.alertmanager.agent, root.hooks.alertmanager.channel),
+        budgets=budget_config.build(root.budgets),
     )
 
 

@@ -61,6 +61,7 @@ STORE_MODULES = {
     "engine/store/supervisor.py",
     "engine/store/durability.py",
     "engine/store/retention.py",
+    "engine/store/buckets.py",
     "bot/turns/store.py",
 }
 
@@ -385,7 +386,12 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
         set(),
     ),
     # subs.toml: it builds the machine's kinds table and masks its own errors.
-    "engine.config": ({"engine.errors", "engine.machine", "engine.redact"}, set()),
+    "engine.config": (
+        {"engine.errors", "engine.machine", "engine.redact", "engine.budget_config"},
+        set(),
+    ),
+    # `[[budgets]]` of subs.toml: the file's model of the machine's budget policies.
+    "engine.budget_config": ({"engine.machine"}, set()),
     # Redis: the machine's types, its settings; nothing that runs.
     "engine.store": ({"engine.store", "engine.machine", "engine.config", *_BELOW_ALL}, set()),
     # Effects run against the outside and report back as inputs; the store only for deltas.
@@ -556,6 +562,7 @@ ENGINE_BREACHES = [
     ("engine.machine.probe", "from engine.store.store import Store"),
     ("engine.machine.probe", "def f():\n    from engine.config import Project"),
     ("engine.config", "from engine.store.keys import META"),
+    ("engine.budget_config", "from engine.config import Project"),
     ("engine.store.probe", "from engine.runtime.apply import Applier"),
     ("engine.store.probe", "from engine.effects.runner import EffectRunner"),
     ("engine.effects.probe", "from engine.runtime.apply import Applier"),

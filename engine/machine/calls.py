@@ -116,8 +116,10 @@ def start_llm_call(st: Step, action: dict[str, Any]) -> None:
     handler, fmt = llm_handler(st, params.get("llm") or (st.s.agent or {}).get("llm"))
     if fmt:
         params["format"] = fmt
-    est = budgets.estimate(st.s, params)
-    over = budgets.check(st.s, "llm", est)
+    est = budgets.estimate(st.s, params, policies=bool(st.buckets))
+    over: budgets.Exceeded | budgets.PolicyExceeded | None = budgets.check(st.s, "llm", est)
+    if over is None:  # the turn's own limits allow it: then the `[[budgets]]` buckets
+        over = budgets.check_policies(st.s, st.buckets, est)
     if over is not None and over.on_exceeded != "ask":
         budgets.refuse(st, over)  # the call is not made
         return

@@ -69,6 +69,7 @@ from .inputs import (
     TimerFired,
 )
 from .interrupts import may_resume, raise_interrupt
+from .policies import Bucket
 from .retry import Fault
 from .state import SessionState
 from .turns import TURN_STARTS
@@ -243,10 +244,18 @@ def follow(st: Step, fact: Fact) -> None:
 
 
 def step(
-    state: SessionState | None, session_id: str, inp: Input, now: int, ids: Ids, kinds: Kinds
+    state: SessionState | None,
+    session_id: str,
+    inp: Input,
+    now: int,
+    ids: Ids,
+    kinds: Kinds,
+    *,
+    buckets: tuple[Bucket, ...] = (),
 ) -> Transition:
     """Apply one input by the rules of `kinds`. Mutates `state` (when it emits) and returns
-    the transition.
+    the transition. `buckets`: the session's budget-policy buckets as read before the step
+    (policies.py); a model call they do not allow is not made.
 
     Raises:
         MachineError: the input is refused; nothing was emitted.
@@ -267,6 +276,7 @@ def step(
             return Transition(state=None, ignored=f"session {session_id!r} does not exist")
     before = armed(state, kinds)
     st = Step(state, session_id, now, ids, kinds)
+    st.buckets = buckets
     handler(st, inp)
     advance(st)
     if st.out.events:

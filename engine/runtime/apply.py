@@ -43,9 +43,11 @@ from engine.machine import (
 )
 from engine.machine import events as ev
 from engine.machine.evolve import at_ms
+from engine.machine.policies import Bucket, BucketRef, buckets_for, charges, context_of
 from engine.runtime.cache import StateCache
 from engine.runtime.metrics import Metrics
 from engine.runtime.retrying import Backoff, Trouble
+from engine.store.buckets import charge_message
 from engine.store.snapshots import SNAPSHOT_MIN_BYTES, Mark, current, load, mark_of
 from engine.store.store import (
     STORE_FAULTS,
@@ -119,6 +121,8 @@ class Applier:
             a.id: with_prices(project, a.wire_config(project), a) for a in project.agents.values()
         }
         self.llm_routes = {b.id: {"type": b.type, "format": b.format} for b in project.llm.values()}
+        self.policies = project.budgets
+        self._refs: dict[str, list[BucketRef]] = {}  # a session's buckets: fixed for its life
 
     def now_ms(self) -> int:
         """The clock steps are stamped with, in ms; injected so tests can move it."""
@@ -132,6 +136,38 @@ class Applier:
     def drop(self, sid: str) -> None:
         """Forget a session's cached state (it was deleted, archived, or may be stale)."""
         self.cache.drop(sid)
+        self._refs.pop(sid, None)
+
+    def bucket_refs(
+        self, sid: str, state: SessionState | None, body: dict[str, Any]
+    ) -> list[BucketRef]:
+        """The budget-policy buckets a session counts toward (policies.py): from its agent
+        and identity, or, for a session this input creates, the input's."""
+        if not self.policies:
+            return []
+        refs = self._refs.get(sid)
+        if refs is None:
+            if state is not None:
+                agent_id, identity = state.agent_id, state.identity
+            elif body.get("kind") == "client":
+                agent_id = (body.get("input") or {}).get("agent_id") or ""
+                identity = body.get("identity") or {}
+            else:
+                return []  # a child's spawn: its buckets are read once it exists
+            refs = buckets_for(self.policies, context_of(sid, agent_id, identity))
+            if state is not None:
+                self._refs[sid] = refs
+        return refs
+
+    async def buckets(self, refs: list[BucketRef], now: int) -> tuple[Bucket, ...]:
+        """The buckets' usage as the machine is to check a model call against it."""
+        if not refs:
+            return ()
+        uses = await self.store.read_buckets(refs, now)
+        return tuple(
+            Bucket(u.policy, u.group, u.dimension, u.limit, u.used, u.frees_at, ref.policy.strategy)
+            for ref, u in zip(refs, uses, strict=True)
+        )
 
     async def settle(self, p: int, lease: str, item: WorkItem) -> Transition | None:
         """Apply one input and commit it, however long Redis is away.
@@ -275,9 +311,12 @@ class Applier:
         state = await self.load(sid)
         seq = state.seq if state else 0
         before = None if self.tracing is None else Before.of(state, sid, self.tracing.capture)
+        refs = self.bucket_refs(sid, state, item.input)
+        now = self.now_ms()
+        buckets = await self.buckets(refs, now)
         try:
             inp = self._machine_input(state, item.input)
-            t = step(state, sid, inp, self.now_ms(), new_id, self.kinds)
+            t = step(state, sid, inp, now, new_id, self.kinds, buckets=buckets)
         except MachineError as err:
             reply = {"ok": False, "status": err.status, **err.body()}
             commit = Commit(sid, seq, seq, (), None, reply=reply)
@@ -285,6 +324,11 @@ class Applier:
         if before is not None:
             _trace_spawns(t)
         commit, mark = self._commit_of(sid, seq, t, item)
+        if refs:  # the settled calls' usage, to their buckets by the outbox (store/buckets.py)
+            paid = charges(refs, sid, t.events, now)
+            if paid:
+                extra = tuple(encode(charge_message(c)).decode() for c in paid)
+                commit = dataclasses.replace(commit, outbox=commit.outbox + extra)
         return _Planned(commit, t, started, mark, before)
 
     def _commit_of(

@@ -23,6 +23,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import OutOfMemoryError, RedisError
 
+from engine.store.buckets import BucketUse, BudgetBuckets
 from engine.store.connection import (
     STORE_FAULTS,
     RedisClient,
@@ -55,6 +56,7 @@ from engine.store.work import ACQUIRE_SCRIPT, GROUP, RELEASE_SCRIPT, PartitionWo
 __all__ = [
     "GROUP",
     "STORE_FAULTS",
+    "BucketUse",
     "Commit",
     "OutOfMemoryError",
     "RedisClient",
@@ -77,7 +79,7 @@ __all__ = [
 META_SCRIPT = lua_script(__package__, "meta.lua")
 
 
-class Store(SessionLog, SessionRetention, PartitionWork, SessionFiles):
+class Store(SessionLog, SessionRetention, PartitionWork, SessionFiles, BudgetBuckets):
     """A thin, typed command layer over one Redis connection pool (or one cluster client).
 
     Every key of a partition carries the partition's hash tag: on a cluster each

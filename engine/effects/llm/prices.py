@@ -146,15 +146,36 @@ def unpriced(project: Project) -> list[tuple[str, str]]:
                     "million tokens)",
                 )
             )
+    for i, policy in enumerate(project.budgets):
+        if policy.dimension != "cost_usd":
+            continue
+        only = dict(policy.match).get("agent")
+        for agent in project.agents.values():
+            if only not in (None, agent.id) or not agent.model:
+                continue
+            if agent_price(project, agent) is None:
+                out.append(
+                    (
+                        f"budgets.{i}.dimension",
+                        f"counts USD, but agent {agent.id!r}'s model {agent.model!r} has no "
+                        f"known price: set [llm.{agent.llm}] prices = "
+                        f'{{ "{agent.model}" = {{ input = ..., output = ... }} }}',
+                    )
+                )
+                break
     return out
 
 
 def with_prices(project: Project, config: dict[str, Any] | None, agent: AgentDecl) -> Any:
     """An agent's wire config with its model's input price in `budget.price`, which the
-    machine estimates a call's cost with (engine/machine/budgets.py)."""
-    if config is None or "budget" not in config:
+    machine estimates a call's cost with (engine/machine/budgets.py); a `[[budgets]]`
+    policy in USD needs it too, budget or not."""
+    if config is None:
+        return config
+    if "budget" not in config and not any(p.dimension == "cost_usd" for p in project.budgets):
         return config
     price = agent_price(project, agent)
     if price is None:
         return config
-    return {**config, "budget": {**config["budget"], "price": {"input": usd(price.input)}}}
+    budget = {**config.get("budget", {}), "price": {"input": usd(price.input)}}
+    return {**config, "budget": budget}
