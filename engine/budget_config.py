@@ -38,7 +38,7 @@ class BudgetEntry(BaseModel):
     name: _Name
     group_by: Annotated[list[GroupKey], AfterValidator(_unique)] = Field(default_factory=list)
     dimension: Literal["total_tokens", "cost_usd"]
-    limit: Annotated[int | float, Field(gt=0)]
+    limit: Annotated[float, Field(gt=0)]
     window: Annotated[str, AfterValidator(_window)]
     strategy: Literal["reject", "interrupt"] = "reject"
     match: dict[GroupKey, _Value] = Field(default_factory=dict)

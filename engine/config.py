@@ -1008,7 +1008,11 @@ def _from_pydantic(file: str, error: ValidationError) -> ConfigError:
     ]
     if tagged:
         first = next((e for e in tagged if not e["type"].endswith("_type")), tagged[0])
-    loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and _UNION_TAG.fullmatch(p)))
+    loc = tuple(
+        p
+        for p in first["loc"]
+        if not (isinstance(p, str) and (_UNION_TAG.fullmatch(p) or p == "[key]"))
+    )
     return ConfigError(_human(first, loc), file=file, key=_dotted(loc))
 
 
