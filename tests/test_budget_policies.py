@@ -62,7 +62,11 @@ async def start(
 async def turn(
     client: Client, agent: str, text: str, *, user: str = "alice", session: str | None = None
 ) -> tuple[str, dict[str, Any]]:
-    body = {"type": "client.message", "agent_id": agent, "message": {"role": "user", "content": text}}
+    body = {
+        "type": "client.message",
+        "agent_id": agent,
+        "message": {"role": "user", "content": text},
+    }
     identity = {"subject": {"issuer": "cli", "id": user}, "metadata": {}}
     reply = await client.submit(body, session_id=session, identity=identity)
     sid, turn_id = reply["session_id"], reply["turn_id"]
@@ -286,8 +290,9 @@ async def test_the_interrupt_strategy_asks_and_an_approval_lets_the_turn_go_on(
         assert p["origin"] == "budget"
         meta = p["payload"]["metadata"]
         assert meta["policy"] == "per-user" and meta["limit"] == "policy:per-user"
-        assert "per-user" in p["payload"]["message"] and "continue with another" in (
-            p["payload"]["message"]
+        assert (
+            "per-user" in p["payload"]["message"]
+            and "continue with another" in (p["payload"]["message"])
         )
         assert len(vendor.requests) == sent  # held, not sent
         resume = {
@@ -305,8 +310,10 @@ async def test_the_interrupt_strategy_asks_and_an_approval_lets_the_turn_go_on(
         asked = await wait_for_event(
             client,
             sid,
-            lambda e: e["payload"]["type"] == "session.interrupted"
-            and e.get("turn_id") == reply["turn_id"],
+            lambda e: (
+                e["payload"]["type"] == "session.interrupted"
+                and e.get("turn_id") == reply["turn_id"]
+            ),
         )
         resume["interrupt_id"] = asked["payload"]["interrupt_id"]
         resume["payload"] = {"value": "decline"}
@@ -362,8 +369,11 @@ def _entry(**over: str | None) -> str:
         (_entry(match='{ model = "x" }'), "budgets.0.match.model", ""),
         (_entry(match='{ agent = "nope" }'), "budgets.0.match.agent", "no agent 'nope'"),
         (_entry(extra="1"), "budgets.0.extra", ""),
-        (_entry() + "[[budgets]]\n" + "".join(f"{k} = {v}\n" for k, v in GOOD.items()),
-         "budgets.1.name", "another"),
+        (
+            _entry() + "[[budgets]]\n" + "".join(f"{k} = {v}\n" for k, v in GOOD.items()),
+            "budgets.1.name",
+            "another",
+        ),
     ],
 )
 def test_a_wrong_budgets_entry_is_one_error_naming_its_key(text: str, key: str, says: str) -> None:
@@ -388,5 +398,7 @@ def test_a_cost_policy_over_an_unpriced_model_is_refused() -> None:
     project = parse_project(text, "subs.toml", env={})
     [(key, why)] = unpriced(project)
     assert key == "budgets.0.dimension" and "my-model" in why
-    priced = text.replace('type = "openai"', 'type = "openai"\nprices = { "my-model" = { input = 1, output = 2 } }')
+    priced = text.replace(
+        'type = "openai"', 'type = "openai"\nprices = { "my-model" = { input = 1, output = 2 } }'
+    )
     assert unpriced(parse_project(priced, "subs.toml", env={})) == []
