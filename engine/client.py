@@ -31,11 +31,12 @@ from engine.machine import (
     iso,
 )
 from engine.machine.events import TURN_FAILED
+from engine.machine.policies import BudgetPolicy, buckets_for, context_of
 from engine.machine.tree import path_to
 from engine.machine.turns import TURN_STARTS
 from engine.messages import text_of
 from engine.protocol import parse_client_input
-from engine.session_client import SessionRow
+from engine.session_client import BucketRow, SessionRow
 from engine.statuses import ListedStatus
 from engine.store.retention import FULL_AT
 from engine.store.snapshots import load_state, load_states
@@ -132,8 +133,10 @@ class Client:
     """A `SessionClient` over the engine's own Redis: for a process that runs an engine
     (or shares its Redis) and so needs no HTTP hop."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, policies: tuple[BudgetPolicy, ...] = ()) -> None:
+        """`policies`: the project's `[[budgets]]`, whose buckets a listing shows."""
         self.store = store
+        self.policies = policies
         self.memory_every_s = MEMORY_EVERY_S
         self._memory: tuple[int, int] = (0, 0)  # used_memory, maxmemory (0: no limit)
         self._memory_at = -math.inf
@@ -335,11 +338,44 @@ class Client:
         states, lasts = await asyncio.gather(
             load_states(self.store, ids), self.store.last_events(ids)
         )
-        return [
+        rows = [
             session_row(state, last)
             for state, last in zip(states, lasts, strict=True)
             if state is not None  # indexed, then lost with its snapshot: nothing to show
         ]
+        if self.policies:
+            found = [s for s in states if s is not None]
+            for row, used in zip(rows, await self._buckets(found), strict=True):
+                row["budgets"] = used
+        return rows
+
+    async def _buckets(self, states: list[SessionState]) -> list[list[BucketRow]]:
+        """Each session's budget buckets as they stand (one read for the page)."""
+        refs = [
+            buckets_for(self.policies, context_of(s.session_id, s.agent_id, s.identity))
+            for s in states
+        ]
+        uses = await self.store.read_buckets(
+            [r for rs in refs for r in rs], int(time.time() * 1000)
+        )
+        out: list[list[BucketRow]] = []
+        at = 0
+        for rs in refs:
+            out.append(
+                [
+                    {
+                        "policy": u.policy,
+                        "group": u.group,
+                        "dimension": u.dimension,
+                        "used": u.used,
+                        "limit": u.limit,
+                        "frees_at": None if u.frees_at is None else iso(u.frees_at),
+                    }
+                    for u in uses[at : at + len(rs)]
+                ]
+            )
+            at += len(rs)
+        return out
 
     async def find_rows(
         self,

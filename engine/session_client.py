@@ -12,9 +12,22 @@ loading the engine.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, Protocol, TypedDict
+from typing import Any, NotRequired, Protocol, TypedDict
 
 from engine.statuses import ListedStatus
+
+
+class BucketRow(TypedDict):
+    """One budget-policy bucket a session counts toward, as read when listed: `used` of
+    `limit` (tokens, or USD for `cost_usd`) in its window; `frees_at` (ISO 8601 UTC) when
+    it is spent, else None."""
+
+    policy: str
+    group: str
+    dimension: str
+    used: str
+    limit: str
+    frees_at: str | None
 
 
 class SessionRow(TypedDict):
@@ -36,6 +49,7 @@ class SessionRow(TypedDict):
     cost: str
     failed: bool
     error: str | None
+    budgets: NotRequired[list[BucketRow]]  # `[[budgets]]` buckets, when the project has any
 
 
 class SessionClient(Protocol):

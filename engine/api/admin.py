@@ -4,6 +4,7 @@ keys only), and the open `/healthz` and `/metrics`."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 from aiohttp import web
 
@@ -12,6 +13,7 @@ from engine.api.parsing import MAX_SEQ, int_query
 from engine.api.state import API, principal_of
 from engine.errors import SubsError
 from engine.jsonedge import compact_json
+from engine.machine import iso
 from engine.statuses import LISTED_STATUSES, is_listed_status
 
 HEALTH_TIMEOUT = 1.0  # /healthz waits this long for Redis's PONG
@@ -55,6 +57,36 @@ async def admin_sessions(request: web.Request) -> web.Response:
     used, limit, full = await client.store_memory()
     store = {"used_memory": used, "maxmemory": limit, "full": full}
     body = {"sessions": sessions, "next_offset": next_offset, "store": store}
+    return web.json_response(body, dumps=compact_json)
+
+
+async def admin_budgets(request: web.Request) -> web.Response:
+    """Every budget-policy bucket still inside its window (`[[budgets]]`): what it has used
+    of its limit and, when spent, when it frees up. A full-access or `KEY:read` key's, as
+    `/metrics` (they count across every session and key)."""
+    if not principal_of(request).full:
+        raise ApiError(
+            "this key may only use its own sessions (a KEY:own entry in SUBS_API_KEYS); "
+            "/api/admin/budgets needs a full-access or a KEY:read key",
+            status=403,
+            code="forbidden",
+        )
+    limit = int_query(request, "limit", 1000, lo=1, hi=10_000)
+    uses = await request.app[API].store.list_buckets(int(time.time() * 1000), limit)
+    body = {
+        "budgets": [
+            {
+                "policy": u.policy,
+                "group": u.group,
+                "dimension": u.dimension,
+                "used": u.used,
+                "limit": u.limit,
+                "window_ms": u.window_ms,
+                "frees_at": None if u.frees_at is None else iso(u.frees_at),
+            }
+            for u in uses
+        ]
+    }
     return web.json_response(body, dumps=compact_json)
 
 

@@ -20,7 +20,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
@@ -244,7 +244,7 @@ async def _engine_client(project: Project, redis_url: str | None) -> AsyncIterat
         engine = Engine(project, redis, lease_ms=_lease_ms())
         await engine.start()
         try:
-            yield Client(engine.store)
+            yield Client(engine.store, policies=project.budgets)
         finally:
             await engine.stop()
 
@@ -654,7 +654,7 @@ async def _serve(args: argparse.Namespace) -> int:
         await engine.start()
         stack.push_async_callback(engine.stop)
         store = await Store.open(api_redis)
-        client = Client(store)
+        client = Client(store, policies=project.budgets)
         # The agents whose Slack tokens are set; a dead serve's turns move after one lease.
         bots = start_bots(
             project,
@@ -850,7 +850,7 @@ async def _reader(args: argparse.Namespace) -> AsyncIterator[SessionClient]:
 
     project = _load(args)
     async with _redis_for(project, args.redis) as redis:
-        yield Client(await Store.open(redis))
+        yield Client(await Store.open(redis), policies=project.budgets)
 
 
 async def _cancel(args: argparse.Namespace) -> int:
@@ -958,9 +958,21 @@ def _print_sessions(rows: list[SessionRow], jsonl: bool) -> None:
             (row["session_id"], row["agent_id"], row["status"], last, str(row["turns"]), first)
         )
     widths = [max(len(line[i]) for line in table) for i in range(5)]
-    for line in table:
+    for n, line in enumerate(table):
         cells = [cell.ljust(w) for cell, w in zip(line, widths, strict=False)]
         print("  ".join([*cells, line[5]]).rstrip())
+        for bucket in rows[n - 1].get("budgets") or () if n else ():
+            print(f"  {_bucket_line(bucket)}")
+
+
+def _bucket_line(b: Mapping[str, Any]) -> str:
+    """`budget per-user (user=slack:U1): 480 of 300 tokens, frees up at …`: one bucket."""
+    unit = "USD" if b.get("dimension") == "cost_usd" else "tokens"
+    group = f" ({b['group']})" if b.get("group") else ""
+    line = f"budget {b['policy']}{group}: {b['used']} of {b['limit']} {unit}"
+    if b.get("frees_at"):
+        line += f", spent until {b['frees_at']}"
+    return line
 
 
 def _dead_letter_line(letter: dict[str, Any]) -> str:
