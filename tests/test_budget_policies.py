@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from engine.client import Client
 from engine.config import ConfigError, parse_project
@@ -140,6 +141,10 @@ async def _equals(value: Any, expected: Any) -> bool:
     return await value == expected
 
 
+async def _is(value: bool) -> bool:
+    return value
+
+
 async def test_a_window_rolls_over_with_the_clock(redis, vendor, tmp_path):
     clock = Clock()
     vendor.default = Text(LONG)
@@ -218,9 +223,12 @@ async def test_a_charge_applied_twice_counts_once(redis, vendor, tmp_path):
         await engine.stop()
 
 
-async def test_a_retried_commit_does_not_count_twice(redis, vendor, tmp_path):
-    """A commit whose answer was lost is recognised and not written again (apply.py); a
-    duplicate settlement of a call is ignored by the machine: either way one charge."""
+async def test_a_retried_commit_and_a_relay_that_failed_halfway_count_once(
+    redis, vendor, tmp_path
+):
+    """A commit whose answer was lost is recognised and not written again (apply.py), so
+    its charge is in the outbox once; the relay then applies it to the bucket but fails to
+    drop it from the outbox (Redis went away), so it applies it again: counted once."""
     clock = Clock()
     vendor.default = Text("fine")
     engine = await start(redis, vendor, tmp_path, PER_AGENT.replace("300", "100000"), clock)
@@ -236,13 +244,29 @@ async def test_a_retried_commit_does_not_count_twice(redis, vendor, tmp_path):
                 raise ConnectionError("the answer was lost with the connection")
 
         store.commit = commit_then_lose_the_answer  # type: ignore[method-assign]
+        real_done, real_charge = store.outbox_done, store.charge
+        applied: list[int] = []
+
+        async def charge(message, now_ms):
+            applied.append(await real_charge(message, now_ms))
+            return applied[-1]
+
+        async def done_fails_once(p, entry_id):
+            if len(applied) == 1:
+                raise RedisConnectionError("Redis went away before the outbox entry was dropped")
+            await real_done(p, entry_id)
+
+        store.charge = charge  # type: ignore[method-assign]
+        store.outbox_done = done_fails_once  # type: ignore[method-assign]
         client = Client(store)
         sid, end = await turn(client, "ops_openai", "hi")
         assert end["payload"]["type"] == "turn.completed", end["payload"]
         assert lost["n"] == 1
         ref = ref_of(engine, sid, "ops_openai")
         used = end["payload"]["usage"]["total"]
-        await poll_until(lambda: _equals(bucket_units(redis, ref), used), 10, "the charge")
+        await poll_until(lambda: _is(len(applied) == 2), 10, "the charge applied again")
+        assert applied == [1, 0]  # the second time, the bucket had counted it already
+        assert await bucket_units(redis, ref) == used
         events = await assert_consistent(store, sid)
         assert len(payloads(events, "llm.call.completed")) == 1
         assert await redis.zcard(seen_key(ref.id)) == 1
