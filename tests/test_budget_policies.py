@@ -223,9 +223,7 @@ async def test_a_charge_applied_twice_counts_once(redis, vendor, tmp_path):
         await engine.stop()
 
 
-async def test_a_retried_commit_and_a_relay_that_failed_halfway_count_once(
-    redis, vendor, tmp_path
-):
+async def test_a_retried_commit_and_a_relay_that_failed_halfway_count_once(redis, vendor, tmp_path):
     """A commit whose answer was lost is recognised and not written again (apply.py), so
     its charge is in the outbox once; the relay then applies it to the bucket but fails to
     drop it from the outbox (Redis went away), so it applies it again: counted once."""

@@ -52,9 +52,7 @@ async def test_a_per_user_policy_over_slack_stops_that_person_only(
         assert len(vendor.requests) == sent  # no call was made for her
         # The thread says why, in one line naming the policy and when it frees up.
         said = await fake.until(
-            lambda: next(
-                (m.text for m in app.bot_messages(again) if "per-user" in m.text), None
-            ),
+            lambda: next((m.text for m in app.bot_messages(again) if "per-user" in m.text), None),
             10,
         )
         assert "budget" in said and "frees up at" in said
