@@ -424,3 +424,56 @@ def test_a_cost_policy_over_an_unpriced_model_is_refused() -> None:
         'type = "openai"', 'type = "openai"\nprices = { "my-model" = { input = 1, output = 2 } }'
     )
     assert unpriced(parse_project(priced, "subs.toml", env={})) == []
+
+
+# -- shown ------------------------------------------------------------------------------
+
+
+async def test_the_buckets_are_shown_to_the_admin_api_and_sessions_list(
+    redis, vendor, tmp_path, capsys
+):
+    import httpx
+
+    from engine.api.app import make_app
+    from engine.api.auth import ApiKeys
+    from engine.cli.commands import _print_sessions
+    from engine.runtime.metrics import Metrics
+    from tests.api_helpers import ALICE, KEYS_ENV, ROOT, auth, serve
+
+    clock = Clock()
+    vendor.default = Text(LONG)
+    engine = await start(redis, vendor, tmp_path, PER_AGENT, clock)
+    try:
+        client = Client(engine.store, policies=engine.project.budgets)
+        sid, end = await turn(client, "ops_openai", "hi")
+        used = end["payload"]["usage"]["total"]
+        ref = ref_of(engine, sid, "ops_openai")
+        await poll_until(lambda: _equals(bucket_units(redis, ref), used), 10, "the charge")
+        keys = ApiKeys.from_env(KEYS_ENV)
+        app = make_app(
+            client, engine.store, keys=keys, metrics=Metrics(), max_body=65536, heartbeat=0.2
+        )
+        async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as http:
+            listed = (await http.get("/api/admin/budgets", headers=auth(ROOT))).json()
+            [bucket] = listed["budgets"]
+            assert bucket["policy"] == "openai-hourly" and bucket["group"] == "agent=ops_openai"
+            assert bucket["used"] == str(used) and bucket["limit"] == "300"
+            assert bucket["window_ms"] == HOUR_MS
+            # Spent (the clock is the test's, the API's is real: frees_at is the first
+            # call's sub-bucket plus the window, whatever the reader's time).
+            assert bucket["frees_at"] is not None
+            refused = await http.get("/api/admin/budgets", headers=auth(ALICE))
+            assert refused.status_code == 403 and refused.json()["code"] == "forbidden"
+            rows = (await http.get("/api/admin/sessions", headers=auth(ROOT))).json()["sessions"]
+            [row] = [r for r in rows if r["session_id"] == sid]
+            [mine] = row["budgets"]
+            assert (mine["policy"], mine["used"], mine["limit"]) == (
+                "openai-hourly",
+                str(used),
+                "300",
+            )
+        _print_sessions([row], jsonl=False)
+        out = capsys.readouterr().out
+        assert f"budget openai-hourly (agent=ops_openai): {used} of 300 tokens" in out
+    finally:
+        await engine.stop()

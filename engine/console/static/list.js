@@ -118,6 +118,14 @@ function row(s) {
     h("td", { title: stamp(s.last_activity_at) }, ago(s.last_activity_at), h("div", { class: "muted small" }, stamp(s.last_activity_at))),
     h("td", { class: "num" }, count(s.turns)),
     h("td", { class: "num" }, count(s.tokens)),
-    h("td", { class: "num" }, money(s.cost)),
+    h("td", { class: "num" }, money(s.cost), ...(s.budgets || []).map(bucket)),
   );
+}
+
+// A budget-policy bucket the session counts toward ([[budgets]]): used of its limit in its
+// window, and until when it is spent.
+function bucket(b) {
+  const unit = b.dimension === "cost_usd" ? money(b.used) + " of " + money(b.limit) : `${count(Number(b.used))} of ${count(Number(b.limit))} tokens`;
+  const spent = b.frees_at ? ` · spent until ${stamp(b.frees_at)}` : "";
+  return h("div", { class: `budget small${b.frees_at ? " spent" : " muted"}`, title: b.group }, `${b.policy}: ${unit}${spent}`);
 }
