@@ -122,7 +122,6 @@ class Applier:
         }
         self.llm_routes = {b.id: {"type": b.type, "format": b.format} for b in project.llm.values()}
         self.policies = project.budgets
-        self._refs: dict[str, list[BucketRef]] = {}  # a session's buckets: fixed for its life
 
     def now_ms(self) -> int:
         """The clock steps are stamped with, in ms; injected so tests can move it."""
@@ -136,28 +135,23 @@ class Applier:
     def drop(self, sid: str) -> None:
         """Forget a session's cached state (it was deleted, archived, or may be stale)."""
         self.cache.drop(sid)
-        self._refs.pop(sid, None)
 
-    def bucket_refs(
-        self, sid: str, state: SessionState | None, body: dict[str, Any]
-    ) -> list[BucketRef]:
+    def bucket_refs(self, sid: str, state: SessionState | None, inp: Input) -> list[BucketRef]:
         """The budget-policy buckets a session counts toward (policies.py): from its agent
-        and identity, or, for a session this input creates, the input's."""
+        and identity, or, for a session this input creates, the input's. Worked out each
+        step (a few comparisons): a cache of them would grow with every session."""
         if not self.policies:
             return []
-        refs = self._refs.get(sid)
-        if refs is None:
-            if state is not None:
-                agent_id, identity = state.agent_id, state.identity
-            elif body.get("kind") == "client":
-                agent_id = (body.get("input") or {}).get("agent_id") or ""
-                identity = body.get("identity") or {}
-            else:
-                return []  # a child's spawn: its buckets are read once it exists
-            refs = buckets_for(self.policies, context_of(sid, agent_id, identity))
-            if state is not None:
-                self._refs[sid] = refs
-        return refs
+        if state is not None:
+            agent_id, identity = state.agent_id, state.identity
+        elif isinstance(inp, ClientSubmitted):
+            agent_id, identity = inp.agent_id, inp.identity
+        elif isinstance(inp, ChildSpawned):  # as turns.child_spawned records it
+            agent_id = inp.agent_id
+            identity = {"subject": {"issuer": "session", "id": inp.parent_session}}
+        else:
+            return []
+        return buckets_for(self.policies, context_of(sid, agent_id, identity))
 
     async def buckets(self, refs: list[BucketRef], now: int) -> tuple[Bucket, ...]:
         """The buckets' usage as the machine is to check a model call against it."""
@@ -311,11 +305,11 @@ class Applier:
         state = await self.load(sid)
         seq = state.seq if state else 0
         before = None if self.tracing is None else Before.of(state, sid, self.tracing.capture)
-        refs = self.bucket_refs(sid, state, item.input)
         now = self.now_ms()
-        buckets = await self.buckets(refs, now)
         try:
             inp = self._machine_input(state, item.input)
+            refs = self.bucket_refs(sid, state, inp)
+            buckets = await self.buckets(refs, now) if refs else ()
             t = step(state, sid, inp, now, new_id, self.kinds, buckets=buckets)
         except MachineError as err:
             reply = {"ok": False, "status": err.status, **err.body()}
