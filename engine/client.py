@@ -87,6 +87,7 @@ def session_row(state: SessionState, last: dict[str, Any] | None) -> SessionRow:
         "cost": state.cost,
         "failed": failed,
         "error": _words(str(error.get("message", "")), 160) if isinstance(error, dict) else None,
+        "budgets": [],  # filled in by a client that knows the project's policies
     }
 
 

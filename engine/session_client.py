@@ -12,7 +12,7 @@ loading the engine.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any, NotRequired, Protocol, TypedDict
+from typing import Any, Protocol, TypedDict
 
 from engine.statuses import ListedStatus
 
@@ -49,7 +49,7 @@ class SessionRow(TypedDict):
     cost: str
     failed: bool
     error: str | None
-    budgets: NotRequired[list[BucketRow]]  # `[[budgets]]` buckets, when the project has any
+    budgets: list[BucketRow]  # its `[[budgets]]` buckets ([] when the project has none)
 
 
 class SessionClient(Protocol):
