@@ -793,3 +793,51 @@ async def test_a_fresh_page_keeps_nothing_of_the_last_tests_pages(page: Page) ->
         assert not [m for m in page.console_log() if "from the last test" in m]
     finally:
         await runner.cleanup()
+
+
+async def test_the_list_shows_each_sessions_budget_buckets(
+    tmp_path: Path, redis_url: str, page: Page
+) -> None:
+    """`[[budgets]]`: a session's row shows what its buckets have used of their limits."""
+    policies = textwrap.dedent(
+        """
+        [[budgets]]
+        name = "oncall-hourly"
+        group_by = ["agent"]
+        dimension = "total_tokens"
+        limit = 1000000
+        window = "1h"
+        """
+    )
+    async with FakeVendor() as vendor:
+        vendor.responder = _model
+        config = tmp_path / "subs.toml"
+        config.write_text(_toml(vendor.url) + policies)
+        keys = f"{FULL_KEY},{READ_KEY}:read"
+        proc = await EngineProcess(config, redis_url, {"SUBS_API_KEYS": keys}).start()
+        api = Api(proc.api)
+        try:
+            await api.say("is checkout up?", "ses-first")
+            await api.settled("ses-first", "idle")
+
+            async def charged() -> bool:
+                listed = (await api.http.get("/api/admin/budgets")).json()["budgets"]
+                return bool(listed) and listed[0]["used"] != "0"
+
+            await poll_until(charged, WAIT, "the bucket charged")
+            [bucket] = (await api.http.get("/api/admin/budgets")).json()["budgets"]
+            await _page(page.open, f"{proc.api}/console")
+            await _page(page.until, "the key prompt", lambda: page.find("#key-form").is_displayed())
+            await _page(lambda: page.find("#key").send_keys(FULL_KEY + "\n"))
+            cell = "#sessions tr[data-session='ses-first'] .budget"
+            shown = await _page(page.until, "the bucket", lambda: page.find(cell))
+            used = f"{int(bucket['used']):,}"
+            assert shown.text == f"oncall-hourly: {used} of 1,000,000 tokens"
+            assert "spent" not in shown.get_attribute("class")
+            assert shown.get_attribute("title") == "agent=oncall"
+            await _page(page.shot, "console-list-budgets")
+        finally:
+            await api.aclose()
+            await proc.stop()
+    errors = [m for m in page.console_log() if "SEVERE" in m or "could not show" in m]
+    assert not errors, errors
