@@ -477,3 +477,22 @@ async def test_the_buckets_are_shown_to_the_admin_api_and_sessions_list(
         assert f"budget openai-hourly (agent=ops_openai): {used} of 300 tokens" in out
     finally:
         await engine.stop()
+
+
+async def test_subs_check_names_a_wrong_budgets_key_and_an_unpriced_cost_policy(
+    tmp_path: Path, vendor: FakeVendor
+) -> None:
+    from tests.engine_helpers import subs
+
+    config = tmp_path / "subs.toml"
+    config.write_text(policies_toml(vendor, PER_AGENT.replace('window = "1h"', 'window = "1w"')))
+    code, out, err = await subs("check", "-c", str(config), env=ENV)
+    assert code != 0 and "budgets.0.window" in out + err and '"5m"' in out + err
+    unpriced = PER_AGENT.replace('"total_tokens"', '"cost_usd"')
+    text = policies_toml(vendor, unpriced).replace('model = "gpt-4.1-mini"', 'model = "my-model"')
+    config.write_text(text)
+    code, out, err = await subs("check", "-c", str(config), env=ENV)
+    assert code != 0 and "budgets.0.dimension" in out + err and "my-model" in out + err
+    config.write_text(policies_toml(vendor, unpriced))
+    code, out, err = await subs("check", "-c", str(config), env=ENV)
+    assert code == 0, out + err
