@@ -236,9 +236,11 @@ async def test_a_retried_commit_and_a_relay_that_failed_halfway_count_once(redis
         lost = {"n": 0}
 
         async def commit_then_lose_the_answer(p, lease, c, deltas):
-            await real(p, lease, c, deltas)
-            if any(b'"llm.call.completed"' in e for e in c.events) and not lost["n"]:
+            lose = any(b'"llm.call.completed"' in e for e in c.events) and not lost["n"]
+            if lose:  # counted first: the turn's end is readable once Redis ran the commit
                 lost["n"] += 1
+            await real(p, lease, c, deltas)
+            if lose:
                 raise ConnectionError("the answer was lost with the connection")
 
         store.commit = commit_then_lose_the_answer  # type: ignore[method-assign]
