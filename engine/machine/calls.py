@@ -116,7 +116,7 @@ def start_llm_call(st: Step, action: dict[str, Any]) -> None:
     handler, fmt = llm_handler(st, params.get("llm") or (st.s.agent or {}).get("llm"))
     if fmt:
         params["format"] = fmt
-    est = budgets.estimate(st.s, params, policies=bool(st.buckets))
+    est = budgets.estimate(st.s, params, st.now, policies=bool(st.buckets))
     over: budgets.Exceeded | budgets.PolicyExceeded | None = budgets.check(st.s, "llm", est)
     if over is None:  # the turn's own limits allow it: then the `[[budgets]]` buckets
         over = budgets.check_policies(st.s, st.buckets, est)

@@ -52,7 +52,7 @@ def window_ms(text: str) -> int:
 
 @dataclass(frozen=True)
 class BudgetPolicy:
-    """One `[[budgets]]` entry, checked (engine/budget_config.py builds it)."""
+    """One `[[budgets]]` entry, checked (engine/config/budgets.py builds it)."""
 
     name: str
     group_by: tuple[str, ...]

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from engine.config import AgentDecl, Project
 
 # A block's own prices (`[llm.<id>] prices`): model -> {input, output, cache_read,
-# cache_write} as decimal strings, USD per million tokens (engine/config.py).
+# cache_write} as decimal strings, USD per million tokens (engine/config/build.py).
 Extra = Mapping[str, Mapping[str, str]]
 T = TypeVar("T")
 
@@ -167,15 +167,16 @@ def unpriced(project: Project) -> list[tuple[str, str]]:
 
 
 def with_prices(project: Project, config: dict[str, Any] | None, agent: AgentDecl) -> Any:
-    """An agent's wire config with its model's input price in `budget.price`, which the
-    machine estimates a call's cost with (engine/machine/budgets.py); a `[[budgets]]`
-    policy in USD needs it too, budget or not."""
-    if config is None:
-        return config
-    if "budget" not in config and not any(p.dimension == "cost_usd" for p in project.budgets):
+    """An agent's wire config with its model's input and cache-read prices in `budget.price`
+    (`session_budget.price` when it has only that), which the machine estimates a call's
+    cost with (engine/machine/budgets.py); a `[[budgets]]` policy in USD needs them too,
+    budget or not (in `budget.price` then)."""
+    cost_policy = any(p.dimension == "cost_usd" for p in project.budgets)
+    if config is None or not ("budget" in config or "session_budget" in config or cost_policy):
         return config
     price = agent_price(project, agent)
     if price is None:
         return config
-    budget = {**config.get("budget", {}), "price": {"input": usd(price.input)}}
-    return {**config, "budget": budget}
+    key = "session_budget" if "session_budget" in config and "budget" not in config else "budget"
+    priced = {"input": usd(price.input), "cache_read": usd(price.cache_read)}
+    return {**config, key: {**config.get(key, {}), "price": priced}}

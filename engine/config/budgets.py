@@ -1,8 +1,9 @@
-"""`[[budgets]]` in subs.toml: the file's model of a budget policy and its build.
+"""`[[budgets]]` in subs.toml: the file's model of a budget policy, its checks across
+entries, and its build.
 
-Kept apart from engine/config.py, which reads it as one key of the file's root; the
-policies themselves are the machine's (engine/machine/policies.py), which checks a model
-call against their buckets.
+Kept in one module beside the schema (schema.py reads it as one key of the file's root);
+the policies themselves are the machine's (engine/machine/policies.py), which checks a
+model call against their buckets.
 """
 
 from __future__ import annotations
