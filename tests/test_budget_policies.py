@@ -26,7 +26,7 @@ from tests.engine_helpers import (
     turn_ended,
     wait_for_event,
 )
-from tests.fakes.llm_vendor import FakeVendor, Text
+from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
 
 HOUR_MS = 3_600_000
 # An answer of 400 words: the fake vendor counts a word an output token, so one call
@@ -498,3 +498,69 @@ async def test_subs_check_names_a_wrong_budgets_key_and_an_unpriced_cost_policy(
     config.write_text(policies_toml(vendor, unpriced))
     code, out, err = await subs("check", "-c", str(config), env=ENV)
     assert code == 0, out + err
+
+
+async def test_a_subagents_spend_counts_toward_the_person_who_started_the_root_session(
+    redis, vendor, tmp_path
+):
+    """A per-user bucket: the child session's calls are charged to the root session's
+    person (the child's own subject is its parent session), and a spent bucket stops the
+    child's call too."""
+    from tests.test_subagents import last_role, system_of
+
+    text = textwrap.dedent(
+        f"""\
+        [llm.openai]
+        type = "openai"
+        base_url = "{vendor.url}/v1"
+
+        [agent.lead]
+        llm = "openai"
+        model = "gpt-4.1-mini"
+        system = "You lead."
+        subagents = ["agent.helper"]
+
+        [agent.helper]
+        llm = "openai"
+        model = "gpt-4.1-mini"
+        system = "You help."
+
+        [[budgets]]
+        name = "per-user"
+        group_by = ["user"]
+        dimension = "total_tokens"
+        limit = 100000
+        window = "1h"
+        """
+    )
+
+    def model(body: dict):
+        if system_of(body) == "You help.":
+            return Text("helped " * 50)
+        if last_role(body) == "tool":
+            return Text("lead done")
+        return ToolCalls([("helper", {"message": "please"})])
+
+    vendor.responder = model
+    path = tmp_path / "subs.toml"
+    path.write_text(text)
+    engine = Engine(parse_project(text, str(path), env={}), redis, env=ENV, clock=Clock())
+    await engine.start()
+    try:
+        client = Client(engine.store)
+        sid, end = await turn(client, "lead", "go", user="carol")
+        assert end["payload"]["type"] == "turn.completed", end["payload"]
+        identity = {"subject": {"issuer": "cli", "id": "carol"}}
+        [ref] = buckets_for(engine.project.budgets, context_of(sid, "lead", identity))
+        assert ref.group == "user=cli:carol"
+        # The parent's two calls and the child's one, all in carol's bucket.
+        await poll_until(lambda: _equals(redis.zcard(seen_key(ref.id)), 3), 10, "3 charges")
+        events = await engine.store.read_log(sid)
+        [child_done] = payloads(events, "subagent.completed")
+        parent_calls = payloads(events, "llm.call.completed")
+        child_total = child_done["usage"]["total"]
+        assert child_total > 50
+        own = sum(p["usage"]["total"] for p in parent_calls)
+        assert await bucket_units(redis, ref) == own + child_total
+    finally:
+        await engine.stop()

@@ -65,6 +65,7 @@ log = logging.getLogger("subs.engine")
 # An input whose transition fails this often (reloaded from Redis each time) is a bug,
 # not bad luck: it goes to the dead-letter stream. One the work stream has handed out
 # this often took its engine down each time (or never got an answer): the same.
+ROOTS_KEPT = 10_000  # root sessions' identities kept for their subagents' budget buckets
 POISON_FAILURES = 3
 POISON_DELIVERIES = 10
 
@@ -122,6 +123,7 @@ class Applier:
         }
         self.llm_routes = {b.id: {"type": b.type, "format": b.format} for b in project.llm.values()}
         self.policies = project.budgets
+        self._roots: dict[str, dict[str, Any]] = {}  # root session -> identity (subagents')
 
     def now_ms(self) -> int:
         """The clock steps are stamped with, in ms; injected so tests can move it."""
@@ -136,22 +138,38 @@ class Applier:
         """Forget a session's cached state (it was deleted, archived, or may be stale)."""
         self.cache.drop(sid)
 
-    def bucket_refs(self, sid: str, state: SessionState | None, inp: Input) -> list[BucketRef]:
+    async def bucket_refs(
+        self, sid: str, state: SessionState | None, inp: Input
+    ) -> list[BucketRef]:
         """The budget-policy buckets a session counts toward (policies.py): from its agent
-        and identity, or, for a session this input creates, the input's. Worked out each
-        step (a few comparisons): a cache of them would grow with every session."""
+        and identity, or, for a session this input creates, the input's. A subagent's
+        session counts toward its root session's person and channel (its own agent and
+        id): a user's subagents spend that user's budget. Worked out each step (a few
+        comparisons); only a root's identity is kept, as it never changes."""
         if not self.policies:
             return []
         if state is not None:
-            agent_id, identity = state.agent_id, state.identity
+            agent_id, identity, ancestry = state.agent_id, state.identity, state.ancestry
         elif isinstance(inp, ClientSubmitted):
-            agent_id, identity = inp.agent_id, inp.identity
-        elif isinstance(inp, ChildSpawned):  # as turns.child_spawned records it
-            agent_id = inp.agent_id
-            identity = {"subject": {"issuer": "session", "id": inp.parent_session}}
+            agent_id, identity, ancestry = inp.agent_id, inp.identity, list(inp.ancestry or ())
+        elif isinstance(inp, ChildSpawned):
+            agent_id, identity, ancestry = inp.agent_id, {}, inp.ancestry
         else:
             return []
+        if ancestry:
+            identity = await self._root_identity(ancestry[0])
         return buckets_for(self.policies, context_of(sid, agent_id, identity))
+
+    async def _root_identity(self, root: str) -> dict[str, Any]:
+        """A root session's identity (read once, from its snapshot: it never changes)."""
+        known = self._roots.get(root)
+        if known is None:
+            snap = await self.store.load_snapshot(root)
+            known = (snap.state.get("identity") if snap is not None else None) or {}
+            if len(self._roots) >= ROOTS_KEPT:
+                self._roots.pop(next(iter(self._roots)))
+            self._roots[root] = known
+        return known
 
     async def buckets(self, refs: list[BucketRef], now: int) -> tuple[Bucket, ...]:
         """The buckets' usage as the machine is to check a model call against it."""
@@ -308,7 +326,7 @@ class Applier:
         now = self.now_ms()
         try:
             inp = self._machine_input(state, item.input)
-            refs = self.bucket_refs(sid, state, inp)
+            refs = await self.bucket_refs(sid, state, inp)
             buckets = await self.buckets(refs, now) if refs else ()
             t = step(state, sid, inp, now, new_id, self.kinds, buckets=buckets)
         except MachineError as err:
