@@ -352,8 +352,20 @@ class Client:
 
     async def _buckets(self, states: list[SessionState]) -> list[list[BucketRow]]:
         """Each session's budget buckets as they stand (one read for the page)."""
+        # A subagent's session counts toward its root's person and channel (apply.py).
+        roots = sorted({s.ancestry[0] for s in states if s.ancestry})
+        snaps = await self.store.load_snapshots(roots) if roots else []
+        identity = {
+            r: (snap.state.get("identity") if snap else None) or {}
+            for r, snap in zip(roots, snaps, strict=True)
+        }
         refs = [
-            buckets_for(self.policies, context_of(s.session_id, s.agent_id, s.identity))
+            buckets_for(
+                self.policies,
+                context_of(
+                    s.session_id, s.agent_id, identity[s.ancestry[0]] if s.ancestry else s.identity
+                ),
+            )
             for s in states
         ]
         uses = await self.store.read_buckets(

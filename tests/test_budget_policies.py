@@ -562,5 +562,9 @@ async def test_a_subagents_spend_counts_toward_the_person_who_started_the_root_s
         assert child_total > 50
         own = sum(p["usage"]["total"] for p in parent_calls)
         assert await bucket_units(redis, ref) == own + child_total
+        # The listing shows the child in carol's bucket too.
+        rows, _ = await Client(engine.store, policies=engine.project.budgets).session_rows()
+        [child_row] = [r for r in rows if r["session_id"] == f"{sid}~{child_done['tool_call_id']}"]
+        assert [b["group"] for b in child_row["budgets"]] == ["user=cli:carol"]
     finally:
         await engine.stop()
