@@ -438,8 +438,8 @@ async def test_the_buckets_are_shown_to_the_admin_api_and_sessions_list(
 
     from engine.api.app import make_app
     from engine.api.auth import ApiKeys
-    from engine.cli.commands import _print_sessions
-    from engine.runtime.metrics import Metrics
+    from engine.cli.sessions import _print_sessions
+    from engine.metrics import Metrics
     from tests.api_helpers import ALICE, KEYS_ENV, ROOT, auth, serve
 
     clock = Clock()

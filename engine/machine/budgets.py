@@ -33,6 +33,7 @@ from .core import Step, iso
 from .ending import fail_turn
 from .interrupts import raise_interrupt
 from .policies import Bucket
+from .shapes import ErrorInfo, OpenInterrupt, Raise
 from .state import SessionState, Turn
 from .tree import path_to
 
@@ -295,7 +296,7 @@ def check_policies(
     return None
 
 
-def error_of(over: Exceeded | PolicyExceeded) -> dict[str, Any]:
+def error_of(over: Exceeded | PolicyExceeded) -> ErrorInfo:
     """The `budget_exceeded` error a turn stopped by its budget fails with."""
     return {
         "message": f"budget exceeded: {over.sentence()}; the next call was not made",
@@ -314,7 +315,7 @@ def ask(st: Step, over: Exceeded | PolicyExceeded, call_id: str) -> None:
     step = over.raise_text()
     detail = over.detail()
     detail.update({"call_id": call_id, "raise_by": _text(over.step), "options": APPROVE_OPTIONS})
-    action = {
+    action: Raise = {
         "interrupt_id": f"budget-{call_id}",
         "reason": f"budget: {over.sentence()}",
         "payload": {
@@ -325,7 +326,7 @@ def ask(st: Step, over: Exceeded | PolicyExceeded, call_id: str) -> None:
     raise_interrupt(st, action, "budget")
 
 
-def budget_of(interrupt: dict[str, Any]) -> dict[str, Any] | None:
+def budget_of(interrupt: OpenInterrupt) -> dict[str, Any] | None:
     """A budget interrupt's metadata (limit, call_id, figures); None for any other."""
     if interrupt.get("origin") != "budget":
         return None
