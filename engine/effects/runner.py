@@ -281,7 +281,10 @@ class EffectRunner:
                     return result
 
                 return run_decision
-            execute = ExecuteRun(state, effect.call_id, target, now, self.checked, self.sampled)
+            cache = self._caches(state, effect.call_id)
+            execute = ExecuteRun(
+                state, effect.call_id, target, now, self.checked, self.sampled, cache
+            )
             assert deltas is not None
 
             async def run_execute() -> Input:
@@ -296,6 +299,16 @@ class EffectRunner:
 
         what = "decision" if isinstance(effect, RunDecision) else f"call {effect.call_id}"
         self.run(sid, f"worker {what}", prepare, failed, done, tasks, deltas)
+
+    def _caches(self, state: SessionState, call_id: str) -> bool:
+        """Whether a worker-run model call asks for prompt caching: its `[llm.<id>]` block's
+        `cache` (the call's own block, else the agent's), on when it names none."""
+        call = state.calls.get(call_id)
+        block_id = (call.params.get("llm") if call is not None else None) or (
+            state.agent or {}
+        ).get("llm")
+        block = self.project.llm.get(str(block_id or ""))
+        return block.cache if block is not None else True
 
     def _target(self, block_id: str | None) -> LlmTarget:
         block = self.project.llm.get(block_id or "")

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 from pydantic import TypeAdapter, ValidationError
 
 from engine.effects.delivery import DecisionFailure, Deferred, Delivery, deliver
-from engine.effects.llm import ProviderError, anthropic, openai
+from engine.effects.llm import ProviderError, anthropic, caching, openai, prompts
 from engine.effects.llm.files import Fetch, resolve_files
 from engine.errors import SubsError
 from engine.jsonedge import encode
@@ -110,6 +111,7 @@ class ExecuteRun:
         now_ms: int,
         checked: CheckedMessages,
         sampled: bool = False,
+        cache: bool = True,
     ) -> None:
         call = state.calls[call_id]
         self.call_id, self.attempt, self.kind = call.id, call.attempt, call.kind
@@ -126,13 +128,31 @@ class ExecuteRun:
         self.tracestate = turn.tracestate if turn is not None and turn.id == call.turn_id else None
         self.accumulator = _VENDORS[self.format].StreamAccumulator() if self.format else None
         self.delta_seq = 0
+        self.cache = cache  # the agent's `[llm.<id>] cache`: breakpoints as the engine puts them
 
     def _vendor_body(self, neutral: dict[str, Any]) -> dict[str, Any]:
         """The vendor's own body, ready to send but for `stream` (the trigger's is
-        authoritative); content the format cannot carry (input_audio…) is unroutable."""
+        authoritative), with the cache breakpoints the engine would put on it (the Anthropic
+        format: engine/effects/llm/caching.py); content the format cannot carry
+        (input_audio…) is unroutable."""
         assert self.format is not None
+        vendor = _VENDORS[self.format]
+        wants = caching.caching_for(self.format, str(neutral.get("model") or ""), self.cache)
         try:
-            body: dict[str, Any] = _VENDORS[self.format].build_request(neutral, stream=False)
+            if wants is None:
+                body: dict[str, Any] = vendor.build_request(neutral, stream=False)
+            else:
+                encoded = prompts.encode_body(
+                    neutral,
+                    scope=("", self.format),
+                    groups=vendor.message_groups,
+                    convert=vendor.convert_group,
+                    build=vendor.build_request,
+                    stream=False,
+                    kept=prompts.EncodedMessages(),
+                    caching=wants,
+                )
+                body = orjson.loads(encoded)
         except ProviderError as err:
             raise SubsError(
                 f"the model request cannot be sent in the {self.format} format: {err.message}",

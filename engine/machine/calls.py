@@ -116,7 +116,7 @@ def start_llm_call(st: Step, action: dict[str, Any]) -> None:
     handler, fmt = llm_handler(st, params.get("llm") or (st.s.agent or {}).get("llm"))
     if fmt:
         params["format"] = fmt
-    est = budgets.estimate(st.s, params)
+    est = budgets.estimate(st.s, params, st.now)
     over = budgets.check(st.s, "llm", est)
     if over is not None and over.on_exceeded != "ask":
         budgets.refuse(st, over)  # the call is not made

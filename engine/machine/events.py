@@ -226,7 +226,8 @@ class LlmCallRequested(TypedDict):
     anchor: str | None
     params: JSON  # the action's overrides (+ `format` for a worker)
     retry: JSON  # the resolved policy (retry.py)
-    # Under a budget: the input estimate {tokens, cost} it was checked with (budgets.py).
+    # Under a budget: the input estimate {tokens, cost, cached?} it was checked with
+    # (budgets.py; `cached`: tokens priced at the cache-read rate).
     estimate: NotRequired[JSON]
 
 

@@ -210,9 +210,14 @@ def _subagent_ended(s: SessionState, e: Event, p: ev.SubagentEnded) -> None:
 
 
 def _llm_completed(s: SessionState, e: Event, p: ev.LlmCallCompleted) -> None:
-    s.calls.pop(p["id"])
+    call = s.calls.pop(p["id"])
     _settled(s, p["id"])
     _add_cost(s, p.get("usage"), p.get("cost") or "0")
+    usage = p.get("usage") or {}
+    tokens = int(usage.get("cache_read", 0) or 0) + int(usage.get("cache_write", 0) or 0)
+    # What the vendor holds in its prompt cache after this call, for the next estimate.
+    model = call.params.get("model") or (s.agent or {}).get("model")
+    s.cached = {"tokens": tokens, "model": model, "at": at_ms(e)} if tokens else None
 
 
 def _add_cost(s: SessionState, usage: dict[str, int] | None, cost: str) -> None:

@@ -16,7 +16,7 @@ from engine.statuses import CallStatus, DecisionStatus, SessionStatus, TurnStatu
 # under another version (or before versions: none) is not trusted: its reader folds the
 # session's log again (engine/store/snapshots.py). Raise it with any change to either; the
 # golden logs (tests/golden/) hold every version to folding old logs the same way.
-FOLD_VERSION = 3
+FOLD_VERSION = 4
 
 ZERO_USAGE: dict[str, int] = {
     "input": 0,
@@ -136,6 +136,9 @@ class SessionState:
     # Each connection's tool list as last synced: path -> {tools, prefix?, off?} (connectors.py).
     connectors: dict[str, dict[str, Any]] = field(default_factory=dict)
     held: dict[str, Any] | None = None  # the turn's first {trigger, proposed}, waiting on syncs
+    # What the last settled model call left in the vendor's prompt cache: {tokens, model,
+    # at (ms)}; a budget's estimate prices that much of the next call at the read rate.
+    cached: dict[str, Any] | None = None
 
     @property
     def turn_tools(self) -> list[dict[str, Any]]:
@@ -202,6 +205,7 @@ def state_to_json(s: SessionState) -> dict[str, Any]:
         "children": s.children,
         "connectors": s.connectors,
         "held": s.held,
+        "cached": s.cached,
     }
 
 
@@ -236,4 +240,5 @@ def state_from_json(d: dict[str, Any]) -> SessionState:
         children=d["children"],
         connectors=d["connectors"],
         held=d["held"],
+        cached=d.get("cached"),
     )
