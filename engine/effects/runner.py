@@ -32,7 +32,7 @@ from engine.effects.llm import LlmTarget, ProviderError, complete, prices
 from engine.effects.llm.files import resolve_files
 from engine.effects.llm.prompts import EncodedMessages
 from engine.effects.worker import CheckedMessages, DecisionRun, ExecuteRun, WorkerTarget
-from engine.errors import SubsError, describe
+from engine.errors import ErrorInfo, SubsError, describe
 from engine.machine import (
     DecisionFailed,
     ExecuteFailed,
@@ -46,9 +46,9 @@ from engine.machine import (
     build_llm_request,
 )
 from engine.machine.retry import Fault
+from engine.metrics import Metrics
 from engine.redact import Redactor, env_secrets, scrubbed
-from engine.runtime.metrics import Metrics
-from engine.runtime.retrying import Trouble
+from engine.retrying import Trouble
 from engine.store.store import Store
 from engine.telemetry.logs import CURRENT
 from engine.telemetry.spans import effect_context
@@ -156,7 +156,7 @@ class EffectRunner:
         sid: str,
         what: str,
         prepare: Callable[[], Callable[[], Awaitable[Input]]],
-        failed: Callable[[dict[str, Any], bool], Input],
+        failed: Callable[[ErrorInfo, bool], Input],
         done: Done,
         tasks: set[asyncio.Task[None]],
         deltas: DeltaWriter | None = None,
@@ -179,7 +179,10 @@ class EffectRunner:
             code = err.info()["code"] if isinstance(err, SubsError) else "internal"
             if code == "internal":  # not a failure the protocol names: a bug
                 log.exception("preparing the %s of %s failed", what, sid)
-            error = {"message": f"the {what} could not be prepared: {describe(err)}", "code": code}
+            error: ErrorInfo = {
+                "message": f"the {what} could not be prepared: {describe(err)}",
+                "code": code,
+            }
             report(failed(error, False), ())
             return
 
@@ -192,7 +195,7 @@ class EffectRunner:
                 raise
             except Exception as err:
                 log.exception("the %s of %s failed inside the engine", what, sid)
-                error = {
+                error: ErrorInfo = {
                     "message": f"the {what} failed inside the engine: {describe(err)}",
                     "code": "internal",
                 }
@@ -240,7 +243,7 @@ class EffectRunner:
             plan = build_llm_request(state, state.calls[call_id])
             return lambda: self._run_llm_call(sid, effect, plan, deltas)
 
-        def failed(error: dict[str, Any], retryable: bool) -> Input:
+        def failed(error: ErrorInfo, retryable: bool) -> Input:
             return LlmCallSettled(call_id, attempt, error=error, retryable=retryable)
 
         self.run(sid, f"model call {call_id}", prepare, failed, done, tasks, deltas)
@@ -255,13 +258,13 @@ class EffectRunner:
         sid = state.session_id
         target = self.workers.get(state.agent_id)
 
-        def failed(error: dict[str, Any], retryable: bool) -> Input:
+        def failed(error: ErrorInfo, retryable: bool) -> Input:
             if isinstance(effect, RunDecision):
                 return DecisionFailed(effect.decision_id, effect.attempt, error, retryable)
             return ExecuteFailed(effect.call_id, effect.attempt, error, retryable)
 
         if target is None:
-            error = {
+            error: ErrorInfo = {
                 "message": f"agent {state.agent_id!r} has no worker to send this to",
                 "code": "unroutable",
             }

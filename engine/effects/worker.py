@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import orjson
@@ -30,6 +30,7 @@ from engine.machine import (
     SessionState,
 )
 from engine.machine.request import control_request, execute_request
+from engine.machine.shapes import Answer
 from engine.protocol import (
     DecisionRequest,
     LlmResponse,
@@ -57,6 +58,12 @@ class WorkerTarget:
 
 def _body(request: dict[str, Any]) -> bytes:
     return encode(request)
+
+
+def _checked(response: dict[str, Any]) -> Answer:
+    """A DecisionResponse `deliver` validated (its pydantic model, dumped by `to_json`)
+    as the machine's shape of it."""
+    return cast(Answer, response)
 
 
 def _timeout(deadline_ms: int | None, now_ms: int) -> float:
@@ -97,7 +104,7 @@ class DecisionRun:
             return DecisionDeferred(self.decision_id, self.attempt)
         except DecisionFailure as failure:
             return DecisionFailed(self.decision_id, self.attempt, failure.info(), failure.retryable)
-        return DecisionAnswered(self.decision_id, self.attempt, response)
+        return DecisionAnswered(self.decision_id, self.attempt, _checked(response))
 
 
 class ExecuteRun:
@@ -203,7 +210,7 @@ class ExecuteRun:
                 response = self._neutral(response)
         except DecisionFailure as failure:
             return ExecuteFailed(self.call_id, self.attempt, failure.info(), failure.retryable)
-        return ExecuteAnswered(self.call_id, self.attempt, response)
+        return ExecuteAnswered(self.call_id, self.attempt, _checked(response))
 
     def _deltas(self, frame: dict[str, Any]) -> list[dict[str, Any]]:
         """One `llm.token.delta` frame as neutral StreamDeltas, or a precise failure."""

@@ -32,6 +32,7 @@ from typing import Any
 from .core import Step
 from .ending import fail_turn
 from .interrupts import raise_interrupt
+from .shapes import ErrorInfo, OpenInterrupt, Raise
 from .state import SessionState, Turn
 from .tree import path_to
 
@@ -205,7 +206,7 @@ def check(state: SessionState, kind: str, est: dict[str, Any] | None) -> Exceede
     return None
 
 
-def error_of(over: Exceeded) -> dict[str, Any]:
+def error_of(over: Exceeded) -> ErrorInfo:
     """The `budget_exceeded` error a turn stopped by its budget fails with."""
     return {
         "message": f"budget exceeded: {over.sentence()}; the next call was not made",
@@ -224,7 +225,7 @@ def ask(st: Step, over: Exceeded, call_id: str) -> None:
     step = f"${_text(over.step)}" if over.limit.endswith("cost_usd") else _text(over.step)
     detail = over.detail()
     detail.update({"call_id": call_id, "raise_by": _text(over.step), "options": APPROVE_OPTIONS})
-    action = {
+    action: Raise = {
         "interrupt_id": f"budget-{call_id}",
         "reason": f"budget: {over.sentence()}",
         "payload": {
@@ -235,7 +236,7 @@ def ask(st: Step, over: Exceeded, call_id: str) -> None:
     raise_interrupt(st, action, "budget")
 
 
-def budget_of(interrupt: dict[str, Any]) -> dict[str, Any] | None:
+def budget_of(interrupt: OpenInterrupt) -> dict[str, Any] | None:
     """A budget interrupt's metadata (limit, call_id, figures); None for any other."""
     if interrupt.get("origin") != "budget":
         return None

@@ -15,6 +15,7 @@ from engine.statuses import TurnStatus
 
 from . import events as ev
 from .accounting import add_cost, add_usage
+from .shapes import Child, Queued, Synced
 from .state import Call, Decision, Node, SessionState, Turn
 
 Event = dict[str, Any]  # an `events.Envelope`; its payload one of the catalogue's records
@@ -79,7 +80,7 @@ def _head_moved(s: SessionState, e: Event, p: ev.HeadMoved) -> None:
 
 
 def _turn_queued(s: SessionState, e: Event, p: ev.TurnQueued) -> None:
-    entry: dict[str, Any] = {"turn_id": p["turn_id"], "input": p["input"]}
+    entry: Queued = {"turn_id": p["turn_id"], "input": p["input"]}
     if p.get("deadline_ms") is not None:
         entry["deadline_ms"] = p["deadline_ms"]
     if p.get("by"):
@@ -178,7 +179,7 @@ def _call_dispatched(s: SessionState, e: Event, p: ev.CallDispatched) -> None:
 
 
 def _subagent_requested(s: SessionState, e: Event, p: ev.SubagentRequested) -> None:
-    child = {"agent_id": p["agent_id"], "call_id": p["tool_call_id"]}
+    child: Child = {"agent_id": p["agent_id"], "call_id": p["tool_call_id"]}
     if p.get("mode"):
         child["mode"] = p["mode"]
     s.children[p["id"]] = child
@@ -324,7 +325,7 @@ def _connector_synced(s: SessionState, e: Event, p: ev.ConnectorSynced) -> None:
     s.calls.pop(p["id"])
     if "tools" not in p:
         return  # the same list as before
-    synced: dict[str, Any] = {"tools": p["tools"]}
+    synced: Synced = {"tools": p["tools"]}
     if p.get("prefix"):
         synced["prefix"] = p["prefix"]
     if p.get("off"):

@@ -19,7 +19,7 @@ from typing import Any
 
 from engine.config import Project
 from engine.effects.llm.prices import with_prices
-from engine.errors import describe
+from engine.errors import ErrorInfo, describe
 from engine.ids import new_id
 from engine.jsonedge import encode
 from engine.machine import (
@@ -43,9 +43,9 @@ from engine.machine import (
 )
 from engine.machine import events as ev
 from engine.machine.evolve import at_ms
+from engine.metrics import Metrics
+from engine.retrying import Backoff, Trouble
 from engine.runtime.cache import StateCache
-from engine.runtime.metrics import Metrics
-from engine.runtime.retrying import Backoff, Trouble
 from engine.store.snapshots import SNAPSHOT_MIN_BYTES, Mark, current, load, mark_of
 from engine.store.store import (
     STORE_FAULTS,
@@ -313,7 +313,7 @@ class Applier:
         if kind == "client":
             kind = f"client {item.input.get('input', {}).get('type', '?')}"
         log.error("input %s to %s dead-lettered: %s\n%s", kind, sid, reason, trace or "")
-        error = {
+        error: ErrorInfo = {
             "message": f"the engine could not apply an input ({kind}): {reason}; "
             "it is kept in the dead-letter stream",
             "code": "internal",

@@ -21,7 +21,7 @@ from engine.jsonedge import encode
 from engine.store.connection import lua_script
 from engine.store.durability import ReplicaWait
 from engine.store.keys import LEGACY_SESSIONS
-from engine.store.retention import removed
+from engine.store.retention import Removals
 from engine.store.streams import Entries, SessionStreams
 
 
@@ -96,6 +96,7 @@ class SessionLog(SessionStreams):
     """Each session's log and snapshot: commits, loads, listings, deletes."""
 
     replicas: ReplicaWait | None
+    removals: Removals  # told of each delete
     _commit: AsyncScript
     _delete: AsyncScript
     _lines: dict[int, AbstractConnection]  # each partition's commit connection
@@ -328,7 +329,7 @@ class SessionLog(SessionStreams):
         ]
         if not await self._delete(keys=keys, args=[expected_seq, session_id]):
             return False
-        removed(session_id)
+        self.removals(session_id)
         await self.redis.zrem(LEGACY_SESSIONS, session_id)  # another slot: not in the script
         return True
 

@@ -46,9 +46,11 @@ from engine.store.log import (
 from engine.store.retention import (
     REMOVE_SCRIPT,
     RESTORE_SCRIPT,
+    PurgeHook,
+    PurgeHooks,
+    Removals,
     Removed,
     SessionRetention,
-    register_purge,
 )
 from engine.store.work import ACQUIRE_SCRIPT, GROUP, RELEASE_SCRIPT, PartitionWork, WorkItem
 
@@ -57,9 +59,12 @@ __all__ = [
     "STORE_FAULTS",
     "Commit",
     "OutOfMemoryError",
+    "PurgeHook",
+    "PurgeHooks",
     "RedisClient",
     "RedisCluster",
     "RedisError",
+    "Removals",
     "Removed",
     "Snapshot",
     "Store",
@@ -69,7 +74,6 @@ __all__ = [
     "cluster_shape",
     "connect",
     "lua_script",
-    "register_purge",
     "spread_tags",
     "unreachable",
 ]
@@ -82,7 +86,8 @@ class Store(SessionLog, SessionRetention, PartitionWork, SessionFiles):
 
     Every key of a partition carries the partition's hash tag: on a cluster each
     partition lives on one master, and every script and multi-key command stays on
-    one slot. `tags` is None for stores made before tags were spread (`{p}`)."""
+    one slot. `tags` is None for stores made before tags were spread (`{p}`). `removals`
+    is told of each session it deletes or archives (its own when not given: no one)."""
 
     def __init__(
         self,
@@ -92,8 +97,10 @@ class Store(SessionLog, SessionRetention, PartitionWork, SessionFiles):
         tags: Sequence[str] | None = None,
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
+        removals: Removals | None = None,
     ) -> None:
         self.redis = redis
+        self.removals = Removals() if removals is None else removals
         self.partitions = partitions
         self.tags = list(tags) if tags is not None else [str(p) for p in range(partitions)]
         self.replicas = ReplicaWait(wait_replicas, wait_timeout_ms) if wait_replicas else None
@@ -117,6 +124,7 @@ class Store(SessionLog, SessionRetention, PartitionWork, SessionFiles):
         *,
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
+        removals: Removals | None = None,
     ) -> Store:
         """Agree on the partition count (and the partitions' hash tags) with whoever set
         up this Redis first; on a cluster, learn its slot map now."""
@@ -134,6 +142,7 @@ class Store(SessionLog, SessionRetention, PartitionWork, SessionFiles):
             tags=tags,
             wait_replicas=wait_replicas,
             wait_timeout_ms=wait_timeout_ms,
+            removals=removals,
         )
 
     async def ping(self) -> None:
