@@ -53,7 +53,6 @@ PURE_OUTSIDE = {"engine.errors", "engine.jsonedge", "engine.statuses"}
 # The stores (the engine's, the bot's checkpoints) and the modules that run the server,
 # keep it running or check its settings (embedded.py, supervisor.py, durability.py).
 STORE_MODULES = {
-    "engine/store/__init__.py",  # loads redis first (OpenTelemetry's SDK hidden)
     "engine/store/store.py",
     "engine/store/connection.py",
     "engine/store/keys.py",
@@ -178,29 +177,6 @@ def test_importing_the_cli_loads_no_engine_bot_or_redis() -> None:
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "", f"import engine.cli loaded {out.stdout.strip()}"
-
-
-def test_the_store_loads_redis_without_opentelemetrys_metrics_sdk() -> None:
-    """redis-py's import pulls in OpenTelemetry's metrics SDK when it is installed (40-400 ms
-    of `subs serve` and `subs sessions list`; engine/store/__init__.py). The store loads
-    redis without it; the SDK's metrics, and redis-py's own, still work afterwards."""
-    probe = (
-        "import sys\n"
-        "import engine.store.store\n"
-        "print('redis' in sys.modules, 'opentelemetry.sdk.metrics' in sys.modules)\n"
-        "from opentelemetry import metrics\n"
-        "from opentelemetry.sdk.metrics import MeterProvider\n"
-        "from opentelemetry.sdk.metrics.export import InMemoryMetricReader\n"
-        "from redis.observability import OTelConfig, get_observability_instance\n"
-        "metrics.set_meter_provider(MeterProvider(metric_readers=[InMemoryMetricReader()]))\n"
-        "get_observability_instance().init(OTelConfig())\n"
-        "print(get_observability_instance().is_enabled())\n"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["True", "False", "True"], out.stdout
 
 
 # What `subs sessions list --url` must not wait for: it is an HTTP GET and a table.
