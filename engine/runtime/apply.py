@@ -65,9 +65,9 @@ log = logging.getLogger("subs.engine")
 # An input whose transition fails this often (reloaded from Redis each time) is a bug,
 # not bad luck: it goes to the dead-letter stream. One the work stream has handed out
 # this often took its engine down each time (or never got an answer): the same.
-ROOTS_KEPT = 10_000  # root sessions' identities kept for their subagents' budget buckets
 POISON_FAILURES = 3
 POISON_DELIVERIES = 10
+ROOTS_KEPT = 10_000  # root sessions' identities kept for their subagents' budget buckets
 
 
 @dataclass
