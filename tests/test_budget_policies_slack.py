@@ -63,3 +63,28 @@ async def test_a_per_user_policy_over_slack_stops_that_person_only(
         log = await app.turns_ended(his)
         assert of_type(log, "turn.completed")
         assert len(vendor.requests) == sent + 1
+
+        # In a shared thread each person's turn counts toward their own bucket, not the
+        # thread starter's: Carol, who has spent nothing, is checked against hers in Alice's
+        # thread (and refused only because this call alone, Alice's long answer in its
+        # input, would cross it); Alice is checked against her spent one in Bob's thread.
+        carol = fake.add_user("carol")
+        hers = fake.post_as_user(
+            fake.general, fake.mention("what about replicas?"), user=carol, thread_ts=first.ts
+        )
+        assert (await app.send_event(fake.event_for(hers, kind="app_mention"))).status == 200
+        log = await app.turns_ended(hers, count=2)
+        [failed] = of_type(log, "turn.failed")
+        assert failed["error"]["detail"]["group"] == f"user=slack:{carol.id}"
+        assert failed["error"]["detail"]["spent"] == "0"
+        assert int(failed["error"]["detail"]["next"]) > 300
+
+        late = fake.post_as_user(
+            fake.general, fake.mention("and the disk?"), user=alice, thread_ts=his.ts
+        )
+        assert (await app.send_event(fake.event_for(late, kind="app_mention"))).status == 200
+        log = await app.turns_ended(late, count=2)
+        [failed] = of_type(log, "turn.failed")
+        assert failed["error"]["detail"]["group"] == f"user=slack:{alice.id}"
+        assert int(failed["error"]["detail"]["spent"]) > 300
+        assert len(vendor.requests) == sent + 1

@@ -6,9 +6,10 @@ value of those keys is one bucket. A session falls into a policy's bucket when i
 `match` conditions hold and it has every `group_by` key (a session with no Slack
 channel is in no per-channel bucket), as the original engine resolves them.
 
-The keys of a session: its agent, its identity's subject (`issuer:id`: a Slack user, a
-token's `sub`, an API key), the Slack channel its identity names, and its id. They are
-fixed for the session's life, so its buckets are too.
+The keys of a session: its agent, a subject (`issuer:id`: a Slack user, a token's `sub`,
+an API key), the Slack channel its identity names, and its id. The subject is the running
+turn's submitter (the shell passes it in the identity), so in a shared thread each person
+spends their own bucket; the other keys are fixed for the session's life.
 
 Everything here is pure: the shell reads the buckets' usage from Redis before a step
 (engine/store/buckets.py) and hands the machine `Bucket`s; the machine decides from them

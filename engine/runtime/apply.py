@@ -142,7 +142,9 @@ class Applier:
         self, sid: str, state: SessionState | None, inp: Input
     ) -> list[BucketRef]:
         """The budget-policy buckets a session counts toward (policies.py): from its agent
-        and identity, or, for a session this input creates, the input's. A subagent's
+        and identity, or, for a session this input creates, the input's; `user` is whoever
+        submitted the turn the step works on (in a shared Slack thread each person spends
+        their own bucket, not the thread starter's). A subagent's
         session counts toward its root session's person and channel (its own agent and
         id): a user's subagents spend that user's budget. Worked out each step (a few
         comparisons); only a root's identity is kept, as it never changes."""
@@ -158,6 +160,8 @@ class Applier:
             return []
         if ancestry:
             identity = await self._root_identity(ancestry[0])
+        else:
+            identity = _as_submitted(identity, state, inp)
         return buckets_for(self.policies, context_of(sid, agent_id, identity))
 
     async def _root_identity(self, root: str) -> dict[str, Any]:
@@ -515,3 +519,18 @@ def _commit_of(
 def _timer_member(sid: str, due: int, inp: Input) -> str:
     """A timer's entry in the partition's set; the same timer always gives the same bytes."""
     return json.dumps({"sid": sid, "input": input_to_json(inp), "due": due})
+
+
+def _as_submitted(
+    identity: dict[str, Any], state: SessionState | None, inp: Input
+) -> dict[str, Any]:
+    """`identity` with the subject of the turn a step works on: the running turn's
+    submitter, or, when the step's input starts the turn, the input's own subject."""
+    subject: Any = None
+    if state is not None and state.turn is not None and state.turn.by:
+        subject = state.turn.by.get("subject")
+    elif isinstance(inp, ClientSubmitted):
+        subject = (inp.identity or {}).get("subject")
+    if not isinstance(subject, dict) or not subject.get("id"):
+        return identity
+    return {**identity, "subject": subject}
