@@ -119,7 +119,7 @@ async def test_a_read_only_key_sees_everything_and_changes_nothing(
     )
     reader = auth(READER)
     assert (await http.get("/api/client/sessions/ses-held", headers=reader)).status_code == 200
-    listed = (await http.get("/api/admin/sessions", headers=reader)).json()["sessions"]
+    listed = (await http.get("/api/admin/sessions", headers=reader)).json()["items"]
     assert [row["session_id"] for row in listed] == ["ses-held"]
     events = (await http.get("/api/admin/sessions/ses-held/events", headers=reader)).json()
     assert events["events"][0]["payload"]["type"] == "session.created"
@@ -178,7 +178,7 @@ async def test_the_list_shows_totals_and_failures_and_filters_by_agent_and_statu
     def listed(query: str) -> Any:
         return http.get(f"/api/admin/sessions?{query}", headers=auth(READER))
 
-    rows = (await listed("limit=10")).json()["sessions"]
+    rows = (await listed("limit=10")).json()["items"]
     assert [r["session_id"] for r in rows] == ["ses-3-other", "ses-2-bad", "ses-1-ok"]
     ok, bad = rows[2], rows[1]
     assert ok["tokens"] > 0 and float(ok["cost"]) > 0 and ok["turns"] == 1
@@ -186,18 +186,17 @@ async def test_the_list_shows_totals_and_failures_and_filters_by_agent_and_statu
     assert bad["failed"] is True and bad["status"] == "failed"
     assert "400" in bad["error"] and bad["tokens"] == 0
 
-    page = (await listed("agent=ops_openai&limit=10")).json()
-    assert [r["session_id"] for r in page["sessions"]] == ["ses-2-bad", "ses-1-ok"]
-    assert page["next_offset"] is None
+    page = (await listed("agent_id=ops_openai&limit=10")).json()
+    assert [r["session_id"] for r in page["items"]] == ["ses-2-bad", "ses-1-ok"]
+    assert page["next_cursor"] is None
     page = (await listed("status=failed")).json()
-    assert [r["session_id"] for r in page["sessions"]] == ["ses-2-bad"]
-    page = (await listed("agent=ops_openai&limit=1")).json()
-    assert [r["session_id"] for r in page["sessions"]] == ["ses-2-bad"]
-    assert page["next_offset"] == 2  # the next match may be the one after it
-    page = (await listed("agent=ops_openai&limit=1&offset=2")).json()
-    assert [r["session_id"] for r in page["sessions"]] == ["ses-1-ok"]
+    assert [r["session_id"] for r in page["items"]] == ["ses-2-bad"]
+    page = (await listed("agent=ops_openai&limit=1")).json()  # `agent`: the older name
+    assert [r["session_id"] for r in page["items"]] == ["ses-2-bad"]
+    page = (await listed(f"agent=ops_openai&limit=1&cursor={page['next_cursor']}")).json()
+    assert [r["session_id"] for r in page["items"]] == ["ses-1-ok"]
     running = (await listed("status=running")).json()
-    assert (running["sessions"], running["next_offset"]) == ([], None)
+    assert (running["items"], running["next_cursor"]) == ([], None)
     assert running["store"]["full"] is False and running["store"]["used_memory"] > 0
     wrong = await listed("status=broken")
     assert wrong.status_code == 400 and wrong.json()["code"] == "invalid_query"
@@ -209,9 +208,3 @@ async def test_the_list_shows_totals_and_failures_and_filters_by_agent_and_statu
     assert together == [await engine.store.load_snapshot(sid) for sid in ids]
     assert together[1] is None and all(snap and snap.tail for snap in together[::2])
 
-    # A filtered read stops after `scan` sessions, matches or not, and says where to go on.
-    client = Client(engine.store)
-    found, next_at = await client.find_rows(0, 10, agent="ops_openai", status=None, scan=1)
-    assert (found, next_at) == ([], 1)
-    found, next_at = await client.find_rows(1, 10, agent="ops_openai", status=None, scan=1)
-    assert [r["session_id"] for r in found] == ["ses-2-bad"] and next_at == 2

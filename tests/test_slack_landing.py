@@ -305,5 +305,5 @@ async def test_a_landing_that_cannot_land_is_refused_naming_why(
         assert hook.status_code == 404 and "[hooks.alertmanager]" in hook.json()["error"]
         assert [
             r["session_id"]
-            for r in (await http.get("/api/admin/sessions", headers=auth(ROOT))).json()["sessions"]
+            for r in (await http.get("/api/admin/sessions", headers=auth(ROOT))).json()["items"]
         ] == ["plain-1"]  # nothing else was created

@@ -37,6 +37,7 @@ from engine.runtime.metrics import Metrics
 from engine.runtime.retention import Sweeper
 from engine.runtime.retrying import Backoff, Trouble
 from engine.store.durability import check_server
+from engine.store.reindex import ensure_indexes
 from engine.store.retention import FULL_AT, unwatch_removals, watch_removals
 from engine.store.store import STORE_FAULTS, RedisClient, Store, StoreConflict, WorkItem
 from engine.telemetry.tracing import Tracing, tracing_from
@@ -166,6 +167,7 @@ class Engine:
                 durability.partitions,
             )
         await check_server(self.redis, durability.fsync)
+        await ensure_indexes(self.store, self.kinds)  # sessions an older version wrote
         self.applier = Applier(
             self.project,
             self.store,
