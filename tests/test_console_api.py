@@ -207,4 +207,3 @@ async def test_the_list_shows_totals_and_failures_and_filters_by_agent_and_statu
     together = await engine.store.load_snapshots(ids)
     assert together == [await engine.store.load_snapshot(sid) for sid in ids]
     assert together[1] is None and all(snap and snap.tail for snap in together[::2])
-

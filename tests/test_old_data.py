@@ -15,10 +15,10 @@ import pytest
 
 from engine.api import ApiKeys, make_app
 from engine.client import Client
-from engine.store.keys import META
-from engine.store.reindex import DONE_FIELD
 from engine.messages import text_of
 from engine.runtime.engine import Engine
+from engine.store.keys import META
+from engine.store.reindex import DONE_FIELD
 from engine.store.store import Store, connect
 from tests.api_helpers import ROOT, auth, serve
 from tests.engine_helpers import subs
