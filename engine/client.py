@@ -150,7 +150,6 @@ class Client:
         self.memory_every_s = MEMORY_EVERY_S
         self._memory: tuple[int, int] = (0, 0)  # used_memory, maxmemory (0: no limit)
         self._memory_at = -math.inf
-        self._indexed = False  # ensure_indexes ran (sessions an older version wrote)
 
     async def store_memory(self) -> tuple[int, int, bool]:
         """Redis's used_memory, its maxmemory (0: no limit) and whether it is full (past
@@ -370,9 +369,7 @@ class Client:
         Raises:
             ClientError: `invalid_query` (400) for a cursor it cannot go on from.
         """
-        if not self._indexed:
-            await ensure_indexes(self.store)
-            self._indexed = True
+        await ensure_indexes(self.store)  # one HGET once they are built
         if session_id is not None:
             hit = [
                 r

@@ -61,6 +61,7 @@ STORE_MODULES = {
     "engine/store/supervisor.py",
     "engine/store/durability.py",
     "engine/store/retention.py",
+    "engine/store/index.py",
     "bot/turns/store.py",
 }
 

@@ -1,6 +1,7 @@
 -- KEYS: moves, mark, then the sets a listing reads (one sort, one or two scopes), then
 --   the scopes' `first` sets (a moved session's membership).
 -- ARGV: n sets, mark ('' = a first page: bump the mark; '-' = a sort that never moves),
+--   (a first page returns the mark its listing goes on with)
 --   order ('desc' | 'asc'), cursor score ('' = from the top), cursor member, count.
 -- One partition's share of a listing page, read at one instant: the sessions that moved
 -- since the listing's first page (each with where it was then), and up to `count`
@@ -13,8 +14,16 @@ local count = tonumber(ARGV[6])
 local moved = {}
 local out_moved = {}
 if mark == '' then
-  mark = tostring(redis.call('INCR', KEYS[2]))
-elseif mark ~= '-' then
+  local bumped = redis.pcall('INCR', KEYS[2])
+  if type(bumped) == 'number' then
+    mark = tostring(bumped)
+  else
+    -- Redis refuses writes (past maxmemory): this listing goes on from the last mark, as
+    -- of when it was set: moved sessions where they were then, on every page alike.
+    mark = redis.call('GET', KEYS[2]) or '0'
+  end
+end
+if mark ~= '-' and mark ~= '' then
   local want = tonumber(mark)
   local top = '+'
   local done = false
