@@ -10,9 +10,11 @@ each session's times exactly; tests/test_console_api.py lists sessions real turn
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,7 +32,7 @@ from engine.store.reindex import DONE_FIELD, ensure_indexes, index_sessions
 from engine.store.retention import REMOVED
 from engine.store.store import Commit, Store
 from tests.api_helpers import ROOT, auth, serve
-from tests.engine_helpers import on_both_redis
+from tests.engine_helpers import on_both_redis, subs
 from tests.old_sessions import old_log, store_log
 
 BASE = 1_780_000_000_000  # ms: the sessions' times are set, not read from a clock
@@ -371,3 +373,29 @@ async def test_sessions_an_older_version_wrote_are_indexed_once(writer: Writer) 
     assert [i["last_event_at"] for i in page["items"]] == [
         log[-1]["occurred_at"] for log in logs[::-1]
     ]
+
+
+async def test_subs_sessions_list_pages_by_cursor_locally_and_over_the_api(
+    writer: Writer, http: httpx.AsyncClient, redis_url: str, config: Path
+) -> None:
+    """`--limit` pages; the next page's command is said on stderr; the same over `--url`."""
+    ids = [f"ses-cli-{n}" for n in range(3)]
+    for n, sid in enumerate(ids):
+        await writer.create(sid, at=BASE + n)
+    for where in (("-c", str(config), "--redis", redis_url), ("--url", str(http.base_url))):
+        env = {"SUBS_API_KEY": ROOT} if where[0] == "--url" else None
+        shown: list[str] = []
+        more: list[str] = []
+        for _ in range(4):
+            code, out, err = await subs(
+                "sessions", "list", "-o", "jsonl", "--limit", "2", *more, *where, env=env
+            )
+            assert code == 0, err
+            shown += [json.loads(line)["session_id"] for line in out.splitlines()]
+            if not err:
+                break
+            assert err.startswith("subs: more: subs sessions list --cursor "), err
+            more = ["--cursor", err.split()[-1]]
+        assert shown == ids[::-1], where
+        code, out, err = await subs("sessions", "list", "--cursor", "nonsense", *where, env=env)
+        assert code == 1 and "cursor: not a cursor this server made" in err, err
