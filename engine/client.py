@@ -453,6 +453,12 @@ class Client:
             rows.append(row)
         return rows
 
+    async def turn_status(self, session_id: str, turn_id: str) -> str | None:
+        """What became of a turn the session has seen (queued, running, completed, failed),
+        from its own state, however long ago; None for a turn id it never saw."""
+        state = await load_state(self.store, session_id)
+        return None if state is None else state.turns.get(turn_id)
+
     async def interrupts(self, session_id: str) -> dict[str, dict[str, Any]]:
         """The session's open interrupts as recorded, by id; none for no session."""
         state = await load_state(self.store, session_id)
