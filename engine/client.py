@@ -7,7 +7,6 @@ engine answers on a reply list once the transition is committed.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import secrets
 import time
@@ -73,14 +72,14 @@ def session_row(state: SessionState, last: dict[str, Any] | None) -> SessionRow:
     It reads whatever an older version stored: a first message with no text lists as "".
     """
     first = next((n.message for n in state.nodes.values() if n.message.get("role") == "user"), None)
-    failed = state.last_turn is not None and state.turns.get(state.last_turn) == "failed"
+    failed = _last_failed(state)
     payload = last["payload"] if last else {}
     error = payload.get("error") if payload.get("type") == TURN_FAILED else None
     last_at = last["occurred_at"] if last else None
     return {
         "session_id": state.session_id,
         "agent_id": state.agent_id,
-        "status": "failed" if failed and state.status == "idle" else state.status,
+        "status": listed_status(state),
         "created_at": iso(state.created_at),
         "first_event_at": iso(state.created_at),
         "last_event_at": last_at,
@@ -97,6 +96,16 @@ def session_row(state: SessionState, last: dict[str, Any] | None) -> SessionRow:
         "failed": failed,
         "error": _words(str(error.get("message", "")), 160) if isinstance(error, dict) else None,
     }
+
+
+def _last_failed(state: SessionState) -> bool:
+    return state.last_turn is not None and state.turns.get(state.last_turn) == "failed"
+
+
+def listed_status(state: SessionState) -> ListedStatus:
+    """The session's status as a listing words it: `failed` for an idle session whose
+    last turn failed."""
+    return "failed" if _last_failed(state) and state.status == "idle" else state.status
 
 
 def session_view(state: SessionState) -> dict[str, Any]:
@@ -404,17 +413,17 @@ class Client:
                 sort, scopes, limit if status is None else FIND_BATCH, at
             )
             marks = page.marks if at is None else at.marks
-            got = await self._rows([s for s, _ in page.items])
-            rows = {row["session_id"]: row for row in got}
+            states = await load_states(self.store, [s for s, _ in page.items])
             last: tuple[str, float] | None = None
-            for sid, score in page.items:
+            hits: list[SessionState] = []
+            for (sid, score), state in zip(page.items, states, strict=True):
                 last = (sid, score)
                 scanned += 1
-                row = rows.get(sid)
-                if row is not None and (status is None or row["status"] == status):
-                    items.append(row)
-                    if len(items) == limit:
+                if state is not None and (status is None or listed_status(state) == status):
+                    hits.append(state)
+                    if len(items) + len(hits) == limit:
                         break
+            items += await self._rows_of(hits)
             more = page.more or (last is not None and last != page.items[-1])
             if last is not None:
                 at = Cursor(sort, filters, began, marks, last[1], last[0])
@@ -423,13 +432,16 @@ class Client:
         return {"items": items, "next_cursor": at.encode() if more and at is not None else None}
 
     async def _rows(self, ids: list[str]) -> list[SessionRow]:
+        """Listing rows for these sessions (`_rows_of`); a session gone since its id was
+        read is left out."""
+        states = await load_states(self.store, ids)
+        return await self._rows_of([st for st in states if st is not None])
+
+    async def _rows_of(self, states: list[SessionState]) -> list[SessionRow]:
         """Listing rows for these sessions (`session_row`), with the wake time the index
-        holds and the cost their subagent sessions added; a session gone since its id
-        was read is left out."""
-        states, lasts = await asyncio.gather(
-            load_states(self.store, ids), self.store.last_events(ids)
-        )
-        found = [(st, last) for st, last in zip(states, lasts, strict=True) if st is not None]
+        holds and the cost their subagent sessions added."""
+        lasts = await self.store.last_events([st.session_id for st in states])
+        found = list(zip(states, lasts, strict=True))
         children = [c for st, _ in found for c in st.children]
         kids = dict(zip(children, await load_states(self.store, children), strict=True))
         async with self.store.redis.pipeline(transaction=False) as pipe:

@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 import orjson
+from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from engine.store.connection import RedisClient, lua_script
 from engine.store.keys import Keys
@@ -169,8 +171,24 @@ class SessionIndex(Keys):
     """Reading and writing the listing indexes (see the module's docstring)."""
 
     redis: RedisClient
+    cluster: RedisCluster | None
     _ix_page: AsyncScript
     _ix_build: AsyncScript
+
+    async def _page_pipeline(self, calls: list[tuple[list[str], list[int | str]]]) -> list[Any]:
+        """The page script for every partition in one pipeline (a server that lost its
+        scripts, restarted, is given it and asked again)."""
+        for attempt in range(2):
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for keys, args in calls:
+                        pipe.evalsha(self._ix_page.sha, len(keys), *keys, *args)
+                    return await pipe.execute()
+            except NoScriptError:
+                if attempt:
+                    raise
+                await self.redis.script_load(PAGE_SCRIPT)
+        raise AssertionError("unreachable")
 
     def index_keys(self, session_id: str, scopes: Sequence[str]) -> list[str]:
         """The (first, last, wake) sets of each scope, in the session's partition."""
@@ -214,7 +232,8 @@ class SessionIndex(Keys):
         desc = sort in ("last_event_desc", "first_event_desc")
         found: list[tuple[str, float]] = []
 
-        async def one(p: int) -> int:
+        calls: list[tuple[list[str], list[int | str]]] = []
+        for p in range(self.partitions):
             keys = [
                 self.moves_key(p),
                 self.mark_key(p),
@@ -235,21 +254,25 @@ class SessionIndex(Keys):
                 "" if cursor is None else cursor.member,
                 count + 1,
             ]
-            got_mark, moved, sets = cast(list[Any], await self._ix_page(keys=keys, args=args))
-            got: list[tuple[str, float]] = []
+            calls.append((keys, args))
+        if self.cluster is None:  # one round trip for every partition
+            replies = await self._page_pipeline(calls)
+        else:  # each partition's script on its own master
+            replies = await asyncio.gather(
+                *(self._ix_page(keys=keys, args=args) for keys, args in calls)
+            )
+        marks: list[int] = []
+        for got_mark, moved, sets in cast(list[list[Any]], replies):
+            marks.append(int(got_mark) if moving else 0)
             for sid, was_last, was_wake in moved:
                 was = was_last if kind == "last" else was_wake
                 if was in (b"", ""):
                     continue  # not in this sort's set when the listing began
                 item = (sid.decode(), float(was))
                 if cursor is None or _after(sort, item, cursor.score, cursor.member):
-                    got.append(item)
+                    found.append(item)
             for flat in sets:
-                got += [(flat[j].decode(), float(flat[j + 1])) for j in range(0, len(flat), 2)]
-            found.extend(got)
-            return int(got_mark) if moving else 0
-
-        marks = await asyncio.gather(*(one(p) for p in range(self.partitions)))
+                found += [(flat[j].decode(), float(flat[j + 1])) for j in range(0, len(flat), 2)]
         unique = dict.fromkeys(found)  # a session in two scopes' sets: listed once
         ordered = sorted(unique, key=_order_key(sort))
         return IndexPage(ordered[:count], tuple(marks) if moving else (), more=len(ordered) > count)

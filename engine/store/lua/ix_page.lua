@@ -27,8 +27,9 @@ if mark ~= '-' and mark ~= '' then
   local want = tonumber(mark)
   local top = '+'
   local done = false
+  local batch = 8  -- most pages find the newest entry older than their mark: read few first
   while not done do
-    local entries = redis.call('XREVRANGE', KEYS[1], top, '-', 'COUNT', 500)
+    local entries = redis.call('XREVRANGE', KEYS[1], top, '-', 'COUNT', batch)
     if #entries == 0 then break end
     for _, entry in ipairs(entries) do
       local f = {}
@@ -37,7 +38,8 @@ if mark ~= '-' and mark ~= '' then
       moved[f['s']] = {f['l'], f['w']}  -- read newest first: the last kept is the first move
       top = '(' .. entry[1]
     end
-    if #entries < 500 then break end
+    if #entries < batch then break end
+    batch = math.min(batch * 4, 512)
   end
   for sid, was in pairs(moved) do
     for k = 3 + nsets, #KEYS do
