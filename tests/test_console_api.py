@@ -121,6 +121,26 @@ async def test_a_read_only_key_sees_everything_and_changes_nothing(
     assert (await http.get("/api/client/sessions/ses-held", headers=reader)).status_code == 200
     listed = (await http.get("/api/admin/sessions", headers=reader)).json()["items"]
     assert [row["session_id"] for row in listed] == ["ses-held"]
+    # The engine's own commits keep the indexes: the running turn; a client call waits
+    # with no deadline, so nothing wakes the session until an interrupt that expires.
+    [held] = listed
+    assert held["turn_id"] is not None and (held["status"], held["wake_at"]) == ("running", None)
+    wake = "/api/admin/sessions?sort=wake_at_asc"
+    assert (await http.get(wake, headers=reader)).json()["items"] == []
+    expires = "2999-01-01T00:00:00Z"
+    paused = await http.post(
+        "/api/client/sessions/ses-held/interrupt",
+        json={"reason": "confirm", "payload": {"expiresAt": expires}},
+        headers=auth(ROOT),
+    )
+    assert paused.status_code == 202, paused.text
+    [woken] = (await http.get(wake, headers=reader)).json()["items"]
+    assert (woken["session_id"], woken["status"]) == ("ses-held", "interrupted")
+    assert woken["wake_at"].startswith("2999-01-01T00:00:00")
+    resume = {"type": "interrupt.resume", "interrupt_id": paused.json()["interrupt_id"]}
+    body = {"session_id": "ses-held", "input": {**resume, "payload": {"ok": True}}}
+    assert (await http.post(INPUT, json=body, headers=auth(ROOT))).status_code == 202
+    assert (await http.get(wake, headers=reader)).json()["items"] == []
     events = (await http.get("/api/admin/sessions/ses-held/events", headers=reader)).json()
     assert events["events"][0]["payload"]["type"] == "session.created"
     frames = await read_stream(http, "ses-held", key=READER, stop=lambda f: f.id == "1")
