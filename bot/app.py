@@ -103,6 +103,7 @@ class Bots:
         files: bool = True,
         file_text_limit: int = 256 * 1024,
         follow: bool = False,
+        show_cost: bool = False,
         watches: Sequence[Watch] = (),
         access: Access | None = None,
         approvers: Sequence[str] = (),
@@ -110,7 +111,7 @@ class Bots:
         """One agent's app, its inputs handed to the listeners: with `follow`, a person's
         reply in a thread it answered starts a turn; `watches` are its alert channels;
         `access` says who may start turns, `approvers` who may answer prompts (else the
-        turn's starter)."""
+        turn's starter); `show_cost` puts each ended turn's cost under its reply."""
         bot = new_bot(
             agent,
             answers,
@@ -122,6 +123,7 @@ class Bots:
             max_concurrent_turns=max_concurrent_turns,
         )
         bot.files, bot.file_text_limit = files, file_text_limit
+        bot.show_cost = show_cost
         app = bot.app
         self.listeners.configure(agent, follow=follow, watches=watches)
         self.listeners.access[agent] = access or Access()
@@ -289,6 +291,7 @@ def start_bots(
             files=agent.slack.files,
             file_text_limit=agent.slack.file_text_limit,
             follow=agent.slack.follow,
+            show_cost=agent.slack.show_cost,
             watches=_watches(agent.id, agent.slack.watch, env),
             access=Access(
                 agent.slack.allow_teams,

@@ -31,6 +31,7 @@ from engine.machine import (
 )
 from engine.machine.accounting import add_cost
 from engine.machine.events import TURN_FAILED
+from engine.machine.shapes import Answer
 from engine.machine.tree import path_to
 from engine.machine.turns import TURN_STARTS
 from engine.messages import text_of
@@ -285,7 +286,7 @@ class Client:
         return await self._request(session_id, input_to_json(settled), timeout)
 
     async def submit_decision(
-        self, session_id: str, decision_id: str, response: dict[str, Any], *, timeout: float = 30.0
+        self, session_id: str, decision_id: str, response: Answer, *, timeout: float = 30.0
     ) -> dict[str, Any]:
         """A worker's DecisionResponse for a decision it deferred (answered with an empty
         body); `{"ok": true}` once applied, 409 `decision_not_pending` for any other id."""
@@ -474,7 +475,7 @@ class Client:
     async def interrupts(self, session_id: str) -> dict[str, dict[str, Any]]:
         """The session's open interrupts as recorded, by id; none for no session."""
         state = await load_state(self.store, session_id)
-        return dict(state.interrupts) if state is not None else {}
+        return {k: dict(v) for k, v in state.interrupts.items()} if state is not None else {}
 
     async def session(self, session_id: str) -> dict[str, Any] | None:
         """The session as a client reads it (`session_view`); None when there is none."""

@@ -13,7 +13,9 @@ Imports nothing: the pure machine (`engine/machine/`) raises these too.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NotRequired, get_args
+
+from typing_extensions import TypedDict  # pydantic reads typing's only from 3.12
 
 ErrorCode = Literal[
     "provider_error",
@@ -28,6 +30,21 @@ ErrorCode = Literal[
     "internal",
 ]
 ERROR_CODES: frozenset[str] = frozenset(get_args(ErrorCode))
+
+
+class ErrorInfo(TypedDict):
+    """A failure as SPEC §5 spells it, as the machine records it and a worker reads it:
+    `code` is an `ErrorCode` on the wire (`info()`); the machine keeps what it was given."""
+
+    message: str
+    code: str
+    param: NotRequired[str | None]
+    detail: NotRequired[Any]
+
+
+# Checked as strictly as the event records that hold it (engine/machine/events.py), as
+# pydantic's `with_config` would set it, without importing pydantic here.
+ErrorInfo.__pydantic_config__ = {"extra": "forbid", "strict": True}  # type: ignore[attr-defined]
 
 
 class SubsError(Exception):
@@ -80,9 +97,9 @@ class SubsError(Exception):
             body["param"] = self.param
         return body | self.detail
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> ErrorInfo:
         """The failure as an ErrorInfo (SPEC §5): its code if an ErrorCode, else internal."""
-        info: dict[str, Any] = {
+        info: ErrorInfo = {
             "message": self.message,
             "code": self.code if self.code in ERROR_CODES else "internal",
         }

@@ -686,9 +686,11 @@ class SubagentTools(WireModel):
 
 
 class BudgetPrice(WireModel):
-    """The model's input price the engine estimates a call's cost with (USD / 1M tokens)."""
+    """The model's prices the engine estimates a call's cost with (USD / 1M tokens): input,
+    and the cache-read price of the input the vendor's prompt cache holds."""
 
     input: str
+    cache_read: str | None = None
 
 
 class TurnBudget(WireModel):
@@ -707,6 +709,7 @@ class SessionBudget(WireModel):
 
     max_cost_usd: float | None = Field(default=None, ge=0)
     on_exceeded: Literal["fail", "ask"] | None = None
+    price: BudgetPrice | None = None  # when the agent has no per-turn budget to carry it
 
 
 class AgentConfig(WireModel):

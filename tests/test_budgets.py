@@ -102,9 +102,14 @@ def test_an_agents_budget_reaches_its_config_with_its_models_input_price():
         "max_cost_usd": 0.5,
         "max_tool_calls": 4,
         "on_exceeded": "ask",
-        "price": {"input": "0.4"},  # gpt-4.1-mini, from the table
+        "price": {"input": "0.4", "cache_read": "0.1"},  # gpt-4.1-mini, from the table
     }
     assert prices.unpriced(p) == []
+    # An agent with only a session budget: its price rides on that budget.
+    p = project(agent="session_budget = { max_cost_usd = 2 }")
+    a = p.agents["a"]
+    config = prices.with_prices(p, a.wire_config(p), a)
+    assert config["session_budget"]["price"] == {"input": "0.4", "cache_read": "0.1"}
 
 
 def test_a_blocks_own_prices_price_a_model_the_table_lacks():

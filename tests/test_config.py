@@ -626,6 +626,7 @@ def test_defaults(tmp_path: Path):
         "files": True,
         "file_text_limit": 256 * 1024,
         "follow": True,
+        "show_cost": False,  # a team's costs stay out of its channels unless it asks
         "watch": (),
         "allow_teams": (),
         "allow_channels": (),

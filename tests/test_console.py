@@ -15,6 +15,7 @@ import re
 import shutil
 import textwrap
 from collections.abc import AsyncIterator, Callable, Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -70,7 +71,8 @@ def _model(body: dict[str, Any]) -> Reply:
     return Text(f"Checkout is healthy (you asked: {text}).")
 
 
-def _toml(vendor_url: str) -> str:
+def _toml(vendor_url: str, extra: str = "") -> str:
+    """The project; `extra` adds keys to the agent's block."""
     return textwrap.dedent(
         f"""\
         [llm.openai]
@@ -83,7 +85,7 @@ def _toml(vendor_url: str) -> str:
         system = "You are the on-call assistant."
         tools = [{{ name = "confirm", description = "Ask the person", handler = "client" }}]
         """
-    )
+    ) + extra
 
 
 class Proxy:
@@ -229,12 +231,22 @@ async def _page(fn: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.to_thread(fn, *args)
 
 
+# A budget the spend test's second turn runs into (issue #28): one model call per turn.
+BUDGET = (
+    "budget = { max_cost_usd = 0.5, max_model_calls = 1, max_tokens = 100000 }\n"
+    "session_budget = { max_cost_usd = 1 }\n"
+)
+
+
 @pytest.fixture
-async def served(tmp_path: Path, redis_url: str) -> AsyncIterator[tuple[EngineProcess, Proxy]]:
+async def served(
+    tmp_path: Path, redis_url: str, request: pytest.FixtureRequest
+) -> AsyncIterator[tuple[EngineProcess, Proxy]]:
+    """`subs serve` behind a Proxy; parametrized indirectly, the text adds to the agent."""
     async with FakeVendor() as vendor:
         vendor.responder = _model
         config = tmp_path / "subs.toml"
-        config.write_text(_toml(vendor.url))
+        config.write_text(_toml(vendor.url, getattr(request, "param", "")))
         keys = f"{FULL_KEY},{READ_KEY}:read"
         proc = await EngineProcess(config, redis_url, {"SUBS_API_KEYS": keys}).start()
         proxy = await Proxy(proc.api).start()
@@ -833,3 +845,108 @@ async def test_a_fresh_page_keeps_nothing_of_the_last_tests_pages(page: Page) ->
         assert not [m for m in page.console_log() if "from the last test" in m]
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.parametrize("served", [BUDGET], indirect=True)
+async def test_the_session_page_shows_each_turns_spend_against_its_budget(
+    served: tuple[EngineProcess, Proxy], page: Page, api: Api, redis_url: str
+) -> None:
+    """Issue #28: per turn and for the session, what was spent (cost, model calls, tool
+    calls, tokens, cache hits) beside the agent's limits; the limit a turn ran into is
+    marked; an approved budget prompt's raise shows on its turn; the list shows the cost."""
+    _, proxy = served
+    sid = "ses-spend"
+    await api.say("is checkout up?", sid)  # one model call: the turn's whole allowance
+    await api.settled(sid, "idle")
+    await api.say("wait for my confirm", sid)  # asks the client tool `confirm` ...
+    view = await api.settled(sid, "running")
+    [call_id] = [c["id"] for m in view["messages"] for c in m.get("tool_calls") or ()]
+    body = {"session_id": sid, "input": {"type": "tool.result", "id": call_id, "result": "yes"}}
+    answer = await api.http.post("/api/client/sessions/input", json=body)
+    assert answer.status_code == 202, answer.text
+    await api.settled(sid, "idle")  # ... and the model call after the answer is refused
+    events = (await api.http.get(f"/api/admin/sessions/{sid}/events")).json()["events"]
+    ends = [
+        e["payload"] for e in events if e["payload"]["type"] in ("turn.completed", "turn.failed")
+    ]
+    assert [e["type"] for e in ends] == ["turn.completed", "turn.failed"]
+    assert ends[1]["error"]["code"] == "budget_exceeded"
+    assert ends[1]["error"]["detail"]["limit"] == "max_model_calls"
+    first, second = ends
+
+    # The golden log of an approved budget prompt, stored as an older engine left it.
+    golden = ROOT / "tests" / "golden" / "budget_ask.jsonl"
+    asked = [json.loads(line) for line in golden.read_text().splitlines()]
+    redis = connect(redis_url)
+    try:
+        await store_log(await Store.open(redis), asked)
+    finally:
+        await redis.aclose()
+
+    await _page(page.open, f"{proxy.url}/console/sessions/{sid}")
+    await _page(page.until, "the key prompt", lambda: page.find("#key-form").is_displayed())
+    await _page(lambda: page.find("#key").send_keys(READ_KEY + "\n"))
+    rows = "#spend-rows tr"
+    await _page(page.until, "both turns' spend", lambda: len(page.all(rows)) == 3)
+
+    def cells(row: WebElement) -> list[str]:
+        return [c.text for c in row.find_elements(By.CSS_SELECTOR, "td")]
+
+    one, two, whole = page.all(rows)
+    assert cells(one)[1:] == [
+        f"{_money(first['cost'])} of $0.5000",
+        "1 of 1",
+        "0",
+        f"{first['usage']['total']:,} of 100,000",
+        _share(first["usage"]),
+    ]
+    assert cells(two)[1:] == [
+        f"{_money(second['cost'])} of $0.5000",
+        "1 of 1",
+        "1",
+        f"{second['usage']['total']:,} of 100,000",
+        _share(second["usage"]),
+    ]
+    # The limit the second turn ran into is marked; the first only used it up.
+    marked = two.find_elements(By.CSS_SELECTOR, "td.over")
+    assert [c.text for c in marked] == ["1 of 1"]
+    assert one.find_elements(By.CSS_SELECTOR, "td.over") == []
+    assert "failed" in two.get_attribute("class")
+    total = _money(Decimal(first["cost"]) + Decimal(second["cost"]))
+    both = {k: first["usage"][k] + second["usage"][k] for k in ("total", "input", "cache_read")}
+    assert cells(whole) == [
+        "session",
+        f"{total} of $1.0000",
+        "2",
+        "1",
+        f"{both['total']:,}",
+        _share(both),
+    ]
+    await _page(page.shot, "console-spend")
+
+    # The list shows the session's cost.
+    await _page(page.open, f"{proxy.url}/console")
+    listed = f"#sessions tr[data-session='{sid}']"
+    await _page(page.until, "the session in the list", lambda: page.find(listed))
+    assert page.find(listed).find_elements(By.CSS_SELECTOR, "td")[-1].text == total
+
+    # An approved budget prompt raised that turn's limit by its own size: 2 of 2 calls.
+    golden_sid = asked[0]["session_id"]
+    await _page(page.open, f"{proxy.url}/console/sessions/{golden_sid}")
+    await _page(page.until, "the golden turn's spend", lambda: len(page.all(rows)) == 2)
+    turn = cells(page.all(rows)[0])
+    assert turn[2] == "2 of 2" and turn[1].endswith(" of $1.0000"), turn
+    assert not [m for m in page.console_log() if "SEVERE" in m and "401" not in m]
+
+
+def _share(usage: dict[str, Any]) -> str:
+    """The share of input read from the prompt cache, as the console's `cacheShare` says it."""
+    return f"{round(100 * usage['cache_read'] / usage['input'])}%"
+
+
+def _money(cost: Any) -> str:
+    """USD as the console's `money` shows it: 6 places under a cent, else 4."""
+    n = Decimal(str(cost))
+    if n == 0:
+        return "$0"
+    return f"${n:.6f}" if n < Decimal("0.01") else f"${n:.4f}"

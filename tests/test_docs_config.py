@@ -1,6 +1,6 @@
 """docs/config.md is the whole of subs.toml, and every TOML snippet of the docs loads.
 
-The page is held to the file model in engine/config.py, walked recursively: every block
+The page is held to the file model in engine/config/schema.py, walked recursively: every block
 has a section, every key a row saying its type, default and allowed values, and no row
 names a key the model lacks. Every ```toml block of README.md and docs/*.md parses; a
 block whose first line is a `# subs.toml` comment is a whole file and loads as one (the
@@ -22,12 +22,9 @@ import pytest
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticUndefined
 
-from engine.config import (
-    _from_pydantic,
-    _Root,  # the file's model: what subs.toml may hold
-    load_project,
-    parse_project,
-)
+from engine.config import load_project, parse_project
+from engine.config.schema import Root  # the file's model: what subs.toml may hold
+from engine.config.wording import from_pydantic
 from engine.machine import default_kinds
 from tests.engine_helpers import ROOT, subs
 from tests.fakes.llm_vendor import FakeVendor, Text
@@ -62,9 +59,9 @@ def test_every_toml_snippet_of_the_docs_loads(where: str, text: str) -> None:
         parse_project(text, where, env={})
         return
     try:
-        _Root.model_validate(data)
+        Root.model_validate(data)
     except ValidationError as e:
-        raise AssertionError(f"{_from_pydantic(where, e)}") from None
+        raise AssertionError(f"{from_pydantic(where, e)}") from None
 
 
 def test_the_docs_show_whole_files_and_the_examples_load() -> None:
@@ -122,7 +119,7 @@ def walk(model: type[BaseModel], path: str = "", array: bool = False) -> Iterato
             yield from walk(_bare(get_args(annotation)[1]), f"{inner}.<id>")
 
 
-KEYS = list(walk(_Root))
+KEYS = list(walk(Root))
 
 
 def test_the_walk_reaches_every_block() -> None:

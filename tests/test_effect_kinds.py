@@ -139,7 +139,19 @@ def test_a_kind_is_in_a_table_once():
     with pytest.raises(ValueError, match="already registered"):
         default_kinds().adding(dataclasses.replace(client, in_flight=True))
     with pytest.raises(ValueError, match="already defined differently"):
-        Kinds([ECHO, dataclasses.replace(ECHO, handler="echo2", retry_defaults={})])
+        Kinds(
+            [ECHO, dataclasses.replace(ECHO, handler="echo2", retry_defaults={"max_attempts": 9})]
+        )
+
+
+@pytest.mark.parametrize(
+    ("given", "says"),
+    [({}, "has no max_attempts"), ({"max_attempts": 2, "max_atempts": 3}, "names max_atempts")],
+)
+def test_a_kinds_own_policy_is_whole_when_the_table_is_built(given, says):
+    """A policy a kind brings is checked when the table is built, not at its first failure."""
+    with pytest.raises(ValueError, match=says):
+        Kinds([dataclasses.replace(ECHO, retry="echo_own", retry_defaults=given)])
 
 
 def test_config_takes_the_tool_handlers_of_the_table_it_is_given(vendor, tmp_path):

@@ -29,7 +29,10 @@ LOOKUP = (
 )
 
 
-def worker_project(tmp_path: Path, vendor_url: str, worker_url: str, *, retry: str = ""):
+def worker_project(
+    tmp_path: Path, vendor_url: str, worker_url: str, *, retry: str = "", blocks: str = ""
+):
+    """The worker agent `helper`; `retry` adds keys to its block, `blocks` tables after it."""
     text = textwrap.dedent(
         f"""\
         [llm.openai]
@@ -47,6 +50,7 @@ def worker_project(tmp_path: Path, vendor_url: str, worker_url: str, *, retry: s
         {retry}
         """
     )
+    text += blocks
     path = tmp_path / "subs.toml"
     path.write_text(text)
     return parse_project(text, str(path), env={})
@@ -314,3 +318,71 @@ async def test_a_named_but_empty_signing_secret_is_a_startup_error(redis, vendor
     with pytest.raises(EngineConfigError) as err:
         Engine(project, redis, env={"HELPER_SECRET": ""})
     assert "HELPER_SECRET" in str(err.value) and "agent.helper" in str(err.value)
+
+
+@pytest.mark.parametrize("answer", ["approve", "decline", None])
+async def test_a_worker_hears_an_mcp_approval_it_did_not_raise_resumed(
+    redis, vendor, test_worker, tmp_path, answer
+):
+    """The engine's own interrupt (an MCP tool under `approve = "destructive"`) is on the
+    worker's branch: resumed, the worker gets `interrupt.resumed` with the person's answer
+    and nothing proposed (SPEC §8: "the worker then gets `interrupt.resumed`"), then the
+    call's `tool.finished` as for any tool: ok when approved, the decline's error when not.
+    Unanswered (`answer` None), the prompt expires and the worker hears that instead."""
+    from tests.test_mcp import stdio_block
+
+    calls_log = tmp_path / "calls.log"
+    worker = await test_worker(echo_proposed, secret=SECRET)
+    vendor.push(ToolCalls([("clock__secret_rotate", {})]), Text("Done."))
+    project = worker_project(
+        tmp_path,
+        vendor.url,
+        worker.url,
+        retry='mcp = [{ id = "mcp.clock", approve = "destructive" }]',
+        blocks=stdio_block(MCP_CALLS_LOG=str(calls_log))
+        + ('approve_timeout = "800ms"\n' if answer is None else ""),
+    )
+    engine = await start_engine(redis, project)
+    try:
+        client = Client(engine.store)
+        reply = await client.submit(say("rotate the secret"))
+        sid = reply["session_id"]
+        raised = await wait_for_event(
+            client, sid, lambda e: e["payload"]["type"] == "session.interrupted", timeout=60
+        )
+        assert raised["payload"]["origin"] == "approval"
+        iid = raised["payload"]["interrupt_id"]
+        if answer is not None:
+            await client.submit(
+                {"type": "interrupt.resume", "interrupt_id": iid, "payload": {"value": answer}},
+                session_id=sid,
+            )
+        end = await wait_for_event(client, sid, turn_ended(reply["turn_id"]), timeout=60)
+        assert end["payload"]["type"] == "turn.completed"
+        await assert_consistent(engine.store, sid)
+    finally:
+        await engine.stop()
+    triggers = [r["trigger"] for r in worker.requests]
+    assert [t["type"] for t in triggers] == [
+        "session.start",
+        "client.messages",
+        "llm.finished",
+        "interrupt.resumed",
+        "tool.finished",
+        "llm.finished",
+        "turn.finished",
+    ]
+    resumed = worker.requests[3]
+    # Expired, it resumes with the engine's own declined answer (interrupts.EXPIRED).
+    said = {"value": answer} if answer else {"status": "cancelled", "reason": "expired"}
+    assert resumed["trigger"] == {"type": "interrupt.resumed", "interrupt_id": iid, "payload": said}
+    assert resumed["proposed"] == {}  # the engine sends or declines the call itself
+    finished = triggers[4]
+    assert finished["name"] == "clock__secret_rotate"
+    sent = calls_log.exists() and "secret_rotate" in calls_log.read_text()
+    if answer == "approve":
+        assert finished["ok"] is True and sent
+    else:
+        assert finished["ok"] is False and not sent
+        why = "a person declined it" if answer else "nobody approved it before the prompt expired"
+        assert why in finished["error"]["message"]

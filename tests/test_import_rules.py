@@ -8,6 +8,8 @@
 - each module of `bot/` and `engine/` imports only what its row of `BOT_LAYERS` or
   `ENGINE_LAYERS` (the README's "may import" table, as data) allows;
 - no import cycles between the modules of `bot/`, of `engine/` (and so of its folders);
+- engine/config/ is a package in the order CONFIG_ORDER draws, reached from outside
+  through its face (`engine.config`) and never by a private name;
 - no module-level import after a def or a class (an import at the bottom of a file).
 
 Files are found from this file's location, not the working directory, and each rule
@@ -364,6 +366,23 @@ _BELOW_ALL = {
 # Two helpers the effect runners share with the runtime that live in runtime/ (to move
 # below both, #24 item 3); named one by one so that nothing else of runtime/ slips in.
 _RUNTIME_HELPERS = {"engine.runtime.metrics", "engine.runtime.retrying"}
+# subs.toml's package (engine/config/), bottom to top: each module may import the ones
+# below it, never one above nor the package itself (whose face imports them all); with
+# them, what the whole package may import from outside it.
+CONFIG_ORDER = ("model", "schema", "wording", "secrets", "checks", "build", "load")
+# It builds the machine's kinds table (a tool's handler) and masks its own errors.
+_CONFIG_OUTSIDE = {"engine.errors", "engine.machine", "engine.redact"}
+
+
+def _config_rows() -> dict[str, tuple[set[str], set[str]]]:
+    """CONFIG_ORDER as rows of ENGINE_LAYERS: the face, then one row a module."""
+    inner = [f"engine.config.{name}" for name in CONFIG_ORDER]
+    rows = {"engine.config": (set(inner), set())}  # the package's face: its modules only
+    for n, module in enumerate(inner):
+        rows[module] = (set(inner[:n]) | _CONFIG_OUTSIDE, set())
+    return rows
+
+
 ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
     "engine": (set(), set()),
     # What every layer shares; each imports at most the error model.
@@ -385,8 +404,8 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
         {"engine.machine", "engine.errors", "engine.jsonedge", "engine.statuses"},
         set(),
     ),
-    # subs.toml: it builds the machine's kinds table and masks its own errors.
-    "engine.config": ({"engine.errors", "engine.machine", "engine.redact"}, set()),
+    # subs.toml: a package in the order CONFIG_ORDER draws.
+    **_config_rows(),
     # Redis: the machine's types, its settings; nothing that runs.
     "engine.store": ({"engine.store", "engine.machine", "engine.config", *_BELOW_ALL}, set()),
     # Effects run against the outside and report back as inputs; the store only for deltas.
@@ -524,6 +543,77 @@ def test_no_import_cycles_between_sdk_modules() -> None:
     assert import_cycles(module_graph("subs")) == []
 
 
+def test_every_config_module_has_its_place_in_the_order() -> None:
+    """A new module of engine/config/ is placed in CONFIG_ORDER on purpose: without a
+    place it would take the face's row, which may import every module of the package."""
+    found = {p.stem for p in _sources("engine/config")} - {"__init__"}
+    assert found == set(CONFIG_ORDER), f"engine/config/ modules vs CONFIG_ORDER: {found}"
+    for module in found:
+        assert layer_of(f"engine.config.{module}", ENGINE_LAYERS) == f"engine.config.{module}"
+
+
+def past_the_config_face(source: str, module: str) -> list[str]:
+    """What `module`, outside engine/config/, takes of the config past its face: a
+    private name from any of it, or (in engine/, bot/ and subs/) one of its modules.
+    Tests and benches may import a module's public names (the file's schema, say)."""
+    strict = module.split(".")[0] in {"engine", "bot", "subs"}
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            reached = [alias.name for alias in node.names]
+            taken: list[str] = []
+        elif isinstance(node, ast.ImportFrom):
+            names = imported(ast.unparse(node), module)
+            if node.module is None:  # `from engine import config`: modules only
+                reached, taken = names, []
+            else:
+                [base] = names
+                taken = [alias.name for alias in node.names]
+                inner = [
+                    f"{base}.{n}" for n in taken if base == "engine.config" and n in CONFIG_ORDER
+                ]
+                reached = [base, *inner]
+                found += [
+                    f"{base}.{n}" for n in taken if _covers("engine.config", base) and n[0] == "_"
+                ]
+        else:
+            continue
+        found += [n for n in reached if strict and n.startswith("engine.config.")]
+    return found
+
+
+def test_the_config_is_imported_through_its_face() -> None:
+    found = {
+        _module_of(p): bad
+        for p in _sources("engine", "bot", "subs", "tests", "bench", "docs")
+        if not p.is_relative_to(ROOT / "engine" / "config")
+        and (bad := past_the_config_face(p.read_text(), _module_of(p)))
+    }
+    assert not found, f"imports of engine.config past engine/config/__init__.py: {found}"
+
+
+@pytest.mark.parametrize(
+    ("module", "source"),
+    [
+        ("tests.test_probe", "from engine.config import _Root"),
+        ("tests.test_probe", "from engine.config.wording import _human"),
+        ("engine.store.probe", "from engine.config.model import Fsync"),
+        ("engine.store.probe", "from ..config.model import Fsync"),
+        ("bot.slack.probe", "from engine.config import model"),
+        ("bot.slack.probe", "import engine.config.model"),
+        ("engine.cli.probe", "def f():\n    from engine.config.load import parse_project"),
+    ],
+)
+def test_the_config_face_rule_sees_each_breach(module: str, source: str) -> None:
+    assert past_the_config_face(source, module), source
+
+
+def test_the_config_face_rule_lets_tests_use_a_module_public_names() -> None:
+    source = "from engine.config import Project\nfrom engine.config.schema import Root"
+    assert past_the_config_face(source, "tests.test_probe") == []
+    assert past_the_config_face("from engine.config import Fsync", "engine.store.probe") == []
+
+
 def test_every_engine_module_has_a_row_of_its_own() -> None:
     """A new top-level module (or folder) is placed in the table on purpose, not by default."""
     unplaced = [
@@ -557,6 +647,18 @@ ENGINE_BREACHES = [
     ("engine.machine.probe", "from engine.store.store import Store"),
     ("engine.machine.probe", "def f():\n    from engine.config import Project"),
     ("engine.config", "from engine.store.keys import META"),
+    ("engine.config", "from engine.errors import SubsError"),  # the face re-exports only
+    # Each module of the config importing the one above it; the top one, the outside.
+    ("engine.config.model", "from engine.config.schema import Root"),
+    ("engine.config.schema", "from engine.config.wording import from_pydantic"),
+    ("engine.config.wording", "from engine.config.secrets import scan_secrets"),
+    ("engine.config.secrets", "from engine.config.checks import check"),
+    ("engine.config.checks", "from engine.config.build import build"),
+    ("engine.config.build", "from engine.config.load import parse_project"),
+    ("engine.config.load", "from engine.store.keys import META"),
+    # A module importing the package's face (which imports it: a cycle).
+    ("engine.config.load", "from engine.config import Project"),
+    ("engine.config.model", "from .. import config"),
     ("engine.store.probe", "from engine.runtime.apply import Applier"),
     ("engine.store.probe", "from engine.effects.runner import EffectRunner"),
     ("engine.effects.probe", "from engine.runtime.apply import Applier"),
@@ -591,6 +693,9 @@ def test_the_engine_layer_rule_lets_each_layer_use_those_below() -> None:
     allowed = {
         "engine.jsonedge": "from engine.errors import SubsError\nimport json",
         "engine.machine.probe": "from engine.jsonedge import check\nfrom .state import X",
+        "engine.config": "from engine.config.load import parse_project",
+        "engine.config.schema": "from engine.config.model import Fsync\nimport pydantic",
+        "engine.config.load": "from .build import build\nfrom engine.redact import redact_url",
         "engine.store.probe": "from engine.machine import SessionState\nimport redis",
         "engine.effects.probe": "from engine.store.store import Store\nfrom .llm import x",
         "engine.runtime.probe": "from engine.effects.runner import EffectRunner",

@@ -6,7 +6,10 @@ that turn only. Pure: no clock, no I/O; `Session.now` moves by hand."""
 from __future__ import annotations
 
 import copy
+from decimal import Decimal
 from typing import Any
+
+import pytest
 
 from engine.machine import (
     ClientSubmitted,
@@ -287,3 +290,101 @@ def test_a_tool_call_held_by_its_budget_still_asks_its_connections_approval():
     [run] = effects(t, RunMcpCall)
     assert run.call_id == "c1"
     s.check_fold()
+
+
+# --- the estimate prices what the vendor's prompt cache holds at the read rate -----------
+
+# About 10,000 estimated tokens of system prompt: a long thread's worth of input.
+LONG = "be brief. " * 4000
+# $10 input, $1 cache read per million tokens: the first call is estimated near $0.10.
+CACHE_PRICE = {"input": "10", "cache_read": "1"}
+
+
+def cached_loop(budget: dict[str, Any], *, wait_ms: int = 0, model: str | None = None):
+    """A turn whose first call (estimated near $0.10, reported at $0.125: written to the
+    cache at 1.25x) left 10,000 tokens in the vendor's prompt cache; the client answers its
+    tool call `wait_ms` later. Returns the session and the step that asks the model again."""
+    s = Session(agent=agent(budget, system=LONG))
+    run = one_llm(s.say("the db is paging"))
+    reply = tool_reply(("c1", "confirm", "{}"))
+    reply["usage"] = {
+        "input": 10_050,
+        "output": 20,
+        "uncached_input": 50,
+        "cache_read": 0,
+        "cache_write": 10_000,
+        "total": 10_070,
+    }
+    reply["cost"] = "0.125"
+    s.apply(LlmCallSettled(run.call_id, 1, response=reply))
+    s.now += wait_ms
+    if model is not None:
+        assert s.state is not None and s.state.agent is not None
+        s.state.agent["model"] = model  # as an agent.updated would
+    return s, s.client({"type": "tool.result", "id": "c1", "result": "ok"})
+
+
+def requested(t) -> dict[str, Any]:
+    [p] = [e["payload"] for e in t.events if e["payload"]["type"] == "llm.call.requested"]
+    return p
+
+
+def test_input_the_previous_call_left_in_the_cache_is_estimated_at_the_read_rate():
+    """$0.125 spent + the next call at full price (~$0.10) would cross $0.20; with the
+    10,000 cached tokens at the read rate (~$0.01) it fits, and the call is made."""
+    budget = {"max_cost_usd": 0.2, "price": CACHE_PRICE}
+    s, t = cached_loop(budget)
+    assert len(llm_runs(t)) == 1
+    est = requested(t)["estimate"]
+    assert est["cached"] == 10_000
+    full = Decimal(est["tokens"]) * 10 / 1_000_000
+    assert Decimal("0.125") + full > Decimal("0.2")  # the old estimate would have refused it
+    assert Decimal(est["cost"]) == (
+        Decimal(est["tokens"] - 10_000) * 10 + Decimal(10_000) * 1
+    ) / 1_000_000
+    s.check_fold()
+
+
+def test_without_a_cache_read_price_the_estimate_is_the_full_input_price():
+    s, t = cached_loop({"max_cost_usd": 0.2, "price": {"input": "10"}})
+    assert llm_runs(t) == []
+    assert failed(s)["error"]["detail"]["limit"] == "max_cost_usd"
+
+
+@pytest.mark.parametrize(
+    ("wait_ms", "model", "why"),
+    [
+        (5 * 60 * 1000 + 1, None, "the cache has expired"),
+        (0, "m2", "another model has no cache of this prompt"),
+    ],
+)
+def test_a_cache_the_next_call_cannot_read_is_priced_in_full(wait_ms, model, why):
+    s, t = cached_loop({"max_cost_usd": 0.2, "price": CACHE_PRICE}, wait_ms=wait_ms, model=model)
+    assert llm_runs(t) == [], why
+    detail = failed(s)["error"]["detail"]
+    assert detail["limit"] == "max_cost_usd" and Decimal(detail["next"]) > Decimal("0.075")
+
+
+def test_a_session_budget_reads_the_previous_turns_cache():
+    """The first call of the next turn reads what the last turn's call left in the cache."""
+    whole = {"max_cost_usd": 0.2, "price": CACHE_PRICE}
+    s = Session(agent=agent(session_budget=whole, system=LONG))
+    run = one_llm(s.say("one"))
+    reply = text_reply("ok", input=10_050, uncached_input=50, cache_write=10_000)
+    reply["cost"] = "0.125"
+    t = s.apply(LlmCallSettled(run.call_id, 1, response=reply))
+    assert "turn.completed" in s.types(t)
+    assert s.state is not None and s.state.cached is not None
+    assert s.state.cached["tokens"] == 10_000
+    t = s.say("two")
+    assert len(llm_runs(t)) == 1 and requested(t)["estimate"]["cached"] == 10_000
+    s.check_fold()
+
+
+def test_a_call_that_leaves_nothing_in_the_cache_clears_what_an_earlier_one_left():
+    s, t = cached_loop({"max_cost_usd": 5, "price": CACHE_PRICE})
+    run = one_llm(t)
+    s.apply(LlmCallSettled(run.call_id, 1, response=tool_reply(("c2", "confirm", "{}"))))
+    assert s.state is not None and s.state.cached is None
+    t = s.client({"type": "tool.result", "id": "c2", "result": "ok"})
+    assert "cached" not in requested(t)["estimate"]

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from engine.machine import (
+    CallAnswered,
     ClientSubmitted,
     InterruptDeadline,
     InterruptRequested,
@@ -18,10 +19,11 @@ from engine.machine import (
     RunLlmCall,
     StartTimer,
 )
-from engine.machine.connectors import RunMcpCall
+from engine.machine.connectors import RunConnectorSync, RunMcpCall
 from engine.machine.effects import CancelTimer
 from tests.machine_helpers import Session, tool_reply
 from tests.test_machine_connectors import CLOCK_TOOLS, agent, effects, synced
+from tests.test_machine_worker import WorkerSession
 
 OWNER = {"issuer": "api", "id": "k-own"}
 
@@ -240,3 +242,39 @@ def test_an_approval_that_expires_is_declined():
     assert "before the prompt expired" in str(t.events)
     assert s.state.calls.get("c1") is None
     s.check_fold()
+
+
+def test_a_worker_hears_an_approval_resumed_in_its_turn_one_decision_at_a_time():
+    """A worker agent: the engine's approval, resumed while the worker decides something
+    else, waits for the decision slot; then the worker gets `interrupt.resumed` with the
+    answer and nothing proposed (the engine already sent the call), and the call's
+    `tool.finished` after it."""
+    w = WorkerSession(agent=agent("mcp.clock"))
+    w.start()
+    [sync] = effects(w.last, RunConnectorSync)
+    w.apply(CallAnswered(sync.call_id, 1, result={"tools": CLOCK_TOOLS, "prefix": "clock"}))
+    w.answer()  # session.start
+    calls = [
+        {"type": "tool.call", "id": "t1", "name": "clock__reset", "arguments": "{}"},
+        {"type": "tool.call", "id": "t2", "name": "clock__now", "arguments": "{}"},
+    ]
+    t = w.answer({"actions": calls})
+    assert [r.call_id for r in effects(t, RunMcpCall)] == ["t2"]  # t1 waits for a person
+    w.apply(CallAnswered("t2", 1, result={"content": [{"type": "text", "text": "noon"}]}))
+    assert w.request()["trigger"]["id"] == "t2"  # the worker is deciding t2's tool.finished
+    t = resume(w, "approve-t1", value="approve")
+    assert [r.call_id for r in effects(t, RunMcpCall)] == ["t1"]  # sent at once
+    assert w.types(t) == ["session.interrupt_resumed", "decision.queued", "tool.call.dispatched"]
+    w.answer({})  # t2's tool.finished
+    req = w.request()
+    assert req["trigger"] == {
+        "type": "interrupt.resumed",
+        "interrupt_id": "approve-t1",
+        "payload": {"value": "approve"},
+    }
+    assert req["proposed"] == {}
+    w.answer()
+    w.apply(CallAnswered("t1", 1, result={"content": [{"type": "text", "text": "reset"}]}))
+    assert w.request()["trigger"]["type"] == "tool.finished"
+    assert w.request()["trigger"]["id"] == "t1"
+    w.check_fold()

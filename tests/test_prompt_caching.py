@@ -176,6 +176,13 @@ async def test_openai_reads_a_repeated_prefix_from_1024_tokens_in_128_token_step
 # --- the engine: a session's second turn reads the first one's cache --------------------
 
 
+# A session budget two turns of the long prompt (about 2,700 tokens of tools and system)
+# fit only when the second reads the first's prefix from the cache: turn 1 costs about
+# $0.0100 (written at 1.25x; $0.0081 uncached), turn 2's input is estimated at about
+# $0.0081 at the input price and $0.0010 with the cached prefix at the cache-read price.
+CAPPED = "session_budget = { max_cost_usd = 0.013 }"
+
+
 def project_toml(url: str) -> str:
     tool = (
         f'{{ name = "confirm", description = "{LONG_TOOL}", '
@@ -183,7 +190,7 @@ def project_toml(url: str) -> str:
         '{ question = { type = "string" } } } }'
     )
 
-    def agent(name: str, llm: str, model: str) -> str:
+    def agent(name: str, llm: str, model: str, extra: str = "") -> str:
         return f"""
         [agent.{name}]
         llm = "{llm}"
@@ -191,6 +198,7 @@ def project_toml(url: str) -> str:
         system = "{LONG_SYSTEM}"
         tools = [{tool}]
         retry = {{ llm = {{ backoff_base_secs = 0 }} }}
+        {extra}
         """
 
     return textwrap.dedent(
@@ -221,6 +229,8 @@ def project_toml(url: str) -> str:
             ("claude_off", "uncached", "claude-sonnet-4-5"),
             ("routed", "openrouter", "anthropic/claude-sonnet-4-5"),
             ("gpt", "openai", "gpt-4.1-mini"),
+            ("claude_capped", "anthropic", "claude-sonnet-4-5", CAPPED),
+            ("claude_capped_off", "uncached", "claude-sonnet-4-5", CAPPED),
         )
     )
 
@@ -363,3 +373,46 @@ async def test_openai_calls_share_a_byte_identical_prefix_up_to_the_new_messages
     usage = end["payload"]["usage"]
     assert usage["cache_read"] >= 1024 and (usage["cache_read"] - 1024) % 128 == 0
     assert usage["cache_write"] == 0
+
+
+async def test_a_session_budget_lets_a_cached_second_turn_run_that_full_price_would_refuse(
+    cache_engine, vendor
+):
+    """The pre-dispatch estimate prices the prefix the first turn left in the cache at the
+    cache-read rate: the limit that stops the uncached session's second turn before its
+    call lets the cached one's run (engine/machine/budgets.py, `cached_at`)."""
+    client = Client(cache_engine.store)
+
+    async def turn(agent: str, sid: str, text: str) -> dict[str, Any]:
+        message = {"role": "user", "content": text}
+        submit = {"type": "client.message", "agent_id": agent, "message": message}
+        reply = await client.submit(submit, session_id=sid)
+        end = await wait_for_event(client, sid, turn_ended(reply["turn_id"]))
+        return end["payload"]
+
+    texts = ("the db is paging, what now?", "it is back; anything else?")
+    vendor.push(Text("Check the runbook for disk alerts first."), Text("Watch it for an hour."))
+    first = await turn("claude_capped", "capped", texts[0])
+    second = await turn("claude_capped", "capped", texts[1])
+    assert first["type"] == second["type"] == "turn.completed", second
+    assert len(vendor.requests) == 2
+    assert second["usage"]["cache_read"] == first["usage"]["cache_write"] > 0
+    # The vendor's own figures agree: both turns fit the limit.
+    assert Decimal(first["cost"]) + Decimal(second["cost"]) <= Decimal("0.013")
+
+    vendor.push(Text("Check the runbook for disk alerts first."))
+    assert (await turn("claude_capped_off", "capped-off", texts[0]))["type"] == "turn.completed"
+    end = await turn("claude_capped_off", "capped-off", texts[1])
+    assert end["type"] == "turn.failed"
+    error = end["error"]
+    assert error["code"] == "budget_exceeded"
+    assert error["detail"]["limit"] == "session.max_cost_usd"
+    assert len(vendor.requests) == 3  # the uncached second turn's call was never sent
+
+    # The cached second call was estimated at a fraction of the uncached one's estimate.
+    events = await client.events("capped")
+    estimates = [
+        e["payload"]["estimate"] for e in events if e["payload"]["type"] == "llm.call.requested"
+    ]
+    assert "cached" not in estimates[0] and estimates[1]["cached"] > 0
+    assert Decimal(estimates[1]["cost"]) < Decimal(error["detail"]["next"]) / 5

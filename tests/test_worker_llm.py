@@ -14,6 +14,7 @@ import json
 import re
 import textwrap
 import tomllib
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -386,3 +387,97 @@ async def test_a_stored_image_reaches_a_worker_run_call_in_its_format(
     assert images and images[0]["source"]["media_type"] == "image/png"
     assert base64.b64decode(images[0]["source"]["data"]) == png
     assert "subs-file" not in json.dumps(execute["request"])
+
+
+# About 1,600 of the fake's tokens: past Sonnet 4.5's 1,024-token minimum cacheable prefix.
+LONG_SYSTEM = "You are the on-call assistant. " + " ".join(
+    f"Rule {n}: answer briefly, cite the runbook, never guess about production." for n in range(80)
+)
+CACHED_MODEL = "claude-sonnet-4-5"
+
+
+def marks(value: Any, path: str = "") -> list[str]:
+    """Where a body carries cache_control, as paths."""
+    if isinstance(value, dict):
+        here = [path] if "cache_control" in value else []
+        return here + [m for k, v in value.items() for m in marks(v, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [m for i, v in enumerate(value) for m in marks(v, f"{path}[{i}]")]
+    return []
+
+
+def caching_project(tmp_path: Path, vendor: FakeVendor, worker_url: str, cache: bool) -> Project:
+    """`byo`'s worker runs its calls in the Anthropic format; `direct` is the same agent run
+    by the engine. `cache` is the `[llm.anthropic]` block's, which both name."""
+    text = textwrap.dedent(
+        f"""\
+        [llm.anthropic]
+        type = "anthropic"
+        base_url = "{vendor.anthropic_base()}"
+        cache = {str(cache).lower()}
+
+        [agent.byo]
+        worker = "{worker_url}"
+        signing_secret_env = "BYO_SECRET"
+
+        [agent.direct]
+        llm = "anthropic"
+        model = "{CACHED_MODEL}"
+        system = "{LONG_SYSTEM}"
+        """
+    )
+    path = tmp_path / "subs.toml"
+    path.write_text(text)
+    return parse_project(text, str(path), env={})
+
+
+async def two_turns(engine: Engine, agent: str, sid: str) -> list[dict[str, Any]]:
+    """Two turns of one session; their turn.completed payloads."""
+    client = Client(engine.store)
+    ends = []
+    for text in ("the db is paging, what now?", "it is back; anything else?"):
+        reply = await client.submit(say(agent, text), session_id=sid)
+        end = await wait_for_event(client, sid, turn_ended(reply["turn_id"]))
+        assert end["payload"]["type"] == "turn.completed", end["payload"]
+        ends.append(end["payload"])
+    return ends
+
+
+@pytest.mark.parametrize("cache", [True, False])
+async def test_a_worker_run_call_in_the_anthropic_format_gets_the_engines_cache_breakpoints(
+    vendor, test_worker, engine_for, tmp_path, cache
+):
+    """The body a worker is handed to send carries the breakpoints the engine would send
+    itself (system, the previous turn's end, the newest message), so the vendor's cache
+    serves the worker's second turn from what its first wrote; `cache = false` on the
+    agent's block sends none."""
+    agent = {
+        "model": CACHED_MODEL,
+        "llm": "anthropic",
+        "handler": "worker",
+        "format": "anthropic",
+        "system": LONG_SYSTEM,
+    }
+    worker = await test_worker(seed_worker(vendor, agent), secret=SECRET)
+    engine = await engine_for(caching_project(tmp_path, vendor, worker.url, cache))
+    vendor.push(Text("Check the runbook for disk alerts first."), Text("Watch it for an hour."))
+    first, second = await two_turns(engine, "byo", "byo-cache")
+    by_worker = [r.body for r in vendor.requests]
+    vendor.push(Text("Check the runbook for disk alerts first."), Text("Watch it for an hour."))
+    await two_turns(engine, "direct", "direct-cache")
+    by_engine = [r.body for r in vendor.requests[len(by_worker) :]]
+
+    # The very bodies the engine sends when it runs the calls itself, breakpoints and all.
+    assert [{**b, "stream": True} for b in by_worker] == [{**b, "stream": True} for b in by_engine]
+    if not cache:
+        assert [marks(b) for b in by_worker] == [[], []]
+        assert second["usage"]["cache_read"] == second["usage"]["cache_write"] == 0
+        return
+    assert [marks(b) for b in by_worker] == [
+        [".system[0]", ".messages[0].content[0]"],
+        [".system[0]", ".messages[1].content[0]", ".messages[2].content[0]"],
+    ]
+    # The worker's second turn reads what its first wrote, at the cache-read price.
+    assert first["usage"]["cache_read"] == 0 and first["usage"]["cache_write"] > 0
+    assert second["usage"]["cache_read"] == first["usage"]["cache_write"]
+    assert Decimal(second["cost"]) < Decimal(first["cost"]) / 2

@@ -75,10 +75,11 @@ def message(
     status: str | None,
     limit: int = DEFAULT_LIMIT,
     console: str | None = None,
+    footer: str | None = None,
 ) -> Rendered:
     """One turn's message: tool lines, the answer's first piece (the rest as continuations),
-    the failure (with a link to `console`, the session's page), then the `channels.slack` view
-    blocks; `limit` caps the answer per message.
+    the failure (with a link to `console`, the session's page), the `footer` (a line of what
+    the turn cost), then the `channels.slack` view blocks; `limit` caps the answer per message.
 
     Raises:
         ValueError: when `limit` does not fit a `markdown` block.
@@ -96,6 +97,8 @@ def message(
     if failed:
         link = f" · <{console}|open in the console>" if console else ""
         blocks.append(context(f":warning: {escape(failed)}{link}"))
+    if footer:
+        blocks.append(context(escape(footer)))
     if isinstance(view, list):
         blocks += [b for b in view if isinstance(b, dict)][: BLOCKS_LIMIT - len(blocks)]
     return Rendered(

@@ -16,6 +16,7 @@ from typing import Any
 
 import engine.machine.events as ev
 from bot.rendering.layout import DEFAULT_LIMIT, Line, Rendered, clip, message, message_content
+from bot.rendering.spend import budget_stop, spend_line
 from bot.rendering.split import close_fence
 from engine.messages import text_of
 
@@ -81,9 +82,15 @@ class _Llm:
 class TurnView:
     """The fold of one turn's events and deltas. `apply_*` mutate; `render` only reads."""
 
-    def __init__(self, turn_id: str, *, console: str | None = None) -> None:
+    def __init__(
+        self, turn_id: str, *, console: str | None = None, show_cost: bool = False
+    ) -> None:
         self.turn_id = turn_id
         self.console = console  # the session's console page, linked when the turn fails
+        self.show_cost = show_cost  # a line of what the turn cost under the ended reply
+        self._model_calls: set[str] = set()  # the calls the turn asked for, by id
+        self._tool_calls: set[str] = set()
+        self._spent: tuple[Any, Any] | None = None  # the ended turn's (cost, usage)
         self._order: list[str] = []  # answer segments (model calls, recorded messages) in order
         self._shown: set[str] = set()
         self._llm: dict[str, _Llm] = {}
@@ -129,6 +136,7 @@ class TurnView:
             self._order.append(segment)
 
     def _llm_requested(self, e: Event, p: dict[str, Any]) -> None:
+        self._model_calls.add(p["id"])
         self._show(p["id"])
         self._llm.setdefault(p["id"], _Llm()).running = True
 
@@ -157,6 +165,7 @@ class TurnView:
         return line
 
     def _tool_requested(self, e: Event, p: dict[str, Any]) -> None:
+        self._tool_calls.add(p["id"])
         self._line(p, "tool", e).arguments = p.get("arguments")
 
     def _tool_dispatched(self, e: Event, p: dict[str, Any]) -> None:
@@ -218,11 +227,14 @@ class TurnView:
     def _completed(self, e: Event, p: dict[str, Any]) -> None:
         self._done = True
         self._interrupts.clear()
+        self._spent = (p.get("cost"), p.get("usage"))
 
     def _failed_turn(self, e: Event, p: dict[str, Any]) -> None:
         self._done = True
         self._interrupts.clear()
-        self._failed = _error_text(p.get("error")) or "the turn failed"
+        self._spent = (p.get("cost"), p.get("usage"))
+        error = p.get("error")
+        self._failed = budget_stop(error) or _error_text(error) or "the turn failed"
 
     # -- reading ----------------------------------------------------------------------
 
@@ -277,7 +289,16 @@ class TurnView:
             status=self.status,
             limit=limit,
             console=self.console,
+            footer=self.footer,
         )
+
+    @property
+    def footer(self) -> str | None:
+        """The ended turn's cost line when the agent shows it (`show_cost`), else None."""
+        if not self.show_cost or self._spent is None:
+            return None
+        cost, usage = self._spent
+        return spend_line(cost, usage, len(self._model_calls), len(self._tool_calls))
 
     @property
     def done(self) -> bool:

@@ -41,6 +41,7 @@ class Bot:
     max_concurrent_turns: int = 4  # the app's turns running at once (bot/turns/slots.py)
     files: bool = True  # read messages' files and upload the agent's images
     file_text_limit: int = 256 * 1024  # bytes of a text file the model reads
+    show_cost: bool = False  # a line of each ended turn's cost under its reply
 
 
 def new_bot(

@@ -96,6 +96,7 @@ class NativeStream:
         whole = (
             text == view.answer()  # no code fence left open
             and rendered.failed is None
+            and view.footer is None  # a cost line: the final version is an edit
             and not rendered.continuations
             and not view.slack_channel.get("view")
         )

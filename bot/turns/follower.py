@@ -212,7 +212,7 @@ class Followers:
             LIVE.set(Live(intake_context(cp.session_id, cp.turn_id), self.spans))
         bot = self.bots[cp.agent]
         console = self.console(cp.session_id) if self.console else None
-        view = TurnView(cp.turn_id, console=console)
+        view = TurnView(cp.turn_id, console=console, show_cost=bot.show_cost)
         save = functools.partial(self.checkpoints.save, cp)
         # Slack's native stream is addressed to a person: an app's alert has none.
         reply = Reply(cp, view, bot.web, self.paced, save, native=bot.native and not cp.by_app)

@@ -329,7 +329,7 @@ def waiting_for_client(state: SessionState) -> tuple[list[str], list[dict[str, A
     if turn is None or state.decision is not None or state.pending:
         return None
     if state.interrupts:
-        return [], list(state.interrupts.values())
+        return [], [dict(i) for i in state.interrupts.values()]
     open_calls = [c for c in state.calls.values() if c.turn_id == turn.id]
     if open_calls and all(c.handler == "client" for c in open_calls):
         return sorted(c.id for c in open_calls), []

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
@@ -19,6 +19,7 @@ from engine.api.sessions import refuse_reserved
 from engine.api.state import API, principal_of
 from engine.errors import ProtocolError, SubsError
 from engine.jsonedge import compact_json
+from engine.machine.shapes import Answer
 from engine.protocol import parse_decision_response, to_json
 
 
@@ -122,7 +123,8 @@ async def post_worker_submit(request: web.Request) -> web.Response:
     body: WorkerSubmitBody = validate(WorkerSubmitBody, raw)
     response = {k: v for k, v in raw.items() if k not in ("session_id", "decision_id")}
     try:
-        decision = to_json(parse_decision_response(response))
+        # Validated by the wire model: its dump is the machine's shape of an answer.
+        decision = cast(Answer, to_json(parse_decision_response(response)))
     except ProtocolError as err:
         raise ApiError(err.message, status=422, code="invalid_input", param=err.param) from None
     refuse_reserved(request, body.session_id)

@@ -32,7 +32,7 @@ from engine.effects.llm import LlmTarget, ProviderError, complete, prices
 from engine.effects.llm.files import resolve_files
 from engine.effects.llm.prompts import EncodedMessages
 from engine.effects.worker import CheckedMessages, DecisionRun, ExecuteRun, WorkerTarget
-from engine.errors import SubsError, describe
+from engine.errors import ErrorInfo, SubsError, describe
 from engine.machine import (
     DecisionFailed,
     ExecuteFailed,
@@ -156,7 +156,7 @@ class EffectRunner:
         sid: str,
         what: str,
         prepare: Callable[[], Callable[[], Awaitable[Input]]],
-        failed: Callable[[dict[str, Any], bool], Input],
+        failed: Callable[[ErrorInfo, bool], Input],
         done: Done,
         tasks: set[asyncio.Task[None]],
         deltas: DeltaWriter | None = None,
@@ -179,7 +179,10 @@ class EffectRunner:
             code = err.info()["code"] if isinstance(err, SubsError) else "internal"
             if code == "internal":  # not a failure the protocol names: a bug
                 log.exception("preparing the %s of %s failed", what, sid)
-            error = {"message": f"the {what} could not be prepared: {describe(err)}", "code": code}
+            error: ErrorInfo = {
+                "message": f"the {what} could not be prepared: {describe(err)}",
+                "code": code,
+            }
             report(failed(error, False), ())
             return
 
@@ -192,7 +195,7 @@ class EffectRunner:
                 raise
             except Exception as err:
                 log.exception("the %s of %s failed inside the engine", what, sid)
-                error = {
+                error: ErrorInfo = {
                     "message": f"the {what} failed inside the engine: {describe(err)}",
                     "code": "internal",
                 }
@@ -240,7 +243,7 @@ class EffectRunner:
             plan = build_llm_request(state, state.calls[call_id])
             return lambda: self._run_llm_call(sid, effect, plan, deltas)
 
-        def failed(error: dict[str, Any], retryable: bool) -> Input:
+        def failed(error: ErrorInfo, retryable: bool) -> Input:
             return LlmCallSettled(call_id, attempt, error=error, retryable=retryable)
 
         self.run(sid, f"model call {call_id}", prepare, failed, done, tasks, deltas)
@@ -255,13 +258,13 @@ class EffectRunner:
         sid = state.session_id
         target = self.workers.get(state.agent_id)
 
-        def failed(error: dict[str, Any], retryable: bool) -> Input:
+        def failed(error: ErrorInfo, retryable: bool) -> Input:
             if isinstance(effect, RunDecision):
                 return DecisionFailed(effect.decision_id, effect.attempt, error, retryable)
             return ExecuteFailed(effect.call_id, effect.attempt, error, retryable)
 
         if target is None:
-            error = {
+            error: ErrorInfo = {
                 "message": f"agent {state.agent_id!r} has no worker to send this to",
                 "code": "unroutable",
             }
@@ -281,7 +284,10 @@ class EffectRunner:
                     return result
 
                 return run_decision
-            execute = ExecuteRun(state, effect.call_id, target, now, self.checked, self.sampled)
+            cache = self._caches(state, effect.call_id)
+            execute = ExecuteRun(
+                state, effect.call_id, target, now, self.checked, self.sampled, cache
+            )
             assert deltas is not None
 
             async def run_execute() -> Input:
@@ -296,6 +302,16 @@ class EffectRunner:
 
         what = "decision" if isinstance(effect, RunDecision) else f"call {effect.call_id}"
         self.run(sid, f"worker {what}", prepare, failed, done, tasks, deltas)
+
+    def _caches(self, state: SessionState, call_id: str) -> bool:
+        """Whether a worker-run model call asks for prompt caching: its `[llm.<id>]` block's
+        `cache` (the call's own block, else the agent's), on when it names none."""
+        call = state.calls.get(call_id)
+        block_id = (call.params.get("llm") if call is not None else None) or (
+            state.agent or {}
+        ).get("llm")
+        block = self.project.llm.get(str(block_id or ""))
+        return block.cache if block is not None else True
 
     def _target(self, block_id: str | None) -> LlmTarget:
         block = self.project.llm.get(block_id or "")

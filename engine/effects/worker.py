@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
+import orjson
 from pydantic import TypeAdapter, ValidationError
 
 from engine.effects.delivery import DecisionFailure, Deferred, Delivery, deliver
-from engine.effects.llm import ProviderError, anthropic, openai
+from engine.effects.llm import ProviderError, anthropic, caching, openai, prompts
 from engine.effects.llm.files import Fetch, resolve_files
 from engine.errors import SubsError
 from engine.jsonedge import encode
@@ -29,6 +30,7 @@ from engine.machine import (
     SessionState,
 )
 from engine.machine.request import control_request, execute_request
+from engine.machine.shapes import Answer
 from engine.protocol import (
     DecisionRequest,
     LlmResponse,
@@ -56,6 +58,12 @@ class WorkerTarget:
 
 def _body(request: dict[str, Any]) -> bytes:
     return encode(request)
+
+
+def _checked(response: dict[str, Any]) -> Answer:
+    """A DecisionResponse `deliver` validated (its pydantic model, dumped by `to_json`)
+    as the machine's shape of it."""
+    return cast(Answer, response)
 
 
 def _timeout(deadline_ms: int | None, now_ms: int) -> float:
@@ -96,7 +104,7 @@ class DecisionRun:
             return DecisionDeferred(self.decision_id, self.attempt)
         except DecisionFailure as failure:
             return DecisionFailed(self.decision_id, self.attempt, failure.info(), failure.retryable)
-        return DecisionAnswered(self.decision_id, self.attempt, response)
+        return DecisionAnswered(self.decision_id, self.attempt, _checked(response))
 
 
 class ExecuteRun:
@@ -110,6 +118,7 @@ class ExecuteRun:
         now_ms: int,
         checked: CheckedMessages,
         sampled: bool = False,
+        cache: bool = True,
     ) -> None:
         call = state.calls[call_id]
         self.call_id, self.attempt, self.kind = call.id, call.attempt, call.kind
@@ -126,13 +135,31 @@ class ExecuteRun:
         self.tracestate = turn.tracestate if turn is not None and turn.id == call.turn_id else None
         self.accumulator = _VENDORS[self.format].StreamAccumulator() if self.format else None
         self.delta_seq = 0
+        self.cache = cache  # the agent's `[llm.<id>] cache`: breakpoints as the engine puts them
 
     def _vendor_body(self, neutral: dict[str, Any]) -> dict[str, Any]:
         """The vendor's own body, ready to send but for `stream` (the trigger's is
-        authoritative); content the format cannot carry (input_audio…) is unroutable."""
+        authoritative), with the cache breakpoints the engine would put on it (the Anthropic
+        format: engine/effects/llm/caching.py); content the format cannot carry
+        (input_audio…) is unroutable."""
         assert self.format is not None
+        vendor = _VENDORS[self.format]
+        wants = caching.caching_for(self.format, str(neutral.get("model") or ""), self.cache)
         try:
-            body: dict[str, Any] = _VENDORS[self.format].build_request(neutral, stream=False)
+            if wants is None:
+                body: dict[str, Any] = vendor.build_request(neutral, stream=False)
+            else:
+                encoded = prompts.encode_body(
+                    neutral,
+                    scope=("", self.format),
+                    groups=vendor.message_groups,
+                    convert=vendor.convert_group,
+                    build=vendor.build_request,
+                    stream=False,
+                    kept=prompts.EncodedMessages(),
+                    caching=wants,
+                )
+                body = orjson.loads(encoded)
         except ProviderError as err:
             raise SubsError(
                 f"the model request cannot be sent in the {self.format} format: {err.message}",
@@ -183,7 +210,7 @@ class ExecuteRun:
                 response = self._neutral(response)
         except DecisionFailure as failure:
             return ExecuteFailed(self.call_id, self.attempt, failure.info(), failure.retryable)
-        return ExecuteAnswered(self.call_id, self.attempt, response)
+        return ExecuteAnswered(self.call_id, self.attempt, _checked(response))
 
     def _deltas(self, frame: dict[str, Any]) -> list[dict[str, Any]]:
         """One `llm.token.delta` frame as neutral StreamDeltas, or a precise failure."""

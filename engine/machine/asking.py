@@ -19,25 +19,24 @@ from .effects import RunDecision, StartTimer
 from .ending import fail_turn
 from .inputs import CallLost, DecisionDeadline, DecisionFailed, DecisionTimerFired
 from .retry import Fault, run_deadline
+from .shapes import Answer, Done, ErrorInfo, Trigger, TurnFinished
 from .state import Decision
 
 # -- who decides -----------------------------------------------------------------
 
 
-def decide(st: Step, trigger: dict[str, Any], proposed: dict[str, Any]) -> None:
+def decide(st: Step, trigger: Trigger, proposed: Answer) -> None:
     """`trigger` calls for a decision, `proposed` is the engine's proposal for it."""
     if not st.by_worker:
         st.record(Proposal(trigger, proposed))
-        st.out.decided.append(str(trigger.get("type", "?")))
+        st.out.decided.append(trigger["type"])
     elif st.s.decision is not None or st.s.pending:
         st.emit({"type": ev.DECISION_QUEUED, "trigger": trigger, "proposed": proposed})
     else:
         dispatch_decision(st, trigger, proposed, from_queue=False)
 
 
-def dispatch_decision(
-    st: Step, trigger: dict[str, Any], proposed: dict[str, Any], *, from_queue: bool
-) -> None:
+def dispatch_decision(st: Step, trigger: Trigger, proposed: Answer, *, from_queue: bool) -> None:
     """Send `trigger` to the worker as a new decision, attempt 1, under the decision policy."""
     decision_id = st.ids("dec")
     # Before session.start is answered, the file's config (its proposal) sets the policy.
@@ -83,13 +82,13 @@ def finish_with_worker(st: Step, data: Any) -> None:
     """Ask the worker one last time, with `turn.finished`: the turn has nothing in flight."""
     turn = st.s.turn
     assert turn is not None
-    trigger: dict[str, Any] = {
+    trigger: TurnFinished = {
         "type": "turn.finished",
         "turn_id": turn.id,
         "cost": turn.cost,
         "usage": turn.usage,
     }
-    done: dict[str, Any] = {"type": "done"}
+    done: Done = {"type": "done"}
     if data is not None:
         trigger["data"] = data
         done["data"] = data
@@ -128,7 +127,7 @@ def decision_lost(st: Step, inp: CallLost) -> None:
 
 
 def decision_failed(
-    st: Step, d: Decision, error: dict[str, Any], retryable: bool, *, at_once: bool = False
+    st: Step, d: Decision, error: ErrorInfo, retryable: bool, *, at_once: bool = False
 ) -> None:
     """Retry the delivery under the decision policy, or fail the turn cleanly."""
     nxt = retry.after_failure(

@@ -1,17 +1,20 @@
 """Budgets (issue #28): what a turn and a session may spend, checked before each call.
 
 An agent's config may carry `budget` (per turn: `max_cost_usd`, `max_model_calls`,
-`max_tool_calls`, `max_tokens`, `on_exceeded`, and `price`, the input price of its model
-in USD per million tokens, filled in by the engine from its price table) and
-`session_budget` (`max_cost_usd`, `on_exceeded`, over the session's life). Both are
-engine extensions of the wire AgentConfig (a worker may return them at `session.start`
-to override the file's for its session).
+`max_tool_calls`, `max_tokens`, `on_exceeded`, and `price`, the input and cache-read
+prices of its model in USD per million tokens, filled in by the engine from its price
+table) and `session_budget` (`max_cost_usd`, `on_exceeded`, over the session's life;
+`price` too when there is no `budget` to carry it). Both are engine extensions of the
+wire AgentConfig (a worker may return them at `session.start` to override the file's for
+its session).
 
 The check runs before a call is recorded: a model call is estimated from the request's
-input tokens (its characters / 4) and that price, and the estimates of the turn's model
-calls still in flight are counted with it; when a call settles its estimate is replaced
-by what the vendor reported (evolve.py), so the next check reads the real figures. A
-child's spend reaches its parent's turn when the child's turn ends (`subagent.*`).
+input tokens (its characters / 4) and that price (what the previous call left in the
+vendor's prompt cache at the cache-read price: `cached_at`), and the estimates of the
+turn's model calls still in flight are counted with it; when a call settles its estimate
+is replaced by what the vendor reported (evolve.py), so the next check reads the real
+figures. A child's spend reaches its parent's turn when the child's turn ends
+(`subagent.*`).
 
 A call that would cross a limit is not made. `on_exceeded = "fail"` (the default) fails
 the turn with `budget_exceeded`; `"ask"` records the call without sending it and raises
@@ -29,6 +32,7 @@ from typing import Any
 from .core import Step
 from .ending import fail_turn
 from .interrupts import raise_interrupt
+from .shapes import ErrorInfo, OpenInterrupt, Raise
 from .state import SessionState, Turn
 from .tree import path_to
 
@@ -111,11 +115,15 @@ def _reserved(turn: Turn) -> tuple[int, Decimal]:
     return tokens, cost
 
 
-def estimate(state: SessionState, params: dict[str, Any]) -> dict[str, Any] | None:
-    """A model call's input estimate `{tokens, cost}`, or None when no limit needs one.
+def estimate(state: SessionState, params: dict[str, Any], now: int) -> dict[str, Any] | None:
+    """A model call's input estimate `{tokens, cost, cached?}`, or None when no limit needs
+    one.
 
     Tokens: the request's characters / 4 (system, tools, the messages on the path), a
-    rough count that the vendor's reported usage replaces when the call settles.
+    rough count that the vendor's reported usage replaces when the call settles. Cost: the
+    tokens the session's previous call left in the vendor's prompt cache (`cached_at`) at
+    the cache-read price, the rest at the input price, so a long cached thread is not
+    refused at the price of sending it afresh.
     """
     budget, whole = turn_budget(state), session_budget(state)
     if not any(k in budget for k in ("max_cost_usd", "max_tokens")) and "max_cost_usd" not in whole:
@@ -128,9 +136,32 @@ def estimate(state: SessionState, params: dict[str, Any]) -> dict[str, Any] | No
     messages = params.get("messages") or path_to(state.nodes, state.head_id)
     chars += len(json.dumps(messages, separators=(",", ":"), default=str))
     tokens = (chars + 3) // 4
-    price = _dec((budget.get("price") or {}).get("input")) or Decimal(0)
-    cost = Decimal(tokens) * price / _MILLION
-    return {"tokens": tokens, "cost": _text(cost)}
+    price = budget.get("price") or whole.get("price") or {}
+    full = _dec(price.get("input")) or Decimal(0)
+    read = _dec(price.get("cache_read"))
+    model = str(params.get("model") or agent.get("model") or "")
+    cached = min(tokens, cached_at(state, model, now)) if read is not None else 0
+    cost = (Decimal(tokens - cached) * full + Decimal(cached) * (read or 0)) / _MILLION
+    out: dict[str, Any] = {"tokens": tokens, "cost": _text(cost)}
+    if cached:
+        out["cached"] = cached
+    return out
+
+
+# How long a vendor keeps a prompt prefix after the call that last used it: Anthropic's
+# cache lives 5 minutes (refreshed by each read); OpenAI's 5 to 10 minutes idle
+# (docs/prompt-caching.md). Past it, the estimate prices every input token in full.
+CACHE_TTL_MS = 5 * 60 * 1000
+
+
+def cached_at(state: SessionState, model: str, now: int) -> int:
+    """The tokens of prompt prefix the session's last settled model call left in the
+    vendor's cache (what it read from it and wrote to it, as the vendor reported), when
+    that call asked the same model less than CACHE_TTL_MS before `now`; else 0."""
+    last = state.cached
+    if not last or last.get("model") != model or now - int(last.get("at", 0)) > CACHE_TTL_MS:
+        return 0
+    return int(last.get("tokens", 0))
 
 
 def _allowed(turn: Turn, key: str, limit: Decimal) -> Decimal:
@@ -175,7 +206,7 @@ def check(state: SessionState, kind: str, est: dict[str, Any] | None) -> Exceede
     return None
 
 
-def error_of(over: Exceeded) -> dict[str, Any]:
+def error_of(over: Exceeded) -> ErrorInfo:
     """The `budget_exceeded` error a turn stopped by its budget fails with."""
     return {
         "message": f"budget exceeded: {over.sentence()}; the next call was not made",
@@ -194,7 +225,7 @@ def ask(st: Step, over: Exceeded, call_id: str) -> None:
     step = f"${_text(over.step)}" if over.limit.endswith("cost_usd") else _text(over.step)
     detail = over.detail()
     detail.update({"call_id": call_id, "raise_by": _text(over.step), "options": APPROVE_OPTIONS})
-    action = {
+    action: Raise = {
         "interrupt_id": f"budget-{call_id}",
         "reason": f"budget: {over.sentence()}",
         "payload": {
@@ -205,7 +236,7 @@ def ask(st: Step, over: Exceeded, call_id: str) -> None:
     raise_interrupt(st, action, "budget")
 
 
-def budget_of(interrupt: dict[str, Any]) -> dict[str, Any] | None:
+def budget_of(interrupt: OpenInterrupt) -> dict[str, Any] | None:
     """A budget interrupt's metadata (limit, call_id, figures); None for any other."""
     if interrupt.get("origin") != "budget":
         return None

@@ -28,6 +28,22 @@ from .inputs import (
 )
 from .interrupts import raise_interrupt
 from .retry import Fault, run_deadline
+from .shapes import (
+    Action,
+    Answer,
+    ErrorInfo,
+    Fail,
+    LlmCall,
+    LlmFinished,
+    Raise,
+    RetryPolicy,
+    SubagentSpawn,
+    ToolCall,
+    ToolErrorInput,
+    ToolFinished,
+    ToolResultInput,
+    Trigger,
+)
 from .spawns import subagent_named
 from .state import Call, SessionState
 from .tools import arguments_of, check_output, find_tool, result_text, tool_result_of
@@ -62,7 +78,8 @@ def needs_approval(state: SessionState, tool: dict[str, Any]) -> bool:
     policy = entry.get("approve") or "destructive"
     if policy != "destructive":
         return bool(policy == "always")
-    synced = (state.connectors.get(tool["connector"]) or {}).get("tools") or ()
+    known = state.connectors.get(tool["connector"])
+    synced = (known.get("tools") if known else None) or ()
     listed: dict[str, Any] = next((t for t in synced if t.get("name") == tool["tool"]), {})
     notes = listed.get("annotations") or {}
     return notes.get("readOnlyHint") is not True and notes.get("destructiveHint") is not False
@@ -78,9 +95,9 @@ def ask_approval(st: Step, call: Call, tool: dict[str, Any]) -> None:
     prompt cannot hold the turn open forever: expired, the model reads a tool error."""
     parsed = arguments_of(call.arguments or "")
     shown = json.dumps(parsed, ensure_ascii=False) if parsed not in (None, {}) else "no arguments"
-    synced = st.s.connectors.get(tool["connector"]) or {}
-    timeout = synced.get("approve_timeout_ms") or APPROVE_TIMEOUT_MS
-    action = {
+    synced = st.s.connectors.get(tool["connector"])
+    timeout = (synced.get("approve_timeout_ms") if synced else None) or APPROVE_TIMEOUT_MS
+    action: Raise = {
         "interrupt_id": f"approve-{call.id}",
         "reason": f"{call.name} changes things: approve it first",
         "payload": {
@@ -109,14 +126,14 @@ def llm_handler(st: Step, block: str | None) -> tuple[str, str | None]:
     return "server", None
 
 
-def start_llm_call(st: Step, action: dict[str, Any]) -> None:
+def start_llm_call(st: Step, action: LlmCall) -> None:
     """Record and dispatch a model call the agent asked for."""
     call_id = action.get("id") or st.ids("llm")
-    params = {k: action[k] for k in _LLM_PARAMS if action.get(k) is not None}
+    params: dict[str, Any] = {k: action.get(k) for k in _LLM_PARAMS if action.get(k) is not None}
     handler, fmt = llm_handler(st, params.get("llm") or (st.s.agent or {}).get("llm"))
     if fmt:
         params["format"] = fmt
-    est = budgets.estimate(st.s, params)
+    est = budgets.estimate(st.s, params, st.now)
     over = budgets.check(st.s, "llm", est)
     if over is not None and over.on_exceeded != "ask":
         budgets.refuse(st, over)  # the call is not made
@@ -138,7 +155,7 @@ def start_llm_call(st: Step, action: dict[str, Any]) -> None:
     dispatch(st, st.s.calls[call_id], 1)
 
 
-def start_tool_call(st: Step, action: dict[str, Any], unrunnable: list[tuple[Call, str]]) -> None:
+def start_tool_call(st: Step, action: ToolCall, unrunnable: list[tuple[Call, str]]) -> None:
     """Record and dispatch a tool call, or note why it cannot run."""
     call_id = action.get("id") or st.ids("tool")
     name = action["name"]
@@ -296,7 +313,7 @@ def llm_completed(st: Step, call: Call, resp: dict[str, Any]) -> None:
     finish = resp.get("finish_reason")
     truncated = finish == "length"
     refused = finish == "content_filter"
-    actions: list[dict[str, Any]]
+    actions: list[Action]
     if truncated:
         actions = [_fail("the model's reply was cut off at its length limit", "provider_error")]
     elif refused:
@@ -305,7 +322,7 @@ def llm_completed(st: Step, call: Call, resp: dict[str, Any]) -> None:
         actions = [tool_call_action(st, tc) for tc in tool_calls]
     else:
         actions = [{"type": "done"}]
-    trigger: dict[str, Any] = {
+    trigger: LlmFinished = {
         "type": "llm.finished",
         "id": call.id,
         "ok": True,
@@ -319,7 +336,7 @@ def llm_completed(st: Step, call: Call, resp: dict[str, Any]) -> None:
     decide(st, trigger, {"messages": [message], "actions": actions})
 
 
-def tool_call_action(st: Step, tc: dict[str, Any]) -> dict[str, Any]:
+def tool_call_action(st: Step, tc: dict[str, Any]) -> ToolCall | SubagentSpawn:
     """A model's tool call: a plain `tool.call`, or a `subagent.spawn` for a child's tool."""
     name, arguments = tc["function"]["name"], tc["function"]["arguments"]
     child = subagent_named(st.s.agent, name)
@@ -327,7 +344,7 @@ def tool_call_action(st: Step, tc: dict[str, Any]) -> dict[str, Any]:
         return {"type": "tool.call", "id": tc["id"], "name": name, "arguments": arguments}
     parsed = arguments_of(arguments or "")
     args = parsed if isinstance(parsed, dict) else {}
-    spawn: dict[str, Any] = {
+    spawn: SubagentSpawn = {
         "type": "subagent.spawn",
         "agent_id": child,
         "tool_call_id": tc["id"],
@@ -347,12 +364,12 @@ def tool_call_action(st: Step, tc: dict[str, Any]) -> dict[str, Any]:
 def call_failed(
     st: Step,
     call: Call,
-    error: dict[str, Any],
+    error: ErrorInfo,
     retryable: bool,
     retry_after: float | None,
     *,
     at_once: bool = False,
-    policy: dict[str, Any] | None = None,
+    policy: RetryPolicy | None = None,
     counted: bool = True,
     message_id: str | None = None,
 ) -> None:
@@ -396,7 +413,7 @@ def call_failed(
         if ending is not None and ending.failed is not None:
             ending.failed(st, call, error)
         elif call.kind == "llm":
-            trigger = {
+            trigger: LlmFinished = {
                 "type": "llm.finished",
                 "id": call.id,
                 "ok": False,
@@ -445,7 +462,7 @@ def call_lost(st: Step, inp: CallLost) -> None:
     call_failed(st, call, error, lost.retryable, None, at_once=True, counted=False)
 
 
-def delivery_failed(st: Step, call: Call, error: dict[str, Any], retryable: bool) -> None:
+def delivery_failed(st: Step, call: Call, error: ErrorInfo, retryable: bool) -> None:
     """The worker was not reached or answered nonsense: retried like a decision
     (SPEC §11, worker decision row), not under the tool's own attempts."""
     policy = st.kinds.policy("decision", st.s.agent)
@@ -494,7 +511,7 @@ def settle_tool(
         st.emit({"type": ev.TOOL_CALL_COMPLETED, "id": call.id, "result": result})
         tool_finished(st, call, result, None, message_id=message_id)
         return
-    error_info = {"message": error, "code": "handler_error"}
+    error_info: ErrorInfo = {"message": error, "code": "handler_error"}
     call_failed(st, call, error_info, retryable, None, message_id=message_id)
 
 
@@ -502,9 +519,9 @@ def tool_finished(
     st: Step,
     call: Call,
     result: dict[str, Any] | None,
-    error: dict[str, Any] | None,
+    error: ErrorInfo | None,
     *,
-    trigger: dict[str, Any] | None = None,
+    trigger: Trigger | None = None,
     message_id: str | None = None,
 ) -> None:
     """`tool.finished` (or `subagent.finished`): record the tool message (under
@@ -518,22 +535,23 @@ def tool_finished(
     if message_id is not None:
         message["id"] = message_id
     if trigger is None:
-        trigger = {
+        finished: ToolFinished = {
             "type": "tool.finished",
             "id": call.id,
             "ok": error is None,
             "name": call.name,
         }
         if result is not None:
-            trigger["result"] = result
+            finished["result"] = result
         if error is not None:
-            trigger["error"] = error
+            finished["error"] = error
+        trigger = finished
     proposed = reprompt_or_nothing(st)
     proposed["messages"] = [message]
     decide(st, trigger, proposed)
 
 
-def reprompt_or_nothing(st: Step) -> dict[str, Any]:
+def reprompt_or_nothing(st: Step) -> Answer:
     """Re-prompt only once nothing else is open and the branch is not paused."""
     s = st.s
     if s.interrupts or any(c.turn_id == (s.turn.id if s.turn else None) for c in s.calls.values()):
@@ -541,7 +559,7 @@ def reprompt_or_nothing(st: Step) -> dict[str, Any]:
     return {"actions": [{"type": "llm.call"}]}
 
 
-def client_settles_tool(st: Step, body: dict[str, Any]) -> None:
+def client_settles_tool(st: Step, body: ToolResultInput | ToolErrorInput) -> None:
     """A client's `tool.result` / `tool.error` for one of its own tool calls."""
     call = settleable(st, body["id"], body.get("attempt"), client_input=True)
     if body["type"] == "tool.result":
@@ -608,5 +626,5 @@ def settleable(st: Step, call_id: str, attempt: int | None, *, client_input: boo
     return call
 
 
-def _fail(message: str, code: str) -> dict[str, Any]:
+def _fail(message: str, code: str) -> Fail:
     return {"type": "fail", "error": {"message": message, "code": code}}

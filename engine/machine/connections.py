@@ -11,6 +11,7 @@ import fnmatch
 import re
 from typing import Any
 
+from .shapes import OpenInterrupt
 from .state import SessionState
 
 
@@ -97,7 +98,7 @@ def call_params(state: SessionState, name: str) -> dict[str, Any] | None:
     return tools_of(state, own_names(state.agent)).get(name)
 
 
-def connector_of(interrupt: dict[str, Any]) -> str | None:
+def connector_of(interrupt: OpenInterrupt) -> str | None:
     """The connection an interrupt waits on a person for (`sync_failed` raised it)."""
     connector = ((interrupt.get("payload") or {}).get("metadata") or {}).get("connector")
     return connector if isinstance(connector, str) else None

@@ -33,6 +33,7 @@ from .core import CallKind, Step
 from .effects import RunCall
 from .inputs import CallAnswered
 from .interrupts import raise_interrupt
+from .shapes import Answer, ClientAction, ClientMessages, ErrorInfo, Synced
 from .state import Call
 
 AUTH = "unauthorized"  # `detail.reason` of a sync or call refused for its credential
@@ -52,8 +53,8 @@ class RunMcpCall(RunCall):
 def hold(
     st: Step,
     agent: dict[str, Any] | None,
-    trigger: dict[str, Any],
-    proposed: dict[str, Any],
+    trigger: ClientMessages | ClientAction,
+    proposed: Answer,
     *,
     force: str | None = None,
 ) -> bool:
@@ -97,7 +98,7 @@ def settle_sync(st: Step, call: Call, inp: CallAnswered) -> None:
     tools = [] if off else list(listed.get("tools") or ())
     timeout = listed.get("approve_timeout_ms")
     timeout = timeout if isinstance(timeout, int) and timeout > 0 else None
-    now: dict[str, Any] = {"tools": tools}
+    now: Synced = {"tools": tools}
     if prefix:
         now["prefix"] = prefix
     if off:
@@ -117,7 +118,7 @@ def settle_sync(st: Step, call: Call, inp: CallAnswered) -> None:
     release(st)
 
 
-def sync_failed(st: Step, call: Call, error: dict[str, Any]) -> None:
+def sync_failed(st: Step, call: Call, error: ErrorInfo) -> None:
     """A sync failed for good (its `errored` event is recorded): ask for the credential,
     or go on without the connection's tools."""
     path = call.name or ""

@@ -20,6 +20,7 @@ from . import retry
 from .effects import Effect, RunCall
 from .evolve import Event, evolve
 from .inputs import CallAnswered
+from .shapes import Answer, ClientAction, ClientMessages, ErrorInfo, RetryPolicy, Trigger
 from .state import Call, SessionState
 
 
@@ -87,7 +88,7 @@ class CallKind:
     settle: Callable[[Step, Call, CallAnswered], None] | None = None  # None: calls.answered
     # How a call that failed for good ends (its `errored` event is out); None: the tool
     # message the model sees (calls.tool_finished).
-    failed: Callable[[Step, Call, dict[str, Any]], None] | None = None
+    failed: Callable[[Step, Call, ErrorInfo], None] | None = None
     retry_defaults: Mapping[str, Any] | None = None  # a policy of its own, named `retry`
     agent_retry: str | None = None  # the agent's `retry.<block>` over its own policy
     # The deadline of an attempt dispatched at `now` (ms); None: its policy's run deadline.
@@ -95,7 +96,7 @@ class CallKind:
     dispatched: Callable[[Step, Call, int], None] | None = None  # after attempt n went out
     # Its deadline timer fired at `now`: the attempt's error and whether it is retryable;
     # None: `deadline_exceeded`, retryable.
-    overdue: Callable[[Call, int], tuple[dict[str, Any], bool]] | None = None
+    overdue: Callable[[Call, int], tuple[ErrorInfo, bool]] | None = None
     # It ends before its answer (its turn ended, its deadline passed): whom to tell.
     stop: Callable[[Step, Call], None] | None = None
 
@@ -110,20 +111,20 @@ class Kinds:
 
     def __init__(self, kinds: Iterable[CallKind]) -> None:
         by_key: dict[tuple[str, str], CallKind] = {}
-        policies: dict[str, Mapping[str, Any]] = dict(retry.DEFAULTS)
+        policies: dict[str, RetryPolicy] = dict(retry.DEFAULTS)
         blocks: dict[str, str] = dict(retry.AGENT_BLOCKS)
         for k in kinds:
             key = (k.kind, k.handler)
             if by_key.setdefault(key, k) != k:
                 raise ValueError(f"call kind {key} is already registered, differently")
             if k.retry_defaults is not None:
-                own = {**retry.BACKOFF, **k.retry_defaults}
+                own = retry.own_policy(k.retry, k.retry_defaults)
                 if policies.setdefault(k.retry, own) != own:
                     raise ValueError(f"retry policy {k.retry!r} is already defined differently")
                 if k.agent_retry is not None:
                     blocks[k.retry] = k.agent_retry
         self._by_key = by_key
-        self.policies: Mapping[str, Mapping[str, Any]] = policies
+        self.policies: Mapping[str, RetryPolicy] = policies
         self.agent_blocks: Mapping[str, str] = blocks
 
     def __iter__(self) -> Iterator[CallKind]:
@@ -143,8 +144,8 @@ class Kinds:
         return {h for (kind, h) in self._by_key if kind == "tool" and h not in offered}
 
     def policy(
-        self, name: str, agent: dict[str, Any] | None, action_retry: dict[str, Any] | None = None
-    ) -> dict[str, Any]:
+        self, name: str, agent: dict[str, Any] | None, action_retry: Mapping[str, Any] | None = None
+    ) -> RetryPolicy:
         """Policy `name` resolved for `agent` and the action's own `retry` (retry.py)."""
         return retry.resolve_policy(
             name, agent, action_retry, defaults=self.policies, agent_blocks=self.agent_blocks
@@ -156,8 +157,8 @@ class Proposal:
     """The engine decides (no worker): `proposed` is to be applied as the answer to
     `trigger` (decisions.apply_decision)."""
 
-    trigger: dict[str, Any]
-    proposed: dict[str, Any]
+    trigger: Trigger
+    proposed: Answer
 
 
 @dataclass(frozen=True)
@@ -165,8 +166,8 @@ class Opening:
     """A turn's first decision, held for its connections' syncs or decided at once;
     `start_config` is the file's agent config of a session's first turn."""
 
-    trigger: dict[str, Any]
-    proposed: dict[str, Any]
+    trigger: ClientMessages | ClientAction
+    proposed: Answer
     start_config: dict[str, Any] | None
     force: str | None  # a connection the client asked to fetch afresh
 

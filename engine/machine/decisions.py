@@ -9,8 +9,6 @@ decision's own attempts, are asking.py's.
 
 from __future__ import annotations
 
-from typing import Any
-
 from . import events as ev
 from .asking import decision_failed, finish_with_worker, live_decision
 from .calls import (
@@ -35,14 +33,22 @@ from .inputs import (
 )
 from .interrupts import raise_interrupt
 from .retry import Fault
+from .shapes import (
+    SETTLES,
+    Action,
+    Answer,
+    ErrorInfo,
+    Execute,
+    Settle,
+    Trigger,
+    is_execute,
+    is_settle,
+)
 from .state import Call
 from .subagents import start_subagent
 from .tools import tool_result_of
 from .tree import id_clash
 from .turns import record_messages, resume_interrupt, send_message
-
-_SETTLES = {"tool.result": "tool", "tool.error": "tool", "llm.result": "llm", "llm.error": "llm"}
-
 
 # -- answers ---------------------------------------------------------------------
 
@@ -104,7 +110,11 @@ def execute_answered(st: Step, inp: ExecuteAnswered) -> None:
     if call.status == "waiting":
         st.ignore(f"call {call.id!r} was already answered (it is async)")
         return
-    trigger = {"type": f"{call.kind}.execute", "id": call.id, "attempt": call.attempt}
+    trigger: Execute = (
+        {"type": "llm.execute", "id": call.id, "attempt": call.attempt}
+        if call.kind == "llm"
+        else {"type": "tool.execute", "id": call.id, "attempt": call.attempt}
+    )
     problem = check_response(st, inp.response, trigger)
     if problem is None and call.kind == "llm" and not _ends(inp.response, call.id):
         problem = "llm.execute must be answered with llm.result or llm.error"
@@ -130,22 +140,23 @@ def execute_failed(st: Step, inp: ExecuteFailed) -> None:
 # -- checking and applying ---------------------------------------------------------
 
 
-def check_response(st: Step, resp: dict[str, Any], trigger: dict[str, Any]) -> str | None:
+def check_response(st: Step, resp: Answer, trigger: Trigger) -> str | None:
     """Why this answer cannot be applied to the session as it is, or None."""
     clash = id_clash(resp.get("messages") or [], st.s.nodes)
     if clash is not None:
         return clash
     ended: set[str] = set()
+    execute = trigger if is_execute(trigger) else None
     for i, action in enumerate(resp.get("actions") or ()):
-        kind = action["type"]
-        if kind == "connector.sync" and action["path"] not in _paths(st):
+        if action["type"] == "connector.sync" and action["path"] not in _paths(st):
             known = ", ".join(_paths(st)) or "none"
             return f"actions.{i}.path: the agent names no connection {action['path']!r} ({known})"
-        call_kind = _SETTLES.get(kind)
-        if call_kind is None:
+        if not is_settle(action):
             continue
-        answers = trigger["type"] == f"{call_kind}.execute"
-        call_id = action.get("id") or (trigger["id"] if answers else None)
+        kind = action["type"]
+        call_kind = SETTLES[kind]
+        answers = execute is not None and execute["type"] == f"{call_kind}.execute"
+        call_id = action.get("id") or (execute["id"] if execute is not None and answers else None)
         if call_id is None:
             return f"actions.{i}.id: {kind} must name the call it ends"
         call = st.s.calls.get(call_id)
@@ -158,7 +169,8 @@ def check_response(st: Step, resp: dict[str, Any], trigger: dict[str, Any]) -> s
             return f"actions.{i}: {kind} for call {call_id!r}, which is not open on the worker"
         attempt = action.get("attempt")
         if attempt is None:
-            attempt = trigger["attempt"] if answers and call_id == trigger["id"] else call.attempt
+            same = execute is not None and answers and call_id == execute["id"]
+            attempt = execute["attempt"] if execute is not None and same else call.attempt
         if attempt != call.attempt:
             return (
                 f"actions.{i}.attempt: call {call_id!r} is at attempt {call.attempt}, not {attempt}"
@@ -169,17 +181,20 @@ def check_response(st: Step, resp: dict[str, Any], trigger: dict[str, Any]) -> s
     return None
 
 
-def apply_decision(st: Step, resp: dict[str, Any], trigger: dict[str, Any]) -> None:
+def apply_decision(st: Step, resp: Answer, trigger: Trigger) -> None:
     """Record a valid decision: its messages and state first, then its actions."""
-    if resp.get("messages"):
-        record_messages(st, resp["messages"])
+    messages = resp.get("messages")
+    if messages:
+        record_messages(st, messages)
     if resp.get("state") is not None:
         anchor = st.s.head_id
         st.emit({"type": ev.WORKER_STATE_UPDATED, "state": resp["state"], "anchor": anchor})
-    if resp.get("agent") is not None:
-        st.emit({"type": ev.AGENT_UPDATED, "agent": resp["agent"], "anchor": st.s.head_id})
-    if resp.get("channels"):
-        st.emit({"type": ev.CHANNELS_UPDATED, "channels": resp["channels"]})
+    agent = resp.get("agent")
+    if agent is not None:
+        st.emit({"type": ev.AGENT_UPDATED, "agent": agent, "anchor": st.s.head_id})
+    channels = resp.get("channels")
+    if channels:
+        st.emit({"type": ev.CHANNELS_UPDATED, "channels": channels})
     unrunnable: list[tuple[Call, str]] = []
     for action in resp.get("actions") or ():
         if st.s.turn is None:
@@ -192,43 +207,44 @@ def apply_decision(st: Step, resp: dict[str, Any], trigger: dict[str, Any]) -> N
 
 
 def apply_action(
-    st: Step, action: dict[str, Any], trigger: dict[str, Any], unrunnable: list[tuple[Call, str]]
+    st: Step, action: Action, trigger: Trigger, unrunnable: list[tuple[Call, str]]
 ) -> None:
     """One action of a decision, by its type."""
-    kind = action["type"]
-    if kind == "llm.call":
+    if action["type"] == "llm.call":
         if not st.s.interrupts:  # a paused branch makes no new model call
             start_llm_call(st, action)
-    elif kind == "tool.call":
+    elif action["type"] == "tool.call":
         start_tool_call(st, action, unrunnable)
-    elif kind == "subagent.spawn":
+    elif action["type"] == "subagent.spawn":
         start_subagent(st, action, unrunnable)
-    elif kind in _SETTLES:
+    elif is_settle(action):
         settle_from_worker(st, action, trigger)
-    elif kind == "interrupt":
+    elif action["type"] == "interrupt":
         raise_interrupt(st, action, "worker")
-    elif kind == "interrupt.resolve":
+    elif action["type"] == "interrupt.resolve":
         resume_interrupt(st, action["interrupt_id"], action.get("payload"))
-    elif kind == "message.send":
+    elif action["type"] == "message.send":
         send_message(st, action)
-    elif kind == "connector.sync":
+    elif action["type"] == "connector.sync":
         start_sync(st, action["path"], force=True)
-    elif kind == "done":
+    elif action["type"] == "done":
         if st.by_worker and trigger["type"] != "turn.finished":
             finish_with_worker(st, action.get("data"))
         else:
             end_turn(st, action.get("data"))
-    elif kind == "fail":
+    elif action["type"] == "fail":
         fail_turn(st, action["error"])
-    else:
-        raise ValueError(f"unchecked action {kind!r}")  # check_response lets none through
+    else:  # check_response lets none through
+        raise ValueError(f"unchecked action {action['type']!r}")
 
 
-def settle_from_worker(st: Step, action: dict[str, Any], trigger: dict[str, Any]) -> None:
-    """A decision that settles one of its trigger's calls itself."""
-    call = st.s.calls[action.get("id") or trigger["id"]]
-    kind = action["type"]
-    if kind == "tool.result":
+def settle_from_worker(st: Step, action: Settle, trigger: Trigger) -> None:
+    """A decision that settles one of its trigger's calls itself (check_response made
+    sure it names the call, or answers the `*.execute` trigger that does)."""
+    execute = trigger if is_execute(trigger) else None
+    call_id = action.get("id") or (execute["id"] if execute is not None else "")
+    call = st.s.calls[call_id]
+    if action["type"] == "tool.result":
         result = tool_result_of(
             action.get("result"),
             action.get("content"),
@@ -236,12 +252,15 @@ def settle_from_worker(st: Step, action: dict[str, Any], trigger: dict[str, Any]
             bool(action.get("is_error")),
         )
         settle_tool(st, call, result, None, False)
-    elif kind == "tool.error":
+    elif action["type"] == "tool.error":
         settle_tool(st, call, None, action["error"], bool(action.get("retryable")))
-    elif kind == "llm.result":
+    elif action["type"] == "llm.result":
         llm_completed(st, call, action["response"])
     else:
-        error = {"message": action["error"], "code": action.get("code") or "handler_error"}
+        error: ErrorInfo = {
+            "message": action["error"],
+            "code": action.get("code") or "handler_error",
+        }
         call_failed(st, call, error, bool(action.get("retryable")), None)
 
 
@@ -249,7 +268,7 @@ def _paths(st: Step) -> list[str]:
     return [e["id"] for e in entries(st.s.agent)]
 
 
-def _ends(resp: dict[str, Any], call_id: str) -> bool:
+def _ends(resp: Answer, call_id: str) -> bool:
     return any(
         a["type"] in ("llm.result", "llm.error") and (a.get("id") or call_id) == call_id
         for a in resp.get("actions") or ()

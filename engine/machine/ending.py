@@ -13,6 +13,7 @@ from . import events as ev
 from .core import Step
 from .effects import Deliver
 from .inputs import SubagentFinished
+from .shapes import ErrorInfo
 from .state import ZERO_USAGE, Call, Turn
 
 
@@ -45,7 +46,7 @@ def end_turn(st: Step, data: Any) -> None:
     tell_parent(st, turn, ok=True, error=None)
 
 
-def fail_turn(st: Step, error: dict[str, Any]) -> None:
+def fail_turn(st: Step, error: ErrorInfo) -> None:
     """Fail the turn with `error`, closing whatever it left open first."""
     turn = st.s.turn
     assert turn is not None
@@ -62,7 +63,7 @@ def fail_turn(st: Step, error: dict[str, Any]) -> None:
     tell_parent(st, turn, ok=False, error=error)
 
 
-def drop_queued(st: Step, turn_id: str, error: dict[str, Any]) -> None:
+def drop_queued(st: Step, turn_id: str, error: ErrorInfo) -> None:
     """A queued turn ends before it starts: `turn.failed` under its own id."""
     st.emit(
         {
@@ -99,7 +100,7 @@ def close_open_calls(st: Step) -> None:
         )
 
 
-def tell_parent(st: Step, turn: Turn, *, ok: bool, error: dict[str, Any] | None) -> None:
+def tell_parent(st: Step, turn: Turn, *, ok: bool, error: ErrorInfo | None) -> None:
     """A child's turn ended: its parent's call gets the last reply, usage and cost."""
     if turn.parent is None:
         return

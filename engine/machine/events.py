@@ -26,6 +26,8 @@ from typing import Any, Final, NotRequired
 from pydantic import ConfigDict, TypeAdapter, with_config
 from typing_extensions import TypedDict  # pydantic reads typing's only from 3.12
 
+from .shapes import JSON, Answer, ErrorInfo, ParentRef, RetryPolicy, Submitter, Trigger, TurnStart
+
 # -- the kinds -------------------------------------------------------------------------
 
 SESSION_CREATED: Final = "session.created"
@@ -79,7 +81,6 @@ _STRICT = ConfigDict(extra="forbid", strict=True)
 
 # -- the records -----------------------------------------------------------------------
 
-JSON = dict[str, Any]
 Usage = dict[str, Any]  # the neutral counts (SPEC §7), a call's with its vendor's raw `provider`
 
 
@@ -164,7 +165,7 @@ class InputRejected(TypedDict):
 
     type: str
     input_kind: str
-    error: JSON
+    error: ErrorInfo
 
 
 @with_config(_STRICT)
@@ -173,9 +174,9 @@ class TurnQueued(TypedDict):
 
     type: str
     turn_id: str
-    input: JSON  # the client input, started as is when the turn's time comes
+    input: TurnStart  # the client input, started as is when the turn's time comes
     deadline_ms: NotRequired[int]  # when it has waited too long (its queue timeout)
-    by: NotRequired[JSON]  # who submitted it: {privilege, subject?} (interrupts.py)
+    by: NotRequired[Submitter]  # who submitted it: {privilege, subject?} (interrupts.py)
 
 
 @with_config(_STRICT)
@@ -184,11 +185,11 @@ class TurnStarted(TypedDict):
 
     type: str
     turn_id: str
-    parent: NotRequired[JSON]  # {session_id, call_id} when a parent's call runs it
+    parent: NotRequired[ParentRef]  # {session_id, call_id} when a parent's call runs it
     # The client's per-submit tools (`client.tools`, handler "client"): offered this turn only.
     client_tools: NotRequired[list[JSON]]
     # Who submitted it: {privilege: operator|frontend, subject?: {issuer, id}} (interrupts.py).
-    by: NotRequired[JSON]
+    by: NotRequired[Submitter]
     # The W3C trace context the client submitted with it: the turn's trace joins it.
     traceparent: NotRequired[str]
     tracestate: NotRequired[str]  # the vendor-specific part beside it, passed on untouched
@@ -211,7 +212,7 @@ class TurnFailed(TypedDict):
 
     type: str
     turn_id: str
-    error: JSON
+    error: ErrorInfo
     cost: str
     usage: Usage
 
@@ -225,8 +226,9 @@ class LlmCallRequested(TypedDict):
     handler: str  # server | worker
     anchor: str | None
     params: JSON  # the action's overrides (+ `format` for a worker)
-    retry: JSON  # the resolved policy (retry.py)
-    # Under a budget: the input estimate {tokens, cost} it was checked with (budgets.py).
+    retry: RetryPolicy  # the resolved policy (retry.py)
+    # Under a budget: the input estimate {tokens, cost, cached?} it was checked with
+    # (budgets.py; `cached`: tokens priced at the cache-read rate).
     estimate: NotRequired[JSON]
 
 
@@ -239,7 +241,7 @@ class ToolCallRequested(TypedDict):
     name: str
     arguments: str  # JSON text, as the model wrote it
     handler: str  # client | worker | subagent | server | another kind's (kinds.py)
-    retry: JSON
+    retry: RetryPolicy
     params: NotRequired[JSON]  # a connector tool's {connector, tool} (handler server)
 
 
@@ -251,7 +253,7 @@ class ConnectorSyncRequested(TypedDict):
     id: str
     name: str  # the connection, `mcp.<id>`
     handler: str  # server
-    retry: JSON
+    retry: RetryPolicy
     params: NotRequired[JSON]  # {force: true}: fetched from the server, not a cache
 
 
@@ -278,8 +280,8 @@ class DecisionHeld(TypedDict):
     """A turn's first decision waits for its connections' tool lists."""
 
     type: str
-    trigger: JSON
-    proposed: JSON
+    trigger: Trigger
+    proposed: Answer
 
 
 @with_config(_STRICT)
@@ -337,7 +339,7 @@ class CallErrored(TypedDict):
     type: str
     id: str
     attempt: int
-    error: JSON
+    error: ErrorInfo
     retryable: bool
     final: bool
 
@@ -358,8 +360,8 @@ class DecisionQueued(TypedDict):
     """A trigger waits for the session's one decision slot."""
 
     type: str
-    trigger: JSON
-    proposed: JSON
+    trigger: Trigger
+    proposed: Answer
 
 
 @with_config(_STRICT)
@@ -370,9 +372,9 @@ class DecisionDispatched(TypedDict):
     decision_id: str
     attempt: int
     deadline_ms: int | None
-    trigger: NotRequired[JSON]
-    proposed: NotRequired[JSON]
-    retry: NotRequired[JSON]
+    trigger: NotRequired[Trigger]
+    proposed: NotRequired[Answer]
+    retry: NotRequired[RetryPolicy]
     from_queue: NotRequired[bool]
 
 
@@ -401,7 +403,7 @@ class DecisionErrored(TypedDict):
     type: str
     decision_id: str
     attempt: int
-    error: JSON
+    error: ErrorInfo
     retryable: bool
     final: bool
 
@@ -415,7 +417,7 @@ class SessionInterrupted(TypedDict):
     origin: str  # client | worker | connector | approval | budget
     reason: str
     payload: Any
-    by: NotRequired[JSON]  # the running turn's `by`: who may answer it (interrupts.py)
+    by: NotRequired[Submitter]  # the running turn's `by`: who may answer it (interrupts.py)
 
 
 @with_config(_STRICT)
@@ -460,7 +462,7 @@ class SubagentEnded(TypedDict):
     tool_call_id: str
     usage: Usage | None
     cost: str
-    error: NotRequired[JSON | None]
+    error: NotRequired[ErrorInfo | None]
     detached: NotRequired[bool]
     result: NotRequired[str | None]
 

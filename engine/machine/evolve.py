@@ -15,6 +15,7 @@ from engine.statuses import TurnStatus
 
 from . import events as ev
 from .accounting import add_cost, add_usage
+from .shapes import Child, Queued, Synced
 from .state import Call, Decision, Node, SessionState, Turn
 
 Event = dict[str, Any]  # an `events.Envelope`; its payload one of the catalogue's records
@@ -79,7 +80,7 @@ def _head_moved(s: SessionState, e: Event, p: ev.HeadMoved) -> None:
 
 
 def _turn_queued(s: SessionState, e: Event, p: ev.TurnQueued) -> None:
-    entry: dict[str, Any] = {"turn_id": p["turn_id"], "input": p["input"]}
+    entry: Queued = {"turn_id": p["turn_id"], "input": p["input"]}
     if p.get("deadline_ms") is not None:
         entry["deadline_ms"] = p["deadline_ms"]
     if p.get("by"):
@@ -178,7 +179,7 @@ def _call_dispatched(s: SessionState, e: Event, p: ev.CallDispatched) -> None:
 
 
 def _subagent_requested(s: SessionState, e: Event, p: ev.SubagentRequested) -> None:
-    child = {"agent_id": p["agent_id"], "call_id": p["tool_call_id"]}
+    child: Child = {"agent_id": p["agent_id"], "call_id": p["tool_call_id"]}
     if p.get("mode"):
         child["mode"] = p["mode"]
     s.children[p["id"]] = child
@@ -210,9 +211,14 @@ def _subagent_ended(s: SessionState, e: Event, p: ev.SubagentEnded) -> None:
 
 
 def _llm_completed(s: SessionState, e: Event, p: ev.LlmCallCompleted) -> None:
-    s.calls.pop(p["id"])
+    call = s.calls.pop(p["id"])
     _settled(s, p["id"])
     _add_cost(s, p.get("usage"), p.get("cost") or "0")
+    usage = p.get("usage") or {}
+    tokens = int(usage.get("cache_read", 0) or 0) + int(usage.get("cache_write", 0) or 0)
+    # What the vendor holds in its prompt cache after this call, for the next estimate.
+    model = call.params.get("model") or (s.agent or {}).get("model")
+    s.cached = {"tokens": tokens, "model": model, "at": at_ms(e)} if tokens else None
 
 
 def _add_cost(s: SessionState, usage: dict[str, int] | None, cost: str) -> None:
@@ -319,7 +325,7 @@ def _connector_synced(s: SessionState, e: Event, p: ev.ConnectorSynced) -> None:
     s.calls.pop(p["id"])
     if "tools" not in p:
         return  # the same list as before
-    synced: dict[str, Any] = {"tools": p["tools"]}
+    synced: Synced = {"tools": p["tools"]}
     if p.get("prefix"):
         synced["prefix"] = p["prefix"]
     if p.get("off"):

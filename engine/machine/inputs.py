@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .shapes import Answer, ClientInput, ErrorInfo
+
 
 @dataclass(frozen=True)
 class ClientSubmitted:
@@ -14,7 +16,7 @@ class ClientSubmitted:
     file declares it; they matter only when this input creates the session.
     """
 
-    input: dict[str, Any]
+    input: ClientInput
     agent_id: str
     identity: dict[str, Any]
     agent_config: dict[str, Any] | None
@@ -41,7 +43,7 @@ class LlmCallSettled:
     call_id: str
     attempt: int
     response: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None  # ErrorInfo
+    error: ErrorInfo | None = None
     retryable: bool = False
     retry_after: float | None = None
 
@@ -68,7 +70,7 @@ class DecisionAnswered:
 
     decision_id: str
     attempt: int
-    response: dict[str, Any]
+    response: Answer
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ class DecisionSubmitted:
     (`POST /api/machine/workers/submit`, upstream's shape)."""
 
     decision_id: str
-    response: dict[str, Any]
+    response: Answer
 
 
 @dataclass(frozen=True)
@@ -95,7 +97,7 @@ class DecisionFailed:
 
     decision_id: str
     attempt: int
-    error: dict[str, Any]
+    error: ErrorInfo
     retryable: bool = True
 
 
@@ -124,7 +126,7 @@ class ExecuteAnswered:
 
     call_id: str
     attempt: int
-    response: dict[str, Any]
+    response: Answer
 
 
 @dataclass(frozen=True)
@@ -133,7 +135,7 @@ class ExecuteFailed:
 
     call_id: str
     attempt: int
-    error: dict[str, Any]
+    error: ErrorInfo
     retryable: bool = True
 
 
@@ -148,7 +150,7 @@ class CallAnswered:
     call_id: str
     attempt: int
     result: Any = None
-    error: dict[str, Any] | None = None
+    error: ErrorInfo | None = None
     retryable: bool = False
     retry_after: float | None = None
 
@@ -240,7 +242,7 @@ class SubagentFinished:
     agent_id: str
     ok: bool
     result: str | None = None
-    error: dict[str, Any] | None = None
+    error: ErrorInfo | None = None
     usage: dict[str, int] | None = None
     cost: str = "0"
     attempt: int = 1  # the parent call's attempt this turn ran for
@@ -275,7 +277,7 @@ class InputRejected:
     """
 
     kind: str
-    error: dict[str, Any]  # ErrorInfo
+    error: ErrorInfo
 
 
 @dataclass(frozen=True)

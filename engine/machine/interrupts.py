@@ -23,6 +23,7 @@ from typing import Any
 
 from . import events as ev
 from .core import Step
+from .shapes import OpenInterrupt, Raise, Submitter
 
 RANKS = {"frontend": 0, "machine": 1, "operator": 2, "system": 3}
 # What an expired interrupt resumes with: a declined answer nobody gave (the schema's
@@ -30,7 +31,7 @@ RANKS = {"frontend": 0, "machine": 1, "operator": 2, "system": 3}
 EXPIRED = {"status": "cancelled", "reason": "expired"}
 
 
-def raise_interrupt(st: Step, action: dict[str, Any], origin: str) -> None:
+def raise_interrupt(st: Step, action: Raise, origin: str) -> None:
     """Open an interrupt (once per id) and pause the turn on it."""
     iid = action.get("interrupt_id") or st.ids("int")
     if iid in st.s.interrupts:
@@ -48,23 +49,24 @@ def raise_interrupt(st: Step, action: dict[str, Any], origin: str) -> None:
     st.emit(raised)
 
 
-def submitter(owner: dict[str, Any] | None, identity: dict[str, Any]) -> dict[str, Any]:
+def submitter(owner: dict[str, Any] | None, identity: dict[str, Any]) -> Submitter:
     """A turn's `by`: a scoped key (`owner` set) is a `frontend`, a full key (or the open
     API, or the Slack bot in process) an `operator`; and the subject it submitted as."""
-    by: dict[str, Any] = {"privilege": "frontend" if owner is not None else "operator"}
+    by: Submitter = {"privilege": "frontend" if owner is not None else "operator"}
     subject = (identity or {}).get("subject")
     if isinstance(subject, dict) and subject.get("id"):
         by["subject"] = {"issuer": subject.get("issuer"), "id": subject["id"]}
     return by
 
 
-def may_resume(interrupt: dict[str, Any], privilege: str) -> bool:
+def may_resume(interrupt: OpenInterrupt, privilege: str) -> bool:
     """Whether a caller of `privilege` may resume `interrupt` (at least its turn's)."""
-    needed = ((interrupt.get("by") or {}).get("privilege")) or "frontend"
+    by = interrupt.get("by")
+    needed = (by.get("privilege") if by else None) or "frontend"
     return RANKS.get(privilege, 0) >= RANKS.get(needed, 0)
 
 
-def expires_ms(interrupt: dict[str, Any]) -> int | None:
+def expires_ms(interrupt: OpenInterrupt) -> int | None:
     """When `interrupt` expires (epoch ms), from its payload's `expiresAt`; None when it
     names none or not a time (then it is shown as written, and never expires)."""
     payload = interrupt.get("payload")
@@ -80,7 +82,7 @@ def expires_ms(interrupt: dict[str, Any]) -> int | None:
     return int(at.timestamp() * 1000)
 
 
-def expired(interrupt: dict[str, Any], now: int) -> bool:
+def expired(interrupt: OpenInterrupt, now: int) -> bool:
     """Whether the interrupt's `expiresAt` has come (at `now`, ms): it can no longer be
     answered."""
     due = expires_ms(interrupt)

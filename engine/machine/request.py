@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from . import connections
 from .budgets import metadata as budget_metadata
 from .core import iso
+from .shapes import Answer
 from .spawns import ALLOWED_MODES, spawn_args
 from .state import Call, SessionState
 from .tools import find_tool, validate_input
@@ -144,12 +146,13 @@ def wire_agent(agent: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: v for k, v in agent.items() if k not in _NOT_ON_WIRE}
 
 
-def wire_proposed(proposed: dict[str, Any]) -> dict[str, Any]:
+def wire_proposed(proposed: Answer) -> Mapping[str, Any]:
     """A proposal as the protocol sends it, its agent cut to the wire's keys."""
-    if proposed.get("agent") is None:
+    given = proposed.get("agent")
+    if given is None:
         return proposed
-    out = dict(proposed)
-    agent = wire_agent(proposed["agent"])
+    out: dict[str, Any] = dict(proposed)
+    agent = wire_agent(given)
     if agent is None:
         del out["agent"]
     else:
@@ -204,8 +207,8 @@ def _effect(state: SessionState, call: Call) -> dict[str, Any]:
 def decision_request(
     state: SessionState,
     decision_id: str,
-    trigger: dict[str, Any],
-    proposed: dict[str, Any],
+    trigger: Mapping[str, Any],
+    proposed: Answer,
     attempts: int,
     deadline: int | None,
 ) -> dict[str, Any]:
@@ -239,7 +242,7 @@ def decision_request(
     }
 
 
-def wire_trigger(state: SessionState, trigger: dict[str, Any]) -> dict[str, Any]:
+def wire_trigger(state: SessionState, trigger: Mapping[str, Any]) -> Mapping[str, Any]:
     """A trigger as the worker gets it. A `client.messages` trigger recorded with `path_to`
     (a node id) holds only the new messages: the view is the path to that node, then them
     (recorded nodes never change, so the path is what it was when the trigger was)."""
@@ -283,7 +286,7 @@ def execute_request(state: SessionState, call: Call) -> dict[str, Any]:
             if tool_input["status"] != "valid"
             else None
         )
-        proposed = (
+        proposed: Answer = (
             {}
             if problem is None
             else {"actions": [{"type": "tool.error", "id": call.id, "error": problem}]}

@@ -15,14 +15,24 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import Any, TypedDict
+
+from .shapes import POLICY_KEYS, ErrorInfo, RetryPolicy
+
 
 # Backoff is ours to choose (the spec fixes the formula, not the numbers):
 # wait before attempt n = min(base ** n, max) seconds.
-BACKOFF: Mapping[str, int] = {"backoff_base_secs": 2, "backoff_max_secs": 60}
+class Backoff(TypedDict):
+    """The backoff half of a policy, which every built-in one shares."""
+
+    backoff_base_secs: int
+    backoff_max_secs: int
+
+
+BACKOFF: Backoff = {"backoff_base_secs": 2, "backoff_max_secs": 60}
 
 # The built-in policies, by name (a kind's own are added by the table it is built into).
-DEFAULTS: Mapping[str, Mapping[str, Any]] = {
+DEFAULTS: Mapping[str, RetryPolicy] = {
     "llm": {
         "queue_timeout_secs": 60,
         "run_timeout_secs": 180,
@@ -93,7 +103,7 @@ class Fault(Enum):
         self.code = code
         self.retryable = retryable
 
-    def error(self, message: str) -> dict[str, Any]:
+    def error(self, message: str) -> ErrorInfo:
         """An ErrorInfo with this fault's code."""
         return {"message": message, "code": self.code}
 
@@ -108,7 +118,7 @@ class Next:
 
 
 def after_failure(
-    policy: dict[str, Any],
+    policy: RetryPolicy,
     attempt: int,
     started_at: int,
     now: int,
@@ -117,7 +127,7 @@ def after_failure(
     retry_after: float | None = None,
     at_once: bool = False,
     counted: bool = True,
-    total: dict[str, Any] | None = None,
+    total: RetryPolicy | None = None,
 ) -> Next:
     """Attempt `attempt` of an effect started at `started_at` failed: try again, or not.
 
@@ -140,10 +150,29 @@ def after_failure(
     return Next(final=False, due=due, timed_out=False)
 
 
-def _layer(policy: dict[str, Any], override: dict[str, Any] | None) -> None:
+def own_policy(name: str, given: Mapping[str, Any]) -> RetryPolicy:
+    """A kind's own policy `name` (`CallKind.retry_defaults`): the built-in backoff under
+    what the kind gives, which must name `max_attempts` and only a policy's keys."""
+    unknown = sorted(set(given) - set(POLICY_KEYS))
+    if unknown or "max_attempts" not in given:
+        problem = f"names {', '.join(unknown)}" if unknown else "has no max_attempts"
+        raise ValueError(f"retry policy {name!r} {problem}")
+    policy: RetryPolicy = {
+        "backoff_base_secs": BACKOFF["backoff_base_secs"],
+        "backoff_max_secs": BACKOFF["backoff_max_secs"],
+        "max_attempts": given["max_attempts"],
+    }
+    for key in POLICY_KEYS:
+        if key in given:
+            policy[key] = given[key]
+    return policy
+
+
+def _layer(policy: RetryPolicy, override: Mapping[str, Any] | None) -> None:
     if not override:
         return
-    for key, value in override.items():
+    for key in POLICY_KEYS:
+        value = override.get(key)
         # An override cannot make a timeout unbounded: None means "not named".
         if value is not None and key in policy:
             policy[key] = value
@@ -152,16 +181,16 @@ def _layer(policy: dict[str, Any], override: dict[str, Any] | None) -> None:
 def resolve_policy(
     kind: str,
     agent: dict[str, Any] | None,
-    action_retry: dict[str, Any] | None = None,
+    action_retry: Mapping[str, Any] | None = None,
     *,
-    defaults: Mapping[str, Mapping[str, Any]] = DEFAULTS,
+    defaults: Mapping[str, RetryPolicy] = DEFAULTS,
     agent_blocks: Mapping[str, str] = AGENT_BLOCKS,
-) -> dict[str, Any]:
+) -> RetryPolicy:
     """Engine default → agent `retry.default` → agent `retry.<kind>` → the action's own `retry`.
 
     `defaults` and `agent_blocks` are the built-in ones unless a table of kinds with
     policies of their own gives its (core.py `Kinds.policy`)."""
-    policy = dict(defaults[kind])
+    policy = defaults[kind].copy()
     retry = (agent or {}).get("retry") or {}
     _layer(policy, retry.get("default"))
     agent_kind = agent_blocks.get(kind)
@@ -171,19 +200,19 @@ def resolve_policy(
     return policy
 
 
-def backoff_ms(policy: dict[str, Any], attempt: int) -> int:
+def backoff_ms(policy: RetryPolicy, attempt: int) -> int:
     """Wait before `attempt` (2 for the first retry)."""
     base = policy["backoff_base_secs"]
     return int(min(base**attempt, policy["backoff_max_secs"]) * 1000)
 
 
-def queue_deadline(policy: dict[str, Any], since: int) -> int | None:
+def queue_deadline(policy: RetryPolicy, since: int) -> int | None:
     """When work asked for at `since` has waited too long to start (None: no limit)."""
     queue = policy.get("queue_timeout_secs")
     return None if queue is None else since + queue * 1000
 
 
-def queue_timeout(what: str, policy: dict[str, Any]) -> dict[str, Any]:
+def queue_timeout(what: str, policy: RetryPolicy) -> ErrorInfo:
     """The ErrorInfo of work that waited past its queue timeout: a `deadline_exceeded`
     (the closed set has no code of its own for it) whose detail names the queue."""
     secs = policy.get("queue_timeout_secs")
@@ -194,13 +223,13 @@ def queue_timeout(what: str, policy: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def run_deadline(policy: dict[str, Any], now: int) -> int | None:
+def run_deadline(policy: RetryPolicy, now: int) -> int | None:
     """When an attempt started `now` must end; None for no run timeout."""
     run = policy.get("run_timeout_secs")
     return None if run is None else now + run * 1000
 
 
-def past_total(policy: dict[str, Any], started_at: int, at: int) -> bool:
+def past_total(policy: RetryPolicy, started_at: int, at: int) -> bool:
     """Whether a call started at `started_at` is past its total timeout at `at`."""
     total = policy.get("total_timeout_secs")
     return total is not None and at - started_at > total * 1000

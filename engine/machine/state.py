@@ -12,11 +12,24 @@ from typing import Any
 
 from engine.statuses import CallStatus, DecisionStatus, SessionStatus, TurnStatus
 
+from .shapes import (
+    Answer,
+    Asked,
+    Child,
+    OpenInterrupt,
+    ParentRef,
+    Queued,
+    RetryPolicy,
+    Submitter,
+    Synced,
+    Trigger,
+)
+
 # How `evolve` folds the log and how the snapshot spells the state. A snapshot written
 # under another version (or before versions: none) is not trusted: its reader folds the
 # session's log again (engine/store/snapshots.py). Raise it with any change to either; the
 # golden logs (tests/golden/) hold every version to folding old logs the same way.
-FOLD_VERSION = 3
+FOLD_VERSION = 4
 
 ZERO_USAGE: dict[str, int] = {
     "input": 0,
@@ -53,7 +66,7 @@ class Call:
     attempt: int
     status: CallStatus
     started_at: int  # ms, first attempt: the total-timeout clock
-    retry: dict[str, Any]  # resolved RetryPolicy
+    retry: RetryPolicy  # resolved (retry.py)
     name: str | None = None
     arguments: str | None = None
     anchor: str | None = None  # head node the call was requested at
@@ -70,12 +83,12 @@ class Decision:
     """
 
     id: str
-    trigger: dict[str, Any]
-    proposed: dict[str, Any]
+    trigger: Trigger
+    proposed: Answer
     attempt: int
     status: DecisionStatus
     started_at: int
-    retry: dict[str, Any]
+    retry: RetryPolicy
     deadline: int | None = None
 
 
@@ -87,9 +100,9 @@ class Turn:
     started_at: int
     usage: dict[str, int] = field(default_factory=lambda: dict(ZERO_USAGE))
     cost: str = "0"
-    parent: dict[str, Any] | None = None  # {session_id, call_id} when a parent's call runs it
+    parent: ParentRef | None = None  # when a parent's call runs it
     tools: list[dict[str, Any]] | None = None  # the client's per-submit tools, this turn only
-    by: dict[str, Any] | None = None  # who submitted it: {privilege, subject?} (interrupts.py)
+    by: Submitter | None = None  # who submitted it (interrupts.py)
     trace: str | None = None  # the client's traceparent: the turn's trace joins it
     tracestate: str | None = None  # and its tracestate, passed on to the turn's workers
     # What its budget counts (budgets.py): calls requested, the input estimates of its
@@ -115,27 +128,28 @@ class SessionState:
     nodes: dict[str, Node] = field(default_factory=dict)
     head_id: str | None = None
     turn: Turn | None = None
-    queue: list[dict[str, Any]] = field(default_factory=list)  # queued turn starts, FIFO
+    queue: list[Queued] = field(default_factory=list)  # queued turn starts, FIFO
     turns: dict[str, TurnStatus] = field(default_factory=dict)  # by turn id
     last_turn: str | None = None
     calls: dict[str, Call] = field(default_factory=dict)
     usage: dict[str, int] = field(default_factory=lambda: dict(ZERO_USAGE))
     cost: str = "0"
     decision: Decision | None = None
-    pending: list[dict[str, Any]] = field(default_factory=list)  # triggers waiting for the slot
-    interrupts: dict[str, dict[str, Any]] = field(default_factory=dict)  # open, by id
+    pending: list[Asked] = field(default_factory=list)  # triggers waiting for the slot
+    interrupts: dict[str, OpenInterrupt] = field(default_factory=dict)  # open, by id
     llm_routes: dict[str, dict[str, Any]] = field(default_factory=dict)  # block -> type, format
     ancestry: list[str] = field(default_factory=list)  # parent sessions, root first
     # Every write of the worker state / agent config with the node it was made at, so
     # both are read along the active path: after a branch, as of the branch point.
     state_writes: list[list[Any]] = field(default_factory=list)  # [anchor, state]
     agent_writes: list[list[Any]] = field(default_factory=list)  # [anchor, agent]
-    # child -> {agent_id, call_id (the call it is busy with), mode?, detached? (the call
-    # a detached turn runs for), last? (a detached turn's outcome, for `wait`)}
-    children: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # Each connection's tool list as last synced: path -> {tools, prefix?, off?} (connectors.py).
-    connectors: dict[str, dict[str, Any]] = field(default_factory=dict)
-    held: dict[str, Any] | None = None  # the turn's first {trigger, proposed}, waiting on syncs
+    children: dict[str, Child] = field(default_factory=dict)  # by the child's session id
+    # Each connection's tool list as last synced, by path (connectors.py).
+    connectors: dict[str, Synced] = field(default_factory=dict)
+    held: Asked | None = None  # the turn's first decision, waiting on its syncs
+    # What the last settled model call left in the vendor's prompt cache: {tokens, model,
+    # at (ms)}; a budget's estimate prices that much of the next call at the read rate.
+    cached: dict[str, Any] | None = None
 
     @property
     def turn_tools(self) -> list[dict[str, Any]]:
@@ -202,6 +216,7 @@ def state_to_json(s: SessionState) -> dict[str, Any]:
         "children": s.children,
         "connectors": s.connectors,
         "held": s.held,
+        "cached": s.cached,
     }
 
 
@@ -236,4 +251,5 @@ def state_from_json(d: dict[str, Any]) -> SessionState:
         children=d["children"],
         connectors=d["connectors"],
         held=d["held"],
+        cached=d.get("cached"),
     )

@@ -27,7 +27,8 @@ until nothing does. The rules import one way, each module only those below it
     interrupts.py  raising an interrupt
 and below them what the rules read: core.py (`Step`, `CallKind`, `Kinds`), kinds.py
 (the built-in kinds), connections.py and spawns.py (the config read), tools.py,
-tree.py, retry.py, state.py, evolve.py, events.py, inputs.py, effects.py.
+tree.py, retry.py, state.py, evolve.py, events.py, inputs.py, effects.py, and shapes.py
+(the triggers, actions and answers they pass, typed).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from .inputs import (
 )
 from .interrupts import may_resume, raise_interrupt
 from .retry import Fault
+from .shapes import ErrorInfo, Raise, is_turn_start
 from .state import SessionState
 from .turns import TURN_STARTS
 
@@ -86,17 +88,16 @@ def _subject_is(identity: dict[str, Any], owner: dict[str, Any]) -> bool:
 def client_submitted(st: Step, inp: ClientSubmitted) -> None:
     """A client's input: checked against the owner, then handled by its type."""
     body = inp.input
-    kind = body["type"]
     s = st.state
     if inp.owner is not None and s is not None and not _subject_is(s.identity, inp.owner):
         raise MachineError(
             f"session {st.session_id} belongs to another owner", code="forbidden", status=403
         )
-    if kind in TURN_STARTS:
-        turns.submit_turn(st, inp)
-    elif kind in ("tool.result", "tool.error"):
+    if is_turn_start(body):
+        turns.submit_turn(st, inp, body)
+    elif body["type"] == "tool.result" or body["type"] == "tool.error":
         calls.client_settles_tool(st, body)
-    elif kind == "interrupt.resume":
+    elif body["type"] == "interrupt.resume":
         iid = body["interrupt_id"]
         interrupt = s.interrupts.get(iid) if s is not None else None
         privilege = "frontend" if inp.owner is not None else "operator"
@@ -113,6 +114,7 @@ def client_submitted(st: Step, inp: ClientSubmitted) -> None:
         if expired:
             st.out.reply["expired"] = True
     else:
+        kind = body["type"]
         raise MachineError(f"unsupported input type {kind!r}", code="invalid_input", status=422)
 
 
@@ -122,7 +124,11 @@ def interrupt_requested(st: Step, inp: InterruptRequested) -> None:
         raise MachineError(
             f"session {st.session_id} has no running turn to interrupt", code="no_turn"
         )
-    action = {"interrupt_id": inp.interrupt_id, "reason": inp.reason, "payload": inp.payload}
+    action: Raise = {
+        "interrupt_id": inp.interrupt_id,
+        "reason": inp.reason,
+        "payload": inp.payload,
+    }
     before = set(st.s.interrupts)
     raise_interrupt(st, action, "client")
     new = set(st.s.interrupts) - before
@@ -142,7 +148,7 @@ def cancel_requested(st: Step, inp: CancelRequested) -> None:
     # The protocol's error codes are a closed set a worker may validate against (a
     # cancelled child's error reaches its parent's worker): the client's own doing
     # is `handler_error`, and `detail.cancelled` says which.
-    error: dict[str, Any] = {
+    error: ErrorInfo = {
         "message": "cancelled by the client",
         "code": "handler_error",
         "detail": {"cancelled": True},

@@ -24,7 +24,6 @@ run's result, at once if it has ended, else when it ends. A subagent's configure
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from . import budgets, retry
 from . import events as ev
@@ -34,6 +33,8 @@ from .effects import Deliver
 from .inputs import ChildCancelled, ChildSpawned, SubagentFinished, SubagentStarted
 from .kinds import always
 from .retry import Fault
+from .shapes import Child, ErrorInfo, SubagentSpawn
+from .shapes import SubagentFinished as Finished  # the trigger (inputs has the input)
 from .spawns import spawn_args, spawn_mode, subagent_entry
 from .state import Call, SessionState
 from .tools import tool_result_of
@@ -41,7 +42,7 @@ from .tools import tool_result_of
 # -- the spawn --------------------------------------------------------------------
 
 
-def start_subagent(st: Step, action: dict[str, Any], unrunnable: list[tuple[Call, str]]) -> None:
+def start_subagent(st: Step, action: SubagentSpawn, unrunnable: list[tuple[Call, str]]) -> None:
     """`subagent.spawn`: the child is an ordinary session whose id derives from this call."""
     s = st.s
     call_id, agent_id = action["tool_call_id"], action["agent_id"]
@@ -113,9 +114,7 @@ def start_subagent(st: Step, action: dict[str, Any], unrunnable: list[tuple[Call
     st.out.effects.append(Deliver(child, spawned))
 
 
-def _wait_problem(
-    action: dict[str, Any], known: dict[str, Any] | None, agent_id: str
-) -> str | None:
+def _wait_problem(action: SubagentSpawn, known: Child | None, agent_id: str) -> str | None:
     """Why a `wait` call cannot collect the child it names (None: it can)."""
     session = action.get("session_id")
     if not session:
@@ -225,13 +224,13 @@ def answer_from_child(
     agent_id: str,
     ok: bool,
     result: str | None,
-    error: dict[str, Any] | None,
+    error: ErrorInfo | None,
 ) -> None:
     """A child's run answers `call`: the tool result `{session, result}`, `subagent.finished`."""
-    text = result if ok else f"Error: {(error or {}).get('message', 'failed')}"
+    text = result if ok else f"Error: {error.get('message', 'failed') if error else 'failed'}"
     answer = tool_result_of({"session": child, "result": text})
     st.emit({"type": ev.TOOL_CALL_COMPLETED, "id": call.id, "result": answer})
-    trigger: dict[str, Any] = {
+    trigger: Finished = {
         "type": "subagent.finished",
         "id": call.id,
         "ok": ok,
@@ -275,7 +274,7 @@ def queue_then_whole_run(call: Call) -> int | None:
     return min(dues) if dues else None
 
 
-def overdue(call: Call, now: int) -> tuple[dict[str, Any], bool]:
+def overdue(call: Call, now: int) -> tuple[ErrorInfo, bool]:
     """The child's turn never started: this attempt failed (the next one spawns again).
     Or its whole run is over its total timeout: final, whatever attempts are left."""
     total_due = whole_run(call)

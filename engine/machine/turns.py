@@ -36,26 +36,43 @@ from .inputs import (
     SubagentStarted,
 )
 from .interrupts import EXPIRED, approved, expired, submitter
+from .shapes import (
+    ActionInput,
+    Answer,
+    AppendInput,
+    ClientAction,
+    ClientMessages,
+    ErrorInfo,
+    InterruptResumed,
+    LlmCall,
+    MessageInput,
+    MessageSend,
+    OpenInterrupt,
+    ParentRef,
+    Submitter,
+    TurnStart,
+    ViewInput,
+)
 from .tools import client_tool_clash, submitted_tools
 from .tree import id_clash, match_view, path_to
 
 TURN_STARTS = ("client.message", "client.messages", "client.append", "client.action")
 
 
-QUEUEABLE = ("client.message", "client.append")
-
-
-LLM_CALL = {"type": "llm.call"}
+LLM_CALL: LlmCall = {"type": "llm.call"}
 
 
 # -- starting ------------------------------------------------------------------
 
 
-def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> None:
-    """A turn-starting input: started now, queued behind the running turn, or refused."""
-    body = inp.input
+def submit_turn(
+    st: Step, inp: ClientSubmitted, body: TurnStart, *, delivered: bool = False
+) -> None:
+    """A turn-starting input (`body`, the input's): started now, queued behind the running
+    turn, or refused."""
     if inp.traceparent is not None:
-        body = {**body, "traceparent": inp.traceparent}
+        body = body.copy()
+        body["traceparent"] = inp.traceparent
         if inp.tracestate is not None:
             body["tracestate"] = inp.tracestate
     st.slash_commands = inp.slash_commands
@@ -77,7 +94,7 @@ def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> N
             code="session_interrupted",
             interrupt_id=iid,
         )
-    _check_client_tools(st, inp)
+    _check_client_tools(st, inp, body)
     clash = id_clash(_drafts(st, body), _recorded_or_queued(st))
     if clash is not None:
         raise MachineError(clash, code="duplicate_message_id", status=409)
@@ -88,12 +105,13 @@ def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> N
     if s is not None and s.turn is not None and _moves_head_away(st, body):
         # The client left the branch the turn works on: its in-flight work is void.
         # (A queued turn then starts on the branch the client is looking at.)
+        assert body["type"] == "client.messages"  # only a view moves the head away
         st.emit({"type": ev.HEAD_MOVED, "head_id": match_view(s.nodes, body["messages"]).known})
         fail_turn(st, {"message": "the conversation moved to another branch", "code": "internal"})
         st.out.reply = {"session_id": st.session_id, "turn_id": None, "queued": False}
         return
     if s is not None and s.turn is not None:
-        if body.get("queue") and body["type"] in QUEUEABLE:
+        if _queues(body):
             turn_id = turn_id or st.ids("turn")
             queued: ev.TurnQueued = {"type": ev.TURN_QUEUED, "turn_id": turn_id, "input": body}
             if not delivered:
@@ -132,10 +150,25 @@ def submit_turn(st: Step, inp: ClientSubmitted, *, delivered: bool = False) -> N
         start_turn(st, turn_id, body, by=by)
 
 
-def _check_client_tools(st: Step, inp: ClientSubmitted) -> None:
+def _queues(body: TurnStart) -> bool:
+    """Whether the input asks to wait behind a running turn (only some kinds may)."""
+    if body["type"] == "client.message" or body["type"] == "client.append":
+        return bool(body.get("queue"))
+    return False
+
+
+def _client_of(body: TurnStart) -> dict[str, Any] | None:
+    """The input's ClientContext (its per-submit tools), for the kinds that carry one."""
+    client: dict[str, Any] | None = None
+    if body["type"] == "client.messages" or body["type"] == "client.append":
+        client = body.get("client")
+    return client
+
+
+def _check_client_tools(st: Step, inp: ClientSubmitted, body: TurnStart) -> None:
     """A per-submit tool may not take a name the model is already offered (SPEC §6): an
     agent tool, a subagent, a connection's tool as last synced."""
-    tools = submitted_tools(inp.input.get("client"))
+    tools = submitted_tools(_client_of(body))
     if not tools:
         return
     s = st.state
@@ -160,30 +193,34 @@ def _recorded_or_queued(st: Step) -> set[str]:
     s = st.state
     if s is None:
         return set()
-    queued = {
-        m["id"]
-        for q in s.queue
-        for m in (q["input"].get("messages") or [q["input"].get("message") or {}])
-        if m.get("id")
-    }
+    queued = {m["id"] for q in s.queue for m in _carried(q["input"]) if m.get("id")}
     return queued | set(s.nodes)
 
 
-def _drafts(st: Step, body: dict[str, Any]) -> list[dict[str, Any]]:
+def _carried(body: TurnStart) -> list[dict[str, Any]]:
+    """The messages an input carries, as it carries them."""
+    if body["type"] == "client.message":
+        return [body["message"] or {}]
+    if body["type"] == "client.action":
+        return [{}]
+    return body["messages"] or [{}]
+
+
+def _drafts(st: Step, body: TurnStart) -> list[dict[str, Any]]:
     """The messages this input would record (an append's known ones are dropped)."""
-    kind = body["type"]
-    messages: list[dict[str, Any]] = body.get("messages") or []
-    if kind == "client.message":
+    if body["type"] == "client.message":
         return [body["message"]]
-    if kind == "client.append":
+    if body["type"] == "client.append":
+        messages = body["messages"] or []
         return _fresh(st, messages) if st.state else messages
-    if kind == "client.messages":
+    if body["type"] == "client.messages":
+        messages = body["messages"] or []
         nodes = st.state.nodes if st.state else {}
         return messages[match_view(nodes, messages).new_from :]
     return []
 
 
-def _moves_head_away(st: Step, body: dict[str, Any]) -> bool:
+def _moves_head_away(st: Step, body: TurnStart) -> bool:
     """A view with nothing new that ends at an earlier reply (see `_only_moves_head`)."""
     if body["type"] != "client.messages":
         return False
@@ -193,7 +230,7 @@ def _moves_head_away(st: Step, body: dict[str, Any]) -> bool:
     return match.known is None or st.s.nodes[match.known].message["role"] != "user"
 
 
-def _only_moves_head(st: Step, body: dict[str, Any]) -> bool:
+def _only_moves_head(st: Step, body: ViewInput) -> bool:
     """A view with nothing new moves the head there and writes nothing else.
 
     Unless it ends at a user message: that is a regenerate (the view without the
@@ -220,39 +257,39 @@ def _reply(st: Step, turn_id: str, *, queued: bool, existing: bool = False) -> d
 def start_turn(
     st: Step,
     turn_id: str,
-    body: dict[str, Any],
+    body: TurnStart,
     start_config: dict[str, Any] | None = None,
-    by: dict[str, Any] | None = None,
+    by: Submitter | None = None,
 ) -> None:
     """Record the turn's start and what opens it; `advance` asks for its first decision."""
     started: ev.TurnStarted = {"type": ev.TURN_STARTED, "turn_id": turn_id}
     if by:
         started["by"] = by
-    tools = submitted_tools(body.get("client"))
+    tools = submitted_tools(_client_of(body))
     if tools:
         started["client_tools"] = tools
-    if body.get("traceparent"):
-        started["traceparent"] = body["traceparent"]
-        if body.get("tracestate"):
-            started["tracestate"] = body["tracestate"]
-    if body.get("parent"):
-        started["parent"] = body["parent"]
-        parent = body["parent"]
+    traceparent, tracestate = body.get("traceparent"), body.get("tracestate")
+    if traceparent:
+        started["traceparent"] = traceparent
+        if tracestate:
+            started["tracestate"] = tracestate
+    parent = body.get("parent")
+    if parent:
+        started["parent"] = parent
         begun = SubagentStarted(st.session_id, parent["call_id"], parent.get("attempt", 1))
         st.out.effects.append(Deliver(parent["session_id"], begun))
     st.emit(started, turn_id)
     if start_config is not None:
         # session.start: the engine proposes the file's agent config.
         decide(st, {"type": "session.start"}, {"agent": start_config} if start_config else {})
-    kind = body["type"]
-    if kind == "client.action":
-        trigger = {"type": "client.action", "name": body["name"]}
+    if body["type"] == "client.action":
+        action: ClientAction = {"type": "client.action", "name": body["name"]}
         if body.get("args") is not None:
-            trigger["args"] = body["args"]
-        proposed = _action_proposal(st, body)
+            action["args"] = body["args"]
+        st.record(Opening(action, _action_proposal(st, body), start_config, _sync_asked(body)))
     else:
-        trigger, proposed = _messages_trigger(st, body)
-    st.record(Opening(trigger, proposed, start_config, _sync_asked(body)))
+        messages, proposed = _messages_trigger(st, body)
+        st.record(Opening(messages, proposed, start_config, None))
 
 
 def start_queued(st: Step) -> None:
@@ -261,16 +298,16 @@ def start_queued(st: Step) -> None:
     start_turn(st, nxt["turn_id"], nxt["input"], by=nxt.get("by"))
 
 
-def _sync_asked(body: dict[str, Any]) -> str | None:
+def _sync_asked(body: ActionInput) -> str | None:
     """A client's `connector.sync` action: the connection to fetch afresh."""
     args = body.get("args")
-    if body["type"] != "client.action" or body.get("name") != "connector.sync":
+    if body["name"] != "connector.sync":
         return None
     path = args.get("path") if isinstance(args, dict) else None
     return path if isinstance(path, str) else None
 
 
-def _action_proposal(st: Step, body: dict[str, Any]) -> dict[str, Any]:
+def _action_proposal(st: Step, body: ActionInput) -> Answer:
     """Nothing, except for a slash command: record `/<command> <text>` and call the model,
     so commands work with no worker code (a worker may replace it)."""
     command = f"/{body['name']}"
@@ -282,10 +319,11 @@ def _action_proposal(st: Step, body: dict[str, Any]) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": content}], "actions": [LLM_CALL]}
 
 
-def _messages_trigger(st: Step, body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _messages_trigger(
+    st: Step, body: MessageInput | ViewInput | AppendInput
+) -> tuple[ClientMessages, Answer]:
     """Every message input reaches a worker as `client.messages` (SPEC §4)."""
-    kind = body["type"]
-    if kind == "client.messages":
+    if body["type"] == "client.messages":
         view = body["messages"]
         match = match_view(st.s.nodes, view)
         if match.known != st.s.head_id:
@@ -295,28 +333,30 @@ def _messages_trigger(st: Step, body: dict[str, Any]) -> tuple[dict[str, Any], d
         # The view is the recorded path and the new messages: the log keeps where the
         # path ends, not the path (a turn's events stay the same size as the session
         # grows); the request spells it out (`wire_trigger`).
-        new = [body["message"]] if kind == "client.message" else _fresh(st, body["messages"])
+        new = (
+            [body["message"]] if body["type"] == "client.message" else _fresh(st, body["messages"])
+        )
         path = path_to(st.s.nodes, st.s.head_id)
-        trigger = {
+        recorded: ClientMessages = {
             "type": "client.messages",
             "path_to": st.s.head_id,
             "messages": new,
             "new_from": len(path),
-            "client": _client_context(body),
+            "client": _client_context(_client_of(body)),
         }
-        return trigger, {"messages": new, "actions": [LLM_CALL]}
-    trigger = {
+        return recorded, {"messages": new, "actions": [LLM_CALL]}
+    trigger: ClientMessages = {
         "type": "client.messages",
         "messages": view,
         "new_from": new_from,
-        "client": _client_context(body),
+        "client": _client_context(_client_of(body)),
     }
     return trigger, {"messages": new, "actions": [LLM_CALL]}
 
 
-def _client_context(body: dict[str, Any]) -> dict[str, Any]:
+def _client_context(given: dict[str, Any] | None) -> dict[str, Any]:
     """The input's ClientContext as a worker gets it: its tools as the turn runs them."""
-    client: dict[str, Any] = body.get("client") or {}
+    client: dict[str, Any] = given or {}
     if client.get("tools"):
         client = {**client, "tools": submitted_tools(client)}
     return client
@@ -361,7 +401,7 @@ def resume_interrupt(st: Step, iid: str, payload: Any, *, expire: bool = False) 
         "type": ev.SESSION_INTERRUPT_RESUMED,
         "interrupt_id": iid,
     }
-    trigger: dict[str, Any] = {"type": "interrupt.resumed", "interrupt_id": iid}
+    trigger: InterruptResumed = {"type": "interrupt.resumed", "interrupt_id": iid}
     if payload is not None:
         resumed["payload"] = payload
         trigger["payload"] = payload
@@ -372,6 +412,12 @@ def resume_interrupt(st: Step, iid: str, payload: Any, *, expire: bool = False) 
         _budget_answered(st, interrupt, payload, expire)
         return not expire
     if interrupt.get("origin") == "approval":
+        if st.by_worker and st.s.turn is not None:
+            # The worker is told, as of any interrupt on its branch (SPEC §8), though it
+            # did not raise this one: the engine's own answer follows (the held call is
+            # sent, or ends as a tool error), so nothing is proposed; `tool.finished`
+            # comes after, as for any other call.
+            decide(st, trigger, {})
         _approval_answered(st, interrupt, payload, expire)
         return not expire
     if connector is not None and st.s.turn is not None:
@@ -389,7 +435,7 @@ def interrupt_deadline(st: Step, inp: InterruptDeadline) -> None:
     resume_interrupt(st, inp.interrupt_id, None, expire=True)
 
 
-def _approval_answered(st: Step, interrupt: dict[str, Any], payload: Any, expire: bool) -> None:
+def _approval_answered(st: Step, interrupt: OpenInterrupt, payload: Any, expire: bool) -> None:
     """A tool call that waited for a person (connectors' `approve`): approved, it is sent;
     declined or expired, it ends as a tool error the model reads."""
     call_id = (interrupt.get("payload") or {}).get("toolCallId")
@@ -400,7 +446,7 @@ def _approval_answered(st: Step, interrupt: dict[str, Any], payload: Any, expire
         dispatch(st, call, 1)
         return
     why = "nobody approved it before the prompt expired" if expire else "a person declined it"
-    error = {
+    error: ErrorInfo = {
         "message": f"{call.name} was not run: {why}",
         "code": "handler_error",
         "detail": {"declined": True, "expired": expire},
@@ -408,7 +454,7 @@ def _approval_answered(st: Step, interrupt: dict[str, Any], payload: Any, expire
     call_failed(st, call, error, False, None)
 
 
-def _budget_answered(st: Step, interrupt: dict[str, Any], payload: Any, expire: bool) -> None:
+def _budget_answered(st: Step, interrupt: OpenInterrupt, payload: Any, expire: bool) -> None:
     """A call held by its budget (budgets.py): approved, its limit was raised (the resume
     event's fold) and it is sent; declined or expired, the turn fails as over budget."""
     meta = budgets.budget_of(interrupt) or {}
@@ -428,7 +474,7 @@ def _budget_answered(st: Step, interrupt: dict[str, Any], payload: Any, expire: 
         k: meta[k] for k in ("limit", "allowed", "spent", "next") if k in meta
     }
     said = str(interrupt.get("reason") or "").removeprefix("budget: ")
-    error = {
+    error: ErrorInfo = {
         "message": f"budget exceeded: {said}; {why}",
         "code": "budget_exceeded",
         "detail": {**figures, "declined": not expire, "expired": expire},
@@ -439,7 +485,7 @@ def _budget_answered(st: Step, interrupt: dict[str, Any], payload: Any, expire: 
 # -- messages between sessions ---------------------------------------------------
 
 
-def send_message(st: Step, action: dict[str, Any]) -> None:
+def send_message(st: Step, action: MessageSend) -> None:
     """Record a message for another session and hand it over after the commit."""
     message = {k: v for k, v in action["message"].items() if v is not None}
     # The id travels with the message: the receiver drops one it has seen.
@@ -454,14 +500,14 @@ def message_delivered(st: Step, inp: MessageDelivered) -> None:
     if s is None:
         st.ignore(f"message.send to {st.session_id!r}, which does not exist")
         return
-    body = {
+    body: AppendInput = {
         "type": "client.append",
         "agent_id": s.agent_id,
         "messages": [inp.message],
         "queue": True,
     }
     identity = {"subject": {"issuer": "session", "id": inp.from_session}}
-    submit_turn(st, ClientSubmitted(body, s.agent_id, identity, None), delivered=True)
+    submit_turn(st, ClientSubmitted(body, s.agent_id, identity, None), body, delivered=True)
 
 
 # -- subagents: the child's side (SPEC §9) ---------------------------------------
@@ -473,12 +519,12 @@ def child_spawned(st: Step, inp: ChildSpawned) -> None:
     The turn id is derived from the parent's call (and its attempt, past the first), so a
     replayed spawn is the same turn and a retried one a turn of its own.
     """
-    parent: dict[str, Any] = {"session_id": inp.parent_session, "call_id": inp.call_id}
+    parent: ParentRef = {"session_id": inp.parent_session, "call_id": inp.call_id}
     turn_id = f"sub~{inp.parent_session}~{inp.call_id}"
     if inp.attempt > 1:
         parent["attempt"] = inp.attempt
         turn_id += f"~{inp.attempt}"
-    body = {
+    body: MessageInput = {
         "type": "client.message",
         "agent_id": inp.agent_id,
         "message": inp.message,
@@ -497,13 +543,13 @@ def child_spawned(st: Step, inp: ChildSpawned) -> None:
         ancestry=inp.ancestry,
         traceparent=inp.traceparent,
     )
-    submit_turn(st, submitted, delivered=True)
+    submit_turn(st, submitted, body, delivered=True)
 
 
 def child_cancelled(st: Step, inp: ChildCancelled) -> None:
     """The parent's call ended: its turn here stops, or, still queued, never starts."""
 
-    def for_call(parent: dict[str, Any] | None) -> bool:
+    def for_call(parent: ParentRef | None) -> bool:
         if parent is None or (parent["session_id"], parent["call_id"]) != (
             inp.parent_session,
             inp.call_id,
@@ -511,7 +557,7 @@ def child_cancelled(st: Step, inp: ChildCancelled) -> None:
             return False
         return inp.attempt is None or parent.get("attempt", 1) <= inp.attempt
 
-    error = {"message": "the parent's call ended", "code": "internal"}
+    error: ErrorInfo = {"message": "the parent's call ended", "code": "internal"}
     waiting = [q["turn_id"] for q in st.s.queue if for_call(q["input"].get("parent"))]
     for turn_id in waiting:
         drop_queued(st, turn_id, error)

@@ -19,7 +19,7 @@ from typing import Any
 
 from engine.config import Project
 from engine.effects.llm.prices import with_prices
-from engine.errors import describe
+from engine.errors import ErrorInfo, describe
 from engine.ids import new_id
 from engine.jsonedge import encode
 from engine.machine import (
@@ -315,7 +315,7 @@ class Applier:
         if kind == "client":
             kind = f"client {item.input.get('input', {}).get('type', '?')}"
         log.error("input %s to %s dead-lettered: %s\n%s", kind, sid, reason, trace or "")
-        error = {
+        error: ErrorInfo = {
             "message": f"the engine could not apply an input ({kind}): {reason}; "
             "it is kept in the dead-letter stream",
             "code": "internal",

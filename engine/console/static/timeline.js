@@ -4,6 +4,7 @@
 // stream. Rows are built from the events alone, so a replayed log draws the same page.
 
 import { ApiError, call, follow } from "./api.js";
+import { Spend } from "./spend.js";
 import {
   between,
   cacheShare,
@@ -32,8 +33,10 @@ export function showSession(main, sid, { fail, setLink }) {
   const chat = h("a", { id: "open-chat", hidden: true }, "open in chat"); // the thread, on the chat page
   const rows = h("tbody", { id: "timeline-rows" });
   const path = h("ol", { class: "path", id: "path" });
+  const spend = new Spend(); // per turn and in all, against the agent's budget
   main.replaceChildren(
     h("section", { class: "head" }, title, facts, h("div", { class: "actions" }, cancel, " ", chat), notice),
+    spend.node,
     h(
       "div",
       { class: "split" },
@@ -236,6 +239,7 @@ export function showSession(main, sid, { fail, setLink }) {
   function onEvent(e) {
     const p = e.payload;
     lastSeq = e.seq;
+    spend.onEvent(e);
     switch (p.type) {
       case "session.created":
         add(e, "session", () => [

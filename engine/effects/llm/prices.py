@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from engine.config import AgentDecl, Project
 
 # A block's own prices (`[llm.<id>] prices`): model -> {input, output, cache_read,
-# cache_write} as decimal strings, USD per million tokens (engine/config.py).
+# cache_write} as decimal strings, USD per million tokens (engine/config/build.py).
 Extra = Mapping[str, Mapping[str, str]]
 T = TypeVar("T")
 
@@ -150,11 +150,14 @@ def unpriced(project: Project) -> list[tuple[str, str]]:
 
 
 def with_prices(project: Project, config: dict[str, Any] | None, agent: AgentDecl) -> Any:
-    """An agent's wire config with its model's input price in `budget.price`, which the
-    machine estimates a call's cost with (engine/machine/budgets.py)."""
-    if config is None or "budget" not in config:
+    """An agent's wire config with its model's input and cache-read prices in `budget.price`
+    (`session_budget.price` when it has only that), which the machine estimates a call's
+    cost with (engine/machine/budgets.py)."""
+    if config is None or not ("budget" in config or "session_budget" in config):
         return config
     price = agent_price(project, agent)
     if price is None:
         return config
-    return {**config, "budget": {**config["budget"], "price": {"input": usd(price.input)}}}
+    key = "budget" if "budget" in config else "session_budget"
+    priced = {"input": usd(price.input), "cache_read": usd(price.cache_read)}
+    return {**config, key: {**config[key], "price": priced}}

@@ -23,6 +23,7 @@ from mcp_types import CallToolResult, RequestParamsMeta
 from engine.config import Project, project_secrets
 from engine.effects.mcp.connection import McpConnection, McpTrouble
 from engine.effects.runner import Done, EffectRunner, Runner, Tasks
+from engine.errors import ErrorInfo
 from engine.machine import CallAnswered, Input, SessionState
 from engine.machine.connections import prefix_of
 from engine.machine.connectors import AUTH, RunConnectorSync, RunMcpCall
@@ -83,7 +84,7 @@ class McpRunners:
         if trouble.unauthorized:
             detail["reason"] = AUTH
         message = self.connectors.redactor.scrub(trouble.message)
-        error = {"message": message, "code": "handler_error", "detail": detail}
+        error: ErrorInfo = {"message": message, "code": "handler_error", "detail": detail}
         return CallAnswered(
             effect.call_id, effect.attempt, error=error, retryable=trouble.retryable
         )
@@ -115,7 +116,7 @@ class McpRunners:
                     effect.call_id, effect.attempt, error=error, retryable=late.retryable
                 )
 
-        def failed(error: dict[str, Any], retryable: bool) -> Input:
+        def failed(error: ErrorInfo, retryable: bool) -> Input:
             return CallAnswered(effect.call_id, effect.attempt, error=error, retryable=retryable)
 
         runner.run(state.session_id, f"{path}: {doing}", lambda: bounded, failed, done, tasks)
@@ -157,15 +158,14 @@ class McpRunners:
         """Call one MCP tool; the result or the failure is one machine input."""
         call = state.calls[effect.call_id]
         path, tool = call.params["connector"], call.params["tool"]
-        synced = next(
-            (t for t in state.connectors.get(path, {}).get("tools") or () if t["name"] == tool),
-            None,
-        )
+        known = state.connectors.get(path)
+        listed = (known.get("tools") if known else None) or ()
+        synced = next((t for t in listed if t["name"] == tool), None)
         checked = validate_input(synced, call.arguments or "")  # before any await: as committed
 
         async def send() -> Input:
             if checked["status"] != "valid":  # the model is told; the server is never asked
-                error = {
+                error: ErrorInfo = {
                     "message": f"the input of {call.name} does not fit its schema: "
                     f"{checked['error']}",
                     "code": "handler_error",
