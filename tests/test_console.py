@@ -630,6 +630,11 @@ async def test_the_list_pages_by_cursor_older_and_back_to_the_newest(
     await _page(lambda: page.find("#newest").click())
     await _page(page.until, "the first page again", lambda: shown() == first)
     assert not page.all("#error")
+    # A cursor the API refuses (too old, or not one of its own) starts again from the newest.
+    await _page(page.open, f"{proxy.url}/console?cursor=stale")
+    await _page(page.until, "the newest page", lambda: "cursor=" not in page.driver.current_url)
+    await _page(page.until, "its sessions", lambda: shown() == first)
+    assert not page.all("#error")
 
 
 async def test_the_list_shows_a_banner_while_the_store_is_full(

@@ -66,7 +66,17 @@ export function showList(main, params, go, fail) {
     if (agent) q.set("agent_id", agent);
     if (status) q.set("status", status);
     if (cursor) q.set("cursor", cursor);
-    const page = await call("GET", `/api/admin/sessions?${q}`);
+    let page;
+    try {
+      page = await call("GET", `/api/admin/sessions?${q}`);
+    } catch (err) {
+      // A cursor lives 30 minutes: a page left open longer starts again from the newest.
+      if (cursor && err.status === 400 && /^cursor:/.test(err.message)) {
+        apply("");
+        return false; // this view is gone: no more refreshes of it
+      }
+      throw err;
+    }
     body.replaceChildren(...page.items.map(row));
     showStore(full, page.store);
     note.textContent = page.items.length
@@ -83,7 +93,7 @@ export function showList(main, params, go, fail) {
   let timer = null;
   const tick = async () => {
     try {
-      await load();
+      if ((await load()) === false) return;
       timer = setTimeout(tick, REFRESH_MS);
     } catch (err) {
       fail(err);
