@@ -20,6 +20,7 @@ import logging
 import re
 import secrets
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from aiohttp import web
@@ -36,17 +37,22 @@ from bot.turns.access import Access
 from bot.turns.follower import LEASE_MS, RETRY_SECONDS, Followers
 from bot.turns.listeners import Listeners
 from bot.turns.slots import TurnSlots
-from bot.turns.store import Checkpoints, Slots
+from bot.turns.store import Checkpoints, Slots, purge_sessions
 from bot.turns.watch import Watch
 from engine.client import Client
 from engine.config import Project, WatchEntry, slack_env_suffix
 from engine.landing import Landed, Landing
-from engine.store.store import RedisClient
+from engine.store.store import PurgeHooks, RedisClient
 from engine.telemetry.spans import SpanRecord
 
-__all__ = ["Bot", "Bots", "start_bots"]
+__all__ = ["PURGE_HOOKS", "Bot", "Bots", "start_bots"]
 
 log = logging.getLogger(__name__)
+
+# The bot's keys of a session (checkpoints, leases, dedupe keys) go with it when the
+# retention sweep removes it: the composition root hands these to the engine's sweep,
+# whether or not a Slack app runs now (an earlier serve's may have left keys).
+PURGE_HOOKS: PurgeHooks = MappingProxyType({"slack": purge_sessions})
 
 
 class Bots:

@@ -3,7 +3,8 @@
 Two clients implement it: `engine.client.Client` (in process, over the engine's Redis)
 and `engine.cli.remote.HttpClient` (a remote engine's HTTP API). The CLI holds one of
 them through this Protocol, so a command written once works both ways; mypy holds both
-classes to these signatures where the CLI hands either out as one (`cli/commands.py`).
+classes to these signatures where the CLI hands either out as one (`cli/connect.py`,
+`cli/run.py`).
 
 Imports only typing (and the status words): `subs sessions list --url` loads it without
 loading the engine.

@@ -16,8 +16,8 @@ from httpx_sse import EventSource, aconnect_sse
 from engine.api import ApiKeys, ApiKeysError, SseLimits, bind_warning, check_bind, make_app
 from engine.api.stream import sse_frame
 from engine.client import Client, ClientError
+from engine.metrics import Metrics
 from engine.runtime.engine import Engine
-from engine.runtime.metrics import Metrics
 from engine.store.store import Store
 from tests.api_helpers import (
     ALICE,

@@ -12,6 +12,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
+from bot.app import PURGE_HOOKS
 from bot.rendering.message_text import strip_mention
 from bot.rendering.mrkdwn import to_mrkdwn
 from bot.turns.follower import ARCHIVED
@@ -580,6 +581,7 @@ async def test_a_thread_whose_session_was_archived_starts_afresh_and_says_so_onc
         archive_dir=tmp_path / "archive",
         clock=lambda: time.time() + 60,
         owner="test",
+        purge=PURGE_HOOKS,  # as serve gives the engine's sweep
     )
     report = await sweeper.sweep_once()
     assert report is not None and report.archived == 1

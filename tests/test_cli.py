@@ -11,7 +11,7 @@ import sys
 
 import httpx
 
-from engine.cli.commands import OneLine
+from engine.cli.logs import OneLine
 from engine.redact import Redactor
 from engine.store.embedded import EmbeddedRedis
 from engine.store.store import Store, connect

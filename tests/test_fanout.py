@@ -22,7 +22,7 @@ from engine.client import Client
 from engine.jsonedge import compact_json
 from engine.runtime.engine import Engine
 from engine.store.embedded import EmbeddedRedis
-from engine.store.store import Store, connect
+from engine.store.store import Removals, Store, connect
 from tests.api_helpers import INPUT, KEYS_ENV, ROOT, auth, events_of, read_stream, serve
 from tests.api_helpers import stream_path as path_of
 from tests.engine_helpers import ENV, make_project, poll_until, turn_ended, wait_for_event
@@ -369,14 +369,37 @@ async def test_the_api_holds_at_most_max_streams_whoever_asks(engine, vendor, ap
     await app.cleanup()
 
 
+async def test_a_removal_through_another_store_ends_the_hubs_watches_when_they_share_removals(
+    redis,
+):
+    """`subs serve` opens two stores on one `Removals` (the engine's, whose sweep removes
+    sessions, and the API's, whose hub streams them): a session removed through either
+    ends its watches at once. A store with removals of its own tells the hub nothing."""
+    removals = Removals()
+    api_store = await Store.open(redis, removals=removals)
+    engine_store = await Store.open(redis, removals=removals)
+    apart = await Store.open(redis)
+    hub = Hub(api_store, sse_frame, block_ms=30_000)
+    try:
+        for sid in ("swept", "elsewhere"):
+            await Writer(redis, api_store, sid, 0).commit(always=True)
+        async with hub.watch("swept") as swept, hub.watch("elsewhere") as elsewhere:
+            assert hub.taps() == 2
+            assert await apart.delete_session("elsewhere", 1)
+            assert elsewhere.ended is None  # gone from Redis, but nobody told this hub
+            assert await engine_store.delete_session("swept", 1)
+            assert swept.ended == "the session was deleted or archived"
+            assert hub.taps() == 1
+    finally:
+        await hub.aclose()
+
+
 async def test_the_hubs_taps_never_outlive_their_watchers_or_their_session(redis):
     """Random joins, leaves and removals (the store's hook, as a delete or the retention
     sweep calls it): after each, the hub taps exactly the sessions with a watcher that
     joined since the session was last removed, never more than its open watches; every
     watcher of a removed session is told why. At the end, all removed: nothing left."""
     import random
-
-    from engine.store.retention import removed
 
     store = await Store.open(redis)
     hub = Hub(store, sse_frame, block_ms=30_000)
@@ -396,7 +419,7 @@ async def test_the_hubs_taps_never_outlive_their_watchers_or_their_session(redis
                 await stack.aclose()
             else:
                 gone = rng.choice(sids)
-                removed(gone)
+                store.removals(gone)
                 for sid, watch, _stack in open_:
                     if sid == gone:
                         assert watch.ended == "the session was deleted or archived"
@@ -405,7 +428,7 @@ async def test_the_hubs_taps_never_outlive_their_watchers_or_their_session(redis
             assert tapped == live
             assert hub.taps() <= len(open_)
         for sid in sids:
-            removed(sid)
+            store.removals(sid)
         assert hub.taps() == 0
         assert all(watch.ended for _, watch, _ in open_)
         await poll_until(lambda: _is(len(hub.readers), 0), 10, "the readers to stop")

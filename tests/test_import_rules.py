@@ -145,12 +145,21 @@ def test_only_store_modules_import_redis() -> None:
     assert not found, f"only {sorted(STORE_MODULES)} may import Redis: {found}"
 
 
+# The modules that run `subs`'s commands (all of engine/cli/ but the package and its
+# parser): none is loaded before the arguments are good.
+CLI_COMMANDS = {
+    _module_of(p)
+    for p in _sources("engine/cli")
+    if p.stem not in {"__init__", "__main__", "parser"}
+}
+
+
 def test_cli_imports_the_engine_and_the_bot_lazily() -> None:
     cli = ROOT / "engine" / "cli" / "parser.py"
     eager = [
         n
         for n in imports(cli, top_level_only=True)
-        if n.split(".")[0] in {"bot", *REDIS} or n.startswith("engine.cli.commands")
+        if n.split(".")[0] in {"bot", *REDIS} or n in CLI_COMMANDS
     ]
     assert not eager, (
         f"engine/cli/parser.py imports {eager} at module level: `subs --help` pays for it"
@@ -162,7 +171,7 @@ def test_importing_the_cli_loads_no_engine_bot_or_redis() -> None:
     probe = (
         "import sys, engine.cli\n"
         "heavy = {m.split('.')[0] for m in sys.modules} & {'bot', 'redis', 'aiohttp'}\n"
-        "heavy |= {'engine.cli.commands'} & set(sys.modules)\n"
+        f"heavy |= {CLI_COMMANDS!r} & set(sys.modules)\n"
         "print(','.join(sorted(heavy)))\n"
     )
     out = subprocess.run(
@@ -363,9 +372,9 @@ _BELOW_ALL = {
     "engine.sse",
     "engine.statuses",
 }
-# Two helpers the effect runners share with the runtime that live in runtime/ (to move
-# below both, #24 item 3); named one by one so that nothing else of runtime/ slips in.
-_RUNTIME_HELPERS = {"engine.runtime.metrics", "engine.runtime.retrying"}
+# What the effect runners share with the runtime: the process's counters and the way a
+# loop waits out a fault. Below both, so neither imports the other for them.
+_PROCESS_HELPERS = {"engine.metrics", "engine.retrying"}
 # subs.toml's package (engine/config/), bottom to top: each module may import the ones
 # below it, never one above nor the package itself (whose face imports them all); with
 # them, what the whole package may import from outside it.
@@ -395,6 +404,8 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
     "engine.statuses": (set(), set()),
     "engine.files": (set(), set()),  # a stored file's reference: the client and the vendors
     "engine.redact": (set(), set()),  # below the config, whose errors it masks
+    "engine.metrics": (set(), set()),  # the process's counters: /metrics renders them
+    "engine.retrying": (set(), set()),  # backoff, and one warning per fault that repeats
     # Typing only, and the status words: `sessions list --url` loads it.
     "engine.session_client": ({"engine.statuses"}, set()),
     "engine.jsonedge": ({"engine.errors"}, set()),
@@ -420,7 +431,7 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
             "engine.telemetry.ids",
             "engine.telemetry.logs",
             "engine.telemetry.spans",
-            *_RUNTIME_HELPERS,
+            *_PROCESS_HELPERS,
             *_BELOW_ALL,
         },
         set(),
@@ -435,6 +446,7 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
             "engine.config",
             "engine.telemetry",
         }
+        | _PROCESS_HELPERS
         | _BELOW_ALL,
         set(),
     ),
@@ -450,7 +462,7 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
         | _BELOW_ALL,
         set(),
     ),
-    # The HTTP API: through the client and the store's readers; the runtime's metrics only.
+    # The HTTP API: through the client and the store's readers, counting in the metrics.
     "engine.api": (
         {
             "engine.api",
@@ -458,7 +470,7 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
             "engine.machine",
             "engine.store",
             "engine.protocol",
-            "engine.runtime.metrics",
+            "engine.metrics",
             *_BELOW_ALL,
         },
         set(),
@@ -470,8 +482,20 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
         set(),
     ),
     "engine.telemetry.ids": (set(), set()),  # trace ids from session facts: clients mint them
-    # `subs`: everything (the engine, the bot), lazily where a light command needs it.
-    "engine.cli": ({"engine", "bot"}, set()),
+    # `subs`'s commands: the engine, lazily where a light command needs it; not the
+    # Slack stack, which only serve (the composition root) and manifest use.
+    "engine.cli": ({"engine"}, set()),
+    # Arguments only: `subs --help` loads nothing else (the commands once parsed).
+    "engine.cli.parser": ({"engine.cli.commands"}, set()),
+    # What every command shares (the project as loaded): nothing that runs.
+    "engine.cli.common": (
+        {"engine.config", "engine.effects.llm.prices", "engine.errors", "engine.redact"},
+        set(),
+    ),
+    "engine.cli.logs": ({"engine.cli.common", "engine.errors", "engine.telemetry.logs"}, set()),
+    "engine.cli.manifest": ({"engine.cli.common", "engine.config", "bot.slack.manifest"}, set()),
+    # The composition root of `subs serve`: everything (the engine, the API, the bots).
+    "engine.cli.serve": ({"engine", "bot"}, set()),
     # The HTTP client: light enough for `sessions list --url` (the test below loads it).
     "engine.cli.remote": (
         {"engine.effects.http_pool", "engine.machine.events", "engine.session_client"} | _BELOW_ALL,
@@ -641,6 +665,8 @@ ENGINE_BREACHES = [
     ("engine.telemetry.ids", "from engine.machine import SessionState"),
     # The config <-> redact circle this table ended (project_secrets moved to config).
     ("engine.redact", "from engine.config import Project"),
+    ("engine.metrics", "from engine.runtime.engine import Engine"),
+    ("engine.retrying", "from engine.effects.runner import EffectRunner"),
     ("engine.session_client", "from engine.client import Client"),
     ("engine.jsonedge", "from engine.protocol import parse_client_input"),
     ("engine.protocol", "from engine.machine import SessionState"),
@@ -662,6 +688,8 @@ ENGINE_BREACHES = [
     ("engine.store.probe", "from engine.runtime.apply import Applier"),
     ("engine.store.probe", "from engine.effects.runner import EffectRunner"),
     ("engine.effects.probe", "from engine.runtime.apply import Applier"),
+    # What effects/runner.py did for Metrics and Trouble before they moved below runtime/.
+    ("engine.effects.probe", "from engine.runtime.metrics import Metrics"),
     ("engine.effects.probe", "from engine.store.snapshots import load_state"),
     ("engine.effects.probe", "from engine.api.app import build"),
     ("engine.runtime.probe", "from engine.api.state import ApiState"),
@@ -673,6 +701,11 @@ ENGINE_BREACHES = [
     ("engine.api.probe", "from bot.app import Bots"),
     ("engine.console", "from engine.api import app"),
     ("engine.cli.remote", "from engine.client import Client"),
+    ("engine.cli.probe", "from bot.app import start_bots"),
+    ("engine.cli.parser", "from engine.config import load_project"),
+    ("engine.cli.common", "from engine.runtime.engine import Engine"),
+    ("engine.cli.logs", "from engine.store.store import connect"),
+    ("engine.cli.manifest", "from bot.app import start_bots"),
     ("engine.cli.remote", "from engine.config import Project"),
 ]
 
@@ -699,8 +732,10 @@ def test_the_engine_layer_rule_lets_each_layer_use_those_below() -> None:
         "engine.store.probe": "from engine.machine import SessionState\nimport redis",
         "engine.effects.probe": "from engine.store.store import Store\nfrom .llm import x",
         "engine.runtime.probe": "from engine.effects.runner import EffectRunner",
-        "engine.api.probe": "from engine.client import C\nfrom engine.runtime.metrics import M",
-        "engine.cli.commands": "from bot.app import Bots\nfrom engine.runtime.engine import E",
+        "engine.api.probe": "from engine.client import C\nfrom engine.metrics import M",
+        "engine.effects.runner": "from engine.metrics import M\nfrom engine.retrying import T",
+        "engine.cli.commands": "from engine.runtime.engine import new_event_loop",
+        "engine.cli.serve": "from bot.app import Bots\nfrom engine.runtime.engine import E",
     }
     for module, source in allowed.items():
         assert layer_violations(module, imported(source, module), ENGINE_LAYERS) == [], module
@@ -840,3 +875,82 @@ def test_no_module_imports_at_its_bottom() -> None:
 )
 def test_the_bottom_import_rule_sees_each_spelling(source: str, lines: list[int]) -> None:
     assert bottom_imports(source) == lines
+
+
+_MUTATORS = {"append", "add", "update", "setdefault", "pop", "popitem", "remove", "discard"}
+_MUTATORS |= {"clear", "extend", "insert", "move_to_end"}
+_CONTAINERS = {"dict", "list", "set", "defaultdict", "OrderedDict", "deque", "Counter"}
+
+
+def module_registries(source: str) -> list[str]:
+    """Module-level state the module's code changes: a container bound at module level
+    that something in the module adds to or takes from, or a name rebound by `global`.
+    Filled at import or at start, such a registry is what a test has to patch; the
+    composition root builds what it needs and passes it in instead."""
+    tree = ast.parse(source)
+    containers: set[str] = set()
+    for node in tree.body:
+        target, value = None, None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign):
+            target, value = node.target, node.value
+        if not isinstance(target, ast.Name) or value is None:
+            continue
+        call = value.func if isinstance(value, ast.Call) else None
+        called = call.id if isinstance(call, ast.Name) else getattr(call, "attr", None)
+        if isinstance(value, ast.Dict | ast.List | ast.Set) or called in _CONTAINERS:
+            containers.add(target.id)
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Global):
+            found |= set(node.names)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            held = node.func.value
+            if isinstance(held, ast.Name) and held.id in containers:
+                found |= {held.id} if node.func.attr in _MUTATORS else set()
+        elif isinstance(node, ast.Assign | ast.AugAssign | ast.Delete):
+            targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
+            found |= {
+                t.value.id
+                for t in targets
+                if isinstance(t, ast.Subscript)
+                and isinstance(t.value, ast.Name)
+                and t.value.id in containers
+            }
+    return sorted(found)
+
+
+# Module-level state that is a cache of what the process already knows, not a registry:
+# nothing is registered into it, and a test never needs to fill or patch it.
+MODULE_CACHES = {
+    "engine/effects/llm/files.py": ["_texts"],  # a PDF's text by digest, bounded
+    "engine/store/embedded.py": ["_VERSIONS"],  # a redis-server binary's version
+    "engine/cli/keyboard.py": ["_KEYBOARD"],  # the process's one terminal, made on first use
+}
+
+
+def test_no_module_level_registries() -> None:
+    found = {
+        rel: names
+        for p in _sources("engine", "bot")
+        if (names := module_registries(p.read_text()))
+        != MODULE_CACHES.get(rel := p.relative_to(ROOT).as_posix(), [])
+    }
+    assert not found, f"module-level state filled by the code (pass it in instead): {found}"
+
+
+@pytest.mark.parametrize(
+    ("source", "names"),
+    [
+        # What engine/store/retention.py kept before serve passed its hooks and watchers in.
+        ("_HOOKS = {}\n\ndef register(name, hook):\n    _HOOKS[name] = hook\n", ["_HOOKS"]),
+        ("_W: list[int] = []\n\ndef watch(w):\n    _W.append(w)\n", ["_W"]),
+        ("KINDS = dict()\n\ndef add(k):\n    KINDS.update(k)\n", ["KINDS"]),
+        ("_ONE = None\n\ndef one():\n    global _ONE\n    _ONE = 1\n", ["_ONE"]),
+        ("TABLE = {'a': 1}\n\ndef get(k):\n    return TABLE[k]\n", []),  # read only
+        ("def f():\n    seen = {}\n    seen['a'] = 1\n", []),  # a local
+    ],
+)
+def test_the_registry_rule_sees_each_spelling(source: str, names: list[str]) -> None:
+    assert module_registries(source) == names

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-import bot.turns.store as bot_store  # registers the bot's purge hook, as serve's import does
+import bot.turns.store as bot_store
+from bot.app import PURGE_HOOKS
 from bot.turns.checkpoint import Checkpoint
 from engine.client import Client
 from engine.config import parse_project
@@ -79,8 +80,10 @@ def clock() -> Clock:
 
 @pytest.fixture
 async def engine(redis, vendor, tmp_path, clock) -> AsyncIterator[Engine]:
-    """An engine on the injected clock (`[store]` defaults: retention 30d, archives on)."""
-    eng = Engine(make_project(tmp_path, vendor.url), redis, env=ENV, lease_ms=3000, clock=clock)
+    """An engine on the injected clock (`[store]` defaults: retention 30d, archives on),
+    its sweep given the bot's purge hooks as serve gives them."""
+    project = make_project(tmp_path, vendor.url)
+    eng = Engine(project, redis, env=ENV, lease_ms=3000, clock=clock, purge=PURGE_HOOKS)
     await eng.start()
     yield eng
     await eng.stop()
@@ -466,6 +469,35 @@ async def test_sigkill_of_serve_mid_sweep_loses_no_session_and_half_deletes_none
             assert archive.read(path).events == log
         assert 0 < gone < len(logs), f"killed after {gone} of {len(logs)}: try more sessions"
     finally:
+        await redis.aclose()
+
+
+async def test_serves_sweep_drops_the_bots_keys_of_a_session_it_removes(config, redis_url):
+    """`subs serve` hands its sweep the bot's purge hooks (bot.app.PURGE_HOOKS), a Slack
+    app running or not (an earlier serve's may have left keys): a session it removes takes
+    the bot's checkpoint and dedupe key of its turn along, leaving the thread's note."""
+    golden = Path(__file__).parent / "golden" / "engine_client_tool.jsonl"
+    sid = "slack:ops_openai:C042:1700000000.000100"
+    log = [{**json.loads(line), "session_id": sid} for line in golden.read_text().splitlines()]
+    config.write_text(config.read_text() + '\n[store]\nretention = "1ms"\n')
+    redis = connect(redis_url)
+    store = await Store.open(redis)
+    await restore(store, archive.Archive(sid, log, 0, 0))
+    turn = log[1]["payload"]["turn_id"]
+    checkpoints = bot_store.Checkpoints(redis, "bot-1", 60_000)
+    cp = Checkpoint("ops_openai", "T1", "C042", "1700000000.000100", turn, "U1", None)
+    assert await checkpoints.start([bot_store.seen_key("turn", cp.key)], 3600, cp)
+    note = [bot_store.archived_key(sid).encode()]
+
+    async def only_the_note_left() -> bool:
+        return await keys_naming(store, sid, cp.key) == note
+
+    serve = await EngineProcess(config, redis_url).start()
+    try:
+        await poll_until(only_the_note_left, 20, "the session and the bot's keys to go")
+        assert await checkpoints.open() == []
+    finally:
+        assert await serve.stop() == 0
         await redis.aclose()
 
 

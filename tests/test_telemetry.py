@@ -476,7 +476,7 @@ async def test_a_turn_finished_by_another_serve_after_a_sigkill_is_one_trace(
 
 
 def test_the_genai_metrics_use_the_conventions_buckets():
-    from engine.runtime.metrics import Metrics
+    from engine.metrics import Metrics
 
     m = Metrics()
     m.observe_chat(0.3, provider="anthropic", model="claude", tokens={"input": 100, "output": 5})
@@ -603,10 +603,10 @@ async def test_a_subagents_turn_nests_under_its_parents_tool_call(redis, vendor,
 LOG_SCRIPT = textwrap.dedent(
     """\
     import logging
-    from engine.cli.commands import _start_logging
+    from engine.cli.logs import start_logging
     from engine.telemetry.ids import SpanContext
     from engine.telemetry.logs import CURRENT
-    _start_logging()
+    start_logging()
     log = logging.getLogger("subs.engine")
     log.warning("outside any span")
     CURRENT.set(SpanContext("%s", "%s"))
@@ -664,7 +664,7 @@ async def test_an_effect_logs_inside_its_calls_span(vendor, tmp_path):
     """The runner starts each effect in its span's context: what it logs names the span."""
     from engine.effects.runner import EffectRunner
     from engine.machine import RunLlmCall
-    from engine.runtime.metrics import Metrics
+    from engine.metrics import Metrics
     from engine.telemetry.logs import SpanFields
     from engine.telemetry.spans import call_context
 

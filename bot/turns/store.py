@@ -11,7 +11,7 @@ import zlib
 from collections.abc import Sequence
 
 from bot.turns.checkpoint import Checkpoint, LeaseLost
-from engine.store.store import RedisClient, Removed, lua_script, register_purge
+from engine.store.store import RedisClient, Removed, lua_script
 
 __all__ = [
     "BUCKETS",
@@ -235,7 +235,8 @@ async def purge_sessions(redis: RedisClient, removed: Sequence[Removed]) -> int:
     checkpoints left behind, their followers' leases, the turns' dedupe keys. Only turns
     the removed log holds: a turn a thread starts meanwhile is another session's. Each
     thread gets a note (`archived_key`) so its next turn says it starts afresh.
-    A Slack input's own dedupe key (`seen:event:…`) names no session; it expires."""
+    A Slack input's own dedupe key (`seen:event:…`) names no session; it expires.
+    The sweep's purge hook (`bot.app.PURGE_HOOKS`)."""
     turns = {r.session_id: set(r.turn_ids) for r in removed}
     async with redis.pipeline(transaction=False) as pipe:
         for bucket in range(BUCKETS):
@@ -318,6 +319,3 @@ class Slots:
             pipe.zrem(waiting, member)
             pipe.zrem(alive, member)
             await pipe.execute()
-
-
-register_purge("slack", purge_sessions)

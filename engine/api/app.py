@@ -45,7 +45,7 @@ from engine.api.state import API, ApiState
 from engine.api.stream import SseLimits, sse_frame
 from engine.client import Client
 from engine.landing import AlertHook, Lander
-from engine.runtime.metrics import Metrics
+from engine.metrics import Metrics
 from engine.store.store import Store
 
 

@@ -29,7 +29,6 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.store.retention import unwatch_removals, watch_removals
 from engine.store.store import STORE_FAULTS, Store
 
 log = logging.getLogger("subs.fanout")
@@ -209,7 +208,7 @@ class Hub:
                 hub.forget(sid)
 
         self._on_removal = forget
-        watch_removals(forget)
+        store.removals.watch(forget)
 
     def taps(self) -> int:
         """How many sessions are watched now (one tap each)."""
@@ -267,7 +266,7 @@ class Hub:
     async def aclose(self) -> None:
         """End every watch and stop every reader (the server is shutting down)."""
         self.closed = True
-        unwatch_removals(self._on_removal)
+        self.store.removals.unwatch(self._on_removal)
         readers = list(self.readers.values())
         for reader in readers:
             for tap in reader.taps.values():

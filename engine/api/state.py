@@ -15,7 +15,7 @@ from engine.api.fanout import Hub
 from engine.api.stream import SseLimits, SseStream
 from engine.client import Client
 from engine.landing import AlertHook, Lander
-from engine.runtime.metrics import Metrics
+from engine.metrics import Metrics
 from engine.store.store import Store
 
 

@@ -23,7 +23,7 @@ from engine.errors import SubsError
 from engine.jsonedge import compact_json
 from engine.machine import SessionState
 from engine.machine.events import CALL_ENDS, TURN_ENDS
-from engine.runtime.metrics import Metrics
+from engine.metrics import Metrics
 from engine.store.snapshots import load
 from engine.store.store import Store
 

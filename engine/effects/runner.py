@@ -46,9 +46,9 @@ from engine.machine import (
     build_llm_request,
 )
 from engine.machine.retry import Fault
+from engine.metrics import Metrics
 from engine.redact import Redactor, env_secrets, scrubbed
-from engine.runtime.metrics import Metrics
-from engine.runtime.retrying import Trouble
+from engine.retrying import Trouble
 from engine.store.store import Store
 from engine.telemetry.logs import CURRENT
 from engine.telemetry.spans import effect_context

@@ -44,9 +44,9 @@ from engine.machine import (
 from engine.machine import events as ev
 from engine.machine.deadlines import wake_ms
 from engine.machine.evolve import at_ms
+from engine.metrics import Metrics
+from engine.retrying import Backoff, Trouble
 from engine.runtime.cache import StateCache
-from engine.runtime.metrics import Metrics
-from engine.runtime.retrying import Backoff, Trouble
 from engine.store.index import IndexWrite, scopes_of
 from engine.store.snapshots import SNAPSHOT_MIN_BYTES, Mark, current, load, mark_of
 from engine.store.store import (

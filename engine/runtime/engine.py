@@ -32,13 +32,13 @@ from engine.effects.mcp.runners import McpRunners
 from engine.effects.runner import EffectRunner, Runners, builtin_runners, worker_targets
 from engine.ids import new_id
 from engine.machine import Deliver, Input, Kinds, Transition, default_kinds, input_to_json
+from engine.metrics import Metrics
+from engine.retrying import Backoff, Trouble
 from engine.runtime.apply import Applier, EngineStats, lost_work
-from engine.runtime.metrics import Metrics
 from engine.runtime.retention import Sweeper
-from engine.runtime.retrying import Backoff, Trouble
 from engine.store.durability import check_server
 from engine.store.reindex import ensure_indexes
-from engine.store.retention import FULL_AT, unwatch_removals, watch_removals
+from engine.store.retention import FULL_AT, PurgeHooks, Removals
 from engine.store.store import STORE_FAULTS, RedisClient, Store, StoreConflict, WorkItem
 from engine.telemetry.tracing import Tracing, tracing_from
 
@@ -121,10 +121,14 @@ class Engine:
         runners: Runners | None = None,
         sweep: bool = False,
         tracing: Tracing | None = None,
+        removals: Removals | None = None,
+        purge: PurgeHooks | None = None,
     ) -> None:
         """`kinds`: the call kinds the machine runs by (default: defaults.py's);
         `runners`: runners of effects beside the built-in and MCP ones (a kind of its own);
-        `sweep`: take part in the retention sweep (`subs serve` does; runtime/retention.py)."""
+        `sweep`: take part in the retention sweep (`subs serve` does; runtime/retention.py);
+        `removals`: the process's watchers of removed sessions, shared with its other stores
+        (the engine's cache is one); `purge`: the sweep's hooks for other layers' keys."""
         self.project = project
         self.redis = redis
         self.env = os.environ if env is None else env
@@ -139,6 +143,8 @@ class Engine:
         self.trouble = Trouble(log)
         self._want_partitions = partitions
         self._sweep = sweep
+        self.removals = Removals() if removals is None else removals
+        self.purge = dict(purge or {})
         self.sweeper: Sweeper | None = None
         self.store: Store
         self.owned: dict[int, _Partition] = {}
@@ -158,6 +164,7 @@ class Engine:
             self._want_partitions or durability.partitions,
             wait_replicas=durability.wait_replicas,
             wait_timeout_ms=durability.wait_timeout_ms,
+            removals=self.removals,
         )
         if self._want_partitions is None and self.store.partitions != durability.partitions:
             log.warning(
@@ -191,7 +198,7 @@ class Engine:
             asyncio.create_task(self._lease_loop(), name="subs-leases"),
             asyncio.create_task(self._timer_loop(), name="subs-timers"),
         ]
-        watch_removals(self.applier.drop)
+        self.removals.watch(self.applier.drop)
         self.sweeper = self._sweeper()
         if self.sweeper is not None and self._sweep:
             self._background.append(asyncio.create_task(self.sweeper.run(), name="subs-sweep"))
@@ -213,12 +220,13 @@ class Engine:
             clock=self.clock,
             owner=self.owner,
             on_removed=lambda sid: self.metrics.inc("subs_sessions_archived_total"),
+            purge=self.purge,
         )
 
     async def stop(self) -> None:
         """Stop taking work, hand back in-flight calls, release leases."""
         await cancel_and_wait(self._background, patience=None)
-        unwatch_removals(self.applier.drop)
+        self.removals.unwatch(self.applier.drop)
         # At once: a release on a connection Redis stopped answering costs a socket timeout.
         await asyncio.gather(*(self._drop(p, release=True) for p in list(self.owned)))
         with contextlib.suppress(Exception):

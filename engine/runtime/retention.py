@@ -27,7 +27,7 @@ from engine.jsonedge import encode
 from engine.machine import SessionState, default_kinds, fold, state_to_json
 from engine.store import archive
 from engine.store.reindex import index_sessions
-from engine.store.retention import REMOVED, Removed, occurred_ms
+from engine.store.retention import REMOVED, PurgeHooks, Removed, occurred_ms
 from engine.store.snapshots import load
 from engine.store.store import STORE_FAULTS, Store
 
@@ -75,7 +75,8 @@ Step = Callable[[str, str], Awaitable[None]]  # (step name, session id): a test'
 
 
 class Sweeper:
-    """Sweeps the store's idle sessions; `sweep_once` is one full pass."""
+    """Sweeps the store's idle sessions; `sweep_once` is one full pass. `purge`: the hooks
+    that delete what other layers keep of a removed session (serve passes the bot's)."""
 
     def __init__(
         self,
@@ -86,6 +87,7 @@ class Sweeper:
         clock: Callable[[], float],
         owner: str,
         on_removed: Callable[[str], None] = lambda sid: None,
+        purge: PurgeHooks | None = None,
         batch: int = BATCH,
         lease_ms: int = SWEEP_LEASE_MS,
         rest: float = REST,
@@ -96,6 +98,7 @@ class Sweeper:
         self.clock = clock
         self.owner = owner
         self.on_removed = on_removed
+        self.purge = dict(purge or {})  # other layers' keys of a removed session (the bot's)
         self.batch = batch
         self.lease_ms = lease_ms
         self.rest = rest
@@ -125,7 +128,7 @@ class Sweeper:
                     removed = await self._batch(sids, cutoff, now, report)
                     offset += len(sids) - len(removed)
                     if removed:
-                        report.keys_outside += await self.store.purge_outside(removed)
+                        report.keys_outside += await self.store.purge_outside(removed, self.purge)
                     if not await self.store.renew_sweep(lease, self.lease_ms):
                         log.warning("retention: the sweep's lease moved; this pass stops")
                         return report

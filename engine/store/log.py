@@ -22,7 +22,7 @@ from engine.store.connection import lua_script
 from engine.store.durability import ReplicaWait
 from engine.store.index import IndexWrite, SessionIndex
 from engine.store.keys import LEGACY_SESSIONS
-from engine.store.retention import removed
+from engine.store.retention import Removals
 from engine.store.streams import Entries, SessionStreams
 
 
@@ -98,6 +98,7 @@ class SessionLog(SessionStreams, SessionIndex):
     """Each session's log and snapshot: commits, loads, listings, deletes."""
 
     replicas: ReplicaWait | None
+    removals: Removals  # told of each delete
     _commit: AsyncScript
     _delete: AsyncScript
     _lines: dict[int, AbstractConnection]  # each partition's commit connection
@@ -337,7 +338,7 @@ class SessionLog(SessionStreams, SessionIndex):
         ]
         if not await self._delete(keys=keys, args=[expected_seq, session_id]):
             return False
-        removed(session_id)
+        self.removals(session_id)
         await self.redis.zrem(LEGACY_SESSIONS, session_id)  # another slot: not in the script
         return True
 

@@ -3,8 +3,11 @@
 The store's half of retention: which sessions may be idle (the index, by age), when each
 was last active (its newest event), the fenced removal of one session (a Lua script on
 its slot that deletes only what the sweep saw), the restore of an archived one, the
-sweep's own lease, and the hooks through which other owners of per-session keys (the
-Slack bot's checkpoints) drop theirs, so this layer deletes them without importing them.
+sweep's own lease, the hooks through which other owners of per-session keys (the Slack
+bot's checkpoints) drop theirs, so this layer deletes them without importing them, and
+the watchers in this process told that a session left. The composition root (`subs
+serve`) builds the hooks and the watchers' `Removals` and passes them in: nothing here is
+filled at import or start.
 """
 
 from __future__ import annotations
@@ -56,40 +59,33 @@ class Removed:
     turn_ids: tuple[str, ...]
 
 
+# Keys some other layer keeps per session (the bot's) go with the session: a hook deletes
+# them, given the sessions removed, and returns how many keys it deleted. By name (logs).
 PurgeHook = Callable[[RedisClient, Sequence[Removed]], Awaitable[int]]
-_HOOKS: dict[str, PurgeHook] = {}
+PurgeHooks = Mapping[str, PurgeHook]
 
 
-def register_purge(name: str, hook: PurgeHook) -> None:
-    """Keys some other layer keeps per session (the bot's) go with the session: `hook`
-    deletes them, given the sessions removed; it returns how many keys it deleted."""
-    _HOOKS[name] = hook
+class Removals:
+    """Who in this process hears that a session left Redis, deleted or archived: an
+    engine drops its cached state of it, the API ends its open streams. One per process,
+    given to each store it opens, so a removal through any of them reaches them all."""
 
+    def __init__(self) -> None:
+        self._watchers: list[Callable[[str], None]] = []
 
-def purge_hooks() -> dict[str, PurgeHook]:
-    """The hooks registered so far, by name."""
-    return dict(_HOOKS)
+    def watch(self, watcher: Callable[[str], None]) -> None:
+        """Call `watcher(session_id)` at each removal from now on."""
+        self._watchers.append(watcher)
 
+    def unwatch(self, watcher: Callable[[str], None]) -> None:
+        """Stop telling `watcher` of removals."""
+        with contextlib.suppress(ValueError):
+            self._watchers.remove(watcher)
 
-_WATCHERS: list[Callable[[str], None]] = []
-
-
-def watch_removals(watcher: Callable[[str], None]) -> None:
-    """Call `watcher(session_id)` whenever this process deletes or archives a session (an
-    engine drops its cached state of it at once)."""
-    _WATCHERS.append(watcher)
-
-
-def unwatch_removals(watcher: Callable[[str], None]) -> None:
-    """Stop telling `watcher` of removals."""
-    with contextlib.suppress(ValueError):
-        _WATCHERS.remove(watcher)
-
-
-def removed(session_id: str) -> None:
-    """Tell every watcher (this process's caches) that a session left Redis."""
-    for watcher in list(_WATCHERS):
-        watcher(session_id)
+    def __call__(self, session_id: str) -> None:
+        """Tell every watcher that `session_id` left Redis."""
+        for watcher in list(self._watchers):
+            watcher(session_id)
 
 
 def occurred_ms(event: dict[str, Any]) -> int:
@@ -101,6 +97,7 @@ class SessionRetention(SessionIndex):
     """Finding idle sessions, removing one as the sweep saw it, restoring an archived one."""
 
     redis: RedisClient
+    removals: Removals
     _remove: AsyncScript
     _restore: AsyncScript
     _acquire: AsyncScript
@@ -157,7 +154,7 @@ class SessionRetention(SessionIndex):
         args: list[Any] = [expected_seq, session_id, WORK_SCAN_LIMIT, needle]
         result = int(await self._remove(keys=keys, args=args))
         if result == REMOVED:
-            removed(session_id)
+            self.removals(session_id)
             await self.redis.zrem(LEGACY_SESSIONS, session_id)  # another slot: not in the script
         return result
 
@@ -197,11 +194,11 @@ class SessionRetention(SessionIndex):
         """Let go of the sweep's lease, if it is still ours."""
         await self._release(keys=[SWEEP_LEASE], args=[lease])
 
-    async def purge_outside(self, removed: Sequence[Removed]) -> int:
-        """Run every registered hook on the removed sessions; a failing hook is logged (its
-        keys are stale, not live: the session is gone) and the others still run."""
+    async def purge_outside(self, removed: Sequence[Removed], hooks: PurgeHooks) -> int:
+        """Run each of `hooks` on the removed sessions; a failing hook is logged (its keys
+        are stale, not live: the session is gone) and the others still run."""
         deleted = 0
-        for name, hook in purge_hooks().items():
+        for name, hook in hooks.items():
             try:
                 deleted += await hook(self.redis, removed)
             except Exception as err:

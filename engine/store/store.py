@@ -47,9 +47,11 @@ from engine.store.log import (
 from engine.store.retention import (
     REMOVE_SCRIPT,
     RESTORE_SCRIPT,
+    PurgeHook,
+    PurgeHooks,
+    Removals,
     Removed,
     SessionRetention,
-    register_purge,
 )
 from engine.store.work import ACQUIRE_SCRIPT, GROUP, RELEASE_SCRIPT, PartitionWork, WorkItem
 
@@ -58,9 +60,12 @@ __all__ = [
     "STORE_FAULTS",
     "Commit",
     "OutOfMemoryError",
+    "PurgeHook",
+    "PurgeHooks",
     "RedisClient",
     "RedisCluster",
     "RedisError",
+    "Removals",
     "Removed",
     "Snapshot",
     "Store",
@@ -70,7 +75,6 @@ __all__ = [
     "cluster_shape",
     "connect",
     "lua_script",
-    "register_purge",
     "spread_tags",
     "unreachable",
 ]
@@ -83,7 +87,8 @@ class Store(SessionLog, SessionRetention, PartitionWork, SessionFiles, SessionIn
 
     Every key of a partition carries the partition's hash tag: on a cluster each
     partition lives on one master, and every script and multi-key command stays on
-    one slot. `tags` is None for stores made before tags were spread (`{p}`)."""
+    one slot. `tags` is None for stores made before tags were spread (`{p}`). `removals`
+    is told of each session it deletes or archives (its own when not given: no one)."""
 
     def __init__(
         self,
@@ -93,8 +98,10 @@ class Store(SessionLog, SessionRetention, PartitionWork, SessionFiles, SessionIn
         tags: Sequence[str] | None = None,
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
+        removals: Removals | None = None,
     ) -> None:
         self.redis = redis
+        self.removals = Removals() if removals is None else removals
         self.partitions = partitions
         self.tags = list(tags) if tags is not None else [str(p) for p in range(partitions)]
         self.replicas = ReplicaWait(wait_replicas, wait_timeout_ms) if wait_replicas else None
@@ -120,6 +127,7 @@ class Store(SessionLog, SessionRetention, PartitionWork, SessionFiles, SessionIn
         *,
         wait_replicas: int = 0,
         wait_timeout_ms: int = 1000,
+        removals: Removals | None = None,
     ) -> Store:
         """Agree on the partition count (and the partitions' hash tags) with whoever set
         up this Redis first; on a cluster, learn its slot map now."""
@@ -137,6 +145,7 @@ class Store(SessionLog, SessionRetention, PartitionWork, SessionFiles, SessionIn
             tags=tags,
             wait_replicas=wait_replicas,
             wait_timeout_ms=wait_timeout_ms,
+            removals=removals,
         )
 
     async def ping(self) -> None:

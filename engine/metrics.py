@@ -1,6 +1,7 @@
 """Prometheus metrics (text format 0.0.4): what the engine and the API count.
 
-Both sides write into one `Metrics` object per process; `/metrics` renders it.
+Both sides write into one `Metrics` object per process; `/metrics` renders it. Below the
+runtime, the effect runners and the API, which all count into it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""Waiting out a fault that passes (Redis restarting, a failover): back off, say it once."""
+"""Waiting out a fault that passes (Redis restarting, a failover): back off, say it once.
+
+Below the effect runners and the runtime, which both retry this way.
+"""
 
 from __future__ import annotations
 
