@@ -173,6 +173,33 @@ def test_metrics_text_format():
     assert "subs_sse_streams_open 0\n" in text and "subs_partitions_owned 0\n" in text
 
 
+def test_metrics_histogram_bounds_and_a_model_calls_series():
+    """A bucket counts what is at or below its bound (Prometheus' `le`), cumulatively; past
+    the last bound only +Inf counts. A model call's series add up per label set."""
+    m = Metrics()
+    for seconds in (0.005, 0.0051, 0.01, 0.3, 61.0):
+        m.observe_model_call(seconds)
+    text = m.render()
+    counts = {"0.005": 1, "0.01": 3, "0.025": 3, "0.25": 3, "0.5": 4, "60": 4, "+Inf": 5}
+    for le, n in counts.items():
+        assert f'subs_model_call_seconds_bucket{{le="{le}"}} {n}\n' in text, le
+    assert "subs_model_call_seconds_count 5\n" in text
+    for error in (None, None, "rate_limited"):
+        m.observe_chat(0.02, provider="openai", model="gpt", tokens={"input": 4}, error=error)
+        usage = {"uncached_input": 10, "cache_read": 6, "cache_write": 0, "output": 3}
+        m.model_input(usage, provider="openai", model="gpt")
+    text = m.render()
+    ok = 'gen_ai_operation_name="chat",gen_ai_provider_name="openai",gen_ai_request_model="gpt"'
+    duration = "gen_ai_client_operation_duration_seconds"
+    assert f'{duration}_bucket{{{ok},le="0.02"}} 2\n{duration}_bucket{{{ok},le="0.04"}} 2' in text
+    assert f'{duration}_count{{error_type="rate_limited",{ok}}} 1\n' in text
+    assert f'gen_ai_client_token_usage_bucket{{{ok},gen_ai_token_type="input",le="4"}} 2\n' in text
+    assert f'gen_ai_client_token_usage_bucket{{{ok},gen_ai_token_type="input",le="1"}} 0\n' in text
+    for cache, n in (("uncached", 30), ("cache_read", 18), ("cache_write", 0)):
+        tokens = f'subs_model_input_tokens_total{{cache="{cache}",model="gpt",provider="openai"}}'
+        assert f"{tokens} {n}\n" in text
+
+
 # --- statuses -----------------------------------------------------------------------------
 
 
