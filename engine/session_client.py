@@ -42,6 +42,12 @@ class SessionRow(TypedDict):
     agent_id: str
     status: ListedStatus
     created_at: str
+    first_event_at: str
+    last_event_at: str | None
+    wake_at: str | None
+    top_level: bool
+    sub_agent_cost: str
+    turn_id: str | None
     seq: int
     last_activity_at: str | None
     turns: int
@@ -99,8 +105,11 @@ class SessionClient(Protocol):
         """Session ids, newest first."""
         ...
 
-    async def session_rows(self, offset: int = 0, limit: int = 50) -> tuple[list[SessionRow], bool]:
-        """Listing rows, newest first; and whether more may follow."""
+    async def session_rows(
+        self, limit: int = 50, cursor: str | None = None
+    ) -> tuple[list[SessionRow], str | None]:
+        """A page of the admin list, latest activity first; and the next page's cursor
+        (None on the last)."""
         ...
 
     async def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:

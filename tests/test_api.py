@@ -496,7 +496,7 @@ async def test_inputs_the_protocol_refuses_are_a_400_naming_the_field(http, vend
     assert not wrong, "\n".join(wrong)
     # Refused before anything was stored or asked.
     listed = await http.get("/api/admin/sessions", headers=auth(ROOT))
-    assert listed.json()["sessions"] == [] and vendor.requests == []
+    assert listed.json()["items"] == [] and vendor.requests == []
 
 
 async def test_every_client_refuses_them_before_sending_anything(redis):
@@ -644,7 +644,7 @@ async def test_delete_removes_an_idle_session_and_all_its_keys(http, vendor, eng
     resp = await http.delete(path, headers=auth(ROOT))
     assert resp.status_code == 204 and resp.content == b""
     assert (await http.get(path, headers=auth(ROOT))).status_code == 404
-    listed = (await http.get("/api/admin/sessions", headers=auth(ROOT))).json()["sessions"]
+    listed = (await http.get("/api/admin/sessions", headers=auth(ROOT))).json()["items"]
     assert sid not in [s["session_id"] for s in listed]
     redis = engine.store.redis
     assert [k async for k in redis.scan_iter(match=f"*{sid}*")] == []
@@ -663,10 +663,11 @@ async def test_admin_lists_newest_first_and_pages_events(http, vendor):
         sids.append(reply["session_id"])
         await read_stream(http, reply["session_id"], params={"turn_id": f"T{n}"})
     page1 = (await http.get("/api/admin/sessions?limit=2", headers=auth(ROOT))).json()
-    page2 = (await http.get("/api/admin/sessions?offset=2&limit=2", headers=auth(ROOT))).json()
-    assert [s["session_id"] for s in page1["sessions"] + page2["sessions"]] == sids[::-1]
-    assert page1["next_offset"] == 2 and page2["next_offset"] is None
-    assert {s["status"] for s in page1["sessions"]} == {"idle"}
+    more = {"limit": 2, "cursor": page1["next_cursor"]}
+    page2 = (await http.get("/api/admin/sessions", params=more, headers=auth(ROOT))).json()
+    assert [s["session_id"] for s in page1["items"] + page2["items"]] == sids[::-1]
+    assert page2["next_cursor"] is None
+    assert {s["status"] for s in page1["items"]} == {"idle"}
     path = f"/api/admin/sessions/{sids[0]}/events"
     first = (await http.get(path, params={"limit": 3}, headers=auth(ROOT))).json()
     rest = (await http.get(path, params={"after_seq": 3}, headers=auth(ROOT))).json()

@@ -64,6 +64,7 @@ STORE_MODULES = {
     "engine/store/durability.py",
     "engine/store/retention.py",
     "engine/store/buckets.py",
+    "engine/store/index.py",
     "bot/turns/store.py",
 }
 

@@ -58,8 +58,10 @@ async def sessions(args: argparse.Namespace) -> int:
         return await _import(args)
     async with _reader(args) as client:
         if args.sessions_command == "list":
-            rows, _ = await client.session_rows(0, args.limit)
+            rows, more = await client.session_rows(args.limit, args.cursor)
             _print_sessions(rows, wants_jsonl(args.output))
+            if more is not None:
+                print(f"subs: more: subs sessions list --cursor {more}", file=sys.stderr)
             return 0
         if args.sessions_command == "delete":
             await client.delete(args.session)

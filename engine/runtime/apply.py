@@ -42,12 +42,14 @@ from engine.machine import (
     step,
 )
 from engine.machine import events as ev
+from engine.machine.deadlines import wake_ms
 from engine.machine.evolve import at_ms
 from engine.machine.policies import Bucket, BucketRef, buckets_for, charges, context_of
 from engine.metrics import Metrics
 from engine.retrying import Backoff, Trouble
 from engine.runtime.cache import StateCache
 from engine.store.buckets import charge_message
+from engine.store.index import IndexWrite, scopes_of
 from engine.store.snapshots import SNAPSHOT_MIN_BYTES, Mark, current, load, mark_of
 from engine.store.store import (
     STORE_FAULTS,
@@ -512,8 +514,21 @@ def _commit_of(
         created_ms=at_ms(created)
         if created and created["payload"]["type"] == ev.SESSION_CREATED
         else None,
+        index=_index_of(new_state, t, kinds),
     )
     return commit, mark
+
+
+def _index_of(state: SessionState | None, t: Transition, kinds: Kinds) -> IndexWrite | None:
+    """The session's entry in the listing indexes after a step that wrote events."""
+    if state is None or not t.events:
+        return None
+    return IndexWrite(
+        created_ms=state.created_at,
+        last_ms=at_ms(t.events[-1]),
+        wake_ms=wake_ms(state, kinds),
+        scopes=scopes_of(state.agent_id, not state.ancestry),
+    )
 
 
 def _timer_member(sid: str, due: int, inp: Input) -> str:

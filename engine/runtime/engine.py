@@ -38,6 +38,7 @@ from engine.retrying import Backoff, Trouble
 from engine.runtime.apply import Applier, EngineStats, lost_work
 from engine.runtime.retention import Sweeper
 from engine.store.durability import check_server
+from engine.store.reindex import ensure_indexes
 from engine.store.retention import FULL_AT, PurgeHooks, Removals
 from engine.store.store import STORE_FAULTS, RedisClient, Store, StoreConflict, WorkItem
 from engine.telemetry.tracing import Tracing, tracing_from
@@ -174,6 +175,7 @@ class Engine:
                 durability.partitions,
             )
         await check_server(self.redis, durability.fsync)
+        await ensure_indexes(self.store, self.kinds)  # sessions an older version wrote
         self.applier = Applier(
             self.project,
             self.store,
