@@ -466,7 +466,7 @@ async def test_the_buckets_are_shown_to_the_admin_api_and_sessions_list(
             assert bucket["frees_at"] is not None
             refused = await http.get("/api/admin/budgets", headers=auth(ALICE))
             assert refused.status_code == 403 and refused.json()["code"] == "forbidden"
-            rows = (await http.get("/api/admin/sessions", headers=auth(ROOT))).json()["sessions"]
+            rows = (await http.get("/api/admin/sessions", headers=auth(ROOT))).json()["items"]
             [row] = [r for r in rows if r["session_id"] == sid]
             [mine] = row["budgets"]
             assert (mine["policy"], mine["used"], mine["limit"]) == (
@@ -563,8 +563,10 @@ async def test_a_subagents_spend_counts_toward_the_person_who_started_the_root_s
         own = sum(p["usage"]["total"] for p in parent_calls)
         assert await bucket_units(redis, ref) == own + child_total
         # The listing shows the child in carol's bucket too.
-        rows, _ = await Client(engine.store, policies=engine.project.budgets).session_rows()
-        [child_row] = [r for r in rows if r["session_id"] == f"{sid}~{child_done['tool_call_id']}"]
+        page = await Client(engine.store, policies=engine.project.budgets).list_page(
+            session_id=f"{sid}~{child_done['tool_call_id']}"
+        )
+        [child_row] = page["items"]
         assert [b["group"] for b in child_row["budgets"]] == ["user=cli:carol"]
     finally:
         await engine.stop()
