@@ -39,7 +39,7 @@ from engine.messages import text_of
 from engine.protocol import parse_client_input
 from engine.session_client import BucketRow, SessionRow
 from engine.statuses import ListedStatus
-from engine.store.index import Cursor, CursorError, Sort, read_scopes, scopes_of
+from engine.store.index import Cursor, Sort, read_scopes, scopes_of
 from engine.store.reindex import ensure_indexes
 from engine.store.retention import FULL_AT
 from engine.store.snapshots import load_state, load_states
@@ -397,18 +397,13 @@ class Client:
         filters = f"{int(top)}|{agent_id or ''}|{status or ''}"
         at: Cursor | None = None
         if cursor is not None:
-            try:
-                at = Cursor.decode(
-                    cursor,
-                    sort=sort,
-                    filters=filters,
-                    now_ms=int(time.time() * 1000),
-                    partitions=self.store.partitions,
-                )
-            except CursorError as err:
-                raise ClientError(
-                    f"cursor: {err}", code="invalid_query", status=400, detail={"param": "cursor"}
-                ) from None
+            at = Cursor.decode(
+                cursor,
+                sort=sort,
+                filters=filters,
+                now_ms=int(time.time() * 1000),
+                partitions=self.store.partitions,
+            )
         scopes = read_scopes(agent_id, top)
         began = at.began_ms if at else int(time.time() * 1000)
         items: list[SessionRow] = []

@@ -29,6 +29,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError
 
+from engine.errors import ClientError
 from engine.store.connection import RedisClient, lua_script
 from engine.store.keys import Keys
 
@@ -69,8 +70,13 @@ class IndexWrite:
     scopes: tuple[str, ...]
 
 
-class CursorError(ValueError):
-    """A cursor this listing cannot go on from: why, in words for the caller."""
+class CursorError(ClientError):
+    """A cursor this listing cannot go on from: a 400 naming `cursor`, saying why."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(
+            f"cursor: {message}", code="invalid_query", status=400, detail={"param": "cursor"}
+        )
 
 
 @dataclass(frozen=True)
