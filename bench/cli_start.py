@@ -2,10 +2,13 @@
 
 Starts one `subs serve` (in a temp folder, on its embedded Redis) and times, as a
 person would see it, `--runs` (10) fresh processes of each command: the interpreter
-alone (the floor), `subs --version`, `subs --help` and `subs sessions list --url`
-against that serve. Printed: the median and the slowest wall time of each, in ms, in
-the same shape at any commit, so a before and an after can be set side by side.
-The target for `sessions list --url` is under 400 ms.
+alone (the floor), `subs --version`, `subs --help`, `subs sessions list --url` against
+that serve, `subs sessions list` reading the serve's Redis itself (it loads the config,
+the store and redis-py), and `subs serve` itself in a folder of its own, from its start
+to its "subs: engine ..." line (its embedded redis-server started, its API listening).
+Printed: the median and the slowest wall time of each, in ms, in the same shape at any
+commit, so a before and an after can be set side by side. The target for
+`sessions list --url` is under 400 ms.
 
 The serve is stopped on the way out, also on Ctrl-C or SIGTERM (and dies with this
 script if it is SIGKILLed).
@@ -22,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # engine, tests
 
 import argparse
 import os
+import select
 import signal
 import statistics
 import subprocess
@@ -103,6 +107,46 @@ def timed(argv: list[str], runs: int) -> list[float]:
     return times
 
 
+def serve_start(folder: Path) -> float:
+    """Wall milliseconds from starting `subs serve` in `folder` to its start line; the serve
+    is stopped again."""
+    folder.mkdir()
+    config = folder / "subs.toml"
+    config.write_text(project_toml(VENDOR))
+    argv = [*SUBS, "serve", "-c", str(config), "--port", "0"]
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        argv,
+        env=_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=die_with_parent(),
+    )
+    assert proc.stderr is not None
+    said = b""
+    try:
+        deadline = started + START_SECONDS
+        while time.perf_counter() < deadline:  # raw reads: a buffered line hides from select
+            ready, _, _ = select.select([proc.stderr], [], [], deadline - time.perf_counter())
+            chunk = os.read(proc.stderr.fileno(), 65536) if ready else b""
+            if not chunk:  # exited, or the deadline
+                break
+            said += chunk
+            whole_lines = said.split(b"\n")[:-1]
+            if any(line.startswith(b"subs: engine ") for line in whole_lines):
+                return (time.perf_counter() - started) * 1000
+        tail = said.decode(errors="replace")[-2000:]
+        raise BenchError(f"subs serve did not start:\n{tail}")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.communicate(timeout=15)  # reads what it says while stopping
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+
+
 def _stop(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: the serve is stopped
 
@@ -114,17 +158,22 @@ def main(args: argparse.Namespace) -> int:
             tempfile.TemporaryDirectory(prefix="subs-cli-start-") as tmp,
             serving(Path(tmp)) as api,
         ):
+            config = Path(tmp) / "subs.toml"
             rows = [
                 ("python -c pass (floor)", [sys.executable, "-c", "pass"]),
                 ("subs --version", [*SUBS, "--version"]),
                 ("subs --help", [*SUBS, "--help"]),
                 ("subs sessions list --url", [*SUBS, "sessions", "list", "--url", api]),
+                ("subs sessions list", [*SUBS, "sessions", "list", "-c", str(config)]),
             ]
             print(f"cli start: median of {args.runs} runs, wall ms (median, slowest)")
             for what, argv in rows:
                 times = timed(argv, args.runs)
                 target = f"  (target < {TARGET_MS} ms)" if "--url" in what else ""
                 print(f"  {what:26s} {statistics.median(times):7.0f} {max(times):7.0f}{target}")
+            times = [serve_start(Path(tmp) / f"serve-{n}") for n in range(args.runs)]
+            what = "subs serve (to its line)"
+            print(f"  {what:26s} {statistics.median(times):7.0f} {max(times):7.0f}")
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -62,7 +62,7 @@ async def fill(client: Client, sessions: int) -> float:
     await asyncio.gather(*(one(n) for n in range(sessions)))
 
     async def ended() -> bool:
-        rows, _ = await client.session_rows(0, PAGE)
+        rows, _ = await client.session_rows(PAGE)
         return all(row["status"] in ("idle", "failed") for row in rows)
 
     await poll_until(ended, 120, "the newest sessions' turns to end")
@@ -83,15 +83,23 @@ async def timed(http: httpx.AsyncClient, path: str, repeat: int) -> tuple[float,
 
 async def measure(http: httpx.AsyncClient, args: argparse.Namespace) -> None:
     deep = min(2000, max(args.sessions - PAGE, 0))
+    cursor, walked = "", 0  # the cursor `deep` sessions in, walked to a page at a time
+    while walked < deep:
+        step = min(PAGE, deep - walked)
+        page = (await http.get(f"/api/admin/sessions?limit={step}{cursor}")).json()
+        walked += len(page["items"])
+        cursor = f"&cursor={page['next_cursor']}"
     for what, query in (
         ("first page", f"limit={PAGE}"),
-        (f"page at {deep}", f"limit={PAGE}&offset={deep}"),
-        ("agent filter", f"limit={PAGE}&agent={AGENTS[0]}"),
+        (f"page at {deep}", f"limit={PAGE}{cursor}"),
+        ("first_event_asc", f"limit={PAGE}&sort=first_event_asc"),
+        ("wake_at_asc", f"limit={PAGE}&sort=wake_at_asc"),
+        ("agent filter", f"limit={PAGE}&agent_id={AGENTS[0]}"),
         ("status=failed", f"limit={PAGE}&status=failed"),
         ("status=running", f"limit={PAGE}&status=running"),
     ):
         ms, answer = await timed(http, f"/api/admin/sessions?{query}", args.repeat)
-        rows = len(answer.json()["sessions"])
+        rows = len(answer.json()["items"])
         print(f"  {what:16s} {ms:8.1f} ms  {rows} rows  {len(answer.content)} bytes")
     for path in ("/console", "/console/static/timeline.js"):
         ms, answer = await timed(http, path, args.repeat)

@@ -67,6 +67,7 @@ from redis.asyncio.connection import AbstractConnection
 
 from engine.client import Client
 from engine.config import DEFAULT_FSYNC, AgentDecl, Project, TelemetryConfig
+from engine.machine.policies import BudgetPolicy
 from engine.runtime.engine import Engine, new_event_loop
 from engine.store.embedded import EmbeddedRedis
 from engine.store.store import Store, connect
@@ -494,6 +495,15 @@ async def bench(args: argparse.Namespace, redis_url: str, vendor: ChildServer, t
     if args.no_stream:
         agents = {k: _UnstreamedAgent(**vars(a)) for k, a in project.agents.items()}
         project = replace(project, agents=agents)
+    if args.budgets:  # two `[[budgets]]` policies every session falls in, never spent
+        hour = 3_600_000
+        project = replace(
+            project,
+            budgets=(
+                BudgetPolicy("agent", ("agent",), "total_tokens", "1e12", "1h", hour, "reject"),
+                BudgetPolicy("user", ("user",), "total_tokens", "1e12", "1d", 24 * hour, "reject"),
+            ),
+        )
     exits = contextlib.AsyncExitStack()
     if args.trace:  # every span exported over OTLP/HTTP to a receiver in this process
         receiver = await exits.enter_async_context(otlp_receiver())
@@ -594,6 +604,12 @@ def main() -> int:
     )
     parser.add_argument(
         "--profile", metavar="FILE", help="cProfile the measured repeats into FILE (slows them)"
+    )
+    parser.add_argument(
+        "--budgets",
+        action="store_true",
+        help="two [[budgets]] policies every session falls in: a bucket read a step, a charge "
+        "a model call",
     )
     parser.add_argument(
         "--trace",

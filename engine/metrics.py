@@ -6,31 +6,49 @@ runtime, the effect runners and the API, which all count into it.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 _SECONDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # The bucket boundaries the OpenTelemetry GenAI conventions advise for their client metrics.
 _GENAI_SECONDS = tuple(0.01 * 2**i for i in range(14))  # 0.01, 0.02, 0.04, ... 81.92
 _GENAI_TOKENS = tuple(float(4**i) for i in range(14))  # 1, 4, 16, ... 67108864
+# subs_model_input_tokens_total's `cache` label values, and the usage field each counts.
+_INPUT_CACHES = ("uncached", "cache_read", "cache_write")
+_INPUT_FIELDS = ("uncached_input", "cache_read", "cache_write")
 
 
 @dataclass
 class _Histogram:
     buckets: tuple[float, ...] = _SECONDS
+    # Observations by the first bucket they fall in (the last slot: above every bound);
+    # `cumulative()` gives Prometheus' counts. One bisect per observation, not a scan of
+    # every bound: a model call observes three of these.
     counts: list[int] = field(default_factory=list)
     total: float = 0.0
     count: int = 0
 
     def __post_init__(self) -> None:
-        self.counts = self.counts or [0] * len(self.buckets)
+        self.counts = self.counts or [0] * (len(self.buckets) + 1)
 
     def observe(self, value: float) -> None:
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[i] += 1
+        if value == value:  # NaN falls in no bucket (no bound is >= it), only the count
+            self.counts[bisect_left(self.buckets, value)] += 1
         self.total += value
         self.count += 1
+
+    def cumulative(self) -> list[int]:
+        """Per bound, the observations at or below it."""
+        return list(accumulate(self.counts[: len(self.buckets)]))
+
+
+Key = tuple[tuple[str, str], ...]  # a series' labels, sorted by name
+
+
+def _key(labels: Mapping[str, str]) -> Key:
+    return tuple(sorted(labels.items())) if labels else ()
 
 
 def _labels(pairs: tuple[tuple[str, str], ...]) -> str:
@@ -102,21 +120,27 @@ class Metrics:
         self._histograms: dict[str, dict[tuple[tuple[str, str], ...], _Histogram]] = {
             name: {} for name, (kind, _) in self._HELP.items() if kind == "histogram"
         }
+        # The series keys of a model call's metrics by (provider, model, error): worked out
+        # once, not sorted again at every call (a few of each: they are series already).
+        self._chat_keys: dict[tuple[str, str, str | None], tuple[Key, dict[str, Key]]] = {}
+        self._input_keys: dict[tuple[str, str], tuple[Key, ...]] = {}
 
     def inc(self, name: str, amount: float = 1, **labels: str) -> None:
         """Add to a counter."""
         series = self._values[name]
-        key = tuple(sorted(labels.items()))
+        key = _key(labels)
         series[key] = series.get(key, 0) + amount
 
     def set(self, name: str, value: float, **labels: str) -> None:
         """Set a gauge."""
-        self._values[name][tuple(sorted(labels.items()))] = value
+        self._values[name][_key(labels)] = value
 
     def observe(self, name: str, value: float, **labels: str) -> None:
         """Add one observation to a histogram."""
+        self._observe(name, _key(labels), value)
+
+    def _observe(self, name: str, key: Key, value: float) -> None:
         series = self._histograms[name]
-        key = tuple(sorted(labels.items()))
         histogram = series.get(key)
         if histogram is None:
             histogram = series[key] = _Histogram(self._BUCKETS.get(name, _SECONDS))
@@ -124,7 +148,7 @@ class Metrics:
 
     def value(self, name: str, **labels: str) -> float:
         """A counter's or gauge's value now (tests, benches)."""
-        return self._values[name].get(tuple(sorted(labels.items())), 0)
+        return self._values[name].get(_key(labels), 0)
 
     # The engine's hooks.
     def turn_started(self) -> None:
@@ -172,30 +196,39 @@ class Metrics:
     ) -> None:
         """One model call attempt, as the GenAI conventions count it: its duration (with
         `error_type` when it failed) and its input and output tokens (when it answered)."""
-        labels = {
-            "gen_ai_operation_name": "chat",
-            "gen_ai_provider_name": provider,
-            "gen_ai_request_model": model,
-        }
-        if error is not None:
-            labels["error_type"] = error
-        self.observe("gen_ai_client_operation_duration_seconds", seconds, **labels)
+        keys = self._chat_keys.get((provider, model, error))
+        if keys is None:
+            labels = {
+                "gen_ai_operation_name": "chat",
+                "gen_ai_provider_name": provider,
+                "gen_ai_request_model": model,
+            }
+            if error is not None:
+                labels["error_type"] = error
+            by_kind = {k: _key({**labels, "gen_ai_token_type": k}) for k in ("input", "output")}
+            keys = self._chat_keys[(provider, model, error)] = (_key(labels), by_kind)
+        duration, by_kind = keys
+        self._observe("gen_ai_client_operation_duration_seconds", duration, seconds)
         for kind, count in tokens.items():
-            self.observe("gen_ai_client_token_usage", count, gen_ai_token_type=kind, **labels)
+            key = by_kind.get(kind)
+            if key is None:  # a kind beyond input and output
+                key = by_kind[kind] = _key({**dict(duration), "gen_ai_token_type": kind})
+            self._observe("gen_ai_client_token_usage", key, count)
 
     def model_input(self, usage: Mapping[str, object], *, provider: str, model: str) -> None:
         """Hook: an answered call's input tokens by how the prompt cache served them, so a
         dashboard can show the cache hit share (cache_read over all input)."""
-        for cache in ("uncached", "cache_read", "cache_write"):
-            count = usage.get("uncached_input" if cache == "uncached" else cache)
+        keys = self._input_keys.get((provider, model))
+        if keys is None:
+            labels = {"provider": provider, "model": model}
+            keys = self._input_keys[(provider, model)] = tuple(
+                _key({**labels, "cache": cache}) for cache in _INPUT_CACHES
+            )
+        series = self._values["subs_model_input_tokens_total"]
+        for field_, key in zip(_INPUT_FIELDS, keys, strict=True):
+            count = usage.get(field_)
             if isinstance(count, int):
-                self.inc(
-                    "subs_model_input_tokens_total",
-                    count,
-                    cache=cache,
-                    provider=provider,
-                    model=model,
-                )
+                series[key] = series.get(key, 0) + count
 
     def observe_worker_call(self, seconds: float) -> None:
         """Hook: one worker delivery took `seconds`."""
@@ -212,7 +245,7 @@ class Metrics:
                 continue
             empty = [((), _Histogram(self._BUCKETS.get(name, _SECONDS)))]
             for key, h in sorted(self._histograms[name].items()) or empty:
-                for bound, n in zip(h.buckets, h.counts, strict=True):
+                for bound, n in zip(h.buckets, h.cumulative(), strict=True):
                     lines.append(f"{name}_bucket{_labels((*key, ('le', _num(bound))))} {n}")
                 lines.append(f"{name}_bucket{_labels((*key, ('le', '+Inf')))} {h.count}")
                 lines.append(f"{name}_sum{_labels(key)} {_num(h.total)}")

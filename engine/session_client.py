@@ -18,6 +18,19 @@ from typing import Any, Protocol, TypedDict
 from engine.statuses import ListedStatus
 
 
+class BucketRow(TypedDict):
+    """One budget-policy bucket a session counts toward, as read when listed: `used` of
+    `limit` (tokens, or USD for `cost_usd`) in its window; `frees_at` (ISO 8601 UTC) when
+    it is spent, else None."""
+
+    policy: str
+    group: str
+    dimension: str
+    used: str
+    limit: str
+    frees_at: str | None
+
+
 class SessionRow(TypedDict):
     """A session as a listing shows it (`engine.client.session_row`, the admin API's rows).
 
@@ -29,6 +42,12 @@ class SessionRow(TypedDict):
     agent_id: str
     status: ListedStatus
     created_at: str
+    first_event_at: str
+    last_event_at: str | None
+    wake_at: str | None
+    top_level: bool
+    sub_agent_cost: str
+    turn_id: str | None
     seq: int
     last_activity_at: str | None
     turns: int
@@ -37,6 +56,7 @@ class SessionRow(TypedDict):
     cost: str
     failed: bool
     error: str | None
+    budgets: list[BucketRow]  # its `[[budgets]]` buckets ([] when the project has none)
 
 
 class SessionClient(Protocol):
@@ -85,8 +105,11 @@ class SessionClient(Protocol):
         """Session ids, newest first."""
         ...
 
-    async def session_rows(self, offset: int = 0, limit: int = 50) -> tuple[list[SessionRow], bool]:
-        """Listing rows, newest first; and whether more may follow."""
+    async def session_rows(
+        self, limit: int = 50, cursor: str | None = None
+    ) -> tuple[list[SessionRow], str | None]:
+        """A page of the admin list, latest activity first; and the next page's cursor
+        (None on the last)."""
         ...
 
     async def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:

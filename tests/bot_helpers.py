@@ -119,9 +119,7 @@ async def serve_bots(
         client = Client(engine.store)
         governor = RateGovernor(tiers)
         spans = None if engine.tracing is None else engine.tracing.emit
-        bots = start_bots(
-            project, client, client.store.redis, env, governor=governor, spans=spans
-        )
+        bots = start_bots(project, client, client.store.redis, env, governor=governor, spans=spans)
         assert list(bots.bots) == [agent]  # no other agent has a Slack block
         await bots.start()
         await bots.connected()

@@ -18,6 +18,7 @@ from engine.machine import (
     state_to_json,
     step,
 )
+from engine.machine.policies import Bucket
 
 AGENT = {
     "llm": "vendor",
@@ -56,10 +57,13 @@ class Session:
     ids: CountingIds = field(default_factory=CountingIds)
     decider: str = "engine"
     kinds: Kinds = KINDS
+    buckets: tuple[Bucket, ...] = ()  # budget-policy buckets, as the shell would read them
 
     def apply(self, inp: Input) -> Transition:
         self.now += 10
-        t = step(self.state, self.session_id, inp, self.now, self.ids, self.kinds)
+        t = step(
+            self.state, self.session_id, inp, self.now, self.ids, self.kinds, buckets=self.buckets
+        )
         self.state = t.state
         self.log.extend(t.events)
         return t

@@ -10,8 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from engine.jsonedge import compact_json
-from engine.machine import fold, state_to_json
+from engine.machine import default_kinds, fold, state_to_json
 from engine.machine.state import ZERO_USAGE
+from engine.store.reindex import index_sessions
 from engine.store.store import Store
 
 AGENT = "ops_openai"
@@ -91,8 +92,10 @@ def old_logs() -> list[list[dict[str, Any]]]:
     return logs
 
 
-async def store_log(store: Store, events: list[dict[str, Any]]) -> None:
-    """A log as a commit leaves it: the stream, the snapshot (the fold) and the index."""
+async def store_log(store: Store, events: list[dict[str, Any]], *, indexed: bool = True) -> None:
+    """A log as a commit leaves it: the stream, the snapshot (the fold) and the indexes
+    (`indexed=False`: as a version before the listing indexes left it, the creation
+    index alone)."""
     sid = events[0]["session_id"]
     state = fold(events)
     assert state is not None
@@ -104,3 +107,5 @@ async def store_log(store: Store, events: list[dict[str, Any]]) -> None:
         pipe.hset(store.snap_key(sid), mapping=snapshot)
         pipe.zadd(store.sessions_key(store.partition_of(sid)), {sid: state.created_at})
         await pipe.execute()
+    if indexed:
+        await index_sessions(store, [sid], default_kinds())

@@ -173,6 +173,33 @@ def test_metrics_text_format():
     assert "subs_sse_streams_open 0\n" in text and "subs_partitions_owned 0\n" in text
 
 
+def test_metrics_histogram_bounds_and_a_model_calls_series():
+    """A bucket counts what is at or below its bound (Prometheus' `le`), cumulatively; past
+    the last bound only +Inf counts. A model call's series add up per label set."""
+    m = Metrics()
+    for seconds in (0.005, 0.0051, 0.01, 0.3, 61.0):
+        m.observe_model_call(seconds)
+    text = m.render()
+    counts = {"0.005": 1, "0.01": 3, "0.025": 3, "0.25": 3, "0.5": 4, "60": 4, "+Inf": 5}
+    for le, n in counts.items():
+        assert f'subs_model_call_seconds_bucket{{le="{le}"}} {n}\n' in text, le
+    assert "subs_model_call_seconds_count 5\n" in text
+    for error in (None, None, "rate_limited"):
+        m.observe_chat(0.02, provider="openai", model="gpt", tokens={"input": 4}, error=error)
+        usage = {"uncached_input": 10, "cache_read": 6, "cache_write": 0, "output": 3}
+        m.model_input(usage, provider="openai", model="gpt")
+    text = m.render()
+    ok = 'gen_ai_operation_name="chat",gen_ai_provider_name="openai",gen_ai_request_model="gpt"'
+    duration = "gen_ai_client_operation_duration_seconds"
+    assert f'{duration}_bucket{{{ok},le="0.02"}} 2\n{duration}_bucket{{{ok},le="0.04"}} 2' in text
+    assert f'{duration}_count{{error_type="rate_limited",{ok}}} 1\n' in text
+    assert f'gen_ai_client_token_usage_bucket{{{ok},gen_ai_token_type="input",le="4"}} 2\n' in text
+    assert f'gen_ai_client_token_usage_bucket{{{ok},gen_ai_token_type="input",le="1"}} 0\n' in text
+    for cache, n in (("uncached", 30), ("cache_read", 18), ("cache_write", 0)):
+        tokens = f'subs_model_input_tokens_total{{cache="{cache}",model="gpt",provider="openai"}}'
+        assert f"{tokens} {n}\n" in text
+
+
 # --- statuses -----------------------------------------------------------------------------
 
 
@@ -469,7 +496,7 @@ async def test_inputs_the_protocol_refuses_are_a_400_naming_the_field(http, vend
     assert not wrong, "\n".join(wrong)
     # Refused before anything was stored or asked.
     listed = await http.get("/api/admin/sessions", headers=auth(ROOT))
-    assert listed.json()["sessions"] == [] and vendor.requests == []
+    assert listed.json()["items"] == [] and vendor.requests == []
 
 
 async def test_every_client_refuses_them_before_sending_anything(redis):
@@ -617,7 +644,7 @@ async def test_delete_removes_an_idle_session_and_all_its_keys(http, vendor, eng
     resp = await http.delete(path, headers=auth(ROOT))
     assert resp.status_code == 204 and resp.content == b""
     assert (await http.get(path, headers=auth(ROOT))).status_code == 404
-    listed = (await http.get("/api/admin/sessions", headers=auth(ROOT))).json()["sessions"]
+    listed = (await http.get("/api/admin/sessions", headers=auth(ROOT))).json()["items"]
     assert sid not in [s["session_id"] for s in listed]
     redis = engine.store.redis
     assert [k async for k in redis.scan_iter(match=f"*{sid}*")] == []
@@ -636,10 +663,11 @@ async def test_admin_lists_newest_first_and_pages_events(http, vendor):
         sids.append(reply["session_id"])
         await read_stream(http, reply["session_id"], params={"turn_id": f"T{n}"})
     page1 = (await http.get("/api/admin/sessions?limit=2", headers=auth(ROOT))).json()
-    page2 = (await http.get("/api/admin/sessions?offset=2&limit=2", headers=auth(ROOT))).json()
-    assert [s["session_id"] for s in page1["sessions"] + page2["sessions"]] == sids[::-1]
-    assert page1["next_offset"] == 2 and page2["next_offset"] is None
-    assert {s["status"] for s in page1["sessions"]} == {"idle"}
+    more = {"limit": 2, "cursor": page1["next_cursor"]}
+    page2 = (await http.get("/api/admin/sessions", params=more, headers=auth(ROOT))).json()
+    assert [s["session_id"] for s in page1["items"] + page2["items"]] == sids[::-1]
+    assert page2["next_cursor"] is None
+    assert {s["status"] for s in page1["items"]} == {"idle"}
     path = f"/api/admin/sessions/{sids[0]}/events"
     first = (await http.get(path, params={"limit": 3}, headers=auth(ROOT))).json()
     rest = (await http.get(path, params={"after_seq": 3}, headers=auth(ROOT))).json()

@@ -143,6 +143,8 @@ TINY: dict[str, tuple[str, list[str]]] = {
                     "subs --version",
                     "subs --help",
                     r"subs sessions list --url",
+                    "subs sessions list",
+                    r"subs serve \(to its line\)",
                 )
             ),
         ],

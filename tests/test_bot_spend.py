@@ -110,6 +110,27 @@ def test_the_budget_line_reads_each_limit_in_its_own_units() -> None:
     assert budget_stop("budget_exceeded") is None
 
 
+def test_a_budget_policys_stop_names_the_policy_its_bucket_and_when_it_frees_up() -> None:
+    detail = {
+        "limit": "policy:per-user",
+        "policy": "per-user",
+        "group": "user=slack:U1",
+        "dimension": "total_tokens",
+        "allowed": "300",
+        "spent": "1443",
+        "next": "101",
+        "frees_at": "2026-12-06T07:00:00.000Z",
+    }
+    error = {"code": "budget_exceeded", "message": "budget exceeded: …", "detail": detail}
+    assert budget_stop(error) == (
+        "Stopped by budget policy per-user (user=slack:U1): 1,443 of 300 tokens used in its "
+        "window; it frees up at 2026-12-06 07:00 UTC; the next call was not made."
+    )
+    dollars = {**detail, "dimension": "cost_usd", "allowed": "5", "spent": "5.02", "group": ""}
+    line = budget_stop({**error, "detail": dollars})
+    assert line is not None and line.startswith("Stopped by budget policy per-user: $5.0200 of")
+
+
 def test_the_cost_line_names_calls_and_cache_hits_only_when_there_were_any() -> None:
     usage = {"input": 1000, "cache_read": 840, "output": 20}
     assert spend_line("0.00421", usage, 3, 2) == (

@@ -24,11 +24,13 @@ import httpx
 import pytest
 from aiohttp import web
 
+from engine.store.keys import META
+from engine.store.reindex import DONE_FIELD
 from engine.store.store import Store, connect
 from tests.engine_helpers import ROOT, EngineProcess, poll_until
 from tests.fakes.llm_vendor import FakeVendor, HttpError, Reply, Text, ToolCalls
 from tests.old_sessions import FAILURE as OLD_FAILURE
-from tests.old_sessions import old_logs, store_log
+from tests.old_sessions import old_log, old_logs, store_log
 
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
@@ -71,8 +73,9 @@ def _model(body: dict[str, Any]) -> Reply:
 
 def _toml(vendor_url: str, extra: str = "") -> str:
     """The project; `extra` adds keys to the agent's block."""
-    return textwrap.dedent(
-        f"""\
+    return (
+        textwrap.dedent(
+            f"""\
         [llm.openai]
         type = "openai"
         base_url = "{vendor_url}/v1"
@@ -83,7 +86,9 @@ def _toml(vendor_url: str, extra: str = "") -> str:
         system = "You are the on-call assistant."
         tools = [{{ name = "confirm", description = "Ask the person", handler = "client" }}]
         """
-    ) + extra
+        )
+        + extra
+    )
 
 
 class Proxy:
@@ -567,7 +572,8 @@ async def test_the_list_draws_sessions_an_older_version_stored(
     try:
         store = await Store.open(redis)
         for events in logs:
-            await store_log(store, events)
+            await store_log(store, events, indexed=False)
+        await redis.hdel(META, DONE_FIELD)  # an older version kept no listing indexes
     finally:
         await redis.aclose()
     await _page(page.open, f"{proxy.url}/console")
@@ -590,6 +596,48 @@ async def test_the_list_draws_sessions_an_older_version_stored(
         assert page.find("#status").text == "idle"
     errors = [m for m in page.console_log() if "SEVERE" in m or "could not show" in m]
     assert not errors, errors
+
+
+async def test_the_list_pages_by_cursor_older_and_back_to_the_newest(
+    served: tuple[EngineProcess, Proxy], page: Page, redis_url: str
+) -> None:
+    """60 sessions, 50 a page: "older »" follows the page's next_cursor to the last 10
+    (none twice, none missing), "« newest" goes back to the first page."""
+    _, proxy = served
+    ids = [f"ses-page-{n:02d}" for n in range(60)]
+    redis = connect(redis_url)
+    try:
+        store = await Store.open(redis)
+        for n, sid in enumerate(ids):
+            await store_log(
+                store, old_log(sid, {"role": "user", "content": f"q{n}"}, minute=n), indexed=False
+            )
+        await redis.hdel(META, DONE_FIELD)  # written as an older version did: indexed once
+    finally:
+        await redis.aclose()
+    await _page(page.open, f"{proxy.url}/console")
+    await _page(page.until, "the key prompt", lambda: page.find("#key-form").is_displayed())
+    await _page(lambda: page.find("#key").send_keys(READ_KEY + "\n"))
+
+    def shown() -> list[str]:
+        return [r.get_attribute("data-session") for r in page.all("#sessions tbody tr")]
+
+    await _page(page.until, "the first page", lambda: len(shown()) == 50)
+    first = shown()
+    assert first == ids[::-1][:50] and not page.all("#newest")
+    await _page(lambda: page.find("#older").click())
+    await _page(page.until, "the older page", lambda: shown() and shown()[0] == ids[9])
+    assert shown() == ids[::-1][50:] and not page.all("#older")
+    assert "cursor=" in page.driver.current_url
+    await _page(page.shot, "console-list-older-page")
+    await _page(lambda: page.find("#newest").click())
+    await _page(page.until, "the first page again", lambda: shown() == first)
+    assert not page.all("#error")
+    # A cursor the API refuses (too old, or not one of its own) starts again from the newest.
+    await _page(page.open, f"{proxy.url}/console?cursor=stale")
+    await _page(page.until, "the newest page", lambda: "cursor=" not in page.driver.current_url)
+    await _page(page.until, "its sessions", lambda: shown() == first)
+    assert not page.all("#error")
 
 
 async def test_the_list_shows_a_banner_while_the_store_is_full(
@@ -805,6 +853,54 @@ async def test_a_fresh_page_keeps_nothing_of_the_last_tests_pages(page: Page) ->
         assert not [m for m in page.console_log() if "from the last test" in m]
     finally:
         await runner.cleanup()
+
+
+async def test_the_list_shows_each_sessions_budget_buckets(
+    tmp_path: Path, redis_url: str, page: Page
+) -> None:
+    """`[[budgets]]`: a session's row shows what its buckets have used of their limits."""
+    policies = textwrap.dedent(
+        """
+        [[budgets]]
+        name = "oncall-hourly"
+        group_by = ["agent"]
+        dimension = "total_tokens"
+        limit = 1000000
+        window = "1h"
+        """
+    )
+    async with FakeVendor() as vendor:
+        vendor.responder = _model
+        config = tmp_path / "subs.toml"
+        config.write_text(_toml(vendor.url) + policies)
+        keys = f"{FULL_KEY},{READ_KEY}:read"
+        proc = await EngineProcess(config, redis_url, {"SUBS_API_KEYS": keys}).start()
+        api = Api(proc.api)
+        try:
+            await api.say("is checkout up?", "ses-first")
+            await api.settled("ses-first", "idle")
+
+            async def charged() -> bool:
+                listed = (await api.http.get("/api/admin/budgets")).json()["budgets"]
+                return bool(listed) and listed[0]["used"] != "0"
+
+            await poll_until(charged, WAIT, "the bucket charged")
+            [bucket] = (await api.http.get("/api/admin/budgets")).json()["budgets"]
+            await _page(page.open, f"{proc.api}/console")
+            await _page(page.until, "the key prompt", lambda: page.find("#key-form").is_displayed())
+            await _page(lambda: page.find("#key").send_keys(FULL_KEY + "\n"))
+            cell = "#sessions tr[data-session='ses-first'] .budget"
+            shown = await _page(page.until, "the bucket", lambda: page.find(cell))
+            used = f"{int(bucket['used']):,}"
+            assert shown.text == f"oncall-hourly: {used} of 1,000,000 tokens"
+            assert "spent" not in shown.get_attribute("class")
+            assert shown.get_attribute("title") == "agent=oncall"
+            await _page(page.shot, "console-list-budgets")
+        finally:
+            await api.aclose()
+            await proc.stop()
+    errors = [m for m in page.console_log() if "SEVERE" in m or "could not show" in m]
+    assert not errors, errors
 
 
 @pytest.mark.parametrize("served", [BUDGET], indirect=True)

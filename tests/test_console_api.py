@@ -119,8 +119,28 @@ async def test_a_read_only_key_sees_everything_and_changes_nothing(
     )
     reader = auth(READER)
     assert (await http.get("/api/client/sessions/ses-held", headers=reader)).status_code == 200
-    listed = (await http.get("/api/admin/sessions", headers=reader)).json()["sessions"]
+    listed = (await http.get("/api/admin/sessions", headers=reader)).json()["items"]
     assert [row["session_id"] for row in listed] == ["ses-held"]
+    # The engine's own commits keep the indexes: the running turn; a client call waits
+    # with no deadline, so nothing wakes the session until an interrupt that expires.
+    [held] = listed
+    assert held["turn_id"] is not None and (held["status"], held["wake_at"]) == ("running", None)
+    wake = "/api/admin/sessions?sort=wake_at_asc"
+    assert (await http.get(wake, headers=reader)).json()["items"] == []
+    expires = "2999-01-01T00:00:00Z"
+    paused = await http.post(
+        "/api/client/sessions/ses-held/interrupt",
+        json={"reason": "confirm", "payload": {"expiresAt": expires}},
+        headers=auth(ROOT),
+    )
+    assert paused.status_code == 202, paused.text
+    [woken] = (await http.get(wake, headers=reader)).json()["items"]
+    assert (woken["session_id"], woken["status"]) == ("ses-held", "interrupted")
+    assert woken["wake_at"].startswith("2999-01-01T00:00:00")
+    resume = {"type": "interrupt.resume", "interrupt_id": paused.json()["interrupt_id"]}
+    body = {"session_id": "ses-held", "input": {**resume, "payload": {"ok": True}}}
+    assert (await http.post(INPUT, json=body, headers=auth(ROOT))).status_code == 202
+    assert (await http.get(wake, headers=reader)).json()["items"] == []
     events = (await http.get("/api/admin/sessions/ses-held/events", headers=reader)).json()
     assert events["events"][0]["payload"]["type"] == "session.created"
     frames = await read_stream(http, "ses-held", key=READER, stop=lambda f: f.id == "1")
@@ -178,7 +198,7 @@ async def test_the_list_shows_totals_and_failures_and_filters_by_agent_and_statu
     def listed(query: str) -> Any:
         return http.get(f"/api/admin/sessions?{query}", headers=auth(READER))
 
-    rows = (await listed("limit=10")).json()["sessions"]
+    rows = (await listed("limit=10")).json()["items"]
     assert [r["session_id"] for r in rows] == ["ses-3-other", "ses-2-bad", "ses-1-ok"]
     ok, bad = rows[2], rows[1]
     assert ok["tokens"] > 0 and float(ok["cost"]) > 0 and ok["turns"] == 1
@@ -186,18 +206,17 @@ async def test_the_list_shows_totals_and_failures_and_filters_by_agent_and_statu
     assert bad["failed"] is True and bad["status"] == "failed"
     assert "400" in bad["error"] and bad["tokens"] == 0
 
-    page = (await listed("agent=ops_openai&limit=10")).json()
-    assert [r["session_id"] for r in page["sessions"]] == ["ses-2-bad", "ses-1-ok"]
-    assert page["next_offset"] is None
+    page = (await listed("agent_id=ops_openai&limit=10")).json()
+    assert [r["session_id"] for r in page["items"]] == ["ses-2-bad", "ses-1-ok"]
+    assert page["next_cursor"] is None
     page = (await listed("status=failed")).json()
-    assert [r["session_id"] for r in page["sessions"]] == ["ses-2-bad"]
-    page = (await listed("agent=ops_openai&limit=1")).json()
-    assert [r["session_id"] for r in page["sessions"]] == ["ses-2-bad"]
-    assert page["next_offset"] == 2  # the next match may be the one after it
-    page = (await listed("agent=ops_openai&limit=1&offset=2")).json()
-    assert [r["session_id"] for r in page["sessions"]] == ["ses-1-ok"]
+    assert [r["session_id"] for r in page["items"]] == ["ses-2-bad"]
+    page = (await listed("agent=ops_openai&limit=1")).json()  # `agent`: the older name
+    assert [r["session_id"] for r in page["items"]] == ["ses-2-bad"]
+    page = (await listed(f"agent=ops_openai&limit=1&cursor={page['next_cursor']}")).json()
+    assert [r["session_id"] for r in page["items"]] == ["ses-1-ok"]
     running = (await listed("status=running")).json()
-    assert (running["sessions"], running["next_offset"]) == ([], None)
+    assert (running["items"], running["next_cursor"]) == ([], None)
     assert running["store"]["full"] is False and running["store"]["used_memory"] > 0
     wrong = await listed("status=broken")
     assert wrong.status_code == 400 and wrong.json()["code"] == "invalid_query"
@@ -208,10 +227,3 @@ async def test_the_list_shows_totals_and_failures_and_filters_by_agent_and_statu
     together = await engine.store.load_snapshots(ids)
     assert together == [await engine.store.load_snapshot(sid) for sid in ids]
     assert together[1] is None and all(snap and snap.tail for snap in together[::2])
-
-    # A filtered read stops after `scan` sessions, matches or not, and says where to go on.
-    client = Client(engine.store)
-    found, next_at = await client.find_rows(0, 10, agent="ops_openai", status=None, scan=1)
-    assert (found, next_at) == ([], 1)
-    found, next_at = await client.find_rows(1, 10, agent="ops_openai", status=None, scan=1)
-    assert [r["session_id"] for r in found] == ["ses-2-bad"] and next_at == 2

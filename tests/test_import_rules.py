@@ -63,6 +63,8 @@ STORE_MODULES = {
     "engine/store/supervisor.py",
     "engine/store/durability.py",
     "engine/store/retention.py",
+    "engine/store/buckets.py",
+    "engine/store/index.py",
     "bot/turns/store.py",
 }
 
@@ -393,7 +395,7 @@ _PROCESS_HELPERS = {"engine.metrics", "engine.retrying"}
 # subs.toml's package (engine/config/), bottom to top: each module may import the ones
 # below it, never one above nor the package itself (whose face imports them all); with
 # them, what the whole package may import from outside it.
-CONFIG_ORDER = ("model", "schema", "wording", "secrets", "checks", "build", "load")
+CONFIG_ORDER = ("model", "budgets", "schema", "wording", "secrets", "checks", "build", "load")
 # It builds the machine's kinds table (a tool's handler) and masks its own errors.
 _CONFIG_OUTSIDE = {"engine.errors", "engine.machine", "engine.redact"}
 
@@ -691,6 +693,7 @@ ENGINE_BREACHES = [
     ("engine.config", "from engine.errors import SubsError"),  # the face re-exports only
     # Each module of the config importing the one above it; the top one, the outside.
     ("engine.config.model", "from engine.config.schema import Root"),
+    ("engine.config.budgets", "from engine.config.schema import Root"),
     ("engine.config.schema", "from engine.config.wording import from_pydantic"),
     ("engine.config.wording", "from engine.config.secrets import scan_secrets"),
     ("engine.config.secrets", "from engine.config.checks import check"),

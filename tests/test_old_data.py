@@ -17,6 +17,8 @@ from engine.api import ApiKeys, make_app
 from engine.client import Client
 from engine.messages import text_of
 from engine.runtime.engine import Engine
+from engine.store.keys import META
+from engine.store.reindex import DONE_FIELD
 from engine.store.store import Store, connect
 from tests.api_helpers import ROOT, auth, serve
 from tests.engine_helpers import subs
@@ -57,7 +59,9 @@ def test_a_stored_content_reads_as_text_whatever_it_holds(content: Any, text: st
 
 async def _seed(store: Store) -> None:
     for log in LOGS:
-        await store_log(store, log)
+        await store_log(store, log, indexed=False)
+    # An older version kept no listing indexes: the first listing builds them (reindex.py).
+    await store.redis.hdel(META, DONE_FIELD)
 
 
 def _check_rows(rows: list[dict[str, Any]]) -> None:
@@ -123,11 +127,11 @@ async def test_old_sessions_list_and_read_over_the_api(engine: Engine) -> None:
     async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as http:
         listed = await http.get("/api/admin/sessions", headers=auth(ROOT))
         assert listed.status_code == 200, listed.text
-        _check_rows(listed.json()["sessions"])
+        _check_rows(listed.json()["items"])
         failed = await http.get("/api/admin/sessions?status=failed", headers=auth(ROOT))
-        assert [r["session_id"] for r in failed.json()["sessions"]] == ["ses-old-failed"]
+        assert [r["session_id"] for r in failed.json()["items"]] == ["ses-old-failed"]
         idle = await http.get("/api/admin/sessions?status=idle", headers=auth(ROOT))
-        assert [r["session_id"] for r in idle.json()["sessions"]] == IDS[-2::-1]
+        assert [r["session_id"] for r in idle.json()["items"]] == IDS[-2::-1]
         for log in LOGS:
             sid = log[0]["session_id"]
             view = await http.get(f"/api/client/sessions/{sid}", headers=auth(ROOT))

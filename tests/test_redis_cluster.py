@@ -22,7 +22,10 @@ from bot.turns.checkpoint import Checkpoint
 from bot.turns.store import BUCKETS, Checkpoints, Slots, seen_key
 from engine.client import Client
 from engine.config import parse_project
+from engine.machine.policies import BucketRef, BudgetPolicy
 from engine.runtime.engine import Engine
+from engine.store.buckets import use_key
+from engine.store.index import Cursor, IndexWrite, scopes_of
 from engine.store.retention import REMOVED
 from engine.store.store import Commit, Store, cluster_enabled, connect, spread_tags
 from tests.engine_helpers import (
@@ -111,9 +114,18 @@ async def test_every_script_runs_on_the_cluster_with_keys_on_every_master(
             lease = leases[p]
             assert lease is not None
             event = b'{"seq":1}'
-            c = Commit(sid, 0, 1, (event,), b'{"identity":{}}', created_ms=1, inflight=True)
+            ix = IndexWrite(1, 2, 3, scopes_of("oncall", True))  # the listing indexes too
+            c = Commit(
+                sid, 0, 1, (event,), b'{"identity":{}}', created_ms=1, inflight=True, index=ix
+            )
             await store.commit(p, lease, c, [{"call_id": "c", "text": "x"}])
             assert await store.committed_seq(sid) == 1
+        # The admin list's page script on every partition (a first page, then a cursor's).
+        first = await store.index_page("last_event_desc", ("t",), 10, None)
+        assert len(first.items) == 10 and first.more
+        cursor = Cursor("last_event_desc", "", 0, first.marks, 2.0, first.items[-1][0])
+        rest = await store.index_page("last_event_desc", ("t",), 100, cursor)
+        assert len(first.items) + len(rest.items) == store.partitions
         gone = next(iter(by_partition.values()))
         assert await store.delete_session(gone, 1)
         # Retention's scripts: a quiet session (nothing in flight) archived away whole, then
@@ -128,6 +140,9 @@ async def test_every_script_runs_on_the_cluster_with_keys_on_every_master(
         assert await store.committed_seq(quiet) == 0  # nothing of it left
         assert await store.restore_session(quiet, [b'{"seq":1}'], b'{"identity":{}}', 1)
         assert await store.committed_seq(quiet) == 1
+        assert await store.index_session(
+            quiet, 1, created_ms=1, last_ms=1, wake_ms=None, scopes=("t",)
+        )
         for p, lease in leases.items():
             assert lease is not None
             await store.release(p, lease)
@@ -161,6 +176,26 @@ async def test_every_script_runs_on_the_cluster_with_keys_on_every_master(
         assert len(await store.list_sessions(limit=100)) == store.partitions  # -gone +quiet
         assert len(await store.last_events(list(by_partition.values()))) == store.partitions
         assert await store.heartbeat("me", 2**40, 0) == 1
+        # Budget buckets (charge.lua), on buckets of every master: each counted once, read
+        # back and listed (the read and the index span slots).
+        policy = BudgetPolicy("p", ("user",), "total_tokens", "100", "1h", 3_600_000, "reject")
+        refs: dict[int, BucketRef] = {}
+        n = 0
+        while len(refs) < 3:
+            ref = BucketRef(policy, f"user=u{n}")
+            refs.setdefault(redis.get_node_from_key(use_key(ref.id)).port, ref)
+            n += 1
+        now = 1_800_000_000_000
+        for ref in refs.values():
+            bucket = {"id": ref.id, "policy": "p", "group": ref.group}
+            bucket |= {"dimension": "total_tokens", "limit": "100", "amount": 7}
+            bucket |= {"window_ms": 3_600_000, "slot_ms": policy.slot_ms}
+            charge = {"id": f"s/{ref.id}/1", "at": now, "buckets": [bucket]}
+            assert await store.charge(charge, now) == 1
+            assert await store.charge(charge, now) == 0
+        uses = await store.read_buckets(list(refs.values()), now)
+        assert [u.used for u in uses] == ["7", "7", "7"]
+        assert len(await store.list_buckets(now)) == 3
     finally:
         await redis.aclose()
 

@@ -146,8 +146,6 @@ async def test_check_warns_about_a_secret_in_an_mcp_command_line(tmp_path: Path)
     assert code == 0, err  # a warning, not an error
 
 
-
-
 async def test_a_workers_error_echoing_a_secret_is_recorded_masked(
     redis, vendor: FakeVendor, test_worker, tmp_path: Path
 ) -> None:

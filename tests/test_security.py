@@ -354,7 +354,7 @@ async def test_json_other_parsers_read_differently_is_refused_naming_the_path(
         call.headers = JSON_TYPE
     async with api(engine) as http:
         wrong = await run_table(http, calls)
-        [only] = (await http.get("/api/admin/sessions", headers=auth(ROOT))).json()["sessions"]
+        [only] = (await http.get("/api/admin/sessions", headers=auth(ROOT))).json()["items"]
         view = await http.get(f"/api/client/sessions/{only['session_id']}", headers=auth(ROOT))
     assert not wrong, "\n".join(wrong)
     assert view.json()["messages"][0]["content"] == "naïve 😀 中"

@@ -213,9 +213,15 @@ async def test_alertmanager_posts_one_triage_thread_per_group_and_a_refire_conti
 
             first = await _post(app, path, disk, AUTH)
             assert first.status_code == 202, first.text
-            sid = first.json()["session_id"]
+            sid, turn = first.json()["session_id"], first.json()["turn_id"]
             [root] = await fake.until(lambda: _roots(app, alerts.id) or None, timeout=20)
             assert root.text == "[FIRING:2] DiskFull"
+            # Alertmanager retries a notification whose 202 it lost with the same body
+            # (notify.go RetryStage): the same turn, answered again, triaged once. (One
+            # sent while the root is being posted is a 503 "try again", which it retries.)
+            retry = await _post(app, path, disk, AUTH)
+            assert retry.status_code == 202, retry.text
+            assert (retry.json()["session_id"], retry.json()["turn_id"]) == (sid, turn)
             log = await _turns_done(app, sid, 1)
             [asked] = [p for p in of_type(log, "message.new") if p["message"]["role"] == "user"]
             assert "db-2" in str(asked["message"]["content"])
@@ -226,7 +232,16 @@ async def test_alertmanager_posts_one_triage_thread_per_group_and_a_refire_conti
             again = await _post(app, path, refire, AUTH)
             assert again.status_code == 202 and again.json()["session_id"] == sid
             assert again.json()["slack"]["thread_ts"] == root.ts
+            assert again.json()["turn_id"] != turn
             await _turns_done(app, sid, 2)
+            # The first notification once more, after the bot's hour of dedupe keys has
+            # passed (deleted here): the session's own state knows the turn id.
+            async for key in app.redis.scan_iter(match="*seen:land:*"):
+                await app.redis.delete(key)
+            late = await _post(app, path, disk, AUTH)
+            assert late.status_code == 202, late.text
+            assert (late.json()["turn_id"], late.json()["existing"]) == (turn, True)
+            assert late.json()["slack"]["thread_ts"] == root.ts
 
             latency = alertmanager.notification(
                 "ApiLatency", [alertmanager.alert("ApiLatency", "api-1", severity="warning")]
@@ -248,6 +263,8 @@ async def test_alertmanager_posts_one_triage_thread_per_group_and_a_refire_conti
                 ),
                 timeout=20,
             )
+            assert len(of_type(await app.client.events(sid), "turn.started")) == 2
+            assert len(vendor.requests) == 3  # one model call a triage, none twice
             await fake.until(
                 lambda: (
                     [_shown(m) for m in app.bot_messages(roots[1])][1:]
@@ -305,5 +322,5 @@ async def test_a_landing_that_cannot_land_is_refused_naming_why(
         assert hook.status_code == 404 and "[hooks.alertmanager]" in hook.json()["error"]
         assert [
             r["session_id"]
-            for r in (await http.get("/api/admin/sessions", headers=auth(ROOT))).json()["sessions"]
+            for r in (await http.get("/api/admin/sessions", headers=auth(ROOT))).json()["items"]
         ] == ["plain-1"]  # nothing else was created

@@ -71,9 +71,7 @@ async def test_threads_stream_at_once_within_slacks_limits(
     # Every thread streams at once: Slack's limits are what this measures, so the app's own
     # bound on turns at once (max_concurrent_turns, tests/test_slack_storm.py) is lifted.
     lifted = f"max_concurrent_turns = {load.threads}\n"
-    async with slack_serve(
-        tmp_path, redis_url, vendor.url, transport="http", extra=lifted
-    ) as app:
+    async with slack_serve(tmp_path, redis_url, vendor.url, transport="http", extra=lifted) as app:
         fake = app.fake
         assert fake.limits == DEFAULT_LIMITS  # Slack's limits, not loosened
         channels = [fake.add_channel(f"incident-{c}") for c in range(CHANNELS)]

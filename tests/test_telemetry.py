@@ -618,8 +618,12 @@ LOG_SCRIPT = textwrap.dedent(
 def run_logging(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     full = {k: v for k, v in os.environ.items() if not k.startswith("SUBS_LOG")}
     return subprocess.run(
-        [sys.executable, "-c", LOG_SCRIPT], capture_output=True, text=True, cwd=ROOT,
-        env={**full, **env}, timeout=60,
+        [sys.executable, "-c", LOG_SCRIPT],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**full, **env},
+        timeout=60,
     )
 
 
@@ -645,7 +649,10 @@ def test_full_records_carry_the_span_and_the_default_lines_do_not():
 def test_an_unknown_log_format_is_one_line_naming_it(tmp_path):
     out = subprocess.run(
         [sys.executable, "-m", "engine.cli", "check", "-c", str(tmp_path / "none.toml")],
-        capture_output=True, text=True, cwd=ROOT, timeout=60,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
         env={**os.environ, "SUBS_LOG_FORMAT": "xml"},
     )
     assert out.returncode == 2
@@ -764,22 +771,45 @@ async def test_prompts_and_completions_reach_spans_only_when_captured_and_masked
 def test_a_retried_attempts_span_carries_the_retry_that_scheduled_it():
     state = state_mid_turn()
     projector = Projector()
-    failed = envelope(8, "2023-11-14T22:13:20.000Z", {
-        "type": "llm.call.errored", "id": "call_1", "attempt": 1,
-        "error": {"code": "rate_limited", "message": "429"}, "retryable": True, "final": False,
-    })
-    retry = envelope(9, "2023-11-14T22:13:20.000Z", {
-        "type": "call.retry_scheduled", "id": "call_1", "attempt": 2,
-        "due_at": "2023-11-14T22:13:21.000Z",
-    })
+    failed = envelope(
+        8,
+        "2023-11-14T22:13:20.000Z",
+        {
+            "type": "llm.call.errored",
+            "id": "call_1",
+            "attempt": 1,
+            "error": {"code": "rate_limited", "message": "429"},
+            "retryable": True,
+            "final": False,
+        },
+    )
+    retry = envelope(
+        9,
+        "2023-11-14T22:13:20.000Z",
+        {
+            "type": "call.retry_scheduled",
+            "id": "call_1",
+            "attempt": 2,
+            "due_at": "2023-11-14T22:13:21.000Z",
+        },
+    )
     state.calls["call_1"].attempt = 1
     (first,) = projector.project(Before.of(state, "ses_1"), [failed, retry])
     assert first.error == "rate_limited" and first.events == ()
     state.calls["call_1"].attempt = 2
-    done = envelope(11, "2023-11-14T22:13:23.000Z", {
-        "type": "llm.call.completed", "id": "call_1", "attempt": 2, "usage": None,
-        "cost": "0", "finish_reason": "stop", "model": None,
-    })
+    done = envelope(
+        11,
+        "2023-11-14T22:13:23.000Z",
+        {
+            "type": "llm.call.completed",
+            "id": "call_1",
+            "attempt": 2,
+            "usage": None,
+            "cost": "0",
+            "finish_reason": "stop",
+            "model": None,
+        },
+    )
     (second,) = projector.project(Before.of(state, "ses_1"), [done])
     (wait,) = second.events
     assert wait.name == "retry_scheduled" and wait.attributes["subs.due_at"].endswith("21.000Z")

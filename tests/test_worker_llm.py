@@ -366,8 +366,12 @@ async def test_a_stored_image_reaches_a_worker_run_call_in_its_format(
         "role": "user",
         "content": [
             {"type": "text", "text": "what does this graph say?"},
-            {"type": "link", "uri": f"subs-file:sha256:{digest}", "mimeType": "image/png",
-             "name": "graph.png"},
+            {
+                "type": "link",
+                "uri": f"subs-file:sha256:{digest}",
+                "mimeType": "image/png",
+                "name": "graph.png",
+            },
         ],
     }
     vendor.push(Text("It says the disk is full."))

@@ -458,7 +458,6 @@ async def test_a_handler_that_raises_is_a_500_with_its_reason() -> None:
 # --- a real turn --------------------------------------------------------------------------------
 
 
-
 class CheckedWorker(Worker):
     """A Worker that holds each request it gets and each answer it gives to the schema."""
 

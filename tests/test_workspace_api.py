@@ -98,8 +98,6 @@ async def test_a_scoped_key_can_neither_create_nor_write_a_slack_session(
             assert resp.json()["code"] == "reserved_session_id", (path, resp.text)
 
 
-
-
 async def test_a_scoped_key_cannot_settle_its_sessions_worker_call(
     redis, vendor: FakeVendor, test_worker, tmp_path: Path
 ) -> None:

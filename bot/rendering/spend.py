@@ -58,6 +58,8 @@ def budget_stop(error: Any) -> str | None:
     limit, spent, allowed = detail.get("limit"), detail.get("spent"), detail.get("allowed")
     if not isinstance(limit, str) or spent is None or allowed is None:
         return None
+    if limit.startswith("policy:"):
+        return _policy_stop(detail, spent, allowed)
     key = limit.removeprefix("session.")
     scope = "this session" if limit != key else "this turn"
     if key == "max_cost_usd":
@@ -67,9 +69,24 @@ def budget_stop(error: Any) -> str | None:
     else:
         return None
     return (
-        f"Stopped by its budget: {scope} has spent {figures} ({limit}); "
-        "the next call was not made."
+        f"Stopped by its budget: {scope} has spent {figures} ({limit}); the next call was not made."
     )
+
+
+def _policy_stop(detail: dict[str, Any], spent: Any, allowed: Any) -> str:
+    """A `[[budgets]]` policy's stop: which policy and bucket, its figures, when it frees up
+    ("Stopped by budget policy per-user (user=slack:U1): 443 of 300 tokens used in its
+    window; it frees up at 2026-12-06 07:00 UTC; the next call was not made.")."""
+    if detail.get("dimension") == "cost_usd":
+        figures = f"{money(spent)} of {money(allowed)}"
+    else:
+        figures = f"{_count(spent)} of {_count(allowed)} tokens"
+    group = f" ({detail['group']})" if detail.get("group") else ""
+    line = f"Stopped by budget policy {detail.get('policy')}{group}: {figures} used in its window"
+    frees = detail.get("frees_at")
+    if isinstance(frees, str) and len(frees) >= 16:
+        line += f"; it frees up at {frees[:10]} {frees[11:16]} UTC"
+    return line + "; the next call was not made."
 
 
 def spend_line(cost: Any, usage: Any, model_calls: int, tool_calls: int) -> str:

@@ -4,15 +4,19 @@ keys only), and the open `/healthz` and `/metrics`."""
 from __future__ import annotations
 
 import asyncio
+import time
+from typing import cast
 
 from aiohttp import web
 
-from engine.api.errors import ApiError, error_response
+from engine.api.errors import ApiError, error_response, excerpt
 from engine.api.parsing import MAX_SEQ, int_query
 from engine.api.state import API, principal_of
 from engine.errors import SubsError
 from engine.jsonedge import compact_json
-from engine.statuses import LISTED_STATUSES, is_listed_status
+from engine.machine import iso
+from engine.statuses import LISTED_STATUSES, ListedStatus
+from engine.store.index import SORTS, Sort
 
 HEALTH_TIMEOUT = 1.0  # /healthz waits this long for Redis's PONG
 
@@ -27,34 +31,100 @@ def _full_access(request: web.Request) -> None:
         )
 
 
-FILTER_SCAN = 1000  # sessions one filtered page reads at most, matches or not
+def _word(request: web.Request, name: str, allowed: tuple[str, ...], default: str) -> str:
+    """A query parameter that must be one of `allowed` words; else a 400 naming it."""
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw not in allowed:
+        raise ApiError(
+            f"{name}: {excerpt(raw)} is not one of {', '.join(allowed)}",
+            status=400,
+            code="invalid_query",
+            param=name,
+        )
+    return raw
+
+
+def _text(request: web.Request, name: str) -> str | None:
+    """An optional id from the query (1..200 characters); a longer one is a 400."""
+    raw = request.query.get(name) or None
+    if raw is not None and len(raw) > 200:
+        raise ApiError(
+            f"{name}: longer than 200 characters", status=400, code="invalid_query", param=name
+        )
+    return raw
 
 
 async def admin_sessions(request: web.Request) -> web.Response:
-    """Newest first, paged. `agent` and `status` filter; a filtered page reads at most
-    `FILTER_SCAN` sessions, so it may hold fewer rows than asked, with `next_offset` to go on."""
+    """The original engine's admin list, `{items, next_cursor}`: cursor paging over the
+    listing indexes in one of four sorts, filtered by `top_level`, `agent_id`,
+    `session_id` and (ours) `status`; `store` (ours) beside it. A bad parameter is one
+    400 naming it."""
     _full_access(request)
-    offset = int_query(request, "offset", 0, lo=0, hi=2**31)
-    limit = int_query(request, "limit", 50, lo=1, hi=500)
-    agent = request.query.get("agent") or None
-    status = request.query.get("status") or None
-    if status is not None and not is_listed_status(status):
+    if "offset" in request.query:
         raise ApiError(
-            f"status: {status!r} is not one of {', '.join(LISTED_STATUSES)}",
+            "offset: this list pages by cursor now: send the previous page's next_cursor "
+            "as `cursor`",
             status=400,
             code="invalid_query",
+            param="offset",
+        )
+    limit = int_query(request, "limit", 50, lo=1, hi=500)
+    sort = cast(Sort, _word(request, "sort", SORTS, "last_event_desc"))
+    top = _word(request, "top_level", ("true", "false", "1", "0"), "")
+    status = _word(request, "status", LISTED_STATUSES, "") or None
+    agent = _text(request, "agent_id") or _text(request, "agent")  # `agent`: ours, before
+    cursor = request.query.get("cursor")
+    if cursor is not None and not 0 < len(cursor) <= 4096:
+        raise ApiError(
+            "cursor: send next_cursor as the previous page gave it",
+            status=400,
+            code="invalid_query",
+            param="cursor",
         )
     client = request.app[API].client
-    if agent is None and status is None:
-        sessions, more = await client.session_rows(offset, limit)
-        next_offset = offset + limit if more else None
-    else:
-        sessions, next_offset = await client.find_rows(
-            offset, limit, agent=agent, status=status, scan=FILTER_SCAN
+    page = await client.list_page(
+        limit=limit,
+        cursor=cursor,
+        sort=sort,
+        top_level=None if top == "" else top in ("true", "1"),
+        agent_id=agent,
+        session_id=_text(request, "session_id"),
+        status=cast(ListedStatus | None, status),
+    )
+    used, maxmemory, full = await client.store_memory()
+    page["store"] = {"used_memory": used, "maxmemory": maxmemory, "full": full}
+    return web.json_response(page, dumps=compact_json)
+
+
+async def admin_budgets(request: web.Request) -> web.Response:
+    """Every budget-policy bucket still inside its window (`[[budgets]]`): what it has used
+    of its limit and, when spent, when it frees up. A full-access or `KEY:read` key's, as
+    `/metrics` (they count across every session and key)."""
+    if not principal_of(request).full:
+        raise ApiError(
+            "this key may only use its own sessions (a KEY:own entry in SUBS_API_KEYS); "
+            "/api/admin/budgets needs a full-access or a KEY:read key",
+            status=403,
+            code="forbidden",
         )
-    used, limit, full = await client.store_memory()
-    store = {"used_memory": used, "maxmemory": limit, "full": full}
-    body = {"sessions": sessions, "next_offset": next_offset, "store": store}
+    limit = int_query(request, "limit", 1000, lo=1, hi=10_000)
+    uses = await request.app[API].store.list_buckets(int(time.time() * 1000), limit)
+    body = {
+        "budgets": [
+            {
+                "policy": u.policy,
+                "group": u.group,
+                "dimension": u.dimension,
+                "used": u.used,
+                "limit": u.limit,
+                "window_ms": u.window_ms,
+                "frees_at": None if u.frees_at is None else iso(u.frees_at),
+            }
+            for u in uses
+        ]
+    }
     return web.json_response(body, dumps=compact_json)
 
 

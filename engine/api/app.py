@@ -10,6 +10,7 @@ from aiohttp import web
 
 from engine.api import agui
 from engine.api.admin import (
+    admin_budgets,
     admin_dead_letters,
     admin_events,
     admin_sessions,
@@ -147,6 +148,7 @@ def make_app(
     r.add_get("/api/admin/sessions", admin_sessions)
     r.add_get("/api/admin/sessions/{sid}/events", admin_events)
     r.add_get("/api/admin/dead-letters", admin_dead_letters)
+    r.add_get("/api/admin/budgets", admin_budgets)
     agui.install(app)  # the AG-UI channel
     add_chat_routes(r)  # its chat page
     r.add_get("/healthz", get_healthz)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any, Literal
 
+import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -62,6 +63,20 @@ def group_session_id(agent: str, group_key: str) -> str:
     """The session of one alert group: the same group key, the same session and thread."""
     digest = hashlib.sha256(group_key.encode()).hexdigest()[:32]
     return f"alertmanager:{agent}:{digest}"
+
+
+def notification_turn_id(agent: str, raw: Any) -> str:
+    """The turn a notification starts, named by its content: Alertmanager resends the very
+    same notification when it retries one whose answer it did not get (notify/notify.go
+    `RetryStage.exec` calls the integration's `Notify` again with the same alerts until it
+    succeeds or the context ends; notify/webhook/webhook.go `Notify` builds the `Message`
+    from them afresh, so the body is the same), and a retry after a lost 202 must be that
+    turn, not a second triage. A re-fire (the group changed: an alert more, a new
+    `startsAt`, a resolution) is other content, so another turn in the same thread; a
+    repeat of an unchanged group after `repeat_interval` is the same content, answered as
+    the turn it already had."""
+    canonical = orjson.dumps(raw, option=orjson.OPT_SORT_KEYS)
+    return "am_" + hashlib.sha256(agent.encode() + b"\n" + canonical).hexdigest()[:32]
 
 
 def title_of(body: AlertmanagerBody) -> str:
@@ -122,11 +137,13 @@ async def post_alertmanager(request: web.Request) -> web.Response:
             status=403,
             code="forbidden",
         )
-    body: AlertmanagerBody = validate(AlertmanagerBody, await json_body(request))
+    raw = await json_body(request)
+    body: AlertmanagerBody = validate(AlertmanagerBody, raw)
     text = prompt_of(body)
     payload: dict[str, Any] = {
         "type": "client.append",
         "agent_id": hook.agent,
+        "turn_id": notification_turn_id(hook.agent, raw),
         "queue": True,  # a re-fire mid-triage waits for the turn ahead of it
         "messages": [{"role": "user", "content": text}],
         "client": {"forwarded_props": {"alertmanager": {"groupKey": body.groupKey}}},

@@ -80,6 +80,15 @@ async def land_if_slack(
         )
     sid = session_id or new_id("ses")
     turn_id = payload.get("turn_id") or new_id("turn")
+    if home is not None and payload.get("turn_id"):
+        # A turn id the session has seen is that turn, however late it comes back (the
+        # bot's dedupe keys last an hour; the session's own state holds every turn id).
+        status = await api.client.turn_status(sid, str(turn_id))
+        if status is not None:
+            slack = {"agent": agent, "channel": home[0], "thread_ts": home[1] or None}
+            queued = status == "queued"
+            answer = {"session_id": sid, "turn_id": turn_id, "queued": queued}
+            return {**answer, "existing": True, "slack": slack}
     payload = {**payload, "turn_id": turn_id}
     validate_client_input(payload)  # refused here, not in Slack after the root is posted
     channel, thread_ts = home or target  # type: ignore[misc]  # one of them is set

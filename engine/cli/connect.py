@@ -151,7 +151,7 @@ async def engine_client(project: Project, redis_url: str | None) -> AsyncIterato
         engine = Engine(project, redis, lease_ms=lease_ms())
         await engine.start()
         try:
-            yield Client(engine.store)
+            yield Client(engine.store, policies=project.budgets)
         finally:
             await engine.stop()
 

@@ -171,13 +171,17 @@ subs sessions delete ses_0123""",
     listing = _command(
         sessions_sub,
         "list",
-        "sessions, newest first",
-        "One row each: id, agent, status, last activity, turns and the first words.",
+        "sessions, latest activity first",
+        "One row each: id, agent, status, last activity, turns and the first words. "
+        "Subagents' sessions are left out. When more follow, the command for the next "
+        "page is said on stderr.",
         """
 subs sessions list --limit 10
+subs sessions list --limit 10 --cursor eyJ...
 subs sessions list -o jsonl | jq .session_id""",
     )
     listing.add_argument("--limit", type=_count, default=50, help="at most this many (default 50)")
+    listing.add_argument("--cursor", help="go on from here (the cursor a previous page gave)")
     _output(listing)
     dead = _command(
         sessions_sub,

@@ -203,15 +203,32 @@ class HttpClient:
             after_seq = events[-1]["seq"]
 
     async def sessions(self, offset: int = 0, limit: int = 50) -> list[str]:
-        """Session ids, newest first, as `Client.sessions` gives them."""
-        rows, _ = await self.session_rows(offset, limit)
-        return [row["session_id"] for row in rows]
+        """Session ids, newest first, as `Client.sessions` gives them (every session, by
+        its first event, paged by cursor past the first `offset`)."""
+        ids: list[str] = []
+        cursor: str | None = None
+        while len(ids) < offset + limit:
+            query: dict[str, Any] = {"sort": "first_event_desc", "top_level": "false"}
+            query["limit"] = min(500, offset + limit - len(ids))
+            if cursor is not None:
+                query["cursor"] = cursor
+            page = await self._object("GET", "/api/admin/sessions", **query)
+            ids += [row["session_id"] for row in page["items"]]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        return ids[offset : offset + limit]
 
-    async def session_rows(self, offset: int = 0, limit: int = 50) -> tuple[list[SessionRow], bool]:
-        """One page of the listing, and whether the server says more follow."""
-        page = await self._object("GET", "/api/admin/sessions", offset=offset, limit=limit)
-        rows: list[SessionRow] = page["sessions"]
-        return rows, page["next_offset"] is not None
+    async def session_rows(
+        self, limit: int = 50, cursor: str | None = None
+    ) -> tuple[list[SessionRow], str | None]:
+        """One page of the admin list, and the next page's cursor (None on the last)."""
+        query: dict[str, Any] = {"limit": limit}
+        if cursor is not None:
+            query["cursor"] = cursor
+        page = await self._object("GET", "/api/admin/sessions", **query)
+        rows: list[SessionRow] = page["items"]
+        return rows, page["next_cursor"]
 
     async def dead_letters(self, limit: int = 100) -> list[dict[str, Any]]:
         """Inputs the engine could not apply, newest first."""

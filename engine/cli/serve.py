@@ -343,7 +343,7 @@ async def serve(args: argparse.Namespace) -> int:
         removals = Removals()
         engine = await _engine(stack, project, pools.engine, metrics, removals)
         store = await Store.open(pools.api, removals=removals)
-        client = Client(store)
+        client = Client(store, policies=project.budgets)
         bots = _bots(stack, project, client, pools.api, engine, metrics)
         api = await _api(stack, settings, sock, _Parts(client, store, metrics, bots, pools.problem))
         record_api(api)

@@ -9,7 +9,7 @@ import contextlib
 import json
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +34,7 @@ async def _reader(args: argparse.Namespace) -> AsyncIterator[SessionClient]:
 
     project = project_from(args)
     async with redis_client(project, args.redis) as redis:
-        yield Client(await Store.open(redis))
+        yield Client(await Store.open(redis), policies=project.budgets)
 
 
 async def _cancel(args: argparse.Namespace) -> int:
@@ -58,8 +58,10 @@ async def sessions(args: argparse.Namespace) -> int:
         return await _import(args)
     async with _reader(args) as client:
         if args.sessions_command == "list":
-            rows, _ = await client.session_rows(0, args.limit)
+            rows, more = await client.session_rows(args.limit, args.cursor)
             _print_sessions(rows, wants_jsonl(args.output))
+            if more is not None:
+                print(f"subs: more: subs sessions list --cursor {more}", file=sys.stderr)
             return 0
         if args.sessions_command == "delete":
             await client.delete(args.session)
@@ -144,9 +146,21 @@ def _print_sessions(rows: list[SessionRow], jsonl: bool) -> None:
             (row["session_id"], row["agent_id"], row["status"], last, str(row["turns"]), first)
         )
     widths = [max(len(line[i]) for line in table) for i in range(5)]
-    for line in table:
+    for n, line in enumerate(table):
         cells = [cell.ljust(w) for cell, w in zip(line, widths, strict=False)]
         print("  ".join([*cells, line[5]]).rstrip())
+        for bucket in rows[n - 1].get("budgets") or () if n else ():
+            print(f"  {_bucket_line(bucket)}")
+
+
+def _bucket_line(b: Mapping[str, Any]) -> str:
+    """`budget per-user (user=slack:U1): 480 of 300 tokens, spent until …`: one bucket."""
+    unit = "USD" if b.get("dimension") == "cost_usd" else "tokens"
+    group = f" ({b['group']})" if b.get("group") else ""
+    line = f"budget {b['policy']}{group}: {b['used']} of {b['limit']} {unit}"
+    if b.get("frees_at"):
+        line += f", spent until {b['frees_at']}"
+    return line
 
 
 def _dead_letter_line(letter: dict[str, Any]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.config.budgets import build as build_budgets
 from engine.config.checks import mcp_refs
 from engine.config.model import (
     LLM_DEFAULTS,
@@ -145,4 +146,5 @@ def build(root: Root, path: str) -> Project:
         alertmanager=None
         if root.hooks.alertmanager is None
         else AlertmanagerHookConfig(root.hooks.alertmanager.agent, root.hooks.alertmanager.channel),
+        budgets=build_budgets(root.budgets),
     )

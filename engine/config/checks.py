@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from engine.config.budgets import problems as budget_problems
 from engine.config.model import ConfigError
 from engine.config.schema import ENV_NAME, Root, _Agent, _Mcp, _McpRef
 
@@ -60,6 +61,8 @@ def check(root: Root, file: str) -> None:
         _check_mcp(file, mid, conn)
     for aid, agent in root.agent.items():
         _check_agent(root, file, aid, agent)
+    for key, why in budget_problems(root.budgets, set(root.agent)):
+        raise ConfigError(why, file=file, key=key)
     hook = root.hooks.alertmanager
     if hook is not None and (hook.agent not in root.agent or root.agent[hook.agent].slack is None):
         raise ConfigError(

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 from engine.errors import SubsError
+from engine.machine.policies import BudgetPolicy
 
 LLM_DEFAULTS: dict[str, tuple[str, str]] = {
     "anthropic": ("ANTHROPIC_API_KEY", "https://api.anthropic.com"),
@@ -398,6 +399,7 @@ class Project:
     mcp: dict[str, McpBlock] = dataclasses.field(default_factory=dict)
     telemetry: TelemetryConfig = TelemetryConfig()
     alertmanager: AlertmanagerHookConfig | None = None
+    budgets: tuple[BudgetPolicy, ...] = ()  # `[[budgets]]` (budgets.py)
 
     def connections_off(self, env: Mapping[str, str]) -> dict[str, str]:
         """The MCP connections that cannot start here, and why (McpBlock.off_reason)."""

@@ -23,6 +23,7 @@ from pydantic import (
     ValidationInfo,
 )
 
+from engine.config.budgets import BudgetEntry
 from engine.config.model import COMMAND_VAR, DEFAULT_FSYNC, Fsync, duration_ms, size_bytes
 from engine.machine import default_kinds
 from engine.redact import redact_url
@@ -384,3 +385,4 @@ class Root(_Model):
     mcp: dict[str, _Mcp] = Field(default_factory=dict)
     telemetry: _Telemetry = Field(default_factory=_Telemetry)
     hooks: _Hooks = Field(default_factory=_Hooks)
+    budgets: list[BudgetEntry] = Field(default_factory=list)  # `[[budgets]]` (budgets.py)

@@ -34,7 +34,12 @@ def from_pydantic(file: str, error: ValidationError) -> ConfigError:
     ]
     if tagged:
         first = next((e for e in tagged if not e["type"].endswith("_type")), tagged[0])
-    loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and _UNION_TAG.fullmatch(p)))
+    # A dict key's own error ends its location in "[key]": the key is named already.
+    loc = tuple(
+        p
+        for p in first["loc"]
+        if not (isinstance(p, str) and (_UNION_TAG.fullmatch(p) or p == "[key]"))
+    )
     return ConfigError(_human(first, loc), file=file, key=dotted(loc))
 
 

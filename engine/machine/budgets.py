@@ -29,9 +29,10 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from .core import Step
+from .core import Step, iso
 from .ending import fail_turn
 from .interrupts import raise_interrupt
+from .policies import Bucket
 from .shapes import ErrorInfo, OpenInterrupt, Raise
 from .state import SessionState, Turn
 from .tree import path_to
@@ -64,6 +65,10 @@ class Exceeded:
             "spent": _text(self.spent),
             "next": _text(self.needed),
         }
+
+    def raise_text(self) -> str:
+        """What an approval adds, as a person reads it."""
+        return f"${_text(self.step)}" if self.limit.endswith("cost_usd") else _text(self.step)
 
     def sentence(self) -> str:
         """One line a person reads: which limit, and the figures."""
@@ -115,9 +120,11 @@ def _reserved(turn: Turn) -> tuple[int, Decimal]:
     return tokens, cost
 
 
-def estimate(state: SessionState, params: dict[str, Any], now: int) -> dict[str, Any] | None:
+def estimate(
+    state: SessionState, params: dict[str, Any], now: int, *, policies: bool = False
+) -> dict[str, Any] | None:
     """A model call's input estimate `{tokens, cost, cached?}`, or None when no limit needs
-    one.
+    one (`policies`: a budget policy's bucket does).
 
     Tokens: the request's characters / 4 (system, tools, the messages on the path), a
     rough count that the vendor's reported usage replaces when the call settles. Cost: the
@@ -126,7 +133,8 @@ def estimate(state: SessionState, params: dict[str, Any], now: int) -> dict[str,
     refused at the price of sending it afresh.
     """
     budget, whole = turn_budget(state), session_budget(state)
-    if not any(k in budget for k in ("max_cost_usd", "max_tokens")) and "max_cost_usd" not in whole:
+    wanted = any(k in budget for k in ("max_cost_usd", "max_tokens")) or "max_cost_usd" in whole
+    if not (wanted or policies):
         return None
     agent = state.agent or {}
     chars = len(str(agent.get("system") or ""))
@@ -206,7 +214,89 @@ def check(state: SessionState, kind: str, est: dict[str, Any] | None) -> Exceede
     return None
 
 
-def error_of(over: Exceeded) -> ErrorInfo:
+@dataclass(frozen=True)
+class PolicyExceeded:
+    """A budget policy's bucket (policies.py) the next model call would run over."""
+
+    bucket: Bucket
+    allowed: Decimal  # the bucket's limit as it stands for this turn (raises included)
+    used: Decimal  # what the bucket holds in its window, read before this step
+    needed: Decimal  # this call's input estimate, in the bucket's dimension
+
+    @property
+    def limit(self) -> str:
+        """The raise key an approval of its interrupt folds (evolve.py)."""
+        return POLICY_PREFIX + self.bucket.policy
+
+    @property
+    def step(self) -> Decimal:
+        """What an approval adds to this turn's allowance: the policy's limit."""
+        return Decimal(self.bucket.limit)
+
+    @property
+    def on_exceeded(self) -> str:
+        """The policy's strategy in the per-turn budget's words."""
+        return "ask" if self.bucket.strategy == "interrupt" else "fail"
+
+    def _money(self, d: Decimal) -> str:
+        if self.bucket.dimension == "cost_usd":
+            return f"${_text(d)}"
+        return f"{_text(d)} tokens"
+
+    def raise_text(self) -> str:
+        """What an approval adds, as a person reads it."""
+        return self._money(self.step)
+
+    def detail(self) -> dict[str, Any]:
+        """The figures: which policy and bucket, what it holds, and when it frees up."""
+        b = self.bucket
+        return {
+            "limit": self.limit,
+            "policy": b.policy,
+            "group": b.group,
+            "dimension": b.dimension,
+            "allowed": _text(self.allowed),
+            "spent": _text(self.used),
+            "next": _text(self.needed),
+            "frees_at": iso(b.frees_at) if b.frees_at is not None else None,
+        }
+
+    def sentence(self) -> str:
+        """One line a person reads: the policy, the figures, when it frees up."""
+        b = self.bucket
+        who = f" for {b.group}" if b.group else ""
+        said = f"budget policy {b.policy!r}{who} has used {self._money(self.used)} of "
+        said += f"{self._money(self.allowed)}"
+        if b.frees_at is not None:
+            said += f"; it frees up at {iso(b.frees_at)}"
+        return said
+
+
+POLICY_PREFIX = "policy:"
+
+
+def check_policies(
+    state: SessionState, buckets: tuple[Bucket, ...], est: dict[str, Any] | None
+) -> PolicyExceeded | None:
+    """The first bucket a model call would run over: one already at its limit, or one
+    this call's input estimate would cross (as the original engine reserves)."""
+    turn = state.turn
+    if turn is None or not buckets:
+        return None
+    for b in buckets:
+        limit = _dec(b.limit)
+        used = _dec(b.used) or Decimal(0)
+        if limit is None:
+            continue
+        key = "tokens" if b.dimension == "total_tokens" else "cost"
+        needed = _dec((est or {}).get(key)) or Decimal(0)
+        allowed = _allowed(turn, POLICY_PREFIX + b.policy, limit)
+        if used >= allowed or used + needed > allowed:
+            return PolicyExceeded(b, allowed, used, needed)
+    return None
+
+
+def error_of(over: Exceeded | PolicyExceeded) -> ErrorInfo:
     """The `budget_exceeded` error a turn stopped by its budget fails with."""
     return {
         "message": f"budget exceeded: {over.sentence()}; the next call was not made",
@@ -215,14 +305,14 @@ def error_of(over: Exceeded) -> ErrorInfo:
     }
 
 
-def refuse(st: Step, over: Exceeded) -> None:
+def refuse(st: Step, over: Exceeded | PolicyExceeded) -> None:
     """A call the budget does not allow, not yet recorded: the turn fails."""
     fail_turn(st, error_of(over))
 
 
-def ask(st: Step, over: Exceeded, call_id: str) -> None:
+def ask(st: Step, over: Exceeded | PolicyExceeded, call_id: str) -> None:
     """Hold a recorded (not sent) call behind an interrupt asking for more budget."""
-    step = f"${_text(over.step)}" if over.limit.endswith("cost_usd") else _text(over.step)
+    step = over.raise_text()
     detail = over.detail()
     detail.update({"call_id": call_id, "raise_by": _text(over.step), "options": APPROVE_OPTIONS})
     action: Raise = {

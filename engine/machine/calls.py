@@ -133,8 +133,10 @@ def start_llm_call(st: Step, action: LlmCall) -> None:
     handler, fmt = llm_handler(st, params.get("llm") or (st.s.agent or {}).get("llm"))
     if fmt:
         params["format"] = fmt
-    est = budgets.estimate(st.s, params, st.now)
-    over = budgets.check(st.s, "llm", est)
+    est = budgets.estimate(st.s, params, st.now, policies=bool(st.buckets))
+    over: budgets.Exceeded | budgets.PolicyExceeded | None = budgets.check(st.s, "llm", est)
+    if over is None:  # the turn's own limits allow it: then the `[[budgets]]` buckets
+        over = budgets.check_policies(st.s, st.buckets, est)
     if over is not None and over.on_exceeded != "ask":
         budgets.refuse(st, over)  # the call is not made
         return

@@ -20,6 +20,7 @@ from . import retry
 from .effects import Effect, RunCall
 from .evolve import Event, evolve
 from .inputs import CallAnswered
+from .policies import Bucket
 from .shapes import Answer, ClientAction, ClientMessages, ErrorInfo, RetryPolicy, Trigger
 from .state import Call, SessionState
 
@@ -208,6 +209,9 @@ class Step:
         self.out = Transition(state=state)
         # The agent's Slack slash commands, from the client input being applied.
         self.slash_commands: tuple[str, ...] = ()
+        # The session's budget-policy buckets as the shell read them before this step
+        # (policies.py): a model call is checked against them.
+        self.buckets: tuple[Bucket, ...] = ()
 
     @property
     def s(self) -> SessionState:

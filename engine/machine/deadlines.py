@@ -63,3 +63,11 @@ def timer_changes(before: Armed, after: Armed) -> list[StartTimer | CancelTimer]
         StartTimer(due, inp) for key, (due, inp) in after.items() if before.get(key) != (due, inp)
     ]
     return changes
+
+
+def wake_ms(state: SessionState | None, kinds: Kinds) -> int | None:
+    """When the engine next wakes the session by itself (its earliest armed deadline:
+    a call's, a decision's, a queued turn's, an interrupt's expiry); None when nothing
+    is armed. What the admin list shows and sorts as `wake_at`."""
+    dues = [due for due, _ in armed(state, kinds).values()]
+    return min(dues) if dues else None

@@ -70,6 +70,7 @@ from .inputs import (
     TimerFired,
 )
 from .interrupts import may_resume, raise_interrupt
+from .policies import Bucket
 from .retry import Fault
 from .shapes import ErrorInfo, Raise, is_turn_start
 from .state import SessionState
@@ -249,10 +250,18 @@ def follow(st: Step, fact: Fact) -> None:
 
 
 def step(
-    state: SessionState | None, session_id: str, inp: Input, now: int, ids: Ids, kinds: Kinds
+    state: SessionState | None,
+    session_id: str,
+    inp: Input,
+    now: int,
+    ids: Ids,
+    kinds: Kinds,
+    *,
+    buckets: tuple[Bucket, ...] = (),
 ) -> Transition:
     """Apply one input by the rules of `kinds`. Mutates `state` (when it emits) and returns
-    the transition.
+    the transition. `buckets`: the session's budget-policy buckets as read before the step
+    (policies.py); a model call they do not allow is not made.
 
     Raises:
         MachineError: the input is refused; nothing was emitted.
@@ -273,6 +282,7 @@ def step(
             return Transition(state=None, ignored=f"session {session_id!r} does not exist")
     before = armed(state, kinds)
     st = Step(state, session_id, now, ids, kinds)
+    st.buckets = buckets
     handler(st, inp)
     advance(st)
     if st.out.events:

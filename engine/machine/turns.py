@@ -471,7 +471,9 @@ def _budget_answered(st: Step, interrupt: OpenInterrupt, payload: Any, expire: b
         return
     why = "the prompt expired" if expire else "a person declined to raise it"
     figures: dict[str, Any] = {
-        k: meta[k] for k in ("limit", "allowed", "spent", "next") if k in meta
+        k: meta[k]
+        for k in ("limit", "allowed", "spent", "next", "policy", "group", "dimension", "frees_at")
+        if k in meta
     }
     said = str(interrupt.get("reason") or "").removeprefix("budget: ")
     error: ErrorInfo = {

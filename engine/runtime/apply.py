@@ -42,10 +42,14 @@ from engine.machine import (
     step,
 )
 from engine.machine import events as ev
+from engine.machine.deadlines import wake_ms
 from engine.machine.evolve import at_ms
+from engine.machine.policies import Bucket, BucketRef, buckets_for, charges, context_of
 from engine.metrics import Metrics
 from engine.retrying import Backoff, Trouble
 from engine.runtime.cache import StateCache
+from engine.store.buckets import charge_message
+from engine.store.index import IndexWrite, scopes_of
 from engine.store.snapshots import SNAPSHOT_MIN_BYTES, Mark, current, load, mark_of
 from engine.store.store import (
     STORE_FAULTS,
@@ -65,6 +69,7 @@ log = logging.getLogger("subs.engine")
 # this often took its engine down each time (or never got an answer): the same.
 POISON_FAILURES = 3
 POISON_DELIVERIES = 10
+ROOTS_KEPT = 10_000  # root sessions' identities kept for their subagents' budget buckets
 
 
 @dataclass
@@ -119,6 +124,8 @@ class Applier:
             a.id: with_prices(project, a.wire_config(project), a) for a in project.agents.values()
         }
         self.llm_routes = {b.id: {"type": b.type, "format": b.format} for b in project.llm.values()}
+        self.policies = project.budgets
+        self._roots: dict[str, dict[str, Any]] = {}  # root session -> identity (subagents')
 
     def now_ms(self) -> int:
         """The clock steps are stamped with, in ms; injected so tests can move it."""
@@ -132,6 +139,53 @@ class Applier:
     def drop(self, sid: str) -> None:
         """Forget a session's cached state (it was deleted, archived, or may be stale)."""
         self.cache.drop(sid)
+
+    async def bucket_refs(
+        self, sid: str, state: SessionState | None, inp: Input
+    ) -> list[BucketRef]:
+        """The budget-policy buckets a session counts toward (policies.py): from its agent
+        and identity, or, for a session this input creates, the input's; `user` is whoever
+        submitted the turn the step works on (in a shared Slack thread each person spends
+        their own bucket, not the thread starter's). A subagent's
+        session counts toward its root session's person and channel (its own agent and
+        id): a user's subagents spend that user's budget. Worked out each step (a few
+        comparisons); only a root's identity is kept, as it never changes."""
+        if not self.policies:
+            return []
+        if state is not None:
+            agent_id, identity, ancestry = state.agent_id, state.identity, state.ancestry
+        elif isinstance(inp, ClientSubmitted):
+            agent_id, identity, ancestry = inp.agent_id, inp.identity, list(inp.ancestry or ())
+        elif isinstance(inp, ChildSpawned):
+            agent_id, identity, ancestry = inp.agent_id, {}, inp.ancestry
+        else:
+            return []
+        if ancestry:
+            identity = await self._root_identity(ancestry[0])
+        else:
+            identity = _as_submitted(identity, state, inp)
+        return buckets_for(self.policies, context_of(sid, agent_id, identity))
+
+    async def _root_identity(self, root: str) -> dict[str, Any]:
+        """A root session's identity (read once, from its snapshot: it never changes)."""
+        known = self._roots.get(root)
+        if known is None:
+            snap = await self.store.load_snapshot(root)
+            known = (snap.state.get("identity") if snap is not None else None) or {}
+            if len(self._roots) >= ROOTS_KEPT:
+                self._roots.pop(next(iter(self._roots)))
+            self._roots[root] = known
+        return known
+
+    async def buckets(self, refs: list[BucketRef], now: int) -> tuple[Bucket, ...]:
+        """The buckets' usage as the machine is to check a model call against it."""
+        if not refs:
+            return ()
+        uses = await self.store.read_buckets(refs, now)
+        return tuple(
+            Bucket(u.policy, u.group, u.dimension, u.limit, u.used, u.frees_at, ref.policy.strategy)
+            for ref, u in zip(refs, uses, strict=True)
+        )
 
     async def settle(self, p: int, lease: str, item: WorkItem) -> Transition | None:
         """Apply one input and commit it, however long Redis is away.
@@ -275,9 +329,12 @@ class Applier:
         state = await self.load(sid)
         seq = state.seq if state else 0
         before = None if self.tracing is None else Before.of(state, sid, self.tracing.capture)
+        now = self.now_ms()
         try:
             inp = self._machine_input(state, item.input)
-            t = step(state, sid, inp, self.now_ms(), new_id, self.kinds)
+            refs = await self.bucket_refs(sid, state, inp)
+            buckets = await self.buckets(refs, now) if refs else ()
+            t = step(state, sid, inp, now, new_id, self.kinds, buckets=buckets)
         except MachineError as err:
             reply = {"ok": False, "status": err.status, **err.body()}
             commit = Commit(sid, seq, seq, (), None, reply=reply)
@@ -285,6 +342,11 @@ class Applier:
         if before is not None:
             _trace_spawns(t)
         commit, mark = self._commit_of(sid, seq, t, item)
+        if refs:  # the settled calls' usage, to their buckets by the outbox (store/buckets.py)
+            paid = charges(refs, sid, t.events, now)
+            if paid:
+                extra = tuple(encode(charge_message(c)).decode() for c in paid)
+                commit = dataclasses.replace(commit, outbox=commit.outbox + extra)
         return _Planned(commit, t, started, mark, before)
 
     def _commit_of(
@@ -452,10 +514,38 @@ def _commit_of(
         created_ms=at_ms(created)
         if created and created["payload"]["type"] == ev.SESSION_CREATED
         else None,
+        index=_index_of(new_state, t, kinds),
     )
     return commit, mark
+
+
+def _index_of(state: SessionState | None, t: Transition, kinds: Kinds) -> IndexWrite | None:
+    """The session's entry in the listing indexes after a step that wrote events."""
+    if state is None or not t.events:
+        return None
+    return IndexWrite(
+        created_ms=state.created_at,
+        last_ms=at_ms(t.events[-1]),
+        wake_ms=wake_ms(state, kinds),
+        scopes=scopes_of(state.agent_id, not state.ancestry),
+    )
 
 
 def _timer_member(sid: str, due: int, inp: Input) -> str:
     """A timer's entry in the partition's set; the same timer always gives the same bytes."""
     return json.dumps({"sid": sid, "input": input_to_json(inp), "due": due})
+
+
+def _as_submitted(
+    identity: dict[str, Any], state: SessionState | None, inp: Input
+) -> dict[str, Any]:
+    """`identity` with the subject of the turn a step works on: the running turn's
+    submitter, or, when the step's input starts the turn, the input's own subject."""
+    subject: Any = None
+    if state is not None and state.turn is not None and state.turn.by:
+        subject = state.turn.by.get("subject")
+    elif isinstance(inp, ClientSubmitted):
+        subject = (inp.identity or {}).get("subject")
+    if not isinstance(subject, dict) or not subject.get("id"):
+        return identity
+    return {**identity, "subject": subject}

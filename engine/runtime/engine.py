@@ -32,11 +32,13 @@ from engine.effects.mcp.runners import McpRunners
 from engine.effects.runner import EffectRunner, Runners, builtin_runners, worker_targets
 from engine.ids import new_id
 from engine.machine import Deliver, Input, Kinds, Transition, default_kinds, input_to_json
+from engine.machine import events as ev
 from engine.metrics import Metrics
 from engine.retrying import Backoff, Trouble
 from engine.runtime.apply import Applier, EngineStats, lost_work
 from engine.runtime.retention import Sweeper
 from engine.store.durability import check_server
+from engine.store.reindex import ensure_indexes
 from engine.store.retention import FULL_AT, PurgeHooks, Removals
 from engine.store.store import STORE_FAULTS, RedisClient, Store, StoreConflict, WorkItem
 from engine.telemetry.tracing import Tracing, tracing_from
@@ -173,6 +175,7 @@ class Engine:
                 durability.partitions,
             )
         await check_server(self.redis, durability.fsync)
+        await ensure_indexes(self.store, self.kinds)  # sessions an older version wrote
         self.applier = Applier(
             self.project,
             self.store,
@@ -410,6 +413,10 @@ class Engine:
                 self.effects.start(state, effect, done, part.calls)
             elif isinstance(effect, Deliver):
                 part.outbox_dirty = True
+        if self.applier.policies and any(
+            e["payload"]["type"] == ev.LLM_CALL_COMPLETED for e in t.events
+        ):
+            part.outbox_dirty = True  # the call's usage waits there for its buckets
         if part.outbox_dirty:
             task = asyncio.create_task(self._relay_outbox(part))
             part.calls.add(task)
@@ -429,7 +436,11 @@ class Engine:
             while part.outbox_dirty:
                 part.outbox_dirty = False
                 for entry_id, to, message in await self.store.outbox(part.p):
-                    await self.store.enqueue(to, json.loads(message)["input"], None)
+                    body = json.loads(message)
+                    if "charge" in body:  # a settled call's usage (engine/store/buckets.py)
+                        await self.store.charge(body["charge"], self.now_ms())
+                    else:
+                        await self.store.enqueue(to, body["input"], None)
                     await self.store.outbox_done(part.p, entry_id)
         except STORE_FAULTS as err:
             part.outbox_dirty = True  # the work reader's next round tries again

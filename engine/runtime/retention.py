@@ -24,8 +24,9 @@ from typing import Any
 
 from engine.errors import SubsError, describe
 from engine.jsonedge import encode
-from engine.machine import SessionState, fold, state_to_json
+from engine.machine import SessionState, default_kinds, fold, state_to_json
 from engine.store import archive
+from engine.store.reindex import index_sessions
 from engine.store.retention import REMOVED, PurgeHooks, Removed, occurred_ms
 from engine.store.snapshots import load
 from engine.store.store import STORE_FAULTS, Store
@@ -246,6 +247,7 @@ async def restore(store: Store, kept: archive.Archive) -> SessionState:
             f"session {kept.session_id} is in Redis already; "
             f"`subs sessions delete {kept.session_id}` first to put the archived one back"
         )
+    await index_sessions(store, [kept.session_id], default_kinds())  # listed again
     return state
 
 

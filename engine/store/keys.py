@@ -98,6 +98,21 @@ class Keys:
         """The partition's session index, by creation time; listings merge them."""
         return self._key(p, "sessions")
 
+    def index_key(self, p: int, sort: str, scope: str) -> str:
+        """A listing index of the partition (engine/store/index.py): `sort` is `first`,
+        `last` or `wake`, `scope` the sessions it holds (`t` top-level, `s` subagents,
+        `a:<agent>:t|s` one agent's)."""
+        return self._key(p, f"ix:{sort}:{scope}")
+
+    def moves_key(self, p: int) -> str:
+        """Where a session's index scores were before it moved, once per listing started:
+        what keeps a listing's cursor stable (engine/store/index.py)."""
+        return self._key(p, "ix:moves")
+
+    def mark_key(self, p: int) -> str:
+        """The partition's listing mark: bumped by each listing's first page."""
+        return self._key(p, "ix:mark")
+
     def dead_key(self, p: int) -> str:
         """Inputs the engine could not apply."""
         return self._key(p, "dead")

@@ -20,6 +20,7 @@ from engine.errors import SubsError
 from engine.jsonedge import encode
 from engine.store.connection import lua_script
 from engine.store.durability import ReplicaWait
+from engine.store.index import IndexWrite, SessionIndex
 from engine.store.keys import LEGACY_SESSIONS
 from engine.store.retention import Removals
 from engine.store.streams import Entries, SessionStreams
@@ -78,6 +79,7 @@ class Commit:
     outbox: tuple[str, ...] = ()  # messages to other sessions, relayed after the commit
     created_ms: int | None = None  # the session is new: index it (in the same commit)
     dead_letter: bytes | None = None  # an input no transition could take, kept for a person
+    index: IndexWrite | None = None  # the listing indexes' entry, when events are written
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ class Snapshot:
     tail_bytes: int
 
 
-class SessionLog(SessionStreams):
+class SessionLog(SessionStreams, SessionIndex):
     """Each session's log and snapshot: commits, loads, listings, deletes."""
 
     replicas: ReplicaWait | None
@@ -210,6 +212,10 @@ class SessionLog(SessionStreams):
         args += list(c.timers_done)
         args.append(len(c.outbox))
         args += list(c.outbox)
+        ix = c.index
+        if ix is not None and c.events:
+            w = "" if ix.wake_ms is None else ix.wake_ms
+            args += [ix.created_ms, ix.last_ms, w, ix.last_ms, " ".join(ix.scopes)]
         keys = [
             self.log_key(sid),
             self.snap_key(sid),
@@ -222,6 +228,8 @@ class SessionLog(SessionStreams):
             self.sessions_key(p),
             self.dead_key(p),
         ]
+        if ix is not None and c.events:
+            keys += [self.moves_key(p), self.mark_key(p), *self.index_keys(sid, ix.scopes)]
         if deltas and self.replicas is not None:
             await self.add_deltas(sid, deltas)  # not counted by the commit's WAIT
             deltas = ()
@@ -326,6 +334,7 @@ class SessionLog(SessionStreams):
             self.sessions_key(p),
             self.inflight_key(p),
             self.files_key(session_id),
+            *await self.indexed_keys(session_id),
         ]
         if not await self._delete(keys=keys, args=[expected_seq, session_id]):
             return False

@@ -24,7 +24,8 @@ from redis.commands.core import AsyncScript
 
 from engine.jsonedge import encode
 from engine.store.connection import RedisClient, lua_script
-from engine.store.keys import LEGACY_SESSIONS, Keys
+from engine.store.index import SessionIndex
+from engine.store.keys import LEGACY_SESSIONS
 from engine.store.streams import Entries
 
 log = logging.getLogger("subs.retention")
@@ -92,7 +93,7 @@ def occurred_ms(event: dict[str, Any]) -> int:
     return int(datetime.fromisoformat(event["occurred_at"]).timestamp() * 1000)
 
 
-class SessionRetention(Keys):
+class SessionRetention(SessionIndex):
     """Finding idle sessions, removing one as the sweep saw it, restoring an archived one."""
 
     redis: RedisClient
@@ -147,6 +148,7 @@ class SessionRetention(Keys):
             self.sessions_key(p),
             self.inflight_key(p),
             self.work_key(p),
+            *await self.indexed_keys(session_id),
         ]
         needle = encode({"sid": session_id})[1:-1]
         args: list[Any] = [expected_seq, session_id, WORK_SCAN_LIMIT, needle]

@@ -23,6 +23,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import OutOfMemoryError, RedisError
 
+from engine.store.buckets import BucketUse, BudgetBuckets
 from engine.store.connection import (
     STORE_FAULTS,
     RedisClient,
@@ -34,6 +35,7 @@ from engine.store.connection import (
 )
 from engine.store.durability import ReplicaWait
 from engine.store.files import SessionFiles
+from engine.store.index import BUILD_SCRIPT, PAGE_SCRIPT, SessionIndex
 from engine.store.keys import DEFAULT_PARTITIONS, META, spread_tags
 from engine.store.log import (
     COMMIT_SCRIPT,
@@ -57,6 +59,7 @@ from engine.store.work import ACQUIRE_SCRIPT, GROUP, RELEASE_SCRIPT, PartitionWo
 __all__ = [
     "GROUP",
     "STORE_FAULTS",
+    "BucketUse",
     "Commit",
     "OutOfMemoryError",
     "PurgeHook",
@@ -81,7 +84,9 @@ __all__ = [
 META_SCRIPT = lua_script(__package__, "meta.lua")
 
 
-class Store(SessionLog, SessionRetention, PartitionWork, SessionFiles):
+class Store(
+    SessionLog, SessionRetention, PartitionWork, SessionFiles, BudgetBuckets, SessionIndex
+):
     """A thin, typed command layer over one Redis connection pool (or one cluster client).
 
     Every key of a partition carries the partition's hash tag: on a cluster each
@@ -115,6 +120,8 @@ class Store(SessionLog, SessionRetention, PartitionWork, SessionFiles):
         self._delete = redis.register_script(DELETE_SCRIPT)
         self._remove = redis.register_script(REMOVE_SCRIPT)
         self._restore = redis.register_script(RESTORE_SCRIPT)
+        self._ix_page = redis.register_script(PAGE_SCRIPT)
+        self._ix_build = redis.register_script(BUILD_SCRIPT)
 
     @classmethod
     async def open(

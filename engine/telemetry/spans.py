@@ -101,11 +101,7 @@ class Before:
             },
             agent.get("model") if isinstance(agent.get("model"), str) else None,
             route.get("type") if isinstance(route.get("type"), str) else None,
-            {
-                c.id: path_to(state.nodes, c.anchor)
-                for c in state.calls.values()
-                if c.kind == "llm"
-            }
+            {c.id: path_to(state.nodes, c.anchor) for c in state.calls.values() if c.kind == "llm"}
             if capture
             else {},
         )

@@ -55,6 +55,10 @@ SCENARIOS = {
     "test_connectors_a_sync_a_call_and_a_server_that_is_not_installed",
     "connector_off": "tests/golden/scenarios.py::test_an_off_connection_over_two_turns",
     "budget_ask": "tests/test_budgets.py::test_ask_holds_the_call_until_a_person_approves_more",
+    "budget_policy_reject": "tests/test_budget_policies.py::"
+    "test_a_per_agent_policy_stops_the_turn_that_would_cross_it_while_another_agent_runs[single]",
+    "budget_policy_interrupt": "tests/test_budget_policies.py::"
+    "test_the_interrupt_strategy_asks_and_an_approval_lets_the_turn_go_on",
     "worker_async_decision": "tests/test_async_decisions.py::"
     "test_an_async_decision_completes_the_turn_and_a_stale_id_is_refused",
 }

@@ -1,4 +1,5 @@
-// The sessions list: newest first, a page at a time, filtered by agent and status,
+// The sessions list: latest activity first, a page at a time (the admin list's cursor:
+// a page holds still while sessions are written), filtered by agent and status,
 // refreshed every few seconds while it is open. Failed sessions are marked with the reason
 // (the row's `status` is the server's word for it, as `subs sessions list` shows it).
 
@@ -12,7 +13,7 @@ const STATUSES = ["", "running", "interrupted", "idle", "failed"];
 export function showList(main, params, go, fail) {
   const agent = params.get("agent") ?? "";
   const status = params.get("status") ?? "";
-  const offset = Number(params.get("offset") ?? 0) || 0;
+  const cursor = params.get("cursor") ?? "";
 
   const agentInput = h("input", { name: "agent", value: agent, placeholder: "any agent" });
   const statusSelect = h(
@@ -22,13 +23,13 @@ export function showList(main, params, go, fail) {
   );
   const form = h(
     "form",
-    { class: "filters", onsubmit: (e) => { e.preventDefault(); apply(0); } },
+    { class: "filters", onsubmit: (e) => { e.preventDefault(); apply(""); } },
     h("label", {}, "agent ", agentInput),
     h("label", {}, "status ", statusSelect),
     h("button", { type: "submit" }, "filter"),
     agent ? h("a", { id: "chat-agent", href: chatHref(agent) }, `chat with ${agent}`) : "",
   );
-  statusSelect.addEventListener("change", () => apply(0));
+  statusSelect.addEventListener("change", () => apply(""));
   const body = h("tbody");
   const pager = h("nav", { class: "pager" });
   const note = h("p", { class: "muted", id: "list-note" });
@@ -56,24 +57,35 @@ export function showList(main, params, go, fail) {
     const q = new URLSearchParams();
     if (agentInput.value.trim()) q.set("agent", agentInput.value.trim());
     if (statusSelect.value) q.set("status", statusSelect.value);
-    if (at) q.set("offset", String(at));
+    if (at) q.set("cursor", at);
     go(`/console${q.size ? `?${q}` : ""}`);
   }
 
   async function load() {
-    const q = new URLSearchParams({ offset: String(offset), limit: String(PAGE) });
-    if (agent) q.set("agent", agent);
+    const q = new URLSearchParams({ limit: String(PAGE) });
+    if (agent) q.set("agent_id", agent);
     if (status) q.set("status", status);
-    const page = await call("GET", `/api/admin/sessions?${q}`);
-    body.replaceChildren(...page.sessions.map(row));
+    if (cursor) q.set("cursor", cursor);
+    let page;
+    try {
+      page = await call("GET", `/api/admin/sessions?${q}`);
+    } catch (err) {
+      // A cursor lives 30 minutes: a page left open longer starts again from the newest.
+      if (cursor && err.status === 400 && /^cursor:/.test(err.message)) {
+        apply("");
+        return false; // this view is gone: no more refreshes of it
+      }
+      throw err;
+    }
+    body.replaceChildren(...page.items.map(row));
     showStore(full, page.store);
-    note.textContent = page.sessions.length
-      ? `${page.sessions.length} sessions, from #${offset + 1}; refreshed ${new Date().toISOString().slice(11, 19)}Z`
+    note.textContent = page.items.length
+      ? `${page.items.length} sessions${cursor ? ", an older page" : ""}; refreshed ${new Date().toISOString().slice(11, 19)}Z`
       : agent || status ? "no session matches this filter on this page" : "no sessions yet";
     pager.replaceChildren(
-      offset > 0 ? h("a", { href: "#", onclick: (e) => { e.preventDefault(); apply(0); } }, "« newest") : "",
-      page.next_offset !== null
-        ? h("a", { href: "#", id: "older", onclick: (e) => { e.preventDefault(); apply(page.next_offset); } }, "older »")
+      cursor ? h("a", { href: "#", id: "newest", onclick: (e) => { e.preventDefault(); apply(""); } }, "« newest") : "",
+      page.next_cursor !== null
+        ? h("a", { href: "#", id: "older", onclick: (e) => { e.preventDefault(); apply(page.next_cursor); } }, "older »")
         : "",
     );
   }
@@ -81,7 +93,7 @@ export function showList(main, params, go, fail) {
   let timer = null;
   const tick = async () => {
     try {
-      await load();
+      if ((await load()) === false) return;
       timer = setTimeout(tick, REFRESH_MS);
     } catch (err) {
       fail(err);
@@ -118,6 +130,14 @@ function row(s) {
     h("td", { title: stamp(s.last_activity_at) }, ago(s.last_activity_at), h("div", { class: "muted small" }, stamp(s.last_activity_at))),
     h("td", { class: "num" }, count(s.turns)),
     h("td", { class: "num" }, count(s.tokens)),
-    h("td", { class: "num" }, money(s.cost)),
+    h("td", { class: "num" }, money(s.cost), ...(s.budgets || []).map(bucket)),
   );
+}
+
+// A budget-policy bucket the session counts toward ([[budgets]]): used of its limit in its
+// window, and until when it is spent.
+function bucket(b) {
+  const unit = b.dimension === "cost_usd" ? money(b.used) + " of " + money(b.limit) : `${count(Number(b.used))} of ${count(Number(b.limit))} tokens`;
+  const spent = b.frees_at ? ` · spent until ${stamp(b.frees_at)}` : "";
+  return h("div", { class: `budget small${b.frees_at ? " spent" : " muted"}`, title: b.group }, `${b.policy}: ${unit}${spent}`);
 }

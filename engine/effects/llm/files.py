@@ -51,12 +51,17 @@ async def resolve_files(
     what is sent. That is checked again after each read (one may be dropped meanwhile), and
     from the last check to the return nothing awaits, so what the caller encodes next is
     either kept or resolved."""
+    # This runs at every model call over the whole history, and most messages hold a
+    # string: only a message of parts can name a file, so the others are passed over once.
+    parted = [m for m in request.get("messages") or () if m.get("content").__class__ is list]
+    if not parted:
+        return request
     found: dict[str, bytes | None] = {}
     texts: dict[str, str | None] = {}  # PDFs' text, for vendors that take no documents
     while True:
         wanted = {
             digest: str(part.get("mimeType") or "")
-            for message in request.get("messages") or ()
+            for message in parted
             if (refs := _references(message)) and not kept(message)
             for digest, part in refs
         }
@@ -86,7 +91,7 @@ async def resolve_files(
 def _references(message: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """The stored-file references in a message's content, with their parts."""
     content = message.get("content")
-    if content.__class__ is not list:  # most messages: a string (this runs every call)
+    if content.__class__ is not list:  # a string
         return []
     return [(d, part) for part in content if (d := stored_digest(part)) is not None]
 

@@ -146,18 +146,37 @@ def unpriced(project: Project) -> list[tuple[str, str]]:
                     "million tokens)",
                 )
             )
+    for i, policy in enumerate(project.budgets):
+        if policy.dimension != "cost_usd":
+            continue
+        only = dict(policy.match).get("agent")
+        for agent in project.agents.values():
+            if only not in (None, agent.id) or not agent.model:
+                continue
+            if agent_price(project, agent) is None:
+                out.append(
+                    (
+                        f"budgets.{i}.dimension",
+                        f"counts USD, but agent {agent.id!r}'s model {agent.model!r} has no "
+                        f"known price: set [llm.{agent.llm}] prices = "
+                        f'{{ "{agent.model}" = {{ input = ..., output = ... }} }}',
+                    )
+                )
+                break
     return out
 
 
 def with_prices(project: Project, config: dict[str, Any] | None, agent: AgentDecl) -> Any:
     """An agent's wire config with its model's input and cache-read prices in `budget.price`
     (`session_budget.price` when it has only that), which the machine estimates a call's
-    cost with (engine/machine/budgets.py)."""
-    if config is None or not ("budget" in config or "session_budget" in config):
+    cost with (engine/machine/budgets.py); a `[[budgets]]` policy in USD needs them too,
+    budget or not (in `budget.price` then)."""
+    cost_policy = any(p.dimension == "cost_usd" for p in project.budgets)
+    if config is None or not ("budget" in config or "session_budget" in config or cost_policy):
         return config
     price = agent_price(project, agent)
     if price is None:
         return config
-    key = "budget" if "budget" in config else "session_budget"
+    key = "session_budget" if "session_budget" in config and "budget" not in config else "budget"
     priced = {"input": usd(price.input), "cache_read": usd(price.cache_read)}
-    return {**config, key: {**config[key], "price": priced}}
+    return {**config, key: {**config.get(key, {}), "price": priced}}

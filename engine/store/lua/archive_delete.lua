@@ -1,4 +1,5 @@
--- KEYS: snap, log, deltas, files, sessions, inflight, work. ARGV: expected seq, session id,
+-- KEYS: snap, log, deltas, files, sessions, inflight, work, then the session's listing
+--   indexes. ARGV: expected seq, session id,
 --   the work stream's longest length this script scans, `"sid":"<id>"` as a work entry
 --   spells it.
 -- Removes a session only as the sweep saw it: its snapshot still at the seq the sweep
@@ -21,4 +22,5 @@ if redis.call('EXISTS', KEYS[7]) == 1 then
 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 redis.call('ZREM', KEYS[5], ARGV[2])
+for k = 8, #KEYS do redis.call('ZREM', KEYS[k], ARGV[2]) end
 return 1

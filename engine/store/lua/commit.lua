@@ -1,8 +1,11 @@
--- KEYS: log, snap, work, inflight, lease, timers, reply, outbox, sessions, dead
+-- KEYS: log, snap, work, inflight, lease, timers, reply, outbox, sessions, dead, then
+--       for the listing indexes (engine/store/index.py) moves, mark and (first, last,
+--       wake) per scope
 -- ARGV: lease_value, expected_seq, new_seq, snapshot ('' = not rewritten), ack_id,
 --       inflight (+/-/''), session_id, reply ('' = none), n_events, created_ms ('' = not
 --       new), dead letter ('' = none), (id, json)*, n_timers, (score, member)*,
---       n_timer_removals, member*, n_outbox, item*
+--       n_timer_removals, member*, n_outbox, item*, then for the indexes: created ms,
+--       last-event ms ('' = no index write), wake ms ('' = none), now ms, scopes
 if redis.call('GET', KEYS[5]) ~= ARGV[1] then return -1 end
 local cur = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0')
 if cur ~= tonumber(ARGV[2]) then return -2 end
@@ -40,6 +43,30 @@ n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do
   redis.call('XADD', KEYS[8], '*', 'm', ARGV[i])
   i = i + 1
+end
+if #KEYS > 12 and ARGV[i + 1] ~= '' then
+  local sid, last, wake = ARGV[7], ARGV[i + 1], ARGV[i + 2]
+  local old_last = redis.call('ZSCORE', KEYS[14], sid)
+  local old_wake = redis.call('ZSCORE', KEYS[15], sid)
+  local wake_was = old_wake and tonumber(old_wake) or -1
+  local wake_is = wake ~= '' and tonumber(wake) or -1
+  if old_last and (tonumber(old_last) ~= tonumber(last) or wake_was ~= wake_is) then
+    -- a move: where it was is kept once per listing started since (the mark)
+    local mark = redis.call('GET', KEYS[12]) or '0'
+    if redis.call('HGET', KEYS[2], 'ixm') ~= mark then
+      redis.call('XADD', KEYS[11], 'MINID', '~', tonumber(ARGV[i + 3]) - 3600000, '*',
+        's', sid, 'm', mark, 'l', old_last, 'w', old_wake or '')
+      redis.call('HSET', KEYS[2], 'ixm', mark)
+    end
+  end
+  local fresh = not redis.call('HGET', KEYS[2], 'ix')
+  if fresh then redis.call('HSET', KEYS[2], 'ix', ARGV[i + 4]) end
+  for k = 13, #KEYS, 3 do
+    if fresh then redis.call('ZADD', KEYS[k], 'NX', ARGV[i], sid) end
+    redis.call('ZADD', KEYS[k + 1], last, sid)
+    if wake ~= '' then redis.call('ZADD', KEYS[k + 2], wake, sid)
+    else redis.call('ZREM', KEYS[k + 2], sid) end
+  end
 end
 if ARGV[8] ~= '' then
   redis.call('RPUSH', KEYS[7], ARGV[8])
