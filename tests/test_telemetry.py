@@ -768,6 +768,52 @@ async def test_prompts_and_completions_reach_spans_only_when_captured_and_masked
     assert key not in json.dumps(receiver.spans)
 
 
+async def test_a_stop_that_lands_mid_commit_still_sends_that_commits_spans(redis, vendor, tmp_path):
+    """The flake of the test above, made certain: a follower saw the turn's last commit
+    before the engine read Redis's reply to it, and the engine was stopped right then.
+    The commit's reply is held back until the stop has cancelled the partition's task."""
+    vendor.push(Text("Rotate it now."))
+    async with otlp_receiver() as receiver:
+        block = f'[telemetry]\nendpoint = "{receiver.url}"\n'
+        engine = Engine(project_with(tmp_path, vendor.url, block), redis, env=ENV, lease_ms=3000)
+        landed, reply = asyncio.Event(), asyncio.Event()
+
+        async def held_commit(p, lease, commit, deltas=()):
+            seq = await real_commit(p, lease, commit, deltas)
+            if any(b'"turn.completed"' in e for e in commit.events):
+                landed.set()
+                await reply.wait()  # Redis took it; its reply is not read yet
+            return seq
+
+        await engine.start()
+        real_commit = engine.store.commit
+        engine.store.commit = held_commit  # type: ignore[method-assign]
+        stopping = None
+        try:
+            client = Client(engine.store)
+            reply_ = await client.submit(
+                {
+                    "type": "client.message",
+                    "agent_id": "ops_openai",
+                    "message": {"role": "user", "content": "rotate?"},
+                }
+            )
+            await wait_for_event(client, reply_["session_id"], turn_ended(reply_["turn_id"]))
+            await asyncio.wait_for(landed.wait(), 10)
+            stopping = asyncio.create_task(engine.stop())
+
+            async def dropped() -> bool:
+                return not engine.owned  # popped, and its tasks cancelled, at once
+
+            await poll_until(dropped, 10, "the stop to cancel the partition's tasks")
+            reply.set()
+        finally:
+            reply.set()
+            await (stopping if stopping is not None else engine.stop())
+    names = [s["name"] for s in receiver.spans]
+    assert len(receiver.named("chat")) == 1, names
+
+
 def test_a_retried_attempts_span_carries_the_retry_that_scheduled_it():
     state = state_mid_turn()
     projector = Projector()
