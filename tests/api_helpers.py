@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 from aiohttp import web
-from httpx_sse import ServerSentEvent, aconnect_sse
+from httpx_sse import EventSource, ServerSentEvent, aconnect_sse
 
 ROOT, ALICE, BOB = "root-key", "alice-key", "bob-key"
 KEYS_ENV = {"SUBS_API_KEYS": f"{ROOT}, {ALICE}:own,{BOB}:own"}
@@ -38,6 +38,18 @@ async def serve(app: web.Application) -> AsyncIterator[str]:
         await runner.cleanup()
 
 
+async def sse_frames(source: EventSource) -> AsyncIterator[ServerSentEvent]:
+    """The frames a browser's EventSource would dispatch. httpx-sse 0.4 also dispatches
+    a block with no data once any event had an `id:` (the id is sticky), so each `: ping`
+    after an event came out as a `message` frame with empty data: the spec dispatches
+    nothing for a block whose data buffer is empty (WHATWG HTML, "dispatch the event",
+    step 2; florimondmanca/httpx-sse issue #35). Our server sends no data-less frame."""
+    async for frame in source.aiter_sse():
+        if frame.data == "" and frame.event == "message":
+            continue
+        yield frame
+
+
 async def read_stream(
     http: httpx.AsyncClient,
     sid: str,
@@ -61,7 +73,7 @@ async def read_stream(
             headers={**auth(key), **(headers or {})},
         ) as source:
             assert source.response.status_code == 200, await source.response.aread()
-            async for frame in source.aiter_sse():
+            async for frame in sse_frames(source):
                 frames.append(frame)
                 if stop is not None and stop(frame):
                     break

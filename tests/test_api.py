@@ -11,10 +11,11 @@ from typing import Any
 
 import httpx
 import pytest
+from aiohttp import web
 from httpx_sse import EventSource, aconnect_sse
 
 from engine.api import ApiKeys, ApiKeysError, SseLimits, bind_warning, check_bind, make_app
-from engine.api.stream import sse_frame
+from engine.api.stream import PING, sse_frame
 from engine.client import Client, ClientError
 from engine.metrics import Metrics
 from engine.runtime.engine import Engine
@@ -31,6 +32,7 @@ from tests.api_helpers import (
     of_type,
     read_stream,
     serve,
+    sse_frames,
     stream_path,
 )
 from tests.engine_helpers import on_both_redis, poll_until
@@ -726,7 +728,7 @@ async def test_catch_up_then_live_with_after_seq_and_last_event_id(http, vendor)
             params={"after_seq": 1, "turn_id": "T2"},
             headers={**auth(ROOT), "Last-Event-ID": "4"},
         ) as source:
-            async for frame in source.aiter_sse():
+            async for frame in sse_frames(source):
                 if frame.event == "llm.token.delta":
                     continue
                 got.append(frame.json())
@@ -803,6 +805,27 @@ async def test_deltas_interleave_and_a_reconnect_gets_the_missed_ones(http, vend
     assert deltas_of(done, call_id) == [] and events_of(done)
 
 
+async def test_a_ping_after_an_event_is_no_frame_to_the_test_reader():
+    """The bytes the stream writes (an event with its id, a heartbeat, a delta, an event)
+    read over loopback by the helpers every stream test uses: the heartbeat is no frame.
+    httpx-sse alone yields one (event `message`, empty data) for a comment after an id."""
+    started = {"seq": 1, "payload": {"type": "turn.started"}}
+    delta = {"call_id": "llm_1", "attempt": 1, "seq": 1, "text": "hi"}
+    ended = {"seq": 2, "payload": {"type": "turn.completed"}}
+    body = sse_frame("event", started) + PING + sse_frame("delta", delta) + PING
+    body += sse_frame("event", ended)
+
+    async def stream(request: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="text/event-stream")
+
+    app = web.Application()
+    app.router.add_get("/s", stream)
+    async with serve(app) as url, httpx.AsyncClient(base_url=url, timeout=10) as client:
+        frames = await read_stream(client, "s", path="/s")
+    assert [f.event for f in frames] == ["turn.started", "llm.token.delta", "turn.completed"]
+    assert events_of(frames) == [started, ended]
+
+
 async def test_heartbeat_comments_keep_an_idle_stream_open(http, vendor):
     vendor.push(Text("quiet now"))
     reply = await submit(http, say("hi", turn_id="T-h"))
@@ -849,7 +872,7 @@ async def test_a_slow_client_is_cut_off_and_others_keep_streaming(engine, vendor
             await poll_until(
                 lambda: counted(metrics, "subs_sse_overflows_total", 1), 5, "the overflow"
             )
-            frames = [f async for f in EventSource(slow).aiter_sse()]
+            frames = [f async for f in sse_frames(EventSource(slow))]
         assert frames[-1].event == "stream.overflow"
         info = frames[-1].json()
         got = events_of(frames[:-1])
