@@ -13,6 +13,8 @@ content). `CLOCK_TZ` from its environment shows up in `now`; every `slow` call a
 line to the file named by `MCP_CALLS_LOG`, so a test can count how often it was sent; each
 start appends the server's pid to `MCP_PIDS_LOG`. `--say TEXT` and `--say-env NAME` write
 TEXT and the variable's value to stderr at start (a server that prints what it was given).
+With `MCP_START_GATE` it waits, before it answers anything, for that file to appear (a
+server slow to start, for as long as the test wants).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import asyncio
 import base64
 import os
 import sys
+import time
 from pathlib import Path
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -165,6 +168,9 @@ def main() -> None:
     parser.add_argument("--say", default=None)
     parser.add_argument("--say-env", default=None)
     args = parser.parse_args()
+    gate = os.environ.get("MCP_START_GATE")
+    while gate and not Path(gate).exists():  # a server slow to start, until the test says
+        time.sleep(0.02)
     if args.say is not None:
         print(f"started with {args.say}", file=sys.stderr, flush=True)
     if args.say_env is not None:
