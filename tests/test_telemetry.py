@@ -771,7 +771,7 @@ async def test_prompts_and_completions_reach_spans_only_when_captured_and_masked
 async def test_a_stop_that_lands_mid_commit_still_sends_that_commits_spans(redis, vendor, tmp_path):
     """The flake of the test above, made certain: a follower saw the turn's last commit
     before the engine read Redis's reply to it, and the engine was stopped right then.
-    The commit's reply is held back until the stop has cancelled the partition's task."""
+    The commit's reply is held back until the stop has begun."""
     vendor.push(Text("Rotate it now."))
     async with otlp_receiver() as receiver:
         block = f'[telemetry]\nendpoint = "{receiver.url}"\n'
@@ -802,10 +802,10 @@ async def test_a_stop_that_lands_mid_commit_still_sends_that_commits_spans(redis
             await asyncio.wait_for(landed.wait(), 10)
             stopping = asyncio.create_task(engine.stop())
 
-            async def dropped() -> bool:
-                return not engine.owned  # popped, and its tasks cancelled, at once
+            async def stopping_now() -> bool:
+                return all(part.stopping for part in engine.owned.values())
 
-            await poll_until(dropped, 10, "the stop to cancel the partition's tasks")
+            await poll_until(stopping_now, 10, "the stop to begin")
             reply.set()
         finally:
             reply.set()

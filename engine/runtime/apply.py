@@ -8,8 +8,6 @@ committed transition's effects may start: the caller starts them.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import json
 import logging
@@ -220,7 +218,7 @@ class Applier:
                         self._plan_rejection(item, *rejection) if rejection else self._plan(item)
                     )
                 try:
-                    await self._commit(p, lease, planned, deltas)
+                    await self.store.commit(p, lease, planned.commit, deltas)
                 except StoreConflict as err:
                     if err.lease_lost or not (faulted and await self._landed(planned)):
                         raise
@@ -247,24 +245,6 @@ class Applier:
                     rejection = (describe(err), traceback.format_exc())
                 else:
                     log.warning("applying an input to %s failed (%s); trying again", sid, err)
-
-    async def _commit(
-        self, p: int, lease: str, planned: _Planned, deltas: tuple[dict[str, Any], ...]
-    ) -> None:
-        """Commit, even when stopped meanwhile: a commit Redis took is a fact others see
-        at once (a follower may act on it before we read the reply), so a stop that
-        lands mid-commit waits for the reply and still hands the commit's spans and
-        counts on (`_committed`) before it leaves; the next owner starts its effects."""
-        landing = asyncio.ensure_future(self.store.commit(p, lease, planned.commit, deltas))
-        try:
-            await asyncio.shield(landing)
-        except asyncio.CancelledError:
-            while not landing.done():  # bounded by the store's own timeouts
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.wait([landing])
-            if not landing.cancelled() and landing.exception() is None:
-                self._committed(planned)
-            raise
 
     async def _landed(self, planned: _Planned) -> bool:
         c = planned.commit

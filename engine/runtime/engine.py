@@ -47,6 +47,8 @@ log = logging.getLogger("subs.engine")
 
 
 RECANCEL_SECONDS = 0.1
+# A stop waits this long for the inputs in hand to be committed before it cancels them.
+SETTLE_PATIENCE_SECS = 2.0
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -97,6 +99,8 @@ class _Partition:
     entries: set[str | None] = field(default_factory=set)  # work entries in hand, not acked
     outbox_dirty: bool = False  # committed deliveries may wait in the outbox
     relaying: bool = False
+    stopping: bool = False  # the engine stops: take no more work
+    idle: asyncio.Event = field(default_factory=asyncio.Event)  # no input in hand
 
 
 class Engine:
@@ -229,6 +233,7 @@ class Engine:
         """Stop taking work, hand back in-flight calls, release leases."""
         await cancel_and_wait(self._background, patience=None)
         self.removals.unwatch(self.applier.drop)
+        await self._finish_settles()
         # At once: a release on a connection Redis stopped answering costs a socket timeout.
         await asyncio.gather(*(self._drop(p, release=True) for p in list(self.owned)))
         with contextlib.suppress(Exception):
@@ -237,6 +242,17 @@ class Engine:
         await self.effects.aclose()
         if self.tracing is not None:
             await self.tracing.aclose()
+
+    async def _finish_settles(self) -> None:
+        """Let each partition finish the input in hand (bounded), taking no more. Its commit
+        may be seen already (a follower reads Redis, not us), so cancelling the wait for
+        its reply would lose what follows it here: the commit's spans and counts."""
+        for part in self.owned.values():
+            part.stopping = True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(SETTLE_PATIENCE_SECS):
+                for part in list(self.owned.values()):
+                    await part.idle.wait()
 
     def now_ms(self) -> int:
         """The engine's clock in ms; injected so tests can move it."""
@@ -381,8 +397,10 @@ class Engine:
                 )
 
     async def _process(self, part: _Partition) -> None:
-        while True:
+        while not part.stopping:
+            part.idle.set()
             item = await part.queue.get()
+            part.idle.clear()
             try:
                 await self._settle(part, item)
             except StoreConflict as err:  # fenced off: the partition is someone else's now
@@ -392,6 +410,7 @@ class Engine:
                 if item.timer_member:
                     part.timers_queued.discard(item.timer_member)
                 part.entries.discard(item.entry_id)
+        part.idle.set()
 
     async def _settle(self, part: _Partition, item: WorkItem) -> None:
         """Apply and commit one input, then start what the committed transition asks for."""
