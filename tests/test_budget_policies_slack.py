@@ -92,4 +92,9 @@ async def test_a_per_user_policy_over_slack_stops_that_person_only(
         [failed] = of_type(log, "turn.failed")
         assert failed["error"]["detail"]["group"] == f"user=slack:{alice.id}"
         assert int(failed["error"]["detail"]["spent"]) > 300
+        said = await fake.until(
+            lambda: next((m.text for m in app.bot_messages(late) if "per-user" in m.text), None),
+            10,
+        )
+        assert alice.id in said and "frees up at" in said
         assert len(vendor.requests) == sent + 1
