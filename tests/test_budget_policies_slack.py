@@ -78,6 +78,11 @@ async def test_a_per_user_policy_over_slack_stops_that_person_only(
         assert failed["error"]["detail"]["group"] == f"user=slack:{carol.id}"
         assert failed["error"]["detail"]["spent"] == "0"
         assert int(failed["error"]["detail"]["next"]) > 300
+        said = await fake.until(
+            lambda: next((m.text for m in app.bot_messages(hers) if "per-user" in m.text), None),
+            10,
+        )
+        assert "more than the whole limit" in said and carol.id in said
 
         late = fake.post_as_user(
             fake.general, fake.mention("and the disk?"), user=alice, thread_ts=his.ts
@@ -87,4 +92,9 @@ async def test_a_per_user_policy_over_slack_stops_that_person_only(
         [failed] = of_type(log, "turn.failed")
         assert failed["error"]["detail"]["group"] == f"user=slack:{alice.id}"
         assert int(failed["error"]["detail"]["spent"]) > 300
+        said = await fake.until(
+            lambda: next((m.text for m in app.bot_messages(late) if "per-user" in m.text), None),
+            10,
+        )
+        assert alice.id in said and "frees up at" in said
         assert len(vendor.requests) == sent + 1

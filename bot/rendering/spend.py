@@ -77,15 +77,21 @@ def _policy_stop(detail: dict[str, Any], spent: Any, allowed: Any) -> str:
     """A `[[budgets]]` policy's stop: which policy and bucket, its figures, when it frees up
     ("Stopped by budget policy per-user (user=slack:U1): 443 of 300 tokens used in its
     window; it frees up at 2026-12-06 07:00 UTC; the next call was not made.")."""
-    if detail.get("dimension") == "cost_usd":
+    cost = detail.get("dimension") == "cost_usd"
+    if cost:
         figures = f"{money(spent)} of {money(allowed)}"
     else:
         figures = f"{_count(spent)} of {_count(allowed)} tokens"
     group = f" ({detail['group']})" if detail.get("group") else ""
     line = f"Stopped by budget policy {detail.get('policy')}{group}: {figures} used in its window"
     frees = detail.get("frees_at")
+    nxt, whole = _decimal(detail.get("next")), _decimal(allowed)
     if isinstance(frees, str) and len(frees) >= 16:
         line += f"; it frees up at {frees[:10]} {frees[11:16]} UTC"
+    elif nxt is not None and whole is not None and nxt > whole:
+        # Nothing to wait for: this one call would cross the whole limit by itself.
+        needs = money(nxt) if cost else f"{_count(nxt)} tokens"
+        line += f"; the next call alone would need about {needs}, more than the whole limit"
     return line + "; the next call was not made."
 
 
