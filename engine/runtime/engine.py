@@ -230,7 +230,8 @@ class Engine:
         )
 
     async def stop(self) -> None:
-        """Stop taking work, hand back in-flight calls, release leases."""
+        """Stop taking work, finish the inputs in hand (bounded), hand back in-flight calls,
+        release leases."""
         await cancel_and_wait(self._background, patience=None)
         self.removals.unwatch(self.applier.drop)
         await self._finish_settles()
