@@ -32,7 +32,7 @@ class BucketRow(TypedDict):
 
 
 class SessionRow(TypedDict):
-    """A session as a listing shows it (`engine.client.session_row`, the admin API's rows).
+    """A session as a listing shows it (`engine.listing.session_row`, the admin API's rows).
 
     Times are ISO 8601 UTC text; `failed` says the last turn failed, and `error` why while
     that failure is the newest event; `first_message` is None for a session not yet asked.

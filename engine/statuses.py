@@ -12,7 +12,7 @@ from typing import Literal, TypeGuard, get_args
 # What a session is doing (`SessionState.status`): an open interrupt outranks a turn.
 SessionStatus = Literal["idle", "running", "interrupted"]
 # A session as a listing shows it and `?status=` filters it: `failed` for an idle
-# session whose last turn failed (engine/client.py `session_row`).
+# session whose last turn failed (engine/listing.py `session_row`).
 ListedStatus = Literal["idle", "running", "interrupted", "failed"]
 LISTED_STATUSES: tuple[ListedStatus, ...] = get_args(ListedStatus)
 # Each turn of a session (`SessionState.turns`), from its start or its queueing on.

@@ -470,6 +470,7 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
     # Submit and read over Redis: never the runtime (a client runs no engine).
     "engine.client": (
         {
+            "engine.listing",
             "engine.machine",
             "engine.store",
             "engine.protocol",
@@ -477,6 +478,11 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
             "engine.telemetry.ids",
         }
         | _BELOW_ALL,
+        set(),
+    ),
+    # The admin list's reads, below the client: the machine's state and the store's indexes.
+    "engine.listing": (
+        {"engine.machine", "engine.store", "engine.session_client"} | _BELOW_ALL,
         set(),
     ),
     # The HTTP API: through the client and the store's readers, counting in the metrics.
@@ -714,6 +720,7 @@ ENGINE_BREACHES = [
     ("engine.runtime.probe", "from engine.client import Client"),
     # What engine/client.py did for `new_id` before engine/ids.py.
     ("engine.client", "from engine.runtime.apply import new_id"),
+    ("engine.listing", "from engine.client import Client"),
     ("engine.api.probe", "from engine.runtime.engine import Engine"),
     ("engine.api.probe", "from engine.effects.runner import EffectRunner"),
     ("engine.api.probe", "from bot.app import Bots"),
