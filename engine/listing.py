@@ -185,11 +185,7 @@ class SessionListing:
         """Each session's budget buckets as they stand (one read for the page)."""
         # A subagent's session counts toward its root's person and channel (apply.py).
         roots = sorted({s.ancestry[0] for s in states if s.ancestry})
-        snaps = await self.store.load_snapshots(roots) if roots else []
-        identity = {
-            r: (snap.state.get("identity") if snap else None) or {}
-            for r, snap in zip(roots, snaps, strict=True)
-        }
+        identity = await self.store.identities(roots) if roots else {}
         refs = [
             buckets_for(
                 self.policies,

@@ -170,8 +170,7 @@ class Applier:
         """A root session's identity (read once, from its snapshot: it never changes)."""
         known = self._roots.get(root)
         if known is None:
-            snap = await self.store.load_snapshot(root)
-            known = (snap.state.get("identity") if snap is not None else None) or {}
+            known = (await self.store.identities([root]))[root]
             if len(self._roots) >= ROOTS_KEPT:
                 self._roots.pop(next(iter(self._roots)))
             self._roots[root] = known

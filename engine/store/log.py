@@ -148,6 +148,19 @@ class SessionLog(SessionStreams, SessionIndex):
             for n, (seq, state, at) in enumerate(heads)
         ]
 
+    async def identities(self, session_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Each session's identity, `{}` for one with none or no session: read from its
+        snapshot alone, in one round trip (an identity is fixed at creation, so the log's
+        tail cannot change it). What budget buckets of a subagent's session key on."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for sid in session_ids:
+                pipe.hget(self.snap_key(sid), "state")
+            states = cast(list[bytes | None], await pipe.execute())
+        return {
+            sid: (orjson.loads(state).get("identity") if state else None) or {}
+            for sid, state in zip(session_ids, states, strict=True)
+        }
+
     async def _snapshot(
         self, session_id: str, seq: bytes, state: bytes, at: bytes | None
     ) -> Snapshot:
