@@ -68,6 +68,19 @@ def stdio_block(name: str = "clock", **env: str) -> str:
     )
 
 
+async def say(
+    client: Client, text: str, session: str | None = None, identity: dict[str, Any] | None = None
+) -> tuple[str, str]:
+    """Submit a user message to the `oncall` agent; its session and turn ids."""
+    body: dict[str, Any] = {
+        "type": "client.message",
+        "agent_id": "oncall",
+        "message": {"role": "user", "content": text},
+    }
+    reply = await client.submit(body, session_id=session, identity=identity)
+    return reply["session_id"], reply["turn_id"]
+
+
 class Harness:
     """An engine over one project, and a client to talk to it."""
 
@@ -94,13 +107,7 @@ class Harness:
         return Client(self.engine.store)
 
     async def say(self, text: str, session: str | None = None) -> tuple[str, str]:
-        body: dict[str, Any] = {
-            "type": "client.message",
-            "agent_id": "oncall",
-            "message": {"role": "user", "content": text},
-        }
-        reply = await self.client.submit(body, session_id=session, identity={"issuer": "cli"})
-        return reply["session_id"], reply["turn_id"]
+        return await say(self.client, text, session, identity={"issuer": "cli"})
 
     async def turn(self, text: str, session: str | None = None) -> tuple[str, dict[str, Any]]:
         sid, turn_id = await self.say(text, session)
@@ -635,14 +642,7 @@ async def test_an_engine_killed_during_a_call_sends_it_again_once_and_the_turn_e
     servers: list[int] = []
     try:
         await engines[0].start()
-        reply = await client.submit(
-            {
-                "type": "client.message",
-                "agent_id": "oncall",
-                "message": {"role": "user", "content": "run the slow thing"},
-            }
-        )
-        sid, turn_id = reply["session_id"], reply["turn_id"]
+        sid, turn_id = await say(client, "run the slow thing")
 
         await poll_until(lambda: lines(calls_log, 1), 30, "the call to reach the server")
         engines[0].kill()  # SIGKILL, mid-call
@@ -688,14 +688,7 @@ async def test_a_server_slow_to_start_after_a_kill_costs_an_attempt_not_a_second
     servers: list[int] = []
     try:
         await engines[0].start()
-        reply = await client.submit(
-            {
-                "type": "client.message",
-                "agent_id": "oncall",
-                "message": {"role": "user", "content": "run the slow thing"},
-            }
-        )
-        sid, turn_id = reply["session_id"], reply["turn_id"]
+        sid, turn_id = await say(client, "run the slow thing")
         sent = await poll_until(lambda: lines(calls_log, 1), 30, "the call to reach the server")
         servers = [int(line.split()[1]) for line in sent]
         engines[0].kill()
