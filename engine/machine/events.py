@@ -271,7 +271,7 @@ class ConnectorSynced(TypedDict):
     prefix: NotRequired[str]  # the model sees `<prefix>__<name>`; absent: the raw names
     off: NotRequired[str]  # why the connection is off (`tools` is then empty)
     # How long a call of it may wait for approval (`[mcp.<id>] approve_timeout`); absent:
-    # APPROVE_TIMEOUT_MS (connections.py).
+    # APPROVE_TIMEOUT_MS (requesting.py).
     approve_timeout_ms: NotRequired[int]
 
 
