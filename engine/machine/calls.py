@@ -33,7 +33,7 @@ from .state import Call
 from .tool_messages import tool_finished
 from .tools import arguments_of
 
-# -- sending an attempt ------------------------------------------------------------
+# -- sending an attempt ----------------------------------------------------------
 
 
 def dispatch(st: Step, call: Call, attempt: int) -> None:
