@@ -55,22 +55,32 @@ def resume_interrupt(st: Step, iid: str, payload: Any, *, expire: bool = False) 
         resumed["expired"] = True
     st.emit(resumed)
     if budgets.budget_of(interrupt) is not None:
+        if not expire and approved(payload):
+            _tell_worker(st, trigger)
         _budget_answered(st, interrupt, payload, expire)
         return not expire
     if interrupt.get("origin") == "approval":
-        if st.by_worker and st.s.turn is not None:
-            # The worker is told, as of any interrupt on its branch (SPEC §8), though it
-            # did not raise this one: the engine's own answer follows (the held call is
-            # sent, or ends as a tool error), so nothing is proposed; `tool.finished`
-            # comes after, as for any other call.
-            decide(st, trigger, {})
+        _tell_worker(st, trigger)
         _approval_answered(st, interrupt, payload, expire)
         return not expire
     if connector is not None and st.s.turn is not None:
-        start_sync(st, connector, force=True)  # the held decision follows it
+        _tell_worker(st, trigger)
+        start_sync(st, connector, force=True)  # a held decision follows it
         return not expire
     decide(st, trigger, reprompt_or_nothing(st))
     return not expire
+
+
+def _tell_worker(st: Step, trigger: InterruptResumed) -> None:
+    """A worker hears of an interrupt the engine raised on its branch (SPEC §8: "the
+    worker then gets `interrupt.resumed`"), though it did not raise it: the engine's own
+    answer follows (the held call is sent or ends as a tool error, the connection is
+    synced again), so nothing is proposed. Not when the turn ends at this answer (a
+    declined budget fails it), nor while the turn's first decision is held for its
+    connections: the worker has not heard of the turn yet, and the turn's own trigger
+    follows the sync."""
+    if st.by_worker and st.s.turn is not None and st.s.held is None:
+        decide(st, trigger, {})
 
 
 def interrupt_deadline(st: Step, inp: InterruptDeadline) -> None:
