@@ -124,7 +124,8 @@ class Witness:
 
 
 def transport_error(err: MCPError) -> bool:
-    """Whether the SDK's error says the connection itself failed (closed, or broken)."""
+    """Whether the SDK's error is the connection's own failure (its code, or "closed"),
+    not the server's answer to the request: the session is dropped for it."""
     code = getattr(getattr(err, "error", None), "code", None)
     return code in (-32000, -32603) or "closed" in str(err).lower()
 
@@ -145,7 +146,7 @@ def _child_of(transport: Any) -> Any:
 
 
 def say(err: BaseException) -> str:
-    """An error as one line of an McpTrouble or our log (a group's errors joined, cut)."""
+    """An error as an McpTrouble or our log says it: a group's errors joined, each cut."""
     if isinstance(err, BaseExceptionGroup):
         return "; ".join(say(e) for e in err.exceptions)
     text = str(err) or type(err).__name__
