@@ -28,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.config import Project
+from engine.effects.builtin import builtin_runners
 from engine.effects.mcp.runners import McpRunners
-from engine.effects.runner import EffectRunner, Runners, builtin_runners, worker_targets
+from engine.effects.runner import EffectRunner, Runners, worker_targets
 from engine.ids import new_id
 from engine.machine import Deliver, Input, Kinds, Transition, default_kinds, input_to_json
 from engine.machine import events as ev
