@@ -467,6 +467,13 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
         | _BELOW_ALL,
         set(),
     ),
+    # A transition as the store's Commit, and the requests a crash would leave out: no
+    # I/O, nothing of the process (the applier plans with them, never the other way).
+    "engine.runtime.commits": (
+        {"engine.machine", "engine.store", "engine.runtime.inflight"} | _BELOW_ALL,
+        set(),
+    ),
+    "engine.runtime.inflight": ({"engine.machine"}, set()),
     # Submit and read over Redis: never the runtime (a client runs no engine).
     "engine.client": (
         {
@@ -718,6 +725,8 @@ ENGINE_BREACHES = [
     ("engine.effects.probe", "from engine.api.app import build"),
     ("engine.runtime.probe", "from engine.api.state import ApiState"),
     ("engine.runtime.probe", "from engine.client import Client"),
+    ("engine.runtime.commits", "from engine.runtime.apply import Applier"),
+    ("engine.runtime.inflight", "from engine.store.store import Store"),
     # What engine/client.py did for `new_id` before engine/ids.py.
     ("engine.client", "from engine.runtime.apply import new_id"),
     ("engine.listing", "from engine.client import Client"),
