@@ -68,7 +68,7 @@ class Followers:
         self._following: Following = {}
         self._keeper: asyncio.Task[None] | None = None
         self.mentions = MentionInput(client, paced)
-        self.turn = TurnFollower(
+        self.follower = TurnFollower(
             client,
             paced,
             checkpoints,
@@ -130,7 +130,7 @@ class Followers:
             cp.cursor = await self.client.delta_cursor(cp.session_id)
         keys = [*seen, seen_key("turn", cp.key)]
         if await self.checkpoints.start(keys, DEDUPE_SECONDS, cp):
-            self._following[cp.key] = (cp, self.spawn(self.turn.follow(cp, resumed=False)))
+            self._following[cp.key] = (cp, self.spawn(self.follower.follow(cp, resumed=False)))
             return True
         return False
 
@@ -154,7 +154,7 @@ class Followers:
                 self.spawn(self._give_up(cp))
                 continue
             log.info("slack: resuming turn %s of %s", cp.turn_id, cp.session_id)
-            self._following[cp.key] = (cp, self.spawn(self.turn.follow(cp, resumed=True)))
+            self._following[cp.key] = (cp, self.spawn(self.follower.follow(cp, resumed=True)))
 
     async def _give_up(self, cp: Checkpoint) -> None:
         """Say so where the reply was going (best effort: that is what kept failing), then

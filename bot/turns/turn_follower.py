@@ -63,7 +63,7 @@ Following = dict[str, tuple[Checkpoint, asyncio.Task[None]]]
 
 
 class TurnFollower:
-    """Follows one turn at a time per call of `follow`, for every agent's app in `bots`."""
+    """Follows turns for every agent's app in `bots`: each `follow` call, one turn."""
 
     def __init__(
         self,
@@ -97,7 +97,8 @@ class TurnFollower:
         """Submit the turn (again, when resumed: the engine knows its id) and stream it.
 
         A follower that fails counts it in the checkpoint and lets go of the lease, so another
-        round retries the turn, up to `MAX_FAILURES`; one that lost its lease just stops."""
+        round retries the turn, up to `MAX_FAILURES` (bot/turns/follower.py); one that lost its
+        lease just stops."""
         task = asyncio.current_task()
         assert task is not None
         self.following[cp.key] = (cp, task)
