@@ -846,6 +846,12 @@ def test_the_cycle_rule_finds_a_cycle() -> None:
         ("engine/machine", "engine.machine.ending", "from .turns import start_queued"),
         # The call rules asking the subagent rules (their kind's hooks do).
         ("engine/machine", "engine.machine.calls", "from . import subagents"),
+        # A call failed for good settling its tool through settling.py (which retries
+        # through calls.py): the tool message both need is tool_messages.py's, below them.
+        ("engine/machine", "engine.machine.calls", "from .settling import settle_tool"),
+        # Raising an interrupt beside resuming it: the call rules raise approvals, and
+        # resuming one sends or fails the call it held.
+        ("engine/machine", "engine.machine.interrupts", "from .resuming import resume_interrupt"),
         # A rule importing the package, which imports every rule.
         ("engine/machine", "engine.machine.asking", "from engine.machine import step"),
         # The runner importing MCP's runners to register them (the composition root does).

@@ -11,15 +11,8 @@ from __future__ import annotations
 
 from . import events as ev
 from .asking import decision_failed, finish_with_worker, live_decision
-from .calls import (
-    call_failed,
-    delivery_failed,
-    live_call,
-    llm_completed,
-    settle_tool,
-    start_llm_call,
-    start_tool_call,
-)
+from .between_sessions import send_message
+from .calls import call_failed, delivery_failed, live_call, llm_completed
 from .connections import entries
 from .connectors import start_sync
 from .core import CannotRun, MachineError, Step
@@ -32,7 +25,10 @@ from .inputs import (
     ExecuteFailed,
 )
 from .interrupts import raise_interrupt
+from .requesting import start_llm_call, start_tool_call
+from .resuming import resume_interrupt
 from .retry import Fault
+from .settling import settle_tool
 from .shapes import (
     SETTLES,
     Action,
@@ -48,7 +44,7 @@ from .state import Call
 from .subagents import start_subagent
 from .tools import tool_result_of
 from .tree import id_clash
-from .turns import record_messages, resume_interrupt, send_message
+from .turns import record_messages
 
 # -- answers ---------------------------------------------------------------------
 
