@@ -35,6 +35,7 @@ from bot.slack.governor import Paced, RateGovernor
 from bot.slack.intake import events_handler
 from bot.turns.access import Access
 from bot.turns.follower import LEASE_MS, RETRY_SECONDS, Followers
+from bot.turns.land import land
 from bot.turns.listeners import Listeners
 from bot.turns.slots import TurnSlots
 from bot.turns.store import Checkpoints, Slots, purge_sessions
@@ -159,7 +160,7 @@ class Bots:
 
     def land(self, landing: Landing) -> Awaitable[Landed]:
         """A turn the API sends into Slack (engine/landing.py `Lander`)."""
-        return self.followers.land(landing)
+        return land(self.followers, landing)
 
     async def home(self, session_id: str) -> tuple[str, str] | None:
         """(channel, thread ts) of a session landed in Slack; None for any other (and for

@@ -66,7 +66,7 @@ class Landed:
 
 
 class Lander(Protocol):
-    """What the bot offers the API (bot/turns/follower.py `Followers.land`)."""
+    """What the bot offers the API (bot/app.py `Bots`, landing by bot/turns/land.py)."""
 
     def land(self, landing: Landing) -> Awaitable[Landed]:
         """Record the turn for the bot to post, submit and stream; raises LandingError

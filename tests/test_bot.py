@@ -15,8 +15,8 @@ import pytest
 from bot.app import PURGE_HOOKS
 from bot.rendering.message_text import strip_mention
 from bot.rendering.mrkdwn import to_mrkdwn
-from bot.turns.follower import ARCHIVED
 from bot.turns.routing import missed_messages, session_id_for, wants_turn
+from bot.turns.turn_follower import ARCHIVED
 from engine.api import ApiKeys, make_app
 from engine.config import parse_project
 from engine.runtime.retention import Sweeper

@@ -15,9 +15,10 @@ import pytest
 
 from bot.slack.parts import STAMP, stamp
 from bot.turns.checkpoint import Checkpoint, LeaseLost
-from bot.turns.follower import BUSY, GAVE_UP, MAX_FAILURES
+from bot.turns.follower import GAVE_UP, MAX_FAILURES
 from bot.turns.routing import session_id_for
 from bot.turns.store import LEGACY_TURNS, Checkpoints, checkpoint_keys
+from bot.turns.turn_follower import BUSY
 from engine.config import parse_project
 from tests.bot_helpers import AGENT, World, serve_bots
 from tests.engine_helpers import on_both_redis, poll_until, project_toml, turn_ended, wait_for_event

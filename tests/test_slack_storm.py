@@ -19,9 +19,9 @@ from typing import Any
 from aiohttp import web
 
 from bot.slack.governor import TIERS
-from bot.turns.follower import queued_text
 from bot.turns.slots import TurnSlots
 from bot.turns.store import Slots, slot_keys
+from bot.turns.turn_follower import queued_text
 from engine.config import parse_project
 from tests.bot_helpers import AGENT, FAST, World, serve_bots
 from tests.engine_helpers import project_toml

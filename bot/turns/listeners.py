@@ -28,9 +28,10 @@ from bot.slack.webapi import call
 from bot.turns.access import REFUSED, Access, refusal
 from bot.turns.approvers import approvers_of, named
 from bot.turns.checkpoint import Checkpoint
-from bot.turns.follower import DEDUPE_SECONDS, SLACK_OWNER, Followers
+from bot.turns.follower import DEDUPE_SECONDS, Followers
 from bot.turns.routing import route, thread_ts_of
 from bot.turns.store import seen_key
+from bot.turns.turn_follower import SLACK_OWNER
 from bot.turns.watch import Watch
 from engine.client import ClientError
 

@@ -71,8 +71,8 @@ def archived_key(session_id: str) -> str | None:
 
 # A session landed in Slack from the API (engine/landing.py) keeps its home thread here,
 # both ways: the session's thread (its turns go there) and the thread's session (mentions
-# there continue it, whatever the shape of its id). Only `Followers.land`, for a full key,
-# writes them: no other key can point a thread at a session.
+# there continue it, whatever the shape of its id). Only a landing (bot/turns/land.py),
+# for a full key, writes them: no other key can point a thread at a session.
 def home_key(session_id: str) -> str:
     """A landed session's home: `<agent> <channel> <thread ts>` (ts empty: being posted)."""
     return f"subs:slack:home:{session_id}"
