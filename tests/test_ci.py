@@ -18,9 +18,13 @@ def test_ci_runs_exactly_the_readme_test_command() -> None:
     assert ci[-1] == _readme_command()
 
 
-def test_the_test_command_type_checks_and_lints_before_the_tests() -> None:
+def test_the_test_command_type_checks_lints_and_checks_the_format_before_the_tests() -> None:
     steps = [s.strip() for s in _readme_command().split("&&")]
-    assert steps[-3:][:2] == [".venv/bin/ruff check", ".venv/bin/mypy"]
+    assert steps[-4:-1] == [
+        ".venv/bin/ruff check",
+        ".venv/bin/ruff format --check",
+        ".venv/bin/mypy",
+    ]
     assert steps[-1].startswith(".venv/bin/pytest -q")
 
 

@@ -339,9 +339,10 @@ def test_input_the_previous_call_left_in_the_cache_is_estimated_at_the_read_rate
     assert est["cached"] == 10_000
     full = Decimal(est["tokens"]) * 10 / 1_000_000
     assert Decimal("0.125") + full > Decimal("0.2")  # the old estimate would have refused it
-    assert Decimal(est["cost"]) == (
-        Decimal(est["tokens"] - 10_000) * 10 + Decimal(10_000) * 1
-    ) / 1_000_000
+    assert (
+        Decimal(est["cost"])
+        == (Decimal(est["tokens"] - 10_000) * 10 + Decimal(10_000) * 1) / 1_000_000
+    )
     s.check_fold()
 
 

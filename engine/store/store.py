@@ -84,9 +84,7 @@ __all__ = [
 META_SCRIPT = lua_script(__package__, "meta.lua")
 
 
-class Store(
-    SessionLog, SessionRetention, PartitionWork, SessionFiles, BudgetBuckets, SessionIndex
-):
+class Store(SessionLog, SessionRetention, PartitionWork, SessionFiles, BudgetBuckets, SessionIndex):
     """A thin, typed command layer over one Redis connection pool (or one cluster client).
 
     Every key of a partition carries the partition's hash tag: on a cluster each
