@@ -114,7 +114,7 @@ class WebApiDispatch:
         wait = bucket.take(limit, now, self.time_scale)
         return max(1, math.ceil(wait)) if wait else 0
 
-    # --- lookups the method families share -------------------------------------------------
+    # --- lookups the method families share ---------------------------------------------
 
     def _channel(self, ctx: Ctx, ref: Any, *, member: bool = True) -> Channel:
         """Resolves an id, a #name or a user id (their DM); checks the bot may use it."""
