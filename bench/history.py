@@ -236,7 +236,7 @@ async def bench(args: argparse.Namespace, redis_url: str, vendor: ChildServer, t
     client_redis = connect(redis_url)  # the clients' own pool, as a separate process would have
     try:
         await engine.start()
-        await engine.wait_owned(engine.store.partitions)
+        await engine.leases.wait_owned(engine.store.partitions)
         engine.stats.record_steps = True
         client = Client(await Store.open(client_redis))
         # Connections, caches, lazy imports: paid by a session of its own, not by turn 1.

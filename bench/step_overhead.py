@@ -514,7 +514,7 @@ async def bench(args: argparse.Namespace, redis_url: str, vendor: ChildServer, t
     pools = [ENGINE_POOL, CLIENTS_POOL]
     try:
         started = await engine.start()
-        await engine.run(started.wait_owned(started.store.partitions))
+        await engine.run(started.leases.wait_owned(started.store.partitions))
         started.stats.record_steps = True
         client = Client(await Store.open(client_redis))
         await run_once(engine, client, vendor, "warmup", args.sessions, WARMUP_TURNS)

@@ -610,7 +610,7 @@ async def bench(
         stack.push_async_callback(engine.redis.aclose)
         stack.push_async_callback(engine.stop)
         stack.push_async_callback(client_redis.aclose)
-        await engine.wait_owned(engine.store.partitions)
+        await engine.leases.wait_owned(engine.store.partitions)
         client = Client(await Store.open(client_redis))
         http = await stack.enter_async_context(aiohttp.ClientSession())
         variants: list[Variant] = [HttpAlone(http, vendor.url)]

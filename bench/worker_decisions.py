@@ -69,7 +69,8 @@ from engine.config import Project, parse_project
 from engine.effects.worker import DecisionRun
 from engine.machine import DecisionAnswered, Input
 from engine.machine.inputs import WIRE_NAMES
-from engine.runtime.engine import Engine, _Partition
+from engine.runtime.engine import Engine
+from engine.runtime.partitions import Partition
 from engine.store.embedded import EmbeddedRedis
 from engine.store.store import Commit, Store, WorkItem, connect
 from tests.engine_helpers import ENV
@@ -151,7 +152,7 @@ class Probe:
 @contextlib.contextmanager
 def instrumented(engine: Engine, probe: Probe) -> Iterator[None]:
     """Time the engine's side of each decision; undone on exit."""
-    run, apply, commit = DecisionRun.run, engine._settle, engine.store.commit
+    run, apply, commit = DecisionRun.run, engine.work._settle, engine.store.commit
 
     async def timed_run(self: DecisionRun, http: aiohttp.ClientSession) -> Input:
         started = time.perf_counter()
@@ -161,7 +162,7 @@ def instrumented(engine: Engine, probe: Probe) -> Iterator[None]:
             probe.failed.append(repr(result))
         return result
 
-    async def timed_apply(part: _Partition, item: WorkItem) -> None:
+    async def timed_apply(part: Partition, item: WorkItem) -> None:
         if item.input.get("kind") != WIRE_NAMES[DecisionAnswered]:
             return await apply(part, item)
         started = time.perf_counter()
@@ -185,7 +186,7 @@ def instrumented(engine: Engine, probe: Probe) -> Iterator[None]:
 
     with (
         mock.patch.object(DecisionRun, "run", timed_run),
-        mock.patch.object(engine, "_settle", timed_apply),
+        mock.patch.object(engine.work, "_settle", timed_apply),
         mock.patch.object(engine.store, "commit", timed_commit),
     ):
         yield
@@ -377,7 +378,7 @@ async def bench(
     loads: list[Figures] = []
     try:
         await engine.start()
-        await engine.wait_owned(engine.store.partitions)
+        await engine.leases.wait_owned(engine.store.partitions)
         engine.stats.record_steps = True
         client = Client(await Store.open(client_redis))
         with instrumented(engine, probe):

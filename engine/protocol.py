@@ -5,6 +5,12 @@ validates and whatever a schema-valid worker or client sends parses. Models are
 strict and closed (`extra="forbid"`) like the schema, so a typo is an error that
 names its field. Optional fields default to `None`; `to_wire` leaves out a field
 that was never set, and a `None` where the schema does not allow `null`.
+
+Why one module: it mirrors one schema file, one model or enum per `$defs` entry (over a
+hundred), and tests/test_protocol.py finds each here by its schema name to hold fields,
+required-ness, nulls and enums to it; the models nest across the schema's sections (a
+decision request holds a trigger, messages, content, the agent config), so no split
+would follow a line the schema draws.
 """
 
 from __future__ import annotations

@@ -34,8 +34,8 @@ from engine.machine import (
     default_kinds,
     kinds,
 )
-from engine.runtime.apply import lost_work
 from engine.runtime.engine import Engine
+from engine.runtime.inflight import lost_work
 from tests.engine_helpers import (
     ENV,
     assert_consistent,

@@ -195,7 +195,7 @@ async def test_a_poison_input_fails_the_running_turn_and_the_queued_one_runs(eng
 
 async def test_a_task_that_loses_a_cancel_is_cancelled_again() -> None:
     """What Python 3.11's wait_for can do to a cancel (the serve that never exited)."""
-    from engine.runtime.engine import cancel_and_wait
+    from engine.runtime.cancelling import cancel_and_wait
 
     never, waiting = asyncio.Event(), asyncio.Event()
     swallowed = []

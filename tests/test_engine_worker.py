@@ -386,3 +386,62 @@ async def test_a_worker_hears_an_mcp_approval_it_did_not_raise_resumed(
         assert finished["ok"] is False and not sent
         why = "a person declined it" if answer else "nobody approved it before the prompt expired"
         assert why in finished["error"]["message"]
+
+
+@pytest.mark.parametrize("answer", ["approve", "decline"])
+async def test_a_worker_hears_a_budget_raise_it_did_not_ask_for_resumed(
+    redis, vendor, test_worker, tmp_path, answer
+):
+    """The engine's budget ask (the agent's `budget`, `on_exceeded = "ask"`) is on
+    the worker's branch: approved, the worker gets `interrupt.resumed` with nothing
+    proposed and the engine sends the held model call; declined, the turn fails over
+    budget and the worker is not asked anything more."""
+
+    async def decide(request):
+        if request["trigger"]["type"] == "tool.execute":
+            return {"actions": [{"type": "tool.result", "result": {"disk": "91%"}}]}
+        return request["proposed"]
+
+    worker = await test_worker(decide, secret=SECRET)
+    vendor.push(ToolCalls([("lookup", {"q": "disk"})]), Text("Disk is at 91%."))
+    budget = 'budget = { max_model_calls = 1, on_exceeded = "ask" }'
+    project = worker_project(tmp_path, vendor.url, worker.url, retry=budget)
+    engine = await start_engine(redis, project)
+    try:
+        client = Client(engine.store)
+        reply = await client.submit(say("how full is the disk?"))
+        sid = reply["session_id"]
+        raised = await wait_for_event(
+            client, sid, lambda e: e["payload"]["type"] == "session.interrupted"
+        )
+        assert raised["payload"]["origin"] == "budget"
+        iid = raised["payload"]["interrupt_id"]
+        await client.submit(
+            {"type": "interrupt.resume", "interrupt_id": iid, "payload": {"value": answer}},
+            session_id=sid,
+        )
+        end = await wait_for_event(client, sid, turn_ended(reply["turn_id"]))
+        await assert_consistent(engine.store, sid)
+    finally:
+        await engine.stop()
+    triggers = [r["trigger"] for r in worker.requests]
+    asked = ["session.start", "client.messages", "llm.finished", "tool.execute", "tool.finished"]
+    if answer == "approve":
+        assert end["payload"]["type"] == "turn.completed"
+        assert [t["type"] for t in triggers] == [
+            *asked,
+            "interrupt.resumed",
+            "llm.finished",
+            "turn.finished",
+        ]
+        resumed = worker.requests[len(asked)]
+        assert resumed["trigger"] == {
+            "type": "interrupt.resumed",
+            "interrupt_id": iid,
+            "payload": {"value": "approve"},
+        }
+        assert resumed["proposed"] == {}  # the engine sends the held call itself
+    else:
+        assert end["payload"]["type"] == "turn.failed"
+        assert end["payload"]["error"]["code"] == "budget_exceeded"
+        assert [t["type"] for t in triggers] == asked

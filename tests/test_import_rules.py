@@ -467,6 +467,13 @@ ENGINE_LAYERS: dict[str, tuple[set[str], set[str]]] = {
         | _BELOW_ALL,
         set(),
     ),
+    # A transition as the store's Commit, and the requests a crash would leave out: no
+    # I/O, nothing of the process (the applier plans with them, never the other way).
+    "engine.runtime.commits": (
+        {"engine.machine", "engine.store", "engine.runtime.inflight"} | _BELOW_ALL,
+        set(),
+    ),
+    "engine.runtime.inflight": ({"engine.machine"}, set()),
     # Submit and read over Redis: never the runtime (a client runs no engine).
     "engine.client": (
         {
@@ -718,6 +725,8 @@ ENGINE_BREACHES = [
     ("engine.effects.probe", "from engine.api.app import build"),
     ("engine.runtime.probe", "from engine.api.state import ApiState"),
     ("engine.runtime.probe", "from engine.client import Client"),
+    ("engine.runtime.commits", "from engine.runtime.apply import Applier"),
+    ("engine.runtime.inflight", "from engine.store.store import Store"),
     # What engine/client.py did for `new_id` before engine/ids.py.
     ("engine.client", "from engine.runtime.apply import new_id"),
     ("engine.listing", "from engine.client import Client"),
@@ -846,11 +855,19 @@ def test_the_cycle_rule_finds_a_cycle() -> None:
         ("engine/machine", "engine.machine.ending", "from .turns import start_queued"),
         # The call rules asking the subagent rules (their kind's hooks do).
         ("engine/machine", "engine.machine.calls", "from . import subagents"),
+        # A call failed for good settling its tool through settling.py (which retries
+        # through calls.py): the tool message both need is tool_messages.py's, below them.
+        ("engine/machine", "engine.machine.calls", "from .settling import settle_tool"),
+        # Raising an interrupt beside resuming it: the call rules raise approvals, and
+        # resuming one sends or fails the call it held.
+        ("engine/machine", "engine.machine.interrupts", "from .resuming import resume_interrupt"),
         # A rule importing the package, which imports every rule.
         ("engine/machine", "engine.machine.asking", "from engine.machine import step"),
         # The runner importing MCP's runners to register them (the composition root does).
         ("engine/effects", "engine.effects.runner", "from engine.effects.mcp import runners"),
         ("engine/effects", "engine.effects.runner", "def f():\n    from .mcp.runners import X"),
+        # The runner naming the model call's runner in its table (engine/effects/builtin.py does).
+        ("engine/effects", "engine.effects.runner", "from .llm_call import start_llm_call"),
     ],
 )
 def test_the_cycle_rule_finds_each_breach(folder: str, module: str, source: str) -> None:

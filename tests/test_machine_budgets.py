@@ -388,3 +388,26 @@ def test_a_call_that_leaves_nothing_in_the_cache_clears_what_an_earlier_one_left
     assert s.state is not None and s.state.cached is None
     t = s.client({"type": "tool.result", "id": "c2", "result": "ok"})
     assert "cached" not in requested(t)["estimate"]
+
+
+def test_a_worker_echoing_its_proposed_config_keeps_the_files_budget():
+    """The wire's agent config has no `budget` (an engine extension): a worker that echoes
+    `session.start`'s proposal was never sent it, so it keeps the file's; a worker that
+    sends one sets its own."""
+    s = Session(agent=agent({"max_model_calls": 1}), decider="worker")
+    s.say("hi")
+    req = _request(s)
+    assert "budget" not in req["proposed"]["agent"]  # not on the wire
+    s.apply(DecisionAnswered(req["decision_id"], 1, req["proposed"]))
+    assert s.state is not None and s.state.agent is not None
+    assert s.state.agent["budget"] == {"max_model_calls": 1}
+    assert _request(s)["identity"]["metadata"]["budget.max_model_calls"] == "1"
+    # A later config without it keeps it too; one that names it sets it.
+    req = _request(s)
+    s.apply(DecisionAnswered(req["decision_id"], 1, {"agent": req["agent"]}))
+    assert s.state.agent["budget"] == {"max_model_calls": 1}
+    req = _request(s)
+    own = {**req["agent"], "budget": {"max_model_calls": 5}}
+    s.apply(DecisionAnswered(req["decision_id"], 1, {"agent": own}))
+    assert s.state.agent["budget"] == {"max_model_calls": 5}
+    s.check_fold()

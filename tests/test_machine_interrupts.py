@@ -278,3 +278,106 @@ def test_a_worker_hears_an_approval_resumed_in_its_turn_one_decision_at_a_time()
     assert w.request()["trigger"]["type"] == "tool.finished"
     assert w.request()["trigger"]["id"] == "t1"
     w.check_fold()
+
+
+# -- a worker hears of the engine's other interrupts (SPEC §8) ---------------------------
+
+
+def _worker_held_by_budget() -> tuple[WorkerSession, str]:
+    """A worker agent with a one-model-call budget that asks: its second call is held."""
+    w = WorkerSession(agent=agent())
+    w.start()
+    # session.start: the worker sets its session's budget (never sent back on the wire)
+    w.answer({"agent": {**agent(), "budget": {"max_model_calls": 1, "on_exceeded": "ask"}}})
+    t = w.answer()  # client.messages: the proposed model call
+    [run] = effects(t, RunLlmCall)
+    w.apply(LlmCallSettled(run.call_id, 1, response=tool_reply(("c1", "confirm", "{}"))))
+    assert w.request()["trigger"]["type"] == "llm.finished"
+    t = w.answer({"actions": [{"type": "llm.call"}]})
+    assert not effects(t, RunLlmCall) and w.state.status == "interrupted"
+    [iid] = w.state.interrupts
+    return w, iid
+
+
+def test_a_worker_hears_a_budget_raise_resumed_and_the_held_call_goes_out():
+    w, iid = _worker_held_by_budget()
+    t = resume(w, iid, value="approve")
+    [run] = effects(t, RunLlmCall)  # the engine sends the held call itself
+    req = w.request()
+    assert req["trigger"] == {
+        "type": "interrupt.resumed",
+        "interrupt_id": iid,
+        "payload": {"value": "approve"},
+    }
+    assert req["proposed"] == {}
+    w.answer()
+    w.apply(LlmCallSettled(run.call_id, 1, response=tool_reply(("c2", "confirm", "{}"))))
+    assert w.request()["trigger"]["type"] == "llm.finished"
+    w.check_fold()
+
+
+@pytest.mark.parametrize("how", ["decline", "expire"])
+def test_a_declined_budget_ends_the_turn_without_asking_the_worker(how):
+    w, iid = _worker_held_by_budget()
+    t = resume(w, iid, value="decline") if how == "decline" else w.apply(InterruptDeadline(iid))
+    assert "turn.failed" in w.types(t)
+    assert not [e for e in t.events if e["payload"]["type"] == "decision.dispatched"]
+    assert w.state.decision is None
+    w.check_fold()
+
+
+UNAUTHORIZED = {
+    "message": "mcp.clock refused the credential (HTTP 401)",
+    "code": "handler_error",
+    "detail": {"connector": "mcp.clock", "reason": "unauthorized"},
+}
+
+
+def test_a_worker_hears_a_credential_retry_on_a_sync_it_asked_for():
+    """Mid-turn (the worker's own `connector.sync`), the refused credential's prompt is on
+    the worker's branch: resumed, the worker hears it, nothing proposed, and the sync runs."""
+    w = WorkerSession(agent=agent("mcp.clock"))
+    w.start()
+    [sync] = effects(w.last, RunConnectorSync)
+    w.apply(CallAnswered(sync.call_id, 1, result={"tools": CLOCK_TOOLS, "prefix": "clock"}))
+    w.answer()  # session.start
+    t = w.answer({"actions": [{"type": "connector.sync", "path": "mcp.clock"}]})
+    [again] = effects(t, RunConnectorSync)
+    w.apply(CallAnswered(again.call_id, 1, error=UNAUTHORIZED, retryable=False))
+    [iid] = w.state.interrupts
+    t = resume(w, iid, value="retry")
+    [third] = effects(t, RunConnectorSync)
+    req = w.request()
+    assert req["trigger"] == {
+        "type": "interrupt.resumed",
+        "interrupt_id": iid,
+        "payload": {"value": "retry"},
+    }
+    assert req["proposed"] == {}
+    w.answer()
+    w.apply(CallAnswered(third.call_id, 1, result={"tools": CLOCK_TOOLS, "prefix": "clock"}))
+    w.check_fold()
+
+
+def test_a_credential_retry_before_the_turns_first_decision_reaches_the_worker_as_the_turn():
+    """At the turn's start the worker has not heard of the turn (its first decision waits
+    for the sync): resumed, the sync runs again and the turn's own trigger follows it."""
+    w = WorkerSession(agent=agent("mcp.clock"))
+    w.start()
+    [sync] = effects(w.last, RunConnectorSync)
+    w.apply(CallAnswered(sync.call_id, 1, error=UNAUTHORIZED, retryable=False))
+    assert w.state.held is not None
+    [iid] = w.state.interrupts
+    t = resume(w, iid, value="retry")
+    [again] = effects(t, RunConnectorSync)
+    w.answer()  # session.start, asked before the sync failed
+    assert w.state.decision is None  # the turn's own trigger waits for the sync
+    w.apply(CallAnswered(again.call_id, 1, result={"tools": CLOCK_TOOLS, "prefix": "clock"}))
+    assert w.request()["trigger"]["type"] == "client.messages"
+    asked = [
+        e["payload"]["trigger"]["type"]
+        for e in w.log
+        if e["payload"]["type"] == "decision.dispatched"
+    ]
+    assert asked == ["session.start", "client.messages"]
+    w.check_fold()

@@ -57,7 +57,7 @@ async def test_past_90_percent_a_new_session_is_refused_and_a_running_turn_finis
             await client.submit(say("a new session"))
         assert err.value.status == 503 and err.value.code == "store_full"
         assert "[store] max_memory" in err.value.message and err.value.detail["maxmemory"] > 0
-        await engine._read_memory()
+        await engine.leases._read_memory()
         assert engine.metrics.value("subs_store_full") == 1
         assert "subs_store_full 1" in engine.metrics.render()
         # The running session goes on: its input is taken, its turn ends.
@@ -65,7 +65,7 @@ async def test_past_90_percent_a_new_session_is_refused_and_a_running_turn_finis
         await client.submit(result, session_id=sid)
         end = await wait_for_event(client, sid, turn_ended(reply["turn_id"]))
         assert end["payload"]["type"] == "turn.completed"
-    await engine._read_memory()
+    await engine.leases._read_memory()
     assert engine.metrics.value("subs_store_full") == 0
     vendor.push(Text("room again"))
     assert (await client.submit(say("a new session")))["session_id"]

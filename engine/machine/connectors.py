@@ -27,12 +27,13 @@ from typing import Any
 from . import events as ev
 from . import kinds
 from .asking import decide
-from .calls import call_failed, dispatch, settle_tool
+from .calls import call_failed, dispatch
 from .connections import connector_interrupt, entries
 from .core import CallKind, Step
 from .effects import RunCall
 from .inputs import CallAnswered
 from .interrupts import raise_interrupt
+from .settling import settle_tool
 from .shapes import Answer, ClientAction, ClientMessages, ErrorInfo, Synced
 from .state import Call
 

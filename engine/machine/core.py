@@ -86,9 +86,9 @@ class CallKind:
     in_flight: bool  # an attempt is a request a dead engine loses (sent again)
     # The settle API may end a running attempt (a waiting, async one it always may).
     outside_settles: bool = False
-    settle: Callable[[Step, Call, CallAnswered], None] | None = None  # None: calls.answered
+    settle: Callable[[Step, Call, CallAnswered], None] | None = None  # None: settling.answered
     # How a call that failed for good ends (its `errored` event is out); None: the tool
-    # message the model sees (calls.tool_finished).
+    # message the model sees (tool_messages.tool_finished).
     failed: Callable[[Step, Call, ErrorInfo], None] | None = None
     retry_defaults: Mapping[str, Any] | None = None  # a policy of its own, named `retry`
     agent_retry: str | None = None  # the agent's `retry.<block>` over its own policy

@@ -11,15 +11,8 @@ from __future__ import annotations
 
 from . import events as ev
 from .asking import decision_failed, finish_with_worker, live_decision
-from .calls import (
-    call_failed,
-    delivery_failed,
-    live_call,
-    llm_completed,
-    settle_tool,
-    start_llm_call,
-    start_tool_call,
-)
+from .between_sessions import send_message
+from .calls import call_failed, delivery_failed, live_call, llm_completed
 from .connections import entries
 from .connectors import start_sync
 from .core import CannotRun, MachineError, Step
@@ -32,7 +25,11 @@ from .inputs import (
     ExecuteFailed,
 )
 from .interrupts import raise_interrupt
+from .request import with_engine_keys
+from .requesting import start_llm_call, start_tool_call
+from .resuming import resume_interrupt
 from .retry import Fault
+from .settling import settle_tool
 from .shapes import (
     SETTLES,
     Action,
@@ -48,7 +45,7 @@ from .state import Call
 from .subagents import start_subagent
 from .tools import tool_result_of
 from .tree import id_clash
-from .turns import record_messages, resume_interrupt, send_message
+from .turns import record_messages
 
 # -- answers ---------------------------------------------------------------------
 
@@ -66,7 +63,7 @@ def decision_answered(st: Step, inp: DecisionAnswered) -> None:
     st.emit({"type": ev.DECISION_COMPLETED, "decision_id": d.id, "attempt": d.attempt})
     if d.trigger["type"] == "turn.finished":
         st.finished = d.trigger["turn_id"]  # asked once more: with nothing to do, it is over
-    apply_decision(st, inp.response, d.trigger)
+    apply_decision(st, inp.response, d.trigger, proposed=d.proposed)
 
 
 def decision_deferred(st: Step, inp: DecisionDeferred) -> None:
@@ -99,7 +96,7 @@ def decision_submitted(st: Step, inp: DecisionSubmitted) -> None:
     st.emit({"type": ev.DECISION_COMPLETED, "decision_id": d.id, "attempt": d.attempt})
     if d.trigger["type"] == "turn.finished":
         st.finished = d.trigger["turn_id"]
-    apply_decision(st, inp.response, d.trigger)
+    apply_decision(st, inp.response, d.trigger, proposed=d.proposed)
 
 
 def execute_answered(st: Step, inp: ExecuteAnswered) -> None:
@@ -181,8 +178,12 @@ def check_response(st: Step, resp: Answer, trigger: Trigger) -> str | None:
     return None
 
 
-def apply_decision(st: Step, resp: Answer, trigger: Trigger) -> None:
-    """Record a valid decision: its messages and state first, then its actions."""
+def apply_decision(
+    st: Step, resp: Answer, trigger: Trigger, *, proposed: Answer | None = None
+) -> None:
+    """Record a valid decision: its messages and state first, then its actions. An agent
+    config keeps the engine-only keys of the session's (before its first, of the one
+    `proposed` at `session.start`: the file's), which the worker was never sent."""
     messages = resp.get("messages")
     if messages:
         record_messages(st, messages)
@@ -191,6 +192,8 @@ def apply_decision(st: Step, resp: Answer, trigger: Trigger) -> None:
         st.emit({"type": ev.WORKER_STATE_UPDATED, "state": resp["state"], "anchor": anchor})
     agent = resp.get("agent")
     if agent is not None:
+        basis = st.s.agent or (proposed or {}).get("agent")
+        agent = with_engine_keys(basis, agent)
         st.emit({"type": ev.AGENT_UPDATED, "agent": agent, "anchor": st.s.head_id})
     channels = resp.get("channels")
     if channels:

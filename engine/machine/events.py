@@ -15,6 +15,12 @@ new `FOLD_VERSION` (see `state.state_to_json`).
 
 Wire format: SPEC.md §12 (the envelope `{session_id, seq, occurred_at, turn_id?,
 payload}`); payload `type` is the kind.
+
+Why one module: it is the one catalogue of what a log may hold, some forty kinds each
+with a constant, a record and an `EVENTS` entry, and no logic beyond `parse`;
+tests/test_events.py holds the constants, `EVENTS` and evolve's table to one another
+and the golden logs cover every kind, so the list stays whole in the one place a reader
+or a test looks for it.
 """
 
 from __future__ import annotations
@@ -271,7 +277,7 @@ class ConnectorSynced(TypedDict):
     prefix: NotRequired[str]  # the model sees `<prefix>__<name>`; absent: the raw names
     off: NotRequired[str]  # why the connection is off (`tools` is then empty)
     # How long a call of it may wait for approval (`[mcp.<id>] approve_timeout`); absent:
-    # APPROVE_TIMEOUT_MS (connections.py).
+    # APPROVE_TIMEOUT_MS (requesting.py).
     approve_timeout_ms: NotRequired[int]
 
 

@@ -2,7 +2,7 @@
 
 Raising one is a fact any rule may record (a client's request, a worker's action, a
 connection that refused its credential, a tool call waiting for approval); resuming one,
-and what follows, is turns.py's. Here: who may resume one, and when it expires.
+and what follows, is resuming.py's. Here: who may resume one, and when it expires.
 
 Who: a turn records who submitted it (`by`: the privilege of the caller, and the subject
 it named); an interrupt raised in that turn keeps it. Resuming needs at least that

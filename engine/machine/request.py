@@ -146,6 +146,15 @@ def wire_agent(agent: dict[str, Any] | None) -> dict[str, Any] | None:
     return {k: v for k, v in agent.items() if k not in _NOT_ON_WIRE}
 
 
+def with_engine_keys(current: dict[str, Any] | None, given: dict[str, Any]) -> dict[str, Any]:
+    """A worker's agent config, with the engine-only keys of the current one carried
+    over: it was never sent them (`wire_agent`), so leaving them out cannot mean "drop
+    them". A worker echoing `session.start`'s proposal keeps the file's `budget`; one
+    that sends a key itself sets it."""
+    kept = {k: current[k] for k in _NOT_ON_WIRE if current and k in current and k not in given}
+    return {**given, **kept} if kept else given
+
+
 def wire_proposed(proposed: Answer) -> Mapping[str, Any]:
     """A proposal as the protocol sends it, its agent cut to the wire's keys."""
     given = proposed.get("agent")

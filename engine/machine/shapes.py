@@ -16,9 +16,9 @@ the union (mypy's tagged unions). A field marked `NotRequired` is one a rule lea
 or one an older version did not write. events.py's records use these, so the conftest's
 check of every emitted event holds them to what the rules really write.
 
-Past 500 lines on purpose: some forty small records and no logic beyond the three
-checks that tell a union's members apart; read side by side they are the protocol as
-the machine keeps it, and split they would be three files that always change together.
+Why one module: some forty small records and no logic beyond the three checks that
+tell a union's members apart; read side by side they are the protocol as the machine
+keeps it, and split they would be three files that always change together.
 """
 
 from __future__ import annotations

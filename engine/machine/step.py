@@ -16,15 +16,20 @@ events) and, where something must follow, a fact (core.py `Fact`); it never call
 until nothing does. The rules import one way, each module only those below it
 (tests/test_import_rules.py holds it):
 
-    step.py        handlers of the session's own inputs, `advance`, `step`
-    decisions.py   applying a decision: a worker's checked answer, the engine's proposal
-    turns.py       submitting, starting and queueing turns; resuming; messages
-    connectors.py  MCP: syncing a turn's connections; their two call kinds
-    subagents.py   subagent calls, and their call kind
-    calls.py       model and tool calls: attempts, retries, deadlines, results
-    asking.py      asking for a decision: the slot, its queue, its attempts
-    ending.py      a turn ending (completed, failed, dropped); its parent told
-    interrupts.py  raising an interrupt
+    step.py              handlers of the session's own inputs, `advance`, `step`
+    decisions.py         applying a decision: a worker's checked answer, the engine's proposal
+    between_sessions.py  messages between sessions; the child's side of a subagent call
+    resuming.py          resuming an interrupt, and what follows it
+    turns.py             submitting, starting and queueing turns
+    connectors.py        MCP: syncing a turn's connections; their two call kinds
+    settling.py          a call's attempt settled: a runner's, a client's or the API's answer
+    requesting.py        a model or tool call recorded and sent, or held for approval
+    subagents.py         subagent calls, and their call kind
+    calls.py             a call's attempts: sent, a model's reply, failed, retried, late, lost
+    tool_messages.py     a tool call's end as the model reads it; the re-prompt
+    asking.py            asking for a decision: the slot, its queue, its attempts
+    ending.py            a turn ending (completed, failed, dropped); its parent told
+    interrupts.py        raising an interrupt
 and below them what the rules read: core.py (`Step`, `CallKind`, `Kinds`), kinds.py
 (the built-in kinds), connections.py and spawns.py (the config read), tools.py,
 tree.py, retry.py, state.py, evolve.py, events.py, inputs.py, effects.py, and shapes.py
@@ -36,7 +41,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import asking, calls, decisions, ending, interrupts, subagents, turns
+from . import (
+    asking,
+    between_sessions,
+    calls,
+    decisions,
+    ending,
+    interrupts,
+    resuming,
+    settling,
+    subagents,
+    turns,
+)
 from . import events as ev
 from .connectors import hold
 from .core import Fact, Ids, Kinds, MachineError, Opening, Proposal, Step, Transition
@@ -97,7 +113,7 @@ def client_submitted(st: Step, inp: ClientSubmitted) -> None:
     if is_turn_start(body):
         turns.submit_turn(st, inp, body)
     elif body["type"] == "tool.result" or body["type"] == "tool.error":
-        calls.client_settles_tool(st, body)
+        settling.client_settles_tool(st, body)
     elif body["type"] == "interrupt.resume":
         iid = body["interrupt_id"]
         interrupt = s.interrupts.get(iid) if s is not None else None
@@ -110,7 +126,7 @@ def client_submitted(st: Step, inp: ClientSubmitted) -> None:
                 status=403,
             )
         expired = interrupt is not None and interrupts.expired(interrupt, st.now)
-        resumed = turns.resume_interrupt(st, iid, body.get("payload"))
+        resumed = resuming.resume_interrupt(st, iid, body.get("payload"))
         st.out.reply = {"session_id": st.session_id, "resumed": resumed}
         if expired:
             st.out.reply["expired"] = True
@@ -181,19 +197,19 @@ _HANDLERS: dict[type, Callable[[Step, Any], None]] = {
     DecisionDeadline: asking.decision_deadline,
     ExecuteAnswered: decisions.execute_answered,
     ExecuteFailed: decisions.execute_failed,
-    CallAnswered: calls.call_answered,
+    CallAnswered: settling.call_answered,
     CallDeadline: calls.call_deadline,
     QueueDeadline: turns.queue_deadline,
-    InterruptDeadline: turns.interrupt_deadline,
-    CallSettled: calls.api_settles_call,
+    InterruptDeadline: resuming.interrupt_deadline,
+    CallSettled: settling.api_settles_call,
     InterruptRequested: interrupt_requested,
     CancelRequested: cancel_requested,
     InputRejected: input_rejected,
-    MessageDelivered: turns.message_delivered,
-    ChildSpawned: turns.child_spawned,
+    MessageDelivered: between_sessions.message_delivered,
+    ChildSpawned: between_sessions.child_spawned,
     SubagentStarted: subagents.subagent_started,
     SubagentFinished: subagents.subagent_finished,
-    ChildCancelled: turns.child_cancelled,
+    ChildCancelled: between_sessions.child_cancelled,
 }
 
 

@@ -2,9 +2,9 @@
 
 The call's side, here: the spawn, its child's start and end, retries and deadlines. The
 child's side (a turn started for a parent's call, the parent told when it ends) is
-turns.py's and ending.py's. A subagent call is a call kind of its own (`KIND`), whose
-hooks the call rules run: its deadline, what a retried attempt sends the child, what
-its timer firing means, and whom its early end must tell.
+between_sessions.py's (turns.py starts it) and ending.py's. A subagent call is a call
+kind of its own (`KIND`), whose hooks the call rules run: its deadline, what a retried
+attempt sends the child, what its timer firing means, and whom its early end must tell.
 
 A subagent call's attempt is queued from its dispatch until the child's turn starts
 (`subagent.started`): the child may be busy with a turn of its own, or its partition
@@ -27,7 +27,7 @@ import json
 
 from . import budgets, retry
 from . import events as ev
-from .calls import dispatch, tool_finished
+from .calls import dispatch
 from .core import CallKind, Step
 from .effects import Deliver
 from .inputs import ChildCancelled, ChildSpawned, SubagentFinished, SubagentStarted
@@ -37,6 +37,7 @@ from .shapes import Child, ErrorInfo, SubagentSpawn
 from .shapes import SubagentFinished as Finished  # the trigger (inputs has the input)
 from .spawns import spawn_args, spawn_mode, subagent_entry
 from .state import Call, SessionState
+from .tool_messages import tool_finished
 from .tools import tool_result_of
 
 # -- the spawn --------------------------------------------------------------------

@@ -1,5 +1,4 @@
-"""Turns (SPEC §2, §10): submitting, starting, queueing; resuming an interrupt (§8);
-messages between sessions; the child's side of a subagent call.
+"""Turns (SPEC §2, §10): submitting, starting, queueing.
 
 Queued turns: an input sent with `queue: true` while a turn runs waits in the session's
 FIFO. The agent's `retry.default.queue_timeout_secs` bounds that wait when it is set (no
@@ -11,44 +10,31 @@ parent's subagent call runs has no timer here: the parent's call times its start
 
 How a turn ends is ending.py's; starting the next queued one is `advance`'s (step.py),
 which also takes the turn's first decision (`Opening`) once the turn has started.
+Resuming an interrupt is resuming.py's; what other sessions send here (a message, a
+parent's subagent call) is between_sessions.py's, which submits it as a turn.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from . import budgets, retry
 from . import events as ev
+from . import retry
 from .asking import decide
-from .calls import call_failed, dispatch, reprompt_or_nothing, send_tool
-from .connections import connector_of, own_names, tools_of
-from .connectors import start_sync
+from .connections import own_names, tools_of
 from .core import MachineError, Opening, Step
 from .effects import Deliver
 from .ending import drop_queued, fail_turn
-from .inputs import (
-    ChildCancelled,
-    ChildSpawned,
-    ClientSubmitted,
-    InterruptDeadline,
-    MessageDelivered,
-    QueueDeadline,
-    SubagentStarted,
-)
-from .interrupts import EXPIRED, approved, expired, submitter
+from .inputs import ClientSubmitted, QueueDeadline, SubagentStarted
+from .interrupts import submitter
 from .shapes import (
     ActionInput,
     Answer,
     AppendInput,
     ClientAction,
     ClientMessages,
-    ErrorInfo,
-    InterruptResumed,
     LlmCall,
     MessageInput,
-    MessageSend,
-    OpenInterrupt,
-    ParentRef,
     Submitter,
     TurnStart,
     ViewInput,
@@ -381,190 +367,3 @@ def queue_deadline(st: Step, inp: QueueDeadline) -> None:
         return
     policy = st.kinds.policy("turn", st.s.agent)
     drop_queued(st, inp.turn_id, retry.queue_timeout(f"turn {inp.turn_id}", policy))
-
-
-# -- interrupts (SPEC §8) --------------------------------------------------------
-
-
-def resume_interrupt(st: Step, iid: str, payload: Any, *, expire: bool = False) -> bool:
-    """Resume; an old or repeated id does nothing. One past its `expiresAt` (or `expire`,
-    its timer) resolves as expired instead, with `EXPIRED` as the payload: False then."""
-    if st.state is None or iid not in st.s.interrupts:
-        st.ignore(f"interrupt {iid!r} is not open")
-        return False
-    interrupt = st.s.interrupts[iid]
-    expire = expire or expired(interrupt, st.now)
-    if expire:
-        payload = EXPIRED
-    connector = connector_of(interrupt)
-    resumed: ev.SessionInterruptResumed = {
-        "type": ev.SESSION_INTERRUPT_RESUMED,
-        "interrupt_id": iid,
-    }
-    trigger: InterruptResumed = {"type": "interrupt.resumed", "interrupt_id": iid}
-    if payload is not None:
-        resumed["payload"] = payload
-        trigger["payload"] = payload
-    if expire:
-        resumed["expired"] = True
-    st.emit(resumed)
-    if budgets.budget_of(interrupt) is not None:
-        _budget_answered(st, interrupt, payload, expire)
-        return not expire
-    if interrupt.get("origin") == "approval":
-        if st.by_worker and st.s.turn is not None:
-            # The worker is told, as of any interrupt on its branch (SPEC §8), though it
-            # did not raise this one: the engine's own answer follows (the held call is
-            # sent, or ends as a tool error), so nothing is proposed; `tool.finished`
-            # comes after, as for any other call.
-            decide(st, trigger, {})
-        _approval_answered(st, interrupt, payload, expire)
-        return not expire
-    if connector is not None and st.s.turn is not None:
-        start_sync(st, connector, force=True)  # the held decision follows it
-        return not expire
-    decide(st, trigger, reprompt_or_nothing(st))
-    return not expire
-
-
-def interrupt_deadline(st: Step, inp: InterruptDeadline) -> None:
-    """An interrupt's `expiresAt` passed: one still open resolves as expired."""
-    if st.state is None or inp.interrupt_id not in st.s.interrupts:
-        st.ignore(f"interrupt {inp.interrupt_id!r} is not open")
-        return
-    resume_interrupt(st, inp.interrupt_id, None, expire=True)
-
-
-def _approval_answered(st: Step, interrupt: OpenInterrupt, payload: Any, expire: bool) -> None:
-    """A tool call that waited for a person (connectors' `approve`): approved, it is sent;
-    declined or expired, it ends as a tool error the model reads."""
-    call_id = (interrupt.get("payload") or {}).get("toolCallId")
-    call = st.s.calls.get(call_id or "")
-    if call is None or call.status != "requested":
-        return
-    if not expire and approved(payload):
-        dispatch(st, call, 1)
-        return
-    why = "nobody approved it before the prompt expired" if expire else "a person declined it"
-    error: ErrorInfo = {
-        "message": f"{call.name} was not run: {why}",
-        "code": "handler_error",
-        "detail": {"declined": True, "expired": expire},
-    }
-    call_failed(st, call, error, False, None)
-
-
-def _budget_answered(st: Step, interrupt: OpenInterrupt, payload: Any, expire: bool) -> None:
-    """A call held by its budget (budgets.py): approved, its limit was raised (the resume
-    event's fold) and it is sent; declined or expired, the turn fails as over budget."""
-    meta = budgets.budget_of(interrupt) or {}
-    call = st.s.calls.get(str(meta.get("call_id") or ""))
-    if st.s.turn is None:
-        return
-    if not expire and approved(payload):
-        if call is not None and call.status == "requested":
-            # A tool call may still need its connection's approval; a model call is sent.
-            if call.kind == "tool":
-                send_tool(st, call)
-            else:
-                dispatch(st, call, 1)
-        return
-    why = "the prompt expired" if expire else "a person declined to raise it"
-    figures: dict[str, Any] = {
-        k: meta[k]
-        for k in ("limit", "allowed", "spent", "next", "policy", "group", "dimension", "frees_at")
-        if k in meta
-    }
-    said = str(interrupt.get("reason") or "").removeprefix("budget: ")
-    error: ErrorInfo = {
-        "message": f"budget exceeded: {said}; {why}",
-        "code": "budget_exceeded",
-        "detail": {**figures, "declined": not expire, "expired": expire},
-    }
-    fail_turn(st, error)
-
-
-# -- messages between sessions ---------------------------------------------------
-
-
-def send_message(st: Step, action: MessageSend) -> None:
-    """Record a message for another session and hand it over after the commit."""
-    message = {k: v for k, v in action["message"].items() if v is not None}
-    # The id travels with the message: the receiver drops one it has seen.
-    message["id"] = message.get("id") or f"{st.session_id}:{st.s.seq + 1}"
-    st.emit({"type": ev.MESSAGE_SENT, "to": action["session_id"], "message": message})
-    st.out.effects.append(Deliver(action["session_id"], MessageDelivered(st.session_id, message)))
-
-
-def message_delivered(st: Step, inp: MessageDelivered) -> None:
-    """Another session's message arrives: it starts or queues a turn here."""
-    s = st.state
-    if s is None:
-        st.ignore(f"message.send to {st.session_id!r}, which does not exist")
-        return
-    body: AppendInput = {
-        "type": "client.append",
-        "agent_id": s.agent_id,
-        "messages": [inp.message],
-        "queue": True,
-    }
-    identity = {"subject": {"issuer": "session", "id": inp.from_session}}
-    submit_turn(st, ClientSubmitted(body, s.agent_id, identity, None), body, delivered=True)
-
-
-# -- subagents: the child's side (SPEC §9) ---------------------------------------
-
-
-def child_spawned(st: Step, inp: ChildSpawned) -> None:
-    """Start (or continue) this child session with the parent's message, as one turn.
-
-    The turn id is derived from the parent's call (and its attempt, past the first), so a
-    replayed spawn is the same turn and a retried one a turn of its own.
-    """
-    parent: ParentRef = {"session_id": inp.parent_session, "call_id": inp.call_id}
-    turn_id = f"sub~{inp.parent_session}~{inp.call_id}"
-    if inp.attempt > 1:
-        parent["attempt"] = inp.attempt
-        turn_id += f"~{inp.attempt}"
-    body: MessageInput = {
-        "type": "client.message",
-        "agent_id": inp.agent_id,
-        "message": inp.message,
-        "turn_id": turn_id,
-        "queue": True,
-        "parent": parent,
-    }
-    identity = {"subject": {"issuer": "session", "id": inp.parent_session}, "metadata": {}}
-    submitted = ClientSubmitted(
-        body,
-        inp.agent_id,
-        identity,
-        inp.agent_config,
-        inp.decider,
-        inp.llm_routes,
-        ancestry=inp.ancestry,
-        traceparent=inp.traceparent,
-    )
-    submit_turn(st, submitted, body, delivered=True)
-
-
-def child_cancelled(st: Step, inp: ChildCancelled) -> None:
-    """The parent's call ended: its turn here stops, or, still queued, never starts."""
-
-    def for_call(parent: ParentRef | None) -> bool:
-        if parent is None or (parent["session_id"], parent["call_id"]) != (
-            inp.parent_session,
-            inp.call_id,
-        ):
-            return False
-        return inp.attempt is None or parent.get("attempt", 1) <= inp.attempt
-
-    error: ErrorInfo = {"message": "the parent's call ended", "code": "internal"}
-    waiting = [q["turn_id"] for q in st.s.queue if for_call(q["input"].get("parent"))]
-    for turn_id in waiting:
-        drop_queued(st, turn_id, error)
-    turn = st.s.turn
-    if turn is not None and for_call(turn.parent):
-        fail_turn(st, error)
-    elif not waiting:
-        st.ignore("no turn of this session runs for that call")

@@ -4,12 +4,16 @@ The session's state is loaded (cached while this engine owns its partition), the
 pure machine turns the input into events, effects and timers, and one Lua call
 commits them with the work item's ack, fenced by the partition's lease. Only a
 committed transition's effects may start: the caller starts them.
+
+Here: the step's order, the retries and the dead letter, the cache and the counts.
+Beside it, each its own idea: the stored input as the machine's (`intake.py`), the
+budget buckets the step is checked against (`budgets.py`), the transition as the
+store's `Commit` (`commits.py`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 import traceback
@@ -18,38 +22,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.config import Project
-from engine.effects.llm.prices import with_prices
 from engine.errors import ErrorInfo, describe
 from engine.ids import new_id
 from engine.jsonedge import encode
 from engine.machine import (
-    Call,
-    CallLost,
-    CancelTimer,
     ChildSpawned,
-    ClientSubmitted,
     Deliver,
-    Input,
     InputRejected,
     Kinds,
     MachineError,
     SessionState,
-    StartTimer,
     Transition,
-    input_from_json,
-    input_to_json,
-    state_to_json,
     step,
 )
 from engine.machine import events as ev
-from engine.machine.deadlines import wake_ms
-from engine.machine.evolve import at_ms
-from engine.machine.policies import Bucket, BucketRef, buckets_for, charges, context_of
+from engine.machine.policies import charges
 from engine.metrics import Metrics
 from engine.retrying import Backoff, Trouble
+from engine.runtime.budgets import Budgets
 from engine.runtime.cache import StateCache
+from engine.runtime.commits import commit_of, with_item
+from engine.runtime.intake import Intake
 from engine.store.buckets import charge_message
-from engine.store.index import IndexWrite, scopes_of
 from engine.store.snapshots import SNAPSHOT_MIN_BYTES, Mark, current, load, mark_of
 from engine.store.store import (
     STORE_FAULTS,
@@ -69,7 +63,6 @@ log = logging.getLogger("subs.engine")
 # this often took its engine down each time (or never got an answer): the same.
 POISON_FAILURES = 3
 POISON_DELIVERIES = 10
-ROOTS_KEPT = 10_000  # root sessions' identities kept for their subagents' budget buckets
 
 
 @dataclass
@@ -107,7 +100,6 @@ class Applier:
         trouble: Trouble,
         tracing: Tracing | None = None,
     ) -> None:
-        self.project = project
         self.tracing = tracing
         self.store = store
         self.kinds = kinds  # the call kinds every step runs by
@@ -118,14 +110,8 @@ class Applier:
         serve = project.serve
         self.cache = StateCache(serve.state_cache_mb * 1024 * 1024, serve.state_cache_sessions)
         self.snapshot_min_bytes = SNAPSHOT_MIN_BYTES
-        # Built once: the machine only reads these (events carry them by reference).
-        # An agent's budget carries its model's price (the machine estimates a call with it).
-        self.agent_configs = {
-            a.id: with_prices(project, a.wire_config(project), a) for a in project.agents.values()
-        }
-        self.llm_routes = {b.id: {"type": b.type, "format": b.format} for b in project.llm.values()}
-        self.policies = project.budgets
-        self._roots: dict[str, dict[str, Any]] = {}  # root session -> identity (subagents')
+        self.intake = Intake(project)
+        self.budgets = Budgets(project.budgets, store)
 
     def now_ms(self) -> int:
         """The clock steps are stamped with, in ms; injected so tests can move it."""
@@ -139,52 +125,6 @@ class Applier:
     def drop(self, sid: str) -> None:
         """Forget a session's cached state (it was deleted, archived, or may be stale)."""
         self.cache.drop(sid)
-
-    async def bucket_refs(
-        self, sid: str, state: SessionState | None, inp: Input
-    ) -> list[BucketRef]:
-        """The budget-policy buckets a session counts toward (policies.py): from its agent
-        and identity, or, for a session this input creates, the input's; `user` is whoever
-        submitted the turn the step works on (in a shared Slack thread each person spends
-        their own bucket, not the thread starter's). A subagent's
-        session counts toward its root session's person and channel (its own agent and
-        id): a user's subagents spend that user's budget. Worked out each step (a few
-        comparisons); only a root's identity is kept, as it never changes."""
-        if not self.policies:
-            return []
-        if state is not None:
-            agent_id, identity, ancestry = state.agent_id, state.identity, state.ancestry
-        elif isinstance(inp, ClientSubmitted):
-            agent_id, identity, ancestry = inp.agent_id, inp.identity, list(inp.ancestry or ())
-        elif isinstance(inp, ChildSpawned):
-            agent_id, identity, ancestry = inp.agent_id, {}, inp.ancestry
-        else:
-            return []
-        if ancestry:
-            identity = await self._root_identity(ancestry[0])
-        else:
-            identity = _as_submitted(identity, state, inp)
-        return buckets_for(self.policies, context_of(sid, agent_id, identity))
-
-    async def _root_identity(self, root: str) -> dict[str, Any]:
-        """A root session's identity (read once, from its snapshot: it never changes)."""
-        known = self._roots.get(root)
-        if known is None:
-            known = (await self.store.identities([root]))[root]
-            if len(self._roots) >= ROOTS_KEPT:
-                self._roots.pop(next(iter(self._roots)))
-            self._roots[root] = known
-        return known
-
-    async def buckets(self, refs: list[BucketRef], now: int) -> tuple[Bucket, ...]:
-        """The buckets' usage as the machine is to check a model call against it."""
-        if not refs:
-            return ()
-        uses = await self.store.read_buckets(refs, now)
-        return tuple(
-            Bucket(u.policy, u.group, u.dimension, u.limit, u.used, u.frees_at, ref.policy.strategy)
-            for ref, u in zip(refs, uses, strict=True)
-        )
 
     async def settle(self, p: int, lease: str, item: WorkItem) -> Transition | None:
         """Apply one input and commit it, however long Redis is away.
@@ -277,50 +217,6 @@ class Applier:
                 self.cache.put(sid, state, mark, snap.state_bytes + snap.tail_bytes)
         return state
 
-    def _decider(self, agent_id: str) -> str:
-        """Who decides for an agent: its worker when it names one, else the engine."""
-        decl = self.project.agents.get(agent_id)
-        return "worker" if decl and decl.worker else "engine"
-
-    def _machine_input(self, state: SessionState | None, body: dict[str, Any]) -> Input:
-        if body.get("kind") != "client":
-            inp = input_from_json(body)
-            if isinstance(inp, ChildSpawned):
-                # A child starts with its agent's file config, like a client's first input.
-                return dataclasses.replace(
-                    inp,
-                    agent_config=self.agent_configs.get(inp.agent_id),
-                    decider=self._decider(inp.agent_id),
-                    llm_routes=self.llm_routes,
-                )
-            return inp
-        inp = body["input"]
-        agent_id = inp.get("agent_id") or (state.agent_id if state else "")
-        decl = self.project.agents.get(agent_id)
-        if decl is None and state is None:
-            raise MachineError(
-                f"no agent {agent_id!r} in {self.project.path}; "
-                f"declared: {', '.join(sorted(self.project.agents)) or 'none'}",
-                code="unknown_agent",
-                status=404,
-            )
-        config = self.agent_configs.get(agent_id)
-        decider = self._decider(agent_id)
-        identity = body.get("identity") or {}
-        commands = tuple(decl.slack.commands) if decl and decl.slack else ()
-        return ClientSubmitted(
-            inp,
-            agent_id,
-            identity,
-            config,
-            decider,
-            self.llm_routes,
-            owner=body.get("owner"),
-            slash_commands=commands,
-            traceparent=body.get("traceparent"),
-            tracestate=body.get("tracestate"),
-        )
-
     async def _plan(self, item: WorkItem) -> _Planned:
         """Load the session and run the machine: the commit to write and what follows it."""
         started = time.perf_counter()
@@ -330,14 +226,14 @@ class Applier:
         before = None if self.tracing is None else Before.of(state, sid, self.tracing.capture)
         now = self.now_ms()
         try:
-            inp = self._machine_input(state, item.input)
-            refs = await self.bucket_refs(sid, state, inp)
-            buckets = await self.buckets(refs, now) if refs else ()
+            inp = self.intake.input_of(state, item.input)
+            refs = await self.budgets.refs(sid, state, inp)
+            buckets = await self.budgets.usage(refs, now) if refs else ()
             t = step(state, sid, inp, now, new_id, self.kinds, buckets=buckets)
         except MachineError as err:
             reply = {"ok": False, "status": err.status, **err.body()}
             commit = Commit(sid, seq, seq, (), None, reply=reply)
-            return _Planned(self._finish(commit, item), None, started)
+            return _Planned(with_item(commit, item), None, started)
         if before is not None:
             _trace_spawns(t)
         commit, mark = self._commit_of(sid, seq, t, item)
@@ -352,15 +248,7 @@ class Applier:
         self, sid: str, seq: int, t: Transition, item: WorkItem
     ) -> tuple[Commit, Mark | None]:
         mark, min_bytes = self.cache.mark(sid), self.snapshot_min_bytes
-        return _commit_of(sid, seq, t, mark, min_bytes, item, self.kinds)
-
-    @staticmethod
-    def _finish(commit: Commit, item: WorkItem) -> Commit:
-        """The parts of a commit that come from the work item: its ack, reply list and timer."""
-        done = commit.timers_done + ((item.timer_member,) if item.timer_member else ())
-        return dataclasses.replace(
-            commit, ack_id=item.entry_id, reply_to=item.reply_to, timers_done=done
-        )
+        return commit_of(sid, seq, t, mark, min_bytes, item, self.kinds)
 
     async def _plan_rejection(self, item: WorkItem, reason: str, trace: str | None) -> _Planned:
         """Dead-letter an input no transition can take, and fail the turn waiting on it.
@@ -392,7 +280,7 @@ class Applier:
         if t:
             commit, mark = self._commit_of(sid, seq, t, item)
         else:
-            commit = self._finish(Commit(sid, seq, seq, (), None), item)
+            commit = with_item(Commit(sid, seq, seq, (), None), item)
         letter = {
             "session_id": sid,
             "entry_id": item.entry_id,
@@ -433,118 +321,3 @@ def _trace_spawns(t: Transition) -> None:
             if span is not None:
                 spawned = dataclasses.replace(effect.input, traceparent=span.traceparent())
                 t.effects[i] = dataclasses.replace(effect, input=spawned)
-
-
-def lost_work(state: SessionState | None, kinds: Kinds) -> list[CallLost]:
-    """What a dead engine had out for this session: to be sent again."""
-    if state is None:
-        return []
-    lost = [
-        CallLost(c.id, c.attempt)
-        for c in state.calls.values()
-        if c.status == "running" and _in_flight(c, kinds)
-    ]
-    if state.decision is not None and state.decision.status == "running":
-        lost.append(CallLost(state.decision.id, state.decision.attempt))
-    return lost
-
-
-def has_inflight(state: SessionState | None, kinds: Kinds) -> bool:
-    """Whether a crash would leave one of this session's requests unanswered (every step
-    asks: `lost_work`'s answer, without building it)."""
-    if state is None:
-        return False
-    if state.decision is not None and state.decision.status == "running":
-        return True
-    return any(c.status == "running" and _in_flight(c, kinds) for c in state.calls.values())
-
-
-def _in_flight(call: Call, kinds: Kinds) -> bool:
-    """Whether the call's attempt is a request of this engine's (its kind says, kinds.py)."""
-    kind = kinds.of(call.kind, call.handler)
-    return kind is not None and kind.in_flight
-
-
-def _commit_of(
-    sid: str,
-    seq: int,
-    t: Transition,
-    mark: Mark | None,
-    min_bytes: int,
-    item: WorkItem,
-    kinds: Kinds,
-) -> tuple[Commit, Mark | None]:
-    """What a transition writes: its events, the snapshot when it is due, its timers and
-    deliveries, and what comes from the work item (see `_finish`); and the snapshot's
-    mark once it is written."""
-    new_state = t.state
-    created = t.events[0] if t.events else None
-    events = tuple(map(encode, t.events))
-    snapshot = None
-    if events and new_state:
-        mark = mark.after(sum(map(len, events)), min_bytes) if mark else None
-        if mark is None:
-            snapshot = encode(state_to_json(new_state))
-            mark = Mark(len(snapshot), 0)
-    commit = Commit(
-        session_id=sid,
-        expected_seq=seq,
-        new_seq=new_state.seq if new_state else 0,
-        events=events,
-        snapshot=snapshot,
-        inflight=has_inflight(new_state, kinds) if t.events else None,
-        timers=tuple(
-            (e.due, _timer_member(sid, e.due, e.input))
-            for e in t.effects
-            if isinstance(e, StartTimer)
-        ),
-        timers_done=tuple(
-            _timer_member(sid, e.due, e.input) for e in t.effects if isinstance(e, CancelTimer)
-        )
-        + ((item.timer_member,) if item.timer_member else ()),
-        ack_id=item.entry_id,
-        reply_to=item.reply_to,
-        outbox=tuple(
-            json.dumps({"to": e.to, "input": input_to_json(e.input)})
-            for e in t.effects
-            if isinstance(e, Deliver)
-        ),
-        reply={"ok": True, **t.reply} if t.reply else {"ok": True, "ignored": t.ignored},
-        created_ms=at_ms(created)
-        if created and created["payload"]["type"] == ev.SESSION_CREATED
-        else None,
-        index=_index_of(new_state, t, kinds),
-    )
-    return commit, mark
-
-
-def _index_of(state: SessionState | None, t: Transition, kinds: Kinds) -> IndexWrite | None:
-    """The session's entry in the listing indexes after a step that wrote events."""
-    if state is None or not t.events:
-        return None
-    return IndexWrite(
-        created_ms=state.created_at,
-        last_ms=at_ms(t.events[-1]),
-        wake_ms=wake_ms(state, kinds),
-        scopes=scopes_of(state.agent_id, not state.ancestry),
-    )
-
-
-def _timer_member(sid: str, due: int, inp: Input) -> str:
-    """A timer's entry in the partition's set; the same timer always gives the same bytes."""
-    return json.dumps({"sid": sid, "input": input_to_json(inp), "due": due})
-
-
-def _as_submitted(
-    identity: dict[str, Any], state: SessionState | None, inp: Input
-) -> dict[str, Any]:
-    """`identity` with the subject of the turn a step works on: the running turn's
-    submitter, or, when the step's input starts the turn, the input's own subject."""
-    subject: Any = None
-    if state is not None and state.turn is not None and state.turn.by:
-        subject = state.turn.by.get("subject")
-    elif isinstance(inp, ClientSubmitted):
-        subject = (inp.identity or {}).get("subject")
-    if not isinstance(subject, dict) or not subject.get("id"):
-        return identity
-    return {**identity, "subject": subject}

@@ -19,7 +19,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 from engine.config import Project, project_secrets
-from engine.effects.mcp.connection import McpConnection, McpTrouble, load_sdk
+from engine.effects.mcp.connection import McpConnection, load_sdk
+from engine.effects.mcp.trouble import McpTrouble
 from engine.effects.runner import Done, EffectRunner, Runner, Tasks
 from engine.errors import ErrorInfo
 from engine.machine import CallAnswered, Input, SessionState
