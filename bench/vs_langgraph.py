@@ -3,7 +3,7 @@ with an HTTP worker deciding; and the same vendor calls with no framework at all
 
 The turn: the user asks, the model (streamed) asks for the `lookup` tool, the tool
 answers, the model (streamed) answers. One fake OpenAI-style vendor
-(tests/fakes/llm_vendor.py, streamed chat completions ending in `[DONE]`) serves every
+(tests/fakes/llm_vendor/, streamed chat completions ending in `[DONE]`) serves every
 variant from its own process, so its CPU is billed to none of them.
 
 - **HTTP calls alone** (the floor): per turn, the two streamed POSTs through one aiohttp

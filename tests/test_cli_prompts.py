@@ -4,7 +4,7 @@ at once saying how to resume, `--session` asks the open question again, and a ru
 whose `subs serve` goes away says so within seconds and goes on when it is back.
 
 Real `subs` processes, a real `subs serve` child on loopback, real Redis; the LLM vendor
-is the fake one (tests/fakes/llm_vendor.py)."""
+is the fake one (tests/fakes/llm_vendor/)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ with a deadline) until the session has nothing in flight but a client tool call,
 reader waits for the model, and sets `CALL_ID` and `INTERRUPT_ID` from what came before,
 as the doc tells the reader to.
 
-Only the model vendor is fake (tests/fakes/llm_vendor.py): a model that calls the client
+Only the model vendor is fake (tests/fakes/llm_vendor/): a model that calls the client
 tool `confirm` and, once it has the tool's answer, says something.
 """
 

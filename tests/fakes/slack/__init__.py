@@ -14,35 +14,42 @@ Time: every Slack duration (rate windows, stream lifetime, status timeout) is mu
 
 The parts: `rules.py` (rate tiers, sizes, scopes, the error answer), `model.py` (the world it
 keeps and what it records), `checks.py` (what it refuses of an app's payloads, and request
-signing), and the three faces `FakeSlack` mixes in: `web_api.py` (the methods),
-`events.py` (what it sends to the app), `files.py` (files shared, downloaded and
-uploaded) and `socket_mode.py`. This module keeps the server's
-lifecycle, world building, what a person sees, and the Web API's dispatch.
+signing), and the faces `FakeSlack` mixes in:
+- the workspace: `world.py` (building it: teams, people, channels, other apps' posts; ids
+  and the clock) and `messages.py` (messages kept with their versions, rendered as Slack
+  shows them);
+- the Web API: `web_api.py` (every call's dispatch: arguments, token, rate limit, errors)
+  and one module per method family: `chat.py`, `conversations.py`, `reactions.py`,
+  `assistant.py`, `users.py`, `files.py` (files shared, downloaded and uploaded);
+- toward the app: `events.py` (the payloads it sends), `sending.py` (signed HTTP delivery
+  and response_url posts) and `socket_mode.py`;
+- for the test: `view.py` (what a person sees, the calls made, waiting on either).
+This module keeps the state they share, the method table and the server's lifecycle.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
-import math
-import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from tests.fakes.slack.checks import FORM_JSON, rich_text, sign
-from tests.fakes.slack.events import EventSender
+from tests.fakes.slack.assistant import AssistantMethods
+from tests.fakes.slack.chat import ChatMethods
+from tests.fakes.slack.checks import sign
+from tests.fakes.slack.conversations import ConversationMethods
+from tests.fakes.slack.events import EventPayloads
 from tests.fakes.slack.files import FileMethods, FilesState
+from tests.fakes.slack.messages import MessageStore
 from tests.fakes.slack.model import (
     Ack,
     Call,
     Channel,
-    Ctx,
     Ephemeral,
     Integration,
     Message,
@@ -51,8 +58,8 @@ from tests.fakes.slack.model import (
     Status,
     Team,
     User,
-    Version,
 )
+from tests.fakes.slack.reactions import ReactionMethods
 from tests.fakes.slack.rules import (
     DEFAULT_LIMITS,
     DEFAULT_SCOPES,
@@ -62,8 +69,12 @@ from tests.fakes.slack.rules import (
     Limit,
     SlackError,
 )
+from tests.fakes.slack.sending import EventSender
 from tests.fakes.slack.socket_mode import SocketModeServer
-from tests.fakes.slack.web_api import WebApiMethods
+from tests.fakes.slack.users import UserMethods
+from tests.fakes.slack.view import PersonView
+from tests.fakes.slack.web_api import WebApiDispatch
+from tests.fakes.slack.world import WorldBuilding
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -76,19 +87,22 @@ __all__ = [
     "sign",
 ]
 
-T = TypeVar("T")
 
-# Slack numbers attachments (`id`) and stores named colors as bare hex: danger -> a30200
-# (bolt-python issue #760), warning -> daa038 (sYnfo/Yasuf #8); good's hex is unverified.
-COLORS = {"danger": "a30200", "warning": "daa038", "good": "2eb886"}
-
-
-def _as_stored(number: int, attachment: Mapping[str, Any]) -> dict[str, Any]:
-    color = attachment.get("color")
-    return {"id": number, **attachment, **({"color": COLORS.get(color, color)} if color else {})}
-
-
-class FakeSlack(WebApiMethods, FileMethods, EventSender, SocketModeServer):
+class FakeSlack(
+    WorldBuilding,
+    MessageStore,
+    PersonView,
+    WebApiDispatch,
+    ChatMethods,
+    ConversationMethods,
+    ReactionMethods,
+    AssistantMethods,
+    UserMethods,
+    FileMethods,
+    EventPayloads,
+    EventSender,
+    SocketModeServer,
+):
     """A fake Slack workspace (or several) for one app; see the module docstring."""
 
     def __init__(
@@ -205,343 +219,3 @@ class FakeSlack(WebApiMethods, FileMethods, EventSender, SocketModeServer):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
-
-    # --- world building ----------------------------------------------------------------
-
-    def _id(self, prefix: str) -> str:
-        return f"{prefix}{next(self._ids):08d}"
-
-    @property
-    def bot_token(self) -> str:
-        return self.team.bot_token
-
-    @property
-    def bot_user(self) -> str:
-        return self.team.bot_user
-
-    def add_team(self, name: str) -> Team:
-        """A workspace with this app installed (its own bot user and xoxb- token)."""
-        team_id = self._id("T")
-        team = Team(
-            id=team_id,
-            name=name,
-            domain=re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-"),
-            bot_user=self._id("U"),
-            bot_id=self._id("B"),
-            bot_token=f"xoxb-{team_id}-{uuid.uuid4().hex}",
-        )
-        self.teams[team.id] = team
-        self.users[team.bot_user] = User(team.bot_user, team.id, "subs", True, team.bot_id)
-        return team
-
-    def add_user(
-        self, name: str, team: Team | None = None, *, display_name: str = "", real_name: str = ""
-    ) -> User:
-        team_id = (team or self.team).id
-        user = User(self._id("U"), team_id, name, display_name=display_name, real_name=real_name)
-        self.users[user.id] = user
-        return user
-
-    def add_external_user(self, name: str, org: str = "Partner Co") -> User:
-        """A person of another organisation (Slack Connect): their team is not one this app
-        is installed in, so messages they write in a shared channel carry their own
-        `user_team` (Slack's events for shared channels; see `render`)."""
-        user = User(self._id("U"), self._id("T"), name, real_name=f"{name} ({org})")
-        self.users[user.id] = user
-        return user
-
-    def add_usergroup(self, handle: str, members: list[User]) -> str:
-        """A user group (`@handle`) of the app's workspace; its id (`S…`)."""
-        group = self._id("S")
-        self.usergroups[group] = [u.id for u in members]
-        return group
-
-    def add_integration(
-        self, name: str, *, classic: bool = False, team: Team | None = None
-    ) -> Integration:
-        """Another app (`classic`: an incoming webhook or classic app) that posts in channels."""
-        team = team or self.team
-        bot_user = None if classic else self._id("U")
-        found = Integration(name, team.id, self._id("B"), self._id("A"), classic, bot_user)
-        self.integrations[found.bot_id] = found
-        if bot_user is not None:
-            self.users[bot_user] = User(bot_user, team.id, name.lower(), True, found.bot_id)
-        return found
-
-    def post_as_integration(
-        self,
-        app: Integration,
-        channel: Channel | str,
-        payload: Mapping[str, Any],
-        *,
-        thread_ts: str | None = None,
-    ) -> Message:
-        """`app` posts `payload` (what it sends to chat.postMessage or its webhook: `text`,
-        `blocks`, `attachments`, `username`, `icons`, `files`) as Slack stores it."""
-        ch = self.channels[channel if isinstance(channel, str) else channel.id]
-        extra = {k: payload[k] for k in ("username", "icons", "files", "upload") if k in payload}
-        if isinstance(extra.get("files"), list):  # hosted here: its URLs are the fake's
-            extra["files"] = [self.host_file(f, ch.team) for f in extra["files"]]
-        if app.classic:
-            extra = {"subtype": "bot_message", **extra}
-        msg = Message(
-            channel=ch.id,
-            team=ch.team,
-            ts=self._next_ts(),
-            user=app.bot_user or "",
-            text=str(payload.get("text") or ""),
-            bot_id=app.bot_id,
-            app_id=app.app_id,
-            thread_ts=thread_ts,
-            blocks=list(payload.get("blocks") or []),
-            attachments=[
-                _as_stored(i, a) for i, a in enumerate(payload.get("attachments") or [], start=1)
-            ],
-            extra=extra,
-        )
-        self._store(msg)
-        return msg
-
-    def edit_post(self, msg: Message, payload: Mapping[str, Any]) -> dict[str, Any]:
-        """Its poster edits `msg` (`text`, `blocks`, `attachments` replaced as given, as an
-        integration's `chat.update` or a person's edit does); returns the message as it was,
-        for `changed_event`."""
-        before = self.render(msg)
-        if "text" in payload:
-            msg.text = str(payload["text"])
-        if "blocks" in payload:
-            msg.blocks = list(payload["blocks"])
-        if "attachments" in payload:
-            msg.attachments = [_as_stored(i, a) for i, a in enumerate(payload["attachments"], 1)]
-        msg.edited_ts = self._next_ts()
-        self._touch(msg)
-        return before
-
-    def add_channel(
-        self,
-        name: str,
-        *,
-        team: Team | None = None,
-        members: list[User] | None = None,
-        bot_member: bool = True,
-    ) -> Channel:
-        """A public channel; everyone in `members` (default: the team's people) is in it."""
-        team = team or self.team
-        people = (
-            members
-            if members is not None
-            else [u for u in self.users.values() if u.team == team.id and not u.is_bot]
-        )
-        ids = {u.id for u in people} | ({team.bot_user} if bot_member else set())
-        channel = Channel(self._id("C"), team.id, name, False, ids)
-        self.channels[channel.id] = channel
-        self._messages[channel.id] = {}
-        return channel
-
-    def add_dm(self, user: User) -> Channel:
-        """The app's DM (Messages tab) with a person."""
-        team = self.teams[user.team]
-        channel = Channel(self._id("D"), team.id, user.id, True, {user.id, team.bot_user}, user.id)
-        self.channels[channel.id] = channel
-        self._messages[channel.id] = {}
-        return channel
-
-    def post_as_user(
-        self,
-        channel: Channel | str,
-        text: str,
-        *,
-        user: User | None = None,
-        thread_ts: str | None = None,
-    ) -> Message:
-        """A person writes a message (it is then in the channel for the app to read)."""
-        ch = self.channels[channel if isinstance(channel, str) else channel.id]
-        user = user or self.user
-        msg = Message(
-            channel=ch.id,
-            team=ch.team,
-            ts=self._next_ts(),
-            user=user.id,
-            text=text,
-            thread_ts=thread_ts,
-            blocks=rich_text(text),
-            client_msg_id=str(uuid.uuid4()),
-        )
-        self._store(msg)
-        return msg
-
-    def mention(self, text: str, team: Team | None = None) -> str:
-        """`<@BOT> text`, as Slack writes a mention of the app."""
-        return f"<@{(team or self.team).bot_user}> {text}"
-
-    def advance(self, seconds: float) -> None:
-        """Moves the fake's clock forward (rate windows refill, streams and statuses expire)."""
-        self._offset += seconds
-
-    def expire_stream(self, channel: str, ts: str) -> None:
-        """Ends a stream server-side, as Slack does after ~5 minutes (notes §1.1)."""
-        self.message(channel, ts).stream = "expired"
-
-    def stop_stream_by_user(self, channel: str, ts: str) -> None:
-        """The person pressed stop: further appends get `stopped_by_user`."""
-        self.message(channel, ts).stream = "stopped_by_user"
-
-    # --- what a person sees ------------------------------------------------------------
-
-    def message(self, channel: str, ts: str) -> Message:
-        """A message by channel and ts; KeyError if there is none (deleted ones included)."""
-        return self._messages[channel][ts]
-
-    def thread(self, channel: str, ts: str) -> list[Message]:
-        """The parent and its replies, oldest first, without deleted messages."""
-        return [m for m in self._thread(channel, ts) if not m.deleted]
-
-    def by_app(self, msg: Message) -> bool:
-        """Whether this app posted `msg` (not a person, not another app)."""
-        return msg.app_id == self.app_id and msg.bot_id == self.teams[msg.team].bot_id
-
-    def history(self, channel: str) -> list[Message]:
-        """Top-level messages of a channel, oldest first."""
-        return sorted(
-            (m for m in self._messages[channel].values() if not m.is_reply and not m.deleted),
-            key=lambda m: m.ts,
-        )
-
-    def edits(self, channel: str, ts: str) -> list[Version]:
-        """Every visible version of a message, in order (a stream shows one per step)."""
-        return list(self.message(channel, ts).versions)
-
-    def status(self, channel: str, thread_ts: str) -> str:
-        """The thread's status as shown now ('' when none, cleared by a reply, or timed out)."""
-        history = self._statuses.get((channel, thread_ts))
-        if not history:
-            return ""
-        last = history[-1]
-        if last.cleared or self._now() - last.at > self.status_timeout * self.time_scale:
-            return ""
-        return last.status
-
-    def statuses(self, channel: str, thread_ts: str) -> list[str]:
-        """Every status the app set on a thread, in order."""
-        return [s.status for s in self._statuses.get((channel, thread_ts), [])]
-
-    def calls(self, method: str) -> list[Call]:
-        return [c for c in self.requests if c.method == method]
-
-    async def wait_for(self, method: str, count: int = 1, timeout: float = 5) -> list[Call]:
-        """Returns the calls to `method` once there are `count`; TimeoutError after `timeout`."""
-        return await self.until(
-            lambda: self.calls(method) if len(self.calls(method)) >= count else None, timeout
-        )
-
-    # --- the Web API -------------------------------------------------------------------
-
-    def _now(self) -> float:
-        return self.clock() + self._offset
-
-    def _next_ts(self) -> str:
-        now = int((time.time() + self._offset) * 1_000_000)
-        self._last_us = max(now, self._last_us + 1)
-        return f"{self._last_us // 1_000_000}.{self._last_us % 1_000_000:06d}"
-
-    async def _api(self, request: web.Request) -> web.Response:
-        name = request.match_info["method"]
-        call = Call(name, {}, time.time(), request.method, request.content_type)
-        headers = {"x-slack-req-id": uuid.uuid4().hex}
-        team: Team | None = None
-        try:
-            method = self._methods.get(name)
-            if method is None:
-                raise SlackError("unknown_method", req_method=name)
-            call.args, token = await self._read(request, method.json)
-            team = self._authenticate(token, method.token)
-            if method.post_only and request.method != "POST":
-                raise SlackError("insecure_request")
-            wait = self._take(name, team, call.args)
-            if wait:
-                call.status = 429
-                headers["Retry-After"] = str(wait)
-                raise SlackError("ratelimited")
-            call.response = {"ok": True, **method.handler(Ctx(team, call.args))}
-        except SlackError as fail:
-            call.response = {"ok": False, "error": fail.error, **fail.extra}
-        if team is not None:
-            headers["x-oauth-scopes"] = self.scopes
-        self.requests.append(call)
-        self._changed.set()
-        return web.json_response(call.response, status=call.status, headers=headers)
-
-    async def _read(self, request: web.Request, json_ok: bool) -> tuple[dict[str, Any], str | None]:
-        """Query string + form or JSON body, as Slack merges them; and the token."""
-        args: dict[str, Any] = dict(request.query)
-        auth = request.headers.get("Authorization", "")
-        token = auth[len("Bearer ") :].strip() if auth.startswith("Bearer ") else None
-        if request.method == "POST" and request.body_exists:
-            kind = request.content_type
-            if kind == "application/json":
-                raw = await request.read()
-                if json_ok:
-                    try:
-                        body = json.loads(raw)
-                    except ValueError:
-                        raise SlackError("invalid_json") from None
-                    if not isinstance(body, dict):
-                        raise SlackError("invalid_json")
-                    body.pop("token", None)  # a JSON body's token must be in Authorization
-                    args.update(body)
-            elif kind in ("application/x-www-form-urlencoded", "multipart/form-data"):
-                form = await request.post()
-                args.update({k: v for k, v in form.items() if isinstance(v, str)})
-            else:
-                raise SlackError("invalid_post_type" if kind else "missing_post_type")
-        form_token = args.pop("token", None)
-        token = token or form_token
-        for name, error in FORM_JSON.items():
-            if isinstance(args.get(name), str):
-                try:
-                    args[name] = json.loads(args[name])
-                except ValueError:
-                    raise SlackError(error) from None
-        loading = args.get("loading_messages")
-        if isinstance(loading, str):
-            try:
-                args["loading_messages"] = json.loads(loading)
-            except ValueError:
-                args["loading_messages"] = [m for m in loading.split(",") if m]
-        return args, token
-
-    def _authenticate(self, token: str | None, kind: str) -> Team | None:
-        if not token:
-            raise SlackError("not_authed")
-        if token == self.app_token:
-            if kind != "app":
-                raise SlackError("not_allowed_token_type")
-            return None
-        team = next((t for t in self.teams.values() if t.bot_token == token), None)
-        if team is None:
-            raise SlackError("invalid_auth")
-        if kind != "bot":
-            raise SlackError("not_allowed_token_type")
-        return team
-
-    def _take(self, method: str, team: Team | None, args: Mapping[str, Any]) -> int:
-        """0, or the Retry-After seconds (whole, at least 1: slack_sdk parses an int)."""
-        limit = self.limits.get(method)
-        if limit is None:
-            return 0
-        channel = str(args.get("channel", "")) if limit.per_channel else ""
-        key = (team.id if team else "app", method, channel)
-        now = self._now()
-        bucket = self._buckets.setdefault(key, Bucket(float(limit.burst or limit.calls), now))
-        wait = bucket.take(limit, now, self.time_scale)
-        return max(1, math.ceil(wait)) if wait else 0
-
-    async def until(self, check: Callable[[], T | None], timeout: float = 5) -> T:
-        """Returns `check()` once it is not None; TimeoutError after `timeout` (no polling)."""
-        async with asyncio.timeout(timeout):
-            while True:
-                found = check()
-                if found is not None:
-                    return found
-                self._changed.clear()
-                await self._changed.wait()

@@ -1,4 +1,5 @@
-"""Socket Mode: the WebSocket link the app opens, envelopes sent over it, and their acks."""
+"""Socket Mode: apps.connections.open (the app token's ticket), the WebSocket link the app
+opens with it, envelopes sent over it, and their acks."""
 
 from __future__ import annotations
 
@@ -11,13 +12,19 @@ import aiohttp
 from aiohttp import web
 
 from tests.fakes.slack.checks import OUTER_TYPES
-from tests.fakes.slack.model import Ack
+from tests.fakes.slack.model import Ack, Ctx
 
 
 class SocketModeServer:
     """The methods of `FakeSlack` that serve Socket Mode (mixed into it)."""
 
     # --- Socket Mode ---------------------------------------------------------------------
+
+    def _connections_open(self, ctx: Ctx) -> dict[str, Any]:
+        ticket = uuid.uuid4().hex
+        self._tickets.add(ticket)
+        host = self.base.removeprefix("http://")
+        return {"url": f"ws://{host}/link/?ticket={ticket}&app_id={self.app_id}"}
 
     async def _link(self, request: web.Request) -> web.StreamResponse:
         if request.query.get("ticket") not in self._tickets:
