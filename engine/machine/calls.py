@@ -72,6 +72,16 @@ def live_call(st: Step, call_id: str, attempt: int, kind: str | None) -> Call | 
     return call
 
 
+def unanswered_call(st: Step, call_id: str, attempt: int) -> Call | None:
+    """The call a runner's or worker's answer is for, if that attempt is still out and
+    not answered already (an async one waits for its settle); else ignored."""
+    call = live_call(st, call_id, attempt, None)
+    if call is not None and call.status == "waiting":
+        st.ignore(f"call {call.id!r} was already answered (it is async)")
+        return None
+    return call
+
+
 # -- model calls -----------------------------------------------------------------
 
 

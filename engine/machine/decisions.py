@@ -12,7 +12,7 @@ from __future__ import annotations
 from . import events as ev
 from .asking import decision_failed, finish_with_worker, live_decision
 from .between_sessions import send_message
-from .calls import call_failed, delivery_failed, live_call, llm_completed
+from .calls import call_failed, delivery_failed, live_call, llm_completed, unanswered_call
 from .connections import entries
 from .connectors import start_sync
 from .core import CannotRun, MachineError, Step
@@ -101,11 +101,8 @@ def decision_submitted(st: Step, inp: DecisionSubmitted) -> None:
 
 def execute_answered(st: Step, inp: ExecuteAnswered) -> None:
     """The worker ran a call it was asked to execute: settle the call."""
-    call = live_call(st, inp.call_id, inp.attempt, None)
+    call = unanswered_call(st, inp.call_id, inp.attempt)
     if call is None:
-        return
-    if call.status == "waiting":
-        st.ignore(f"call {call.id!r} was already answered (it is async)")
         return
     trigger: Execute = (
         {"type": "llm.execute", "id": call.id, "attempt": call.attempt}

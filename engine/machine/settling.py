@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import events as ev
-from .calls import call_failed, live_call, llm_completed
+from .calls import call_failed, llm_completed, unanswered_call
 from .core import MachineError, Step
 from .inputs import CallAnswered, CallSettled
 from .retry import Fault
@@ -26,11 +26,8 @@ from .tools import check_output, find_tool, tool_result_of
 
 def call_answered(st: Step, inp: CallAnswered) -> None:
     """A kind's runner ended an attempt: the kind settles it (kinds.py)."""
-    call = live_call(st, inp.call_id, inp.attempt, None)
+    call = unanswered_call(st, inp.call_id, inp.attempt)
     if call is None:
-        return
-    if call.status == "waiting":
-        st.ignore(f"call {call.id!r} was already answered (it is async)")
         return
     kind = st.kinds.of(call.kind, call.handler)
     settle = kind.settle if kind is not None and kind.settle is not None else answered
