@@ -7,7 +7,10 @@
 --       n_timer_removals, member*, n_outbox, item*, then for the indexes: created ms,
 --       last-event ms ('' = no index write), wake ms ('' = none), now ms, scopes
 if redis.call('GET', KEYS[5]) ~= ARGV[1] then return -1 end
-local cur = tonumber(redis.call('HGET', KEYS[2], 'seq') or '0')
+-- the snapshot hash's seq, and its index fields (read here in the same command: nothing
+-- below writes them before the index part reads them)
+local snap = redis.call('HMGET', KEYS[2], 'seq', 'ix', 'ixm')
+local cur = tonumber(snap[1] or '0')
 if cur ~= tonumber(ARGV[2]) then return -2 end
 if ARGV[10] ~= '' then redis.call('ZADD', KEYS[9], 'NX', ARGV[10], ARGV[7]) end
 if ARGV[11] ~= '' then redis.call('XADD', KEYS[10], 'MAXLEN', '~', 10000, '*', 'd', ARGV[11]) end
@@ -46,20 +49,21 @@ for _ = 1, n do
 end
 if #KEYS > 12 and ARGV[i + 1] ~= '' then
   local sid, last, wake = ARGV[7], ARGV[i + 1], ARGV[i + 2]
-  local old_last = redis.call('ZSCORE', KEYS[14], sid)
-  local old_wake = redis.call('ZSCORE', KEYS[15], sid)
-  local wake_was = old_wake and tonumber(old_wake) or -1
-  local wake_is = wake ~= '' and tonumber(wake) or -1
-  if old_last and (tonumber(old_last) ~= tonumber(last) or wake_was ~= wake_is) then
-    -- a move: where it was is kept once per listing started since (the mark)
-    local mark = redis.call('GET', KEYS[12]) or '0'
-    if redis.call('HGET', KEYS[2], 'ixm') ~= mark then
+  -- a move: where it was is kept once per listing started since (the mark). The mark is
+  -- read first: once this session's move is kept for it (`ixm`), its scores need no read.
+  local mark = redis.call('GET', KEYS[12]) or '0'
+  if snap[3] ~= mark then
+    local old_last = redis.call('ZSCORE', KEYS[14], sid)
+    local old_wake = redis.call('ZSCORE', KEYS[15], sid)
+    local wake_was = old_wake and tonumber(old_wake) or -1
+    local wake_is = wake ~= '' and tonumber(wake) or -1
+    if old_last and (tonumber(old_last) ~= tonumber(last) or wake_was ~= wake_is) then
       redis.call('XADD', KEYS[11], 'MINID', '~', tonumber(ARGV[i + 3]) - 3600000, '*',
         's', sid, 'm', mark, 'l', old_last, 'w', old_wake or '')
       redis.call('HSET', KEYS[2], 'ixm', mark)
     end
   end
-  local fresh = not redis.call('HGET', KEYS[2], 'ix')
+  local fresh = not snap[2]
   if fresh then redis.call('HSET', KEYS[2], 'ix', ARGV[i + 4]) end
   for k = 13, #KEYS, 3 do
     if fresh then redis.call('ZADD', KEYS[k], 'NX', ARGV[i], sid) end
