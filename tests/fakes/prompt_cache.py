@@ -22,6 +22,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 MAX_BREAKPOINTS = 4
 LOOKBACK = 20  # blocks Anthropic looks back from a breakpoint for an earlier write
 OPENAI_MIN, OPENAI_STEP = 1024, 128
@@ -121,8 +123,15 @@ class PromptCaches:
 
     def openai(self, body: dict[str, Any]) -> CacheUse:
         """OpenAI's automatic rule: the longest prefix seen before, from 1024 tokens in
-        steps of 128."""
-        segments = _segments(body, chat=True)
+        steps of 128.
+
+        Only prefixes of at least 1024 tokens are kept and looked up: a shorter one can
+        never be the read (a digest names one prefix, so one size). A request shorter
+        than that is not hashed at all."""
+        pieces = _pieces(body, chat=True)
+        if sum(size for _, size, _ in pieces) // 4 < OPENAI_MIN:
+            return CacheUse()
+        segments = [s for s in _digests(pieces) if s.tokens >= OPENAI_MIN]
         written = self._written.setdefault(("openai", str(body.get("model"))), set())
         common = max((s.tokens for s in segments if s.digest in written), default=0)
         written.update(s.digest for s in segments)
@@ -134,7 +143,12 @@ class PromptCaches:
 def _segments(body: dict[str, Any], *, chat: bool) -> list[_Segment]:
     """The request's blocks in render order, each with the digest and size of the prefix
     it ends; cache_control itself is no part of what is cached."""
-    pieces: list[tuple[Any, int, bool]] = []  # (what it is, its characters, marked)
+    return _digests(_pieces(body, chat=chat))
+
+
+def _pieces(body: dict[str, Any], *, chat: bool) -> list[tuple[Any, int, bool]]:
+    """The request's blocks in render order: (what it is, its characters, marked)."""
+    pieces: list[tuple[Any, int, bool]] = []
     for tool in body.get("tools") or ():
         pieces.append(_piece(("tool", tool), tool_chars(tool), tool))
     if not chat:
@@ -154,11 +168,17 @@ def _segments(body: dict[str, Any], *, chat: bool) -> list[_Segment]:
             pieces.append(((rest, content), 0, False))
         for call in message.get("tool_calls") or ():
             pieces.append(_piece((role, call), 0, call))
+    return pieces
+
+
+def _digests(pieces: list[tuple[Any, int, bool]]) -> list[_Segment]:
+    """Each piece with the digest and size of the prefix it ends (its JSON with sorted keys,
+    chained)."""
     segments: list[_Segment] = []
     digest, chars = b"", 0
     for what, size, marked in pieces:
         chars += size
-        digest = hashlib.sha256(digest + json.dumps(what, sort_keys=True).encode()).digest()
+        digest = hashlib.sha256(digest + _canonical(what)).digest()
         segments.append(_Segment(digest, chars // 4, marked))
     return segments
 
@@ -179,3 +199,12 @@ def _piece(what: Any, size: int, block: Any) -> tuple[Any, int, bool]:
         what = (*what[:-1], plain)
         return what, size, True
     return what, size, False
+
+
+def _canonical(what: Any) -> bytes:
+    """JSON with sorted keys: the same piece always gives the same bytes (orjson, which
+    refuses integers past 64 bits: those go through the json module)."""
+    try:
+        return orjson.dumps(what, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        return json.dumps(what, sort_keys=True).encode()
