@@ -55,6 +55,9 @@ COMMIT_SCRIPT = lua_script(__package__, "commit.lua")
 DELETE_SCRIPT = lua_script(__package__, "delete.lua")
 
 
+COMMIT_KEYS_KEPT = 4096  # sessions whose commit keys are kept (`SessionLog.commit_keys`)
+
+
 @dataclass(frozen=True)
 class Commit:
     """One transition's writes, applied all-or-nothing.
@@ -103,6 +106,8 @@ class SessionLog(SessionStreams, SessionIndex):
     _delete: AsyncScript
     _lines: dict[int, AbstractConnection]  # each partition's commit connection
     _line_locks: dict[int, asyncio.Lock]
+    # (session, partition, index scopes) -> the commit script's keys (`commit_keys`)
+    _commit_keys: dict[tuple[str, int, tuple[str, ...] | None], tuple[str, ...]]
 
     async def head(self, session_id: str) -> tuple[int, dict[str, Any]] | None:
         """The session's seq and owner (its identity, fixed when it was created): what an
@@ -229,20 +234,9 @@ class SessionLog(SessionStreams, SessionIndex):
         if ix is not None and c.events:
             w = "" if ix.wake_ms is None else ix.wake_ms
             args += [ix.created_ms, ix.last_ms, w, ix.last_ms, " ".join(ix.scopes)]
-        keys = [
-            self.log_key(sid),
-            self.snap_key(sid),
-            self.work_key(p),
-            self.inflight_key(p),
-            self.lease_key(p),
-            self.timers_key(p),
-            c.reply_to or self.reply_key(sid, "none"),
-            self.outbox_key(p),
-            self.sessions_key(p),
-            self.dead_key(p),
-        ]
-        if ix is not None and c.events:
-            keys += [self.moves_key(p), self.mark_key(p), *self.index_keys(sid, ix.scopes)]
+        keys = self.commit_keys(sid, p, ix.scopes if ix is not None and c.events else None)
+        if c.reply_to:
+            keys = (*keys[:6], c.reply_to, *keys[7:])
         if deltas and self.replicas is not None:
             await self.add_deltas(sid, deltas)  # not counted by the commit's WAIT
             deltas = ()
@@ -254,6 +248,33 @@ class SessionLog(SessionStreams, SessionIndex):
         if result == -2:
             raise StoreConflict(f"session {sid} moved past seq {c.expected_seq}", lease_lost=False)
         return int(result)
+
+    def commit_keys(self, sid: str, p: int, scopes: tuple[str, ...] | None) -> tuple[str, ...]:
+        """The commit script's keys for session `sid` of partition `p` (its reply key the
+        one for no request), with the listing indexes' when `scopes` are given. Kept per
+        session, as they never change (a store's partitions and tags are fixed): each
+        commit built ~20 key names afresh. At most `COMMIT_KEYS_KEPT` sessions' are kept."""
+        cached = self._commit_keys.get((sid, p, scopes))
+        if cached is not None:
+            return cached
+        keys: tuple[str, ...] = (
+            self.log_key(sid),
+            self.snap_key(sid),
+            self.work_key(p),
+            self.inflight_key(p),
+            self.lease_key(p),
+            self.timers_key(p),
+            self.reply_key(sid, "none"),
+            self.outbox_key(p),
+            self.sessions_key(p),
+            self.dead_key(p),
+        )
+        if scopes is not None:
+            keys += (self.moves_key(p), self.mark_key(p), *self.index_keys(sid, scopes))
+        if len(self._commit_keys) >= COMMIT_KEYS_KEPT:
+            self._commit_keys.clear()
+        self._commit_keys[(sid, p, scopes)] = keys
+        return keys
 
     async def _commit_on_line(
         self, p: int, sid: str, args: list[Any], before: list[list[Any]]

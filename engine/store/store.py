@@ -112,6 +112,7 @@ class Store(SessionLog, SessionRetention, PartitionWork, SessionFiles, BudgetBuc
         self._commit = redis.register_script(COMMIT_SCRIPT)
         self._lines: dict[int, AbstractConnection] = {}  # each partition's commit connection
         self._line_locks: dict[int, asyncio.Lock] = {}
+        self._commit_keys: dict[tuple[str, int, tuple[str, ...] | None], tuple[str, ...]] = {}
         self._readers: dict[int, AbstractConnection] = {}  # each partition's work reader
         self._acquire = redis.register_script(ACQUIRE_SCRIPT)
         self._release = redis.register_script(RELEASE_SCRIPT)
