@@ -56,6 +56,9 @@ class Transition:
     # The triggers the engine decided itself in this step (an engine-decided agent's
     # proposals): no event records them, a trace shows them (engine/telemetry/spans.py).
     decided: list[str] = field(default_factory=list)
+    # When the step emitted: the due times of the deadline timers armed after it
+    # (deadlines.py), which the session's wake time is read from; None: not worked out.
+    dues: tuple[int, ...] | None = None
 
 
 def iso(ms: int) -> str:

@@ -302,5 +302,7 @@ def step(
     handler(st, inp)
     advance(st)
     if st.out.events:
-        st.out.effects += timer_changes(before, armed(st.out.state, kinds))
+        after = armed(st.out.state, kinds)
+        st.out.effects += timer_changes(before, after)
+        st.out.dues = tuple(due for due, _ in after.values())
     return st.out

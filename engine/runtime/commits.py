@@ -26,7 +26,7 @@ from engine.machine import (
     state_to_json,
 )
 from engine.machine import events as ev
-from engine.machine.deadlines import wake_ms
+from engine.machine.deadlines import armed
 from engine.machine.evolve import at_ms
 from engine.runtime.inflight import has_inflight
 from engine.store.index import IndexWrite, scopes_of
@@ -99,10 +99,12 @@ def _index_of(state: SessionState | None, t: Transition, kinds: Kinds) -> IndexW
     """The session's entry in the listing indexes after a step that wrote events."""
     if state is None or not t.events:
         return None
+    # What the step armed gives the wake time without working the timers out again.
+    dues = t.dues if t.dues is not None else (due for due, _ in armed(state, kinds).values())
     return IndexWrite(
         created_ms=state.created_at,
         last_ms=at_ms(t.events[-1]),
-        wake_ms=wake_ms(state, kinds),
+        wake_ms=min(dues, default=None),
         scopes=scopes_of(state.agent_id, not state.ancestry),
     )
 
