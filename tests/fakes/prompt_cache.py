@@ -161,7 +161,10 @@ def _pieces(body: dict[str, Any], *, chat: bool) -> list[tuple[Any, int, bool]]:
         role = message.get("role")
         rest = {k: v for k, v in message.items() if k not in ("content", "tool_calls")}
         content = message.get("content")
-        if isinstance(content, str | list):
+        if isinstance(content, str):  # one text block: its characters are the string's
+            block = {"type": "text", "text": content}
+            pieces.append(((rest, 0, block), len(content), False))
+        elif isinstance(content, list):
             for index, block in enumerate(_blocks(content)):
                 pieces.append(_piece((rest, index, block), text_chars(block, "content"), block))
         else:
