@@ -179,11 +179,27 @@ class PartitionWork(Keys, PackedConnections):
         await self.redis.xdel(self.outbox_key(p), entry_id)
 
     async def due_timers_all(self, partitions: list[int], now_ms: int) -> list[str]:
-        """Due timers of several partitions in one round trip."""
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for p in partitions:
-                pipe.zrangebyscore(self.timers_key(p), "-inf", now_ms, 0, 100)
-            replies = await pipe.execute()
+        """Due timers of several partitions in one round trip. Asked every `timer_poll_ms`,
+        busy or idle: on one server the reads are packed here on a connection of the pool,
+        as the commit's are (redis-py's pipeline cost ~0.2 ms of CPU a poll, measured); on a
+        cluster the pipeline sends each partition's read to its own master."""
+        if self.cluster is not None or not partitions:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for p in partitions:
+                    pipe.zrangebyscore(self.timers_key(p), "-inf", now_ms, 0, 100)
+                replies = await pipe.execute()
+        else:
+            commands = [
+                [b"ZRANGEBYSCORE", self.timers_key(p), b"-inf", now_ms, b"LIMIT", 0, 100]
+                for p in partitions
+            ]
+            conn = await self._connection(self.timers_key(partitions[0]))
+            try:
+                replies = await self._ask(conn, commands)
+            except BaseException as err:
+                await self._put_back(conn, err)  # answers may be left unread on it
+                raise
+            await self._put_back(conn, None)
         return [m.decode() for members in replies for m in members]
 
     async def acquire(self, p: int, owner: str, ttl_ms: int) -> str | None:
