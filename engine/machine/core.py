@@ -20,7 +20,7 @@ from . import retry
 from .effects import Effect, RunCall
 from .evolve import Event, evolve
 from .inputs import CallAnswered
-from .policies import Bucket
+from .policies import Bucket, PolicyCheck, Unread
 from .shapes import Answer, ClientAction, ClientMessages, ErrorInfo, RetryPolicy, Trigger
 from .state import Call, SessionState
 
@@ -56,6 +56,9 @@ class Transition:
     # The triggers the engine decided itself in this step (an engine-decided agent's
     # proposals): no event records them, a trace shows them (engine/telemetry/spans.py).
     decided: list[str] = field(default_factory=list)
+    # The model calls this step let through with its budget-policy buckets unread
+    # (policies.Unread): the shell checks them once it has read the buckets.
+    policy_checks: list[PolicyCheck] = field(default_factory=list)
 
 
 def iso(ms: int) -> str:
@@ -210,8 +213,8 @@ class Step:
         # The agent's Slack slash commands, from the client input being applied.
         self.slash_commands: tuple[str, ...] = ()
         # The session's budget-policy buckets as the shell read them before this step
-        # (policies.py): a model call is checked against them.
-        self.buckets: tuple[Bucket, ...] = ()
+        # (policies.py), or `Unread`: a model call is checked against them.
+        self.buckets: tuple[Bucket, ...] | Unread = ()
 
     @property
     def s(self) -> SessionState:

@@ -36,7 +36,7 @@ from engine.machine import (
     step,
 )
 from engine.machine import events as ev
-from engine.machine.policies import charges
+from engine.machine.policies import UNREAD, charges
 from engine.metrics import Metrics
 from engine.retrying import Backoff, Trouble
 from engine.runtime.budgets import Budgets
@@ -227,9 +227,15 @@ class Applier:
         now = self.now_ms()
         try:
             inp = self.intake.input_of(state, item.input)
-            refs = await self.budgets.refs(sid, state, inp)
-            buckets = await self.budgets.usage(refs, now) if refs else ()
-            t = step(state, sid, inp, now, new_id, self.kinds, buckets=buckets)
+            whose = self.budgets.whose(sid, state, inp)  # before the step changes the state
+            t = step(state, sid, inp, now, new_id, self.kinds, buckets=UNREAD if whose else ())
+            checked = await self.budgets.checked(whose, t, now)
+            if checked.again is not None:  # the buckets refuse or hold a call it let through
+                self.drop(sid)  # the step changed the cached state: again from the stored one
+                state = await self.load(sid)
+                seq = state.seq if state else 0
+                inp = self.intake.input_of(state, item.input)
+                t = step(state, sid, inp, now, new_id, self.kinds, buckets=checked.again)
         except MachineError as err:
             reply = {"ok": False, "status": err.status, **err.body()}
             commit = Commit(sid, seq, seq, (), None, reply=reply)
@@ -237,8 +243,8 @@ class Applier:
         if before is not None:
             _trace_spawns(t)
         commit, mark = self._commit_of(sid, seq, t, item)
-        if refs:  # the settled calls' usage, to their buckets by the outbox (store/buckets.py)
-            paid = charges(refs, sid, t.events, now)
+        if checked.refs:  # the settled calls' usage, to their buckets by the outbox
+            paid = charges(checked.refs, sid, t.events, now)
             if paid:
                 extra = tuple(encode(charge_message(c)).decode() for c in paid)
                 commit = dataclasses.replace(commit, outbox=commit.outbox + extra)
