@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from engine.machine.policies import (
     SLOTS,
@@ -128,11 +129,17 @@ class BudgetBuckets:
 
     async def charge(self, message: dict[str, Any], now_ms: int) -> int:
         """Apply one outbox charge to each of its buckets; how many counted it anew (0
-        when every bucket had already counted it)."""
+        when every bucket had already counted it). One round trip on one server: every
+        bucket's script and the index's entries in one pipeline (a server that lost the
+        script, restarted, is given it and asked again: a bucket counts a charge once).
+        The index is told each bucket's expiry even when the script did not count (the
+        charge was counted already, or is out of the window): an entry may then outlive
+        its bucket by a window, and the listing passes over a bucket that is gone."""
         if self._charge is None:
             self._charge = self.redis.register_script(CHARGE_SCRIPT)
-        counted = 0
         at = int(message["at"])
+        calls: list[tuple[str, str, list[Any]]] = []
+        index: dict[str, int] = {}
         for b in message["buckets"]:
             bid = str(b["id"])
             slot_ms, window = int(b["slot_ms"]), int(b["window_ms"])
@@ -149,11 +156,23 @@ class BudgetBuckets:
                 b["limit"],
                 window,
             ]
-            if await self._charge(keys=[use_key(bid), seen_key(bid)], args=args):
-                counted += 1
-                expires = (max(at, now_ms) // slot_ms + SLOTS) * slot_ms
-                await self.redis.zadd(INDEX, {bid: expires}, gt=True)
-        return counted
+            calls.append((use_key(bid), seen_key(bid), args))
+            index[bid] = (max(at, now_ms) // slot_ms + SLOTS) * slot_ms
+        if not calls:
+            return 0
+        for attempt in range(2):
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for use, seen, args in calls:
+                        pipe.evalsha(self._charge.sha, 2, use, seen, *args)
+                    pipe.zadd(INDEX, index, gt=True)
+                    replies = await pipe.execute()
+                return sum(1 for counted in replies[: len(calls)] if counted)
+            except NoScriptError:
+                if attempt:
+                    raise
+                await self.redis.script_load(CHARGE_SCRIPT)
+        raise AssertionError("unreachable")
 
     async def read_buckets(self, refs: Sequence[BucketRef], now_ms: int) -> list[BucketUse]:
         """What each bucket holds in its window as of `now_ms` (one round trip on one server)."""
