@@ -11,8 +11,11 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+
 from engine.client import Client
 from engine.machine.policies import BucketRef, BudgetPolicy
+from engine.store.buckets import use_key
 from engine.store.store import Store
 from tests.engine_helpers import (
     assert_consistent,
@@ -185,6 +188,34 @@ async def test_one_charge_reaches_every_bucket_and_counts_once(redis):
     assert [u.used for u in uses] == ["14", "14", "14"]
     listed = await store.list_buckets(now)
     assert sorted(u.group for u in listed) == ["user=u0", "user=u1", "user=u2"]
+
+
+@pytest.mark.parametrize("redis_url", ["cluster"], indirect=True)
+async def test_a_master_without_the_script_is_given_it_and_each_bucket_counts_once(
+    redis, redis_cluster
+):
+    """On a Cluster one master may lack the charge script (a replica just promoted)
+    while the others run it: those charges are sent again, and each bucket counts the
+    charge once, however the write was split."""
+    store = await Store.open(redis)
+    policy = BudgetPolicy("p", ("user",), "total_tokens", "100", "1h", HOUR_MS, "reject")
+    by_port: dict[int, BucketRef] = {}
+    n = 0
+    while len(by_port) < 3:  # a bucket on each master
+        ref = BucketRef(policy, f"user=u{n}")
+        by_port.setdefault(redis.get_node_from_key(use_key(ref.id)).port, ref)
+        n += 1
+    refs = list(by_port.values())
+    now = 1_800_000_000_000
+    warm = {"id": "ses_1/llm_0/1", "at": now, "buckets": [_bucket(ref, 1) for ref in refs]}
+    assert await store.charge(warm, now) == 3  # every master has the script now
+    lost = redis_cluster.masters()[1]
+    with lost.client() as c:
+        c.script_flush()
+    charge = {"id": "ses_1/llm_1/1", "at": now, "buckets": [_bucket(ref, 7) for ref in refs]}
+    assert await store.charge(charge, now) == 3
+    assert await store.charge(charge, now) == 0
+    assert [u.used for u in await store.read_buckets(refs, now)] == ["8", "8", "8"]
 
 
 def _bucket(ref: BucketRef, amount: int) -> dict[str, Any]:
