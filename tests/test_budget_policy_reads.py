@@ -133,6 +133,29 @@ async def test_only_a_step_that_starts_a_model_call_reads_the_buckets(redis, ven
         await engine.stop()
 
 
+async def test_a_session_in_no_bucket_reads_none_and_records_as_without_policies(
+    redis, vendor, tmp_path
+):
+    """The policy matches another agent: this one's steps read no bucket, and its model
+    call is recorded as with no policy at all (no estimate made for a bucket)."""
+    vendor.push(Text("Hello."))
+    engine = await start(redis, vendor, tmp_path, PER_AGENT, Clock())
+    try:
+        client = Client(engine.store)
+        async with BucketReads(redis).watching() as reads:
+            body = {"type": "client.message", "agent_id": "ops_anthropic"}
+            body["message"] = {"role": "user", "content": "hi"}
+            reply = await client.submit(body, identity=ALICE)
+            sid = reply["session_id"]
+            end = await wait_for_event(client, sid, turn_ended(reply["turn_id"]))
+            assert end["payload"]["type"] == "turn.completed", end["payload"]
+            assert await reads.count() == 0, reads.reads
+        [requested] = payloads(await assert_consistent(engine.store, sid), "llm.call.requested")
+        assert "estimate" not in requested
+    finally:
+        await engine.stop()
+
+
 @on_both_redis
 async def test_a_step_that_settles_a_tool_then_calls_the_model_is_refused_as_before(
     redis, vendor, tmp_path

@@ -227,15 +227,15 @@ class Applier:
         now = self.now_ms()
         try:
             inp = self.intake.input_of(state, item.input)
-            whose = self.budgets.whose(sid, state, inp)  # before the step changes the state
-            t = step(state, sid, inp, now, new_id, self.kinds, buckets=UNREAD if whose else ())
-            checked = await self.budgets.checked(whose, t, now)
-            if checked.again is not None:  # the buckets refuse or hold a call it let through
+            refs = await self.budgets.refs(sid, state, inp)
+            t = step(state, sid, inp, now, new_id, self.kinds, buckets=UNREAD if refs else ())
+            again = await self.budgets.recheck(refs, t, now)
+            if again is not None:  # the buckets refuse or hold a model call it let through
                 self.drop(sid)  # the step changed the cached state: again from the stored one
                 state = await self.load(sid)
                 seq = state.seq if state else 0
                 inp = self.intake.input_of(state, item.input)
-                t = step(state, sid, inp, now, new_id, self.kinds, buckets=checked.again)
+                t = step(state, sid, inp, now, new_id, self.kinds, buckets=again)
         except MachineError as err:
             reply = {"ok": False, "status": err.status, **err.body()}
             commit = Commit(sid, seq, seq, (), None, reply=reply)
@@ -243,8 +243,8 @@ class Applier:
         if before is not None:
             _trace_spawns(t)
         commit, mark = self._commit_of(sid, seq, t, item)
-        if checked.refs:  # the settled calls' usage, to their buckets by the outbox
-            paid = charges(checked.refs, sid, t.events, now)
+        if refs:  # the settled calls' usage, to their buckets by the outbox (store/buckets.py)
+            paid = charges(refs, sid, t.events, now)
             if paid:
                 extra = tuple(encode(charge_message(c)).decode() for c in paid)
                 commit = dataclasses.replace(commit, outbox=commit.outbox + extra)

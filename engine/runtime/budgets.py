@@ -1,47 +1,26 @@
 """The budget buckets a step is checked against: which ones, and what they hold now.
 
 A `[[budgets]]` policy (engine/machine/policies.py) groups sessions into buckets by
-agent, person, channel and session. Most steps start no model call, so the buckets are
-not read before a step: the machine lets a call through with them `UNREAD` and records
-its check, and only a step that started one reads them (one round trip), after the step
-and before its commit. When their figures would have refused or held a call, the step is
-run again from the stored state with them, so a call is refused exactly as if they had
-been read first. With no policies, none of this costs anything.
+agent, person, channel and session. Before a step the applier asks which buckets the
+session counts toward (worked out each step from its state or, for a session the input
+creates, the input). Most steps start no model call, so their usage is not read before
+the step: the machine lets a call through with them `UNREAD` and records its check, and
+only a step that started one reads them (one round trip), after the step and before its
+commit. When their figures refuse or hold a call the step let through, it is run again
+from the stored state with them, so a call is refused exactly as if they had been read
+first. With no policies, none of this costs anything.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from engine.machine import ChildSpawned, ClientSubmitted, Input, SessionState, Transition
-from engine.machine import events as ev
 from engine.machine.budgets import first_over
 from engine.machine.policies import Bucket, BucketRef, BudgetPolicy, buckets_for, context_of
 from engine.store.store import Store
 
 ROOTS_KEPT = 10_000  # root sessions' identities kept for their subagents' budget buckets
-
-
-@dataclass(frozen=True)
-class Whose:
-    """What a step's buckets depend on, taken before the step changes the state: the
-    session's agent, the identity it spends as, and its ancestry (root first)."""
-
-    session_id: str
-    agent_id: str
-    identity: dict[str, Any]
-    ancestry: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Checked:
-    """A step's buckets after it ran: where its settled calls are charged, and, when their
-    figures refuse or hold a model call the step let through, those figures (the step is
-    to be run again with them); else None."""
-
-    refs: list[BucketRef]
-    again: tuple[Bucket, ...] | None = None
 
 
 class Budgets:
@@ -52,13 +31,16 @@ class Budgets:
         self.store = store
         self._roots: dict[str, dict[str, Any]] = {}  # root session -> identity (subagents')
 
-    def whose(self, sid: str, state: SessionState | None, inp: Input) -> Whose | None:
-        """Whose buckets a step of `sid` counts toward (None: none, or no policies): the
-        session's agent and identity, or, for a session this input creates, the input's;
-        `user` is whoever submitted the turn the step works on (in a shared Slack thread
-        each person spends their own bucket, not the thread starter's). No I/O."""
+    async def refs(self, sid: str, state: SessionState | None, inp: Input) -> list[BucketRef]:
+        """The budget-policy buckets a session counts toward (policies.py): from its agent
+        and identity, or, for a session this input creates, the input's; `user` is whoever
+        submitted the turn the step works on (in a shared Slack thread each person spends
+        their own bucket, not the thread starter's). A subagent's
+        session counts toward its root session's person and channel (its own agent and
+        id): a user's subagents spend that user's budget. Worked out each step (a few
+        comparisons); only a root's identity is kept, as it never changes."""
         if not self.policies:
-            return None
+            return []
         if state is not None:
             agent_id, identity, ancestry = state.agent_id, state.identity, state.ancestry
         elif isinstance(inp, ClientSubmitted):
@@ -66,33 +48,12 @@ class Budgets:
         elif isinstance(inp, ChildSpawned):
             agent_id, identity, ancestry = inp.agent_id, {}, inp.ancestry
         else:
-            return None
-        if not ancestry:
-            identity = _as_submitted(identity, state, inp)
-        return Whose(sid, agent_id, identity or {}, tuple(ancestry))
-
-    async def refs(self, whose: Whose | None) -> list[BucketRef]:
-        """The buckets `whose` counts toward (policies.py). A subagent's session counts
-        toward its root session's person and channel (its own agent and id): a user's
-        subagents spend that user's budget. Only a root's identity is read (once: it never
-        changes); the rest is a few comparisons."""
-        if whose is None:
             return []
-        identity = whose.identity
-        if whose.ancestry:
-            identity = await self._root_identity(whose.ancestry[0])
-        return buckets_for(self.policies, context_of(whose.session_id, whose.agent_id, identity))
-
-    async def checked(self, whose: Whose | None, t: Transition, now: int) -> Checked:
-        """After a step run with its buckets `UNREAD`: the buckets, read only when it let a
-        model call through (whose check they then make) or settled one (to be charged)."""
-        if whose is None or not (t.policy_checks or _settles_a_model_call(t)):
-            return Checked([])
-        refs = await self.refs(whose)
-        if not refs or not t.policy_checks:
-            return Checked(refs)
-        buckets = await self.usage(refs, now)
-        return Checked(refs, buckets if first_over(buckets, t.policy_checks) else None)
+        if ancestry:
+            identity = await self._root_identity(ancestry[0])
+        else:
+            identity = _as_submitted(identity, state, inp)
+        return buckets_for(self.policies, context_of(sid, agent_id, identity))
 
     async def _root_identity(self, root: str) -> dict[str, Any]:
         """A root session's identity (read once, from its snapshot: it never changes)."""
@@ -104,6 +65,17 @@ class Budgets:
             self._roots[root] = known
         return known
 
+    async def recheck(
+        self, refs: list[BucketRef], t: Transition, now: int
+    ) -> tuple[Bucket, ...] | None:
+        """After a step run with the buckets `refs` unread: their figures when they refuse
+        or hold a model call the step let through (it is to run again with them), else
+        None. Read only when the step started a model call."""
+        if not refs or not t.policy_checks:
+            return None
+        buckets = await self.usage(refs, now)
+        return buckets if first_over(buckets, t.policy_checks) is not None else None
+
     async def usage(self, refs: list[BucketRef], now: int) -> tuple[Bucket, ...]:
         """The buckets' usage as the machine is to check a model call against it."""
         if not refs:
@@ -113,10 +85,6 @@ class Budgets:
             Bucket(u.policy, u.group, u.dimension, u.limit, u.used, u.frees_at, ref.policy.strategy)
             for ref, u in zip(refs, uses, strict=True)
         )
-
-
-def _settles_a_model_call(t: Transition) -> bool:
-    return any(e["payload"]["type"] == ev.LLM_CALL_COMPLETED for e in t.events)
 
 
 def _as_submitted(
