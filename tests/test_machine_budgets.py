@@ -412,3 +412,24 @@ def test_a_worker_echoing_its_proposed_config_keeps_the_files_budget():
     s.apply(DecisionAnswered(req["decision_id"], 1, {"agent": own}))
     assert s.state.agent["budget"] == {"max_model_calls": 5}
     s.check_fold()
+
+
+def test_a_worker_that_names_another_model_keeps_the_budget_but_not_its_price():
+    """The file's price is its model's: a worker moving to another model keeps the limits
+    but not that price (the engine cannot price the other model), and `budget: {}`, sent
+    by the worker itself, lifts the limits."""
+    priced = {"max_cost_usd": 1, "price": {"input": "10", "cache_read": "1"}}
+    s = Session(agent=agent(priced), decider="worker")
+    s.say("hi")
+    req = _request(s)
+    s.apply(DecisionAnswered(req["decision_id"], 1, {"agent": {**req["proposed"]["agent"]}}))
+    assert s.state is not None and s.state.agent is not None
+    assert s.state.agent["budget"] == priced  # same model: the price holds
+    req = _request(s)
+    other = {**req["agent"], "model": "m2"}
+    s.apply(DecisionAnswered(req["decision_id"], 1, {"agent": other}))
+    assert s.state.agent["budget"] == {"max_cost_usd": 1}
+    req = _request(s)
+    s.apply(DecisionAnswered(req["decision_id"], 1, {"agent": {**req["agent"], "budget": {}}}))
+    assert s.state.agent["budget"] == {}
+    s.check_fold()

@@ -24,7 +24,11 @@ from bot.payloads import Mention
 from bot.turns.routing import session_id_for
 from engine.errors import SubsError
 
-__all__ = ["Checkpoint", "LeaseLost"]
+__all__ = ["CLOCK_SKEW", "Checkpoint", "LeaseLost"]
+
+# How far this host's clock may be off Slack's: a turn whose root is not posted yet has
+# its `since` set this far back (a Slack ts is epoch seconds on Slack's clock).
+CLOCK_SKEW = 60.0
 
 
 class LeaseLost(SubsError):

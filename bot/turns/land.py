@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import time
 
-from bot.turns.checkpoint import Checkpoint
+from bot.turns.checkpoint import CLOCK_SKEW, Checkpoint
 from bot.turns.follower import DEDUPE_SECONDS, Followers
 from bot.turns.store import seen_key
 from engine.landing import Landed, Landing, LandingError
 
 __all__ = ["land"]
-
-CLOCK_SKEW = 60.0  # how far this host's clock may be off Slack's (a root's ts is Slack's)
 
 
 async def land(followers: Followers, landing: Landing) -> Landed:

@@ -27,7 +27,7 @@ from bot.slack.agent_app import Bot
 from bot.slack.webapi import call
 from bot.turns.access import REFUSED, Access, refusal
 from bot.turns.approvers import approvers_of, named
-from bot.turns.checkpoint import Checkpoint
+from bot.turns.checkpoint import CLOCK_SKEW, Checkpoint
 from bot.turns.follower import DEDUPE_SECONDS, Followers
 from bot.turns.routing import route, thread_ts_of
 from bot.turns.store import seen_key
@@ -37,7 +37,6 @@ from engine.client import ClientError
 
 log = logging.getLogger(__name__)
 
-CLOCK_SKEW = 60.0  # how far this host's clock may be off Slack's
 ANSWERED = "This prompt was already answered, or it expired."
 NOBODY = "Nobody can answer this prompt in Slack: its agent names no approvers."
 COMMAND_ARGS = ("text", "user_id", "channel_id", "team_id", "response_url", "trigger_id")

@@ -179,8 +179,9 @@ def apply_decision(
     st: Step, resp: Answer, trigger: Trigger, *, proposed: Answer | None = None
 ) -> None:
     """Record a valid decision: its messages and state first, then its actions. An agent
-    config keeps the engine-only keys of the session's (before its first, of the one
-    `proposed` at `session.start`: the file's), which the worker was never sent."""
+    config keeps the engine-only keys, which the worker was never sent, of the config in
+    force (while the session has none, of the one `proposed` with it: at `session.start`,
+    the file's)."""
     messages = resp.get("messages")
     if messages:
         record_messages(st, messages)

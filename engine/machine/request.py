@@ -150,9 +150,19 @@ def with_engine_keys(current: dict[str, Any] | None, given: dict[str, Any]) -> d
     """A worker's agent config, with the engine-only keys of the current one carried
     over: it was never sent them (`wire_agent`), so leaving them out cannot mean "drop
     them". A worker echoing `session.start`'s proposal keeps the file's `budget`; one
-    that sends a key itself sets it."""
-    kept = {k: current[k] for k in _NOT_ON_WIRE if current and k in current and k not in given}
-    return {**given, **kept} if kept else given
+    that sends a key itself sets it (`budget: {}` lifts the limits: the wire drops a
+    null). A carried budget's `price` is its model's, so it goes when the worker names
+    another model or LLM: the engine cannot price that one, and estimates nothing."""
+    if not current:
+        return given
+    kept = {k: current[k] for k in _NOT_ON_WIRE if k in current and k not in given}
+    if not kept:
+        return given
+    if any(given.get(k) != current.get(k) for k in ("model", "llm")):
+        for key in ("budget", "session_budget"):
+            if isinstance(kept.get(key), dict) and "price" in kept[key]:
+                kept[key] = {k: v for k, v in kept[key].items() if k != "price"}
+    return {**given, **kept}
 
 
 def wire_proposed(proposed: Answer) -> Mapping[str, Any]:

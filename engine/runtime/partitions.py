@@ -80,7 +80,7 @@ class Leases:
         self._changed = asyncio.Event()
 
     async def wait_owned(self, count: int, timeout: float = 30.0) -> None:
-        """Wait until this engine owns `count` partitions (tests, `subs run`)."""
+        """Wait until this engine owns `count` partitions (the benches, before they measure)."""
         async with asyncio.timeout(timeout):
             while len(self.owned) < count:
                 self._changed.clear()

@@ -1,1 +1,3 @@
-"""MCP connectors: the engine as an MCP client (connection.py) and its runners."""
+"""MCP connectors: the engine as an MCP client: one connection per server
+(connection.py) over stdio or HTTP (transport.py), its failures worded (trouble.py),
+and the runners of syncs and calls (runners.py)."""
