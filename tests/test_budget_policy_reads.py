@@ -16,7 +16,7 @@ import pytest
 from engine.client import Client
 from engine.machine.policies import BucketRef, BudgetPolicy
 from engine.store.buckets import use_key
-from engine.store.store import Store
+from engine.store.store import STORE_FAULTS, Store
 from tests.engine_helpers import (
     assert_consistent,
     on_both_redis,
@@ -239,6 +239,25 @@ async def test_a_master_without_the_script_is_given_it_and_each_bucket_counts_on
     assert await store.charge(charge, now) == 3
     assert await store.charge(charge, now) == 0
     assert [u.used for u in await store.read_buckets(refs, now)] == ["8", "8", "8"]
+
+
+async def test_connections_kept_for_the_buckets_are_dropped_when_their_server_goes(redis):
+    """The store keeps a few connections for bucket reads and charges between calls (one
+    server). When Redis drops its clients (a restart), the first write fails as a fault
+    its caller waits out, and every kept connection goes with it: the next one works."""
+    store = await Store.open(redis)
+    policy = BudgetPolicy("p", ("user",), "total_tokens", "100", "1h", HOUR_MS, "reject")
+    refs = [BucketRef(policy, "user=u0")]
+    now = 1_800_000_000_000
+    charge = {"id": "ses_1/llm_1/1", "at": now, "buckets": [_bucket(refs[0], 7)]}
+    assert await store.charge(charge, now) == 1
+    reads = await asyncio.gather(*(store.read_buckets(refs, now) for _ in range(4)))
+    assert [r[0].used for r in reads] == ["7"] * 4  # four at once: four connections kept
+    await redis.client_kill_filter(_type="normal", skipme=True)
+    with pytest.raises(STORE_FAULTS):
+        await store.read_buckets(refs, now)
+    assert (await store.read_buckets(refs, now))[0].used == "7"
+    assert await store.charge({**charge, "id": "ses_1/llm_2/1"}, now) == 1
 
 
 def _bucket(ref: BucketRef, amount: int) -> dict[str, Any]:
