@@ -229,7 +229,7 @@ class Applier:
             inp = self.intake.input_of(state, item.input)
             refs = await self.budgets.refs(sid, state, inp)
             t = step(state, sid, inp, now, new_id, self.kinds, buckets=UNREAD if refs else ())
-            again = await self.budgets.recheck(refs, t, now)
+            again = await self.budgets.recheck(sid, inp, t, now)
             if again is not None:  # the buckets refuse or hold a model call it let through
                 self.drop(sid)  # the step changed the cached state: again from the stored one
                 state = await self.load(sid)

@@ -66,12 +66,17 @@ class Budgets:
         return known
 
     async def recheck(
-        self, refs: list[BucketRef], t: Transition, now: int
+        self, sid: str, inp: Input, t: Transition, now: int
     ) -> tuple[Bucket, ...] | None:
-        """After a step run with the buckets `refs` unread: their figures when they refuse
-        or hold a model call the step let through (it is to run again with them), else
-        None. Read only when the step started a model call."""
-        if not refs or not t.policy_checks:
+        """After a step run with its buckets unread: their figures when they refuse or hold
+        a model call the step let through (it is to run again with them), else None. Read
+        only when the step started a model call; worked out from the state after the step,
+        as that call's turn is the one running then: a step that ends a turn may start the
+        queued next, whose first call counts toward its own submitter's buckets."""
+        if not t.policy_checks:
+            return None
+        refs = await self.refs(sid, t.state, inp)
+        if not refs:
             return None
         buckets = await self.usage(refs, now)
         return buckets if first_over(buckets, t.policy_checks) is not None else None
