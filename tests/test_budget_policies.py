@@ -570,3 +570,63 @@ async def test_a_subagents_spend_counts_toward_the_person_who_started_the_root_s
         assert [b["group"] for b in child_row["budgets"]] == ["user=cli:carol"]
     finally:
         await engine.stop()
+
+
+PER_USER = """\
+[[budgets]]
+name = "per-user"
+group_by = ["user"]
+dimension = "total_tokens"
+limit = 300
+window = "1h"
+"""
+
+
+@on_both_redis
+async def test_a_queued_turns_first_call_is_checked_against_its_own_submitters_bucket(
+    redis, vendor, tmp_path
+):
+    """Bob's turn queued behind Alice's starts in the step that ends hers, and makes its
+    first model call in that same step: it is checked against Bob's spent bucket, not
+    against Alice's (the turn running before the step)."""
+    clock = Clock()
+    vendor.push(
+        Text(LONG),  # Bob spends his bucket in another session
+        ToolCalls([("confirm", {})], ids=["ask"]),  # Alice's turn waits on its client tool
+        Text("ok"),  # and ends; Bob's queued turn must get nothing more
+    )
+    vendor.default = Text("a call that should not have been made")
+    engine = await start(redis, vendor, tmp_path, PER_USER, clock)
+    try:
+        client = Client(engine.store)
+        other, end = await turn(client, "ops_openai", "hi", user="bob")
+        assert end["payload"]["type"] == "turn.completed"
+        bob = ref_of(engine, other, "ops_openai", "bob")
+        await poll_until(lambda: _at_least(bucket_units(redis, bob), 300), 10, "bob charged")
+
+        body = {"type": "client.message", "agent_id": "ops_openai"}
+        said = {**body, "message": {"role": "user", "content": "is the db ok?"}}
+        alice = {"subject": {"issuer": "cli", "id": "alice"}, "metadata": {}}
+        first = await client.submit(said, identity=alice)
+        sid = first["session_id"]
+        await wait_for_event(client, sid, lambda e: e["payload"]["type"] == "tool.call.dispatched")
+        asked = {**body, "message": {"role": "user", "content": "and the cache?"}, "queue": True}
+        as_bob = {"subject": {"issuer": "cli", "id": "bob"}, "metadata": {}}
+        queued = await client.submit(asked, session_id=sid, identity=as_bob)
+        assert queued["queued"] is True
+        sent = len(vendor.requests)
+        await client.submit({"type": "tool.result", "id": "ask", "result": "yes"}, session_id=sid)
+        done = await wait_for_event(client, sid, turn_ended(first["turn_id"]))
+        assert done["payload"]["type"] == "turn.completed"
+        end = await wait_for_event(client, sid, turn_ended(queued["turn_id"]))
+        assert end["payload"]["type"] == "turn.failed", end["payload"]
+        detail = end["payload"]["error"]["detail"]
+        assert detail["group"] == "user=cli:bob" and int(detail["spent"]) > 300
+        assert len(vendor.requests) == sent + 1  # Alice's last call only
+        await assert_consistent(engine.store, sid)
+    finally:
+        await engine.stop()
+
+
+async def _at_least(units: Any, n: int) -> bool:
+    return await units >= n

@@ -25,6 +25,7 @@ turn only (evolve.py folds the raise) and sends the call, declining fails the tu
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -32,7 +33,7 @@ from typing import Any
 from .core import Step, iso
 from .ending import fail_turn
 from .interrupts import raise_interrupt
-from .policies import Bucket
+from .policies import Bucket, PolicyCheck, Unread
 from .shapes import ErrorInfo, OpenInterrupt, Raise
 from .state import SessionState, Turn
 from .tree import path_to
@@ -275,14 +276,34 @@ class PolicyExceeded:
 POLICY_PREFIX = "policy:"
 
 
-def check_policies(
-    state: SessionState, buckets: tuple[Bucket, ...], est: dict[str, Any] | None
-) -> PolicyExceeded | None:
+def check_policies(st: Step, est: dict[str, Any] | None) -> PolicyExceeded | None:
     """The first bucket a model call would run over: one already at its limit, or one
-    this call's input estimate would cross (as the original engine reserves)."""
-    turn = state.turn
-    if turn is None or not buckets:
+    this call's input estimate would cross (as the original engine reserves). With the
+    buckets not read yet (`Unread`) the call is let through and its check recorded in
+    the transition, for the shell to make once it has read them (`first_over`)."""
+    turn = st.s.turn
+    if turn is None or not st.buckets:
         return None
+    if isinstance(st.buckets, Unread):
+        raised = tuple((k, n) for k, n in turn.raised.items() if k.startswith(POLICY_PREFIX))
+        st.out.policy_checks.append(PolicyCheck(est, raised))
+        return None
+    return _over(st.buckets, turn.raised, est)
+
+
+def first_over(buckets: tuple[Bucket, ...], checks: Iterable[PolicyCheck]) -> PolicyExceeded | None:
+    """The first recorded check (`check_policies` with the buckets unread) that the
+    buckets' figures would not have let through; None when they allow each call."""
+    for check in checks:
+        over = _over(buckets, dict(check.raised), check.estimate)
+        if over is not None:
+            return over
+    return None
+
+
+def _over(
+    buckets: tuple[Bucket, ...], raised: Mapping[str, int], est: dict[str, Any] | None
+) -> PolicyExceeded | None:
     for b in buckets:
         limit = _dec(b.limit)
         used = _dec(b.used) or Decimal(0)
@@ -290,7 +311,7 @@ def check_policies(
             continue
         key = "tokens" if b.dimension == "total_tokens" else "cost"
         needed = _dec((est or {}).get(key)) or Decimal(0)
-        allowed = _allowed(turn, POLICY_PREFIX + b.policy, limit)
+        allowed = limit * (1 + int(raised.get(POLICY_PREFIX + b.policy, 0)))
         if used >= allowed or used + needed > allowed:
             return PolicyExceeded(b, allowed, used, needed)
     return None

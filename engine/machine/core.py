@@ -20,7 +20,7 @@ from . import retry
 from .effects import Effect, RunCall
 from .evolve import Event, evolve
 from .inputs import CallAnswered
-from .policies import Bucket
+from .policies import Bucket, PolicyCheck, Unread
 from .shapes import Answer, ClientAction, ClientMessages, ErrorInfo, RetryPolicy, Trigger
 from .state import Call, SessionState
 
@@ -59,6 +59,9 @@ class Transition:
     # When the step emitted: the due times of the deadline timers armed after it
     # (deadlines.py), which the session's wake time is read from; None: not worked out.
     dues: tuple[int, ...] | None = None
+    # The model calls this step let through with its budget-policy buckets unread
+    # (policies.Unread): the shell checks them once it has read the buckets.
+    policy_checks: list[PolicyCheck] = field(default_factory=list)
 
 
 def iso(ms: int) -> str:
@@ -213,8 +216,8 @@ class Step:
         # The agent's Slack slash commands, from the client input being applied.
         self.slash_commands: tuple[str, ...] = ()
         # The session's budget-policy buckets as the shell read them before this step
-        # (policies.py): a model call is checked against them.
-        self.buckets: tuple[Bucket, ...] = ()
+        # (policies.py), or `Unread`: a model call is checked against them.
+        self.buckets: tuple[Bucket, ...] | Unread = ()
 
     @property
     def s(self) -> SessionState:

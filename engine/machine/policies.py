@@ -86,8 +86,8 @@ class BucketRef:
 
 @dataclass(frozen=True)
 class Bucket:
-    """A bucket's usage as the shell read it just before a step: the facts the machine
-    checks a model call against."""
+    """A bucket's usage as the shell read it: the facts the machine checks a model call
+    against."""
 
     policy: str
     group: str
@@ -96,6 +96,33 @@ class Bucket:
     used: str  # tokens, or USD, counted in the window as of the read
     frees_at: int | None  # epoch ms when enough of it leaves the window to be under its limit
     strategy: str
+
+
+@dataclass(frozen=True)
+class Unread:
+    """In place of a step's buckets: the session counts toward some, not read yet.
+
+    Most steps start no model call (a tool's answer a worker will decide on, a timer, a
+    delta), so the shell does not read the buckets before a step: the machine lets a
+    model call through and records its check (`PolicyCheck`, in the transition), and the
+    shell reads the buckets only when there is one. If the figures refuse or hold a call
+    the step let through, the shell runs the step again with them (budgets.py
+    `first_over`), so a call is refused exactly as when they were read first."""
+
+    def __bool__(self) -> bool:
+        return True  # buckets exist: a model call wants an estimate, as with figures
+
+
+UNREAD = Unread()
+
+
+@dataclass(frozen=True)
+class PolicyCheck:
+    """A model call let through before its buckets were read (`Unread`): what checking
+    it against them takes, as of the moment it was made."""
+
+    estimate: dict[str, Any] | None  # the call's input estimate (budgets.estimate)
+    raised: tuple[tuple[str, int], ...]  # the turn's approved raises then (`policy:<name>`)
 
 
 def context_of(

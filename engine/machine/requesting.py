@@ -110,7 +110,7 @@ def start_llm_call(st: Step, action: LlmCall) -> None:
     est = budgets.estimate(st.s, params, st.now, policies=bool(st.buckets))
     over: budgets.Exceeded | budgets.PolicyExceeded | None = budgets.check(st.s, "llm", est)
     if over is None:  # the turn's own limits allow it: then the `[[budgets]]` buckets
-        over = budgets.check_policies(st.s, st.buckets, est)
+        over = budgets.check_policies(st, est)
     if over is not None and over.on_exceeded != "ask":
         budgets.refuse(st, over)  # the call is not made
         return

@@ -86,7 +86,7 @@ from .inputs import (
     TimerFired,
 )
 from .interrupts import may_resume, raise_interrupt
-from .policies import Bucket
+from .policies import Bucket, Unread
 from .retry import Fault
 from .shapes import ErrorInfo, Raise, is_turn_start
 from .state import SessionState
@@ -273,11 +273,12 @@ def step(
     ids: Ids,
     kinds: Kinds,
     *,
-    buckets: tuple[Bucket, ...] = (),
+    buckets: tuple[Bucket, ...] | Unread = (),
 ) -> Transition:
     """Apply one input by the rules of `kinds`. Mutates `state` (when it emits) and returns
     the transition. `buckets`: the session's budget-policy buckets as read before the step
-    (policies.py); a model call they do not allow is not made.
+    (policies.py), a model call they do not allow is not made; or `UNREAD`: each model call
+    is let through and its check left in `policy_checks` (budgets.first_over).
 
     Raises:
         MachineError: the input is refused; nothing was emitted.

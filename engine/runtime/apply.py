@@ -36,7 +36,7 @@ from engine.machine import (
     step,
 )
 from engine.machine import events as ev
-from engine.machine.policies import charges
+from engine.machine.policies import UNREAD, charges
 from engine.metrics import Metrics
 from engine.retrying import Backoff, Trouble
 from engine.runtime.budgets import Budgets
@@ -228,8 +228,14 @@ class Applier:
         try:
             inp = self.intake.input_of(state, item.input)
             refs = await self.budgets.refs(sid, state, inp)
-            buckets = await self.budgets.usage(refs, now) if refs else ()
-            t = step(state, sid, inp, now, new_id, self.kinds, buckets=buckets)
+            t = step(state, sid, inp, now, new_id, self.kinds, buckets=UNREAD if refs else ())
+            again = await self.budgets.recheck(sid, inp, t, now)
+            if again is not None:  # the buckets refuse or hold a model call it let through
+                self.drop(sid)  # the step changed the cached state: again from the stored one
+                state = await self.load(sid)
+                seq = state.seq if state else 0
+                inp = self.intake.input_of(state, item.input)
+                t = step(state, sid, inp, now, new_id, self.kinds, buckets=again)
         except MachineError as err:
             reply = {"ok": False, "status": err.status, **err.body()}
             commit = Commit(sid, seq, seq, (), None, reply=reply)

@@ -3,16 +3,20 @@
 A `[[budgets]]` policy (engine/machine/policies.py) groups sessions into buckets by
 agent, person, channel and session. Before a step the applier asks which buckets the
 session counts toward (worked out each step from its state or, for a session the input
-creates, the input) and reads their usage in one round trip, so that the pure machine
-can refuse or interrupt a model call that would go over. With no policies, neither
-costs anything.
+creates, the input). Most steps start no model call, so their usage is not read before
+the step: the machine lets a call through with them `UNREAD` and records its check, and
+only a step that started one reads them (one round trip), after the step and before its
+commit. When their figures refuse or hold a call the step let through, it is run again
+from the stored state with them, so a call is refused exactly as if they had been read
+first. With no policies, none of this costs anything.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from engine.machine import ChildSpawned, ClientSubmitted, Input, SessionState
+from engine.machine import ChildSpawned, ClientSubmitted, Input, SessionState, Transition
+from engine.machine.budgets import first_over
 from engine.machine.policies import Bucket, BucketRef, BudgetPolicy, buckets_for, context_of
 from engine.store.store import Store
 
@@ -60,6 +64,22 @@ class Budgets:
                 self._roots.pop(next(iter(self._roots)))
             self._roots[root] = known
         return known
+
+    async def recheck(
+        self, sid: str, inp: Input, t: Transition, now: int
+    ) -> tuple[Bucket, ...] | None:
+        """After a step run with its buckets unread: their figures when they refuse or hold
+        a model call the step let through (it is to run again with them), else None. Read
+        only when the step started a model call; worked out from the state after the step,
+        as that call's turn is the one running then: a step that ends a turn may start the
+        queued next, whose first call counts toward its own submitter's buckets."""
+        if not t.policy_checks:
+            return None
+        refs = await self.refs(sid, t.state, inp)
+        if not refs:
+            return None
+        buckets = await self.usage(refs, now)
+        return buckets if first_over(buckets, t.policy_checks) is not None else None
 
     async def usage(self, refs: list[BucketRef], now: int) -> tuple[Bucket, ...]:
         """The buckets' usage as the machine is to check a model call against it."""

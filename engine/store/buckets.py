@@ -17,11 +17,14 @@ on and counted exactly once, a relay's round trip after the commit.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
-from redis.commands.core import AsyncScript
+from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import NoScriptError
 
 from engine.machine.policies import (
     SLOTS,
@@ -31,9 +34,11 @@ from engine.machine.policies import (
     from_units,
     usage_in_window,
 )
-from engine.store.connection import RedisClient, lua_script
+from engine.store.connection import PackedConnections, lua_script
 
 CHARGE_SCRIPT = lua_script(__package__, "charge.lua")
+CHARGE_SHA = hashlib.sha1(CHARGE_SCRIPT.encode(), usedforsecurity=False).hexdigest().encode()
+LINES_KEPT = 4  # connections kept for bucket reads and charges between writes
 INDEX = "subs:budgets"  # bucket id -> when it expires: the admin listing reads it
 
 
@@ -84,6 +89,14 @@ def charge_message(charge: Charge) -> dict[str, Any]:
     }
 
 
+def _as_map(reply: Any) -> dict[bytes, bytes]:
+    """A hash as HGETALL's reply: a map (RESP3) or a flat list of fields and values."""
+    if isinstance(reply, dict):
+        return reply
+    items = list(reply or ())
+    return dict(zip(items[::2], items[1::2], strict=True))
+
+
 def _slots(fields: dict[bytes, bytes]) -> dict[int, int]:
     out = {}
     for k, v in fields.items():
@@ -120,22 +133,33 @@ def _use(policy: BudgetPolicy, group: str, slots: dict[int, int], now_ms: int) -
     )
 
 
-class BudgetBuckets:
-    """The store's commands on budget buckets (mixed into `Store`)."""
+class BudgetBuckets(PackedConnections):
+    """The store's commands on budget buckets (mixed into `Store`).
 
-    redis: RedisClient
-    _charge: AsyncScript | None = None
+    A step that starts a model call reads its buckets, and each settled call charges
+    them: both are packed here and sent in one write per server (connection.py), as the
+    hot path's commits are (a one-bucket read: 25-30 µs of CPU against 104 through
+    redis-py's pipeline; a charge 60-90 µs against 156 for its script and ZADD, measured
+    3000 times each). On a Cluster a session's buckets sit in several slots: one write
+    per master, at once."""
+
+    _bucket_lines: list[AbstractConnection] | None = None  # kept between writes (one server)
 
     async def charge(self, message: dict[str, Any], now_ms: int) -> int:
         """Apply one outbox charge to each of its buckets; how many counted it anew (0
-        when every bucket had already counted it)."""
-        if self._charge is None:
-            self._charge = self.redis.register_script(CHARGE_SCRIPT)
-        counted = 0
+        when every bucket had already counted it). Every bucket's script and the index's
+        entries in one write per server; a server that lost the script (restarted, or a
+        replica just promoted) is given it and asked again for the charges it refused.
+        The index is told each bucket's expiry even when the script did not count (the
+        charge was counted already, or is out of the window): an entry may then outlive
+        its bucket by a window, and the listing passes over a bucket that is gone."""
         at = int(message["at"])
+        calls: list[tuple[str, list[Any]]] = []
+        index: list[Any] = []
         for b in message["buckets"]:
             bid = str(b["id"])
             slot_ms, window = int(b["slot_ms"]), int(b["window_ms"])
+            use = use_key(bid)
             args = [
                 message["id"],
                 at,
@@ -149,24 +173,78 @@ class BudgetBuckets:
                 b["limit"],
                 window,
             ]
-            if await self._charge(keys=[use_key(bid), seen_key(bid)], args=args):
-                counted += 1
-                expires = (max(at, now_ms) // slot_ms + SLOTS) * slot_ms
-                await self.redis.zadd(INDEX, {bid: expires}, gt=True)
-        return counted
+            calls.append((use, [b"EVALSHA", CHARGE_SHA, 2, use, seen_key(bid), *args]))
+            index += [(max(at, now_ms) // slot_ms + SLOTS) * slot_ms, bid]
+        if not calls:
+            return 0
+        calls.append((INDEX, [b"ZADD", INDEX, b"GT", *index]))
+        replies = await self._packed(calls, self._charge_write)
+        return sum(1 for counted in replies[:-1] if counted)
 
     async def read_buckets(self, refs: Sequence[BucketRef], now_ms: int) -> list[BucketUse]:
-        """What each bucket holds in its window as of `now_ms` (one round trip on one server)."""
+        """What each bucket holds in its window as of `now_ms` (one round trip)."""
         if not refs:
             return []
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for ref in refs:
-                pipe.hgetall(use_key(ref.id))
-            replies = cast(list[dict[bytes, bytes]], await pipe.execute())
+        keys = [use_key(ref.id) for ref in refs]
+        replies = await self._packed([(key, [b"HGETALL", key]) for key in keys], self._one_write)
         return [
-            _use(ref.policy, ref.group, _slots(fields or {}), now_ms)
+            _use(ref.policy, ref.group, _slots(_as_map(fields)), now_ms)
             for ref, fields in zip(refs, replies, strict=True)
         ]
+
+    async def _packed(
+        self,
+        commands: list[tuple[str, list[Any]]],
+        write: Callable[[str, list[list[Any]]], Awaitable[list[Any]]],
+    ) -> list[Any]:
+        """Each command (with the key that places it) on the server holding its key, by
+        `write`: one write per server, those to several servers at once; the replies in
+        order."""
+        if self.cluster is None:
+            return await write(commands[0][0], [c for _, c in commands])
+        groups: dict[str, list[int]] = {}
+        for i, (key, _) in enumerate(commands):
+            node = self.cluster.get_node_from_key(key)
+            groups.setdefault(node.name if node is not None else key, []).append(i)
+        parts = await asyncio.gather(
+            *(write(commands[ix[0]][0], [commands[i][1] for i in ix]) for ix in groups.values())
+        )
+        replies: list[Any] = [None] * len(commands)
+        for ix, part in zip(groups.values(), parts, strict=True):
+            for i, reply in zip(ix, part, strict=True):
+                replies[i] = reply
+        return replies
+
+    async def _charge_write(self, key: str, commands: list[list[Any]]) -> list[Any]:
+        """Charges to one server; one that lost the script (restarted, or a replica just
+        promoted) refused them all: it is given the script and they are sent again."""
+        try:
+            return await self._one_write(key, commands)
+        except NoScriptError:
+            await self.redis.script_load(CHARGE_SCRIPT)
+            return await self._one_write(key, commands)
+
+    async def _one_write(self, key: str, commands: list[list[Any]]) -> list[Any]:
+        """`commands` to the server holding `key`, packed by hiredis in one write. On one
+        server a few connections are kept for these between calls, as the commits' are
+        (the pool's checkout and release were half a read's CPU); on a Cluster, whose
+        masters change, each write takes one of the slot's master from its pool."""
+        idle = self._bucket_lines
+        if idle is None and self.cluster is None:
+            idle = self._bucket_lines = []
+        conn = idle.pop() if idle else await self._connection(key)
+        try:
+            replies = await self._ask(conn, commands)
+        except BaseException as err:
+            await self._put_back(conn, err)  # replies may be left unread on it
+            while idle:  # the server may have gone (restarted): the kept ones with it
+                await self._put_back(idle.pop(), err)
+            raise
+        if idle is not None and len(idle) < LINES_KEPT:
+            idle.append(conn)
+        else:
+            await self._put_back(conn, None)
+        return replies
 
     async def list_buckets(self, now_ms: int, limit: int = 1000) -> list[BucketUse]:
         """Every bucket still inside its window, as last charged (the admin listing)."""
