@@ -174,8 +174,7 @@ class Client(SessionListing):
         if body["kind"] == "client":
             validate_client_input(body["input"])
         reply_to = self.store.reply_key(sid, secrets.token_hex(8))
-        await self.store.enqueue(sid, body, reply_to)
-        answer = await self.store.wait_reply(reply_to, timeout)
+        answer = await self.store.request(sid, body, reply_to, timeout)
         if answer is None:
             raise ClientError(
                 f"no engine answered within {timeout:g} s (is one running on this Redis?)",

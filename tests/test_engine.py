@@ -219,13 +219,13 @@ async def test_a_submit_written_twice_to_redis_runs_one_turn(engine, vendor, mon
     entry can land twice. The turn id the client mints makes the second one a no-op."""
     vendor.push(Text("Once."), Text("Never."))
     store = engine.store
-    written = store.enqueue
+    written = store.request  # the submit's XADD, then its wait for the answer
 
-    async def twice(session_id, inp, reply_to):
-        await written(session_id, inp, reply_to)
-        return await written(session_id, inp, reply_to)
+    async def twice(session_id, inp, reply_to, timeout):
+        await store.enqueue(session_id, inp, reply_to)  # the same entry, written once more
+        return await written(session_id, inp, reply_to, timeout)
 
-    monkeypatch.setattr(store, "enqueue", twice)
+    monkeypatch.setattr(store, "request", twice)
     client = Client(store)
     reply = await client.submit(say("ops_openai", "hello", queue=True))  # as Slack sends
     assert reply["turn_id"].startswith("turn_")

@@ -88,6 +88,31 @@ class PartitionWork(Keys, PackedConnections):
                 continue
             return None if answer is None else answer[1]
 
+    async def request(
+        self, session_id: str, inp: dict[str, Any], reply_to: str, timeout: float
+    ) -> bytes | None:
+        """`enqueue`, then `wait_reply`. On one server both commands go in one write on a
+        connection of the pool, packed here: a submit is on every turn's path, and redis-py's
+        command layer and the second round trip cost ~0.1 ms of CPU a submit (measured).
+        The server runs them in order, as before; any failure raises, as redis-py's did
+        (its connections retry nothing), and drops the connection. On a cluster, the two
+        calls (a failover ends a wait there, and the wait goes on at the new master)."""
+        if self.cluster is not None:
+            await self.enqueue(session_id, inp, reply_to)
+            return await self.wait_reply(reply_to, timeout)
+        body = {"sid": session_id, "input": inp, "reply_to": reply_to}
+        work = self.work_key(self.partition_of(session_id))
+        xadd = [b"XADD", work, b"*", b"w", encode(body)]
+        blpop = [b"BLPOP", reply_to, max(timeout, 0.01)]
+        conn = await self._connection(work)
+        try:
+            _, answer = await self._ask(conn, [xadd, blpop])
+        except BaseException as err:  # a cancel in the wait included: its answer may come
+            await self._put_back(conn, err)
+            raise
+        await self._put_back(conn, None)
+        return None if answer is None else cast(list[bytes], answer)[1]
+
     @staticmethod
     def _parse_work(entry_id: bytes, raw: bytes | None) -> WorkItem | None:
         """An entry's `w` field; None when the entry was trimmed."""
