@@ -501,7 +501,11 @@ async def bench(args: argparse.Namespace, redis_url: str, vendor: ChildServer, t
             project,
             budgets=(
                 BudgetPolicy("agent", ("agent",), "total_tokens", "1e12", "1h", hour, "reject"),
-                BudgetPolicy("user", ("user",), "total_tokens", "1e12", "1d", 24 * hour, "reject"),
+                # Per session, not per user: the bench's sessions have no subject, so a
+                # per-user policy would hold none of them.
+                BudgetPolicy(
+                    "session", ("session",), "total_tokens", "1e12", "1d", 24 * hour, "reject"
+                ),
             ),
         )
     exits = contextlib.AsyncExitStack()

@@ -4,6 +4,7 @@ test_budget_policies_slack.py; the SIGKILL one is in test_budget_policies_proces
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from engine.cli.sessions import _dead_letter_line
 from engine.client import Client
 from engine.config import ConfigError, parse_project
 from engine.machine.policies import BucketRef, buckets_for, context_of
@@ -630,3 +632,37 @@ async def test_a_queued_turns_first_call_is_checked_against_its_own_submitters_b
 
 async def _at_least(units: Any, n: int) -> bool:
     return await units >= n
+
+
+@on_both_redis
+async def test_an_outbox_entry_that_cannot_be_handed_over_is_dead_lettered_and_the_rest_go(
+    redis, vendor, tmp_path
+):
+    """A committed outbox entry whose hand-over fails for a reason that is not a Redis
+    fault (here a charge with a bad time, as a bug would write it) would fail every relay
+    after it: it goes to the dead-letter stream, logged once, and the session's own charge
+    behind it still reaches its bucket."""
+    clock = Clock()
+    vendor.default = Text(LONG)
+    engine = await start(redis, vendor, tmp_path, PER_AGENT, clock)
+    store = engine.store
+    poison = {"charge": {"id": "bad", "at": "not a time", "buckets": []}, "to": ""}
+    try:
+        for p in range(store.partitions):  # ahead of whatever the turn's commit adds
+            await redis.xadd(store.outbox_key(p), {"m": json.dumps(poison)})
+        client = Client(store)
+        sid, end = await turn(client, "ops_openai", "hi")
+        assert end["payload"]["type"] == "turn.completed"
+        ref = ref_of(engine, sid, "ops_openai")
+        used = end["payload"]["usage"]["total"]
+        await poll_until(lambda: _equals(bucket_units(redis, ref), used), 10, "the call charged")
+        p = store.partition_of(sid)
+        assert await redis.xlen(store.outbox_key(p)) == 0
+        [letter] = [d for d in await store.dead_letters() if d.get("outbox")]
+        assert json.loads(letter["outbox"]) == poison
+        assert letter["reason"].startswith("ValueError") and letter["session_id"] == ""
+        # `subs sessions dead` names it as what it is.
+        line = _dead_letter_line(letter)
+        assert " - outbox entry (1x): ValueError" in line, line
+    finally:
+        await engine.stop()

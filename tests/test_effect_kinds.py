@@ -210,3 +210,60 @@ async def test_a_kind_registered_outside_the_engine_runs_a_turn(engine, vendor):
     assert [m["role"] for m in messages] == ["user", "assistant", "tool", "assistant"]
     assert messages[2]["content"] == echoed
     assert "echo: " in str(vendor.requests[1].body)  # the result went back to the model
+
+
+def run_echo_that_breaks_first(
+    runner: EffectRunner, state: SessionState, effect: RunEcho, done: Done, tasks: Tasks
+) -> None:
+    """A runner with a bug: its first start raises before it makes a task."""
+    if effect.attempt == 1:
+        raise KeyError("a runner's own bug")
+    run_echo(runner, state, effect, done, tasks)
+
+
+async def test_a_runner_that_raises_starting_an_effect_fails_that_attempt_not_the_partition(
+    redis, vendor, tmp_path, caplog
+):
+    """The partition's processor starts each committed effect: a runner raising there
+    would end the processor, and every session of the partition would stop being applied.
+    The attempt fails instead (retryable, logged once with its traceback) and the next one
+    runs; the turn ends."""
+    toml = project_toml(vendor.url, retry="retry = { tool = { backoff_base_secs = 0 } }")
+    toml = toml.replace('handler = "client"', 'handler = "echo"')
+    handlers = WITH_ECHO.tool_handlers()
+    project = parse_project(toml, str(tmp_path / "subs.toml"), env={}, tool_handlers=handlers)
+    eng = Engine(
+        project,
+        redis,
+        env=ENV,
+        lease_ms=3000,
+        kinds=WITH_ECHO,
+        runners={RunEcho: run_echo_that_breaks_first},
+    )
+    vendor.push(ToolCalls([("confirm", {"question": "hello?"})]), Text("It echoed."))
+    await eng.start()
+    try:
+        client = Client(eng.store)
+        body = {
+            "type": "client.message",
+            "agent_id": "ops_openai",
+            "message": {"role": "user", "content": "echo something"},
+        }
+        reply = await client.submit(body)
+        sid = reply["session_id"]
+        end = await wait_for_event(client, sid, turn_ended(reply["turn_id"]))
+        assert end["payload"]["type"] == "turn.completed"
+        events = await assert_consistent(eng.store, sid)
+        # The same partition goes on applying: a second turn in the session runs too.
+        vendor.push(Text("Still here."))
+        again = await client.submit(body, session_id=sid)
+        end = await wait_for_event(client, sid, turn_ended(again["turn_id"]))
+        assert end["payload"]["type"] == "turn.completed"
+    finally:
+        await eng.stop()
+    [errored] = payloads(events, "tool.call.errored")
+    assert errored["attempt"] == 1 and errored["error"]["code"] == "internal"
+    assert "could not start it: KeyError" in errored["error"]["message"]
+    assert [p["attempt"] for p in payloads(events, "tool.call.dispatched")] == [1, 2]
+    said = [r for r in caplog.records if "could not start" in r.getMessage()]
+    assert len(said) == 1 and said[0].exc_info is not None

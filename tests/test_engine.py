@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import pytest
@@ -239,3 +240,34 @@ async def test_a_submit_written_twice_to_redis_runs_one_turn(engine, vendor, mon
     assert started == [reply["turn_id"], follow["turn_id"]]
     users = [p["message"]["content"] for p in payloads(events, "message.new")]
     assert users.count("hello") == 1
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["reader", "processor"])
+async def test_a_partition_whose_reader_or_processor_ended_is_taken_afresh(
+    engine, vendor, caplog, which
+):
+    """Nothing should end a partition's work reader or processor while the engine runs;
+    if something does (a bug's exception: here the task is cancelled from outside, as
+    one), the next lease round says so and takes the partition afresh, so the sessions in
+    it are read and applied again instead of waiting forever."""
+    client = Client(engine.store)
+    vendor.push(Text("first"))
+    reply = await client.submit(say("ops_openai", "one"))
+    sid = reply["session_id"]
+    await wait_for_event(client, sid, turn_ended(reply["turn_id"]))
+    p = engine.store.partition_of(sid)
+    part = engine.owned[p]
+    task = part.tasks[which]
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    vendor.push(Text("second"))
+    again = await client.submit(say("ops_openai", "two"), session_id=sid)
+    end = await wait_for_event(client, sid, turn_ended(again["turn_id"]))
+    assert end["payload"]["type"] == "turn.completed"
+    assert engine.owned[p] is not part  # a fresh partition, new tasks
+    said = [
+        r.getMessage() for r in caplog.records if "taking the partition afresh" in r.getMessage()
+    ]
+    assert said == [f"partition {p}: its task {task.get_name()} ended; taking the partition afresh"]
+    await assert_consistent(engine.store, sid)

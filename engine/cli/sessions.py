@@ -169,11 +169,12 @@ def _dead_letter_line(letter: dict[str, Any]) -> str:
 
     when = iso(int(letter.get("at_ms", 0)))
     body = letter.get("input") or {}
-    kind = body.get("kind", "?")
+    kind = "outbox entry" if "outbox" in letter else body.get("kind", "?")
     if kind == "client":
         kind = f"client {(body.get('input') or {}).get('type', '?')}"
     deliveries = letter.get("deliveries", 1)
-    return f"{when} {letter['session_id']} {kind} ({deliveries}x): {letter.get('reason', '')}"
+    sid = letter.get("session_id") or "-"
+    return f"{when} {sid} {kind} ({deliveries}x): {letter.get('reason', '')}"
 
 
 def _print_event(event: dict[str, Any], jsonl: bool) -> None:

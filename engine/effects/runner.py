@@ -33,7 +33,8 @@ from engine.effects.http_pool import new_session
 from engine.effects.llm.prompts import EncodedMessages
 from engine.effects.worker import CheckedMessages, WorkerTarget
 from engine.errors import ErrorInfo, SubsError, describe
-from engine.machine import Input, SessionState
+from engine.machine import CallAnswered, Input, RunCall, SessionState
+from engine.machine.retry import Fault
 from engine.metrics import Metrics
 from engine.redact import Redactor, env_secrets, scrubbed
 from engine.store.store import Store
@@ -119,15 +120,33 @@ class EffectRunner:
         span's context when tracing is on, so what it logs names the span)."""
         runner = self.runners[type(effect)]
         span = effect_context(state, effect) if self.sampled else None
-        if span is None:
-            runner(self, state, effect, done, tasks)
-            return
+        try:
+            if span is None:
+                runner(self, state, effect, done, tasks)
+                return
 
-        def in_span() -> None:  # the effect's tasks copy this context: their logs name it
-            CURRENT.set(span)
-            runner(self, state, effect, done, tasks)
+            def in_span() -> None:  # the effect's tasks copy this context: their logs name it
+                CURRENT.set(span)
+                runner(self, state, effect, done, tasks)
 
-        contextvars.copy_context().run(in_span)
+            contextvars.copy_context().run(in_span)
+        except Exception as err:  # a runner's own bug, before its task: not the partition's
+            self._not_started(state, effect, err, done)
+
+    def _not_started(self, state: SessionState, effect: object, err: Exception, done: Done) -> None:
+        """A runner raised starting `effect`: logged once with its traceback; a call's
+        attempt fails at once (retryable, as a lost one), anything else ends at its
+        recorded deadline. The partition's processor, which started it, goes on."""
+        log.error(
+            "%s of session %s could not start: %s",
+            type(effect).__name__,
+            state.session_id,
+            describe(err),
+            exc_info=err,
+        )
+        if isinstance(effect, RunCall):
+            why = Fault.LOST.error(f"the engine could not start it: {describe(err)}")
+            done(CallAnswered(effect.call_id, effect.attempt, error=why, retryable=True), ())
 
     def run(
         self,

@@ -111,6 +111,8 @@ class Leases:
             log.warning("lost the lease on partition %d", p)
             self.metrics.lease_lost()
             await self._drop(p, release=False)
+        for p in [p for p, part in self.owned.items() if _stalled(part)]:
+            await self._drop(p, release=True)  # taken afresh below, by this engine or another
         for p in sorted(self.owned, reverse=True)[: max(len(self.owned) - share, 0)]:
             await self._drop(p, release=True)  # another engine joined: hand back our surplus
         for p in range(self.store.partitions):
@@ -171,3 +173,22 @@ class Leases:
             with contextlib.suppress(Exception):
                 await self.store.release(p, part.lease)
         self._changed.set()
+
+
+def _stalled(part: Partition) -> bool:
+    """A partition whose reader or processor ended while it is owned and the engine runs:
+    nothing would read or apply its inputs again (a bug's exception, logged here with its
+    traceback, or a processor fenced off), so it is dropped and taken afresh."""
+    ended = [t for t in part.tasks if t.done()]
+    if not ended or part.stopping:
+        return False
+    for task in ended:
+        err = None if task.cancelled() else task.exception()
+        log.error(
+            "partition %d: its task %s ended%s; taking the partition afresh",
+            part.p,
+            task.get_name(),
+            f": {err!r}" if err else "",
+            exc_info=err,
+        )
+    return True

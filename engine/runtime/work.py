@@ -184,15 +184,50 @@ class PartitionWork:
         try:
             while part.outbox_dirty:
                 part.outbox_dirty = False
-                for entry_id, to, message in await self.store.outbox(part.p):
-                    body = json.loads(message)
-                    if "charge" in body:  # a settled call's usage (engine/store/buckets.py)
-                        await self.store.charge(body["charge"], self.now_ms())
-                    else:
-                        await self.store.enqueue(to, body["input"], None)
+                for entry_id, message in await self.store.outbox(part.p):
+                    try:
+                        await self._hand_over(message)
+                    except STORE_FAULTS:
+                        raise
+                    except Exception as err:  # it would fail every relay after it too
+                        await self._dead(part, entry_id, message, err)
+                        continue
                     await self.store.outbox_done(part.p, entry_id)
         except STORE_FAULTS as err:
             part.outbox_dirty = True  # the work reader's next round tries again
             self.trouble(f"relaying the outbox of partition {part.p}", err)
         finally:
             part.relaying = False
+
+    async def _hand_over(self, message: str) -> None:
+        """One outbox entry: a delivery to its session's work stream, or a settled call's
+        usage to its buckets (engine/store/buckets.py)."""
+        body = json.loads(message)
+        if "charge" in body:
+            await self.store.charge(body["charge"], self.now_ms())
+        else:
+            await self.store.enqueue(body["to"], body["input"], None)
+
+    async def _dead(self, part: Partition, entry_id: str, message: str, err: Exception) -> None:
+        """An entry that cannot be handed over (a bug's, or a key of the wrong type in its
+        way) leaves the outbox for the dead-letter stream, logged once with its traceback,
+        so the entries after it still go; `subs sessions dead` lists it."""
+        reason = f"{type(err).__name__}: {err}"
+        log.error(
+            "outbox entry %s of partition %d dead-lettered: %s",
+            entry_id,
+            part.p,
+            reason,
+            exc_info=err,
+        )
+        to = ""
+        with contextlib.suppress(Exception):
+            to = str(json.loads(message).get("to") or "")
+        letter = {
+            "session_id": to,
+            "entry_id": entry_id,
+            "outbox": message,
+            "reason": reason,
+            "at_ms": self.now_ms(),
+        }
+        await self.store.outbox_dead(part.p, entry_id, letter)

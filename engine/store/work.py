@@ -190,18 +190,25 @@ class PartitionWork(Keys, PackedConnections):
         members = cast(set[bytes], await self.redis.smembers(self.inflight_key(p)))
         return [s.decode() for s in members]
 
-    async def outbox(self, p: int) -> list[tuple[str, str, str]]:
-        """Messages committed for other sessions and not yet handed over: (id, to, item)."""
+    async def outbox(self, p: int) -> list[tuple[str, str]]:
+        """What commits left for after them, not yet handed over: (id, item), in order."""
         entries = cast(Entries, await self.redis.xrange(self.outbox_key(p)))
-        out = []
-        for entry_id, fields in entries:
-            item = fields[b"m"].decode()
-            out.append((entry_id.decode(), orjson.loads(item)["to"], item))
-        return out
+        return [
+            (entry_id.decode(), (fields.get(b"m") or b"").decode()) for entry_id, fields in entries
+        ]
 
     async def outbox_done(self, p: int, entry_id: str) -> None:
         """A message handed over: drop it from the outbox."""
         await self.redis.xdel(self.outbox_key(p), entry_id)
+
+    async def outbox_dead(self, p: int, entry_id: str, letter: dict[str, Any]) -> None:
+        """An outbox entry no relay can hand over: to the partition's dead-letter stream
+        (as the commit keeps an input no transition could take), out of the outbox, at
+        once (both keys are the partition's: one slot)."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xadd(self.dead_key(p), {"d": orjson.dumps(letter)}, maxlen=10_000)
+            pipe.xdel(self.outbox_key(p), entry_id)
+            await pipe.execute()
 
     async def due_timers_all(self, partitions: list[int], now_ms: int) -> list[str]:
         """Due timers of several partitions in one round trip. Asked every `timer_poll_ms`,
