@@ -37,7 +37,7 @@ from engine.runtime.apply import Applier, EngineStats
 from engine.runtime.cancelling import cancel_and_wait
 from engine.runtime.partitions import Leases, Partition
 from engine.runtime.retention import Sweeper
-from engine.runtime.work import PartitionWork
+from engine.runtime.work import OwnedWork
 from engine.store.durability import check_server
 from engine.store.reindex import ensure_indexes
 from engine.store.retention import PurgeHooks, Removals
@@ -67,7 +67,7 @@ class Engine:
     effects: EffectRunner
     mcp: McpRunners
     leases: Leases
-    work: PartitionWork
+    work: OwnedWork
 
     def __init__(
         self,
@@ -157,7 +157,7 @@ class Engine:
         self.effects.sampled = self.tracing is not None
         if self.tracing is not None:
             self.tracing.scrub = self.effects.redactor.scrub
-        self.work = PartitionWork(
+        self.work = OwnedWork(
             self.store,
             self.applier,
             self.effects,

@@ -35,7 +35,7 @@ log = logging.getLogger("subs.engine")
 SETTLE_PATIENCE_SECS = 2.0
 
 
-class PartitionWork:
+class OwnedWork:
     """Reads, applies and follows up the inputs of each partition in `owned`."""
 
     def __init__(
