@@ -283,7 +283,9 @@ class Leases:
 
     async def watch(self) -> None:
         while True:
-            with contextlib.suppress(RedisError, OSError):  # Redis restarting: poll again
+            # Redis restarting, or anything else: poll again (a watcher that died would
+            # report every later kill as never handed over).
+            with contextlib.suppress(Exception):
                 owners = await self.owners()
                 now = asyncio.get_running_loop().time()
                 for h in self.handoffs:
@@ -671,6 +673,15 @@ class Run:
             f"({empty} held no partition, {never} never handed over, "
             f"{self.kills_skipped} skipped with no serve up)"
         )
+        if never:
+            try:
+                owners = await self.leases.owners()
+            except (RedisError, OSError) as err:
+                owners = {p: f"unread ({err})" for p in range(self.store.partitions)}
+            for h in self.leases.handoffs:
+                if h.partitions and h.took is None:
+                    left = {p: owners.get(p) or "none" for p in sorted(h.partitions)}
+                    print(f"  never handed over: kill {h.kill} of {h.owner}; owners now {left}")
         back = self.redis_back_after
         spread_ok = True
         if isinstance(self.server, LocalCluster):

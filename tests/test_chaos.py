@@ -53,7 +53,8 @@ def test_quick_chaos_with_serve_and_redis_kills_loses_and_repeats_no_turn(kills:
     assert figure(out, "snapshots that are not their log's fold") == 0
     ran = figure(out, "turns completed") + figure(out, "turns failed")
     assert ran >= submitted  # plus the unanswered submits that ran anyway
-    assert re.search(r"^lease handoff after a serve kill: median [\d.]+ s", out, re.MULTILINE), out
+    handoff = r"^lease handoff after a serve kill: median [\d.]+ s"
+    assert re.search(handoff, out, re.MULTILINE), out + run.stderr[-3000:]
     assert len(re.findall(r"SIGKILL serve", run.stderr)) == kills, run.stderr
     assert len(re.findall(r"SIGKILL redis-server", run.stderr)) == 1, run.stderr
 
