@@ -123,16 +123,26 @@ def test_a_budget_policys_stop_names_the_policy_its_bucket_and_when_it_frees_up(
     }
     error = {"code": "budget_exceeded", "message": "budget exceeded: …", "detail": detail}
     assert budget_stop(error) == (
-        "Stopped by budget policy per-user (user=slack:U1): 1,443 of 300 tokens used in its "
+        "Stopped by budget policy per-user (<@U1>): 1,443 of 300 tokens used in its "
         "window; it frees up at 2026-12-06 07:00 UTC; the next call was not made."
     )
     # A fresh bucket whose limit one call alone would cross: nothing frees up, it says so.
     alone = {**detail, "spent": "0", "next": "599", "frees_at": None}
     assert budget_stop({**error, "detail": alone}) == (
-        "Stopped by budget policy per-user (user=slack:U1): 0 of 300 tokens used in its "
+        "Stopped by budget policy per-user (<@U1>): 0 of 300 tokens used in its "
         "window; the next call alone would need about 599 tokens, more than the whole limit; "
         "the next call was not made."
     )
+    # A Slack channel is its link; keys of other issuers, and other keys, as they are.
+    for group, shown in [
+        ("channel=C0123", "(<#C0123>)"),
+        ("user=cli:bob", "(user=cli:bob)"),
+        ("user=slack:U1,channel=C0123", "(<@U1>, <#C0123>)"),
+        ("agent=oncall", "(agent=oncall)"),
+        ("channel=D0123", "(channel=D0123)"),  # a DM has no channel link
+    ]:
+        line = budget_stop({**error, "detail": {**detail, "group": group}})
+        assert line is not None and f"per-user {shown}:" in line, line
     dollars = {**detail, "dimension": "cost_usd", "allowed": "5", "spent": "5.02", "group": ""}
     line = budget_stop({**error, "detail": dollars})
     assert line is not None and line.startswith("Stopped by budget policy per-user: $5.0200 of")

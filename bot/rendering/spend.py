@@ -82,7 +82,7 @@ def _policy_stop(detail: dict[str, Any], spent: Any, allowed: Any) -> str:
         figures = f"{money(spent)} of {money(allowed)}"
     else:
         figures = f"{_count(spent)} of {_count(allowed)} tokens"
-    group = f" ({detail['group']})" if detail.get("group") else ""
+    group = f" ({_bucket(str(detail['group']))})" if detail.get("group") else ""
     line = f"Stopped by budget policy {detail.get('policy')}{group}: {figures} used in its window"
     frees = detail.get("frees_at")
     nxt, whole = _decimal(detail.get("next")), _decimal(allowed)
@@ -93,6 +93,22 @@ def _policy_stop(detail: dict[str, Any], spent: Any, allowed: Any) -> str:
         needs = money(nxt) if cost else f"{_count(nxt)} tokens"
         line += f"; the next call alone would need about {needs}, more than the whole limit"
     return line + "; the next call was not made."
+
+
+def _bucket(group: str) -> str:
+    """A bucket's keys as Slack shows them: a Slack person as a mention (`<@U…>`, their name
+    on screen: it is the person whose turn was stopped), a Slack channel as its link; any
+    other key as it is (`user=cli:bob`, `agent=oncall`)."""
+    shown = []
+    for pair in group.split(","):
+        key, _, value = pair.partition("=")
+        if key == "user" and value.startswith("slack:"):
+            shown.append(f"<@{value.removeprefix('slack:')}>")
+        elif key == "channel" and value[:1] in ("C", "G"):
+            shown.append(f"<#{value}>")
+        else:
+            shown.append(pair)
+    return ", ".join(shown)
 
 
 def spend_line(cost: Any, usage: Any, model_calls: int, tool_calls: int) -> str:
