@@ -29,7 +29,7 @@ from .request import with_engine_keys
 from .requesting import start_llm_call, start_tool_call
 from .resuming import resume_interrupt
 from .retry import Fault
-from .settling import settle_tool
+from .settling import settle_tool_as_said
 from .shapes import (
     SETTLES,
     Action,
@@ -43,7 +43,6 @@ from .shapes import (
 )
 from .state import Call
 from .subagents import start_subagent
-from .tools import tool_result_of
 from .tree import id_clash
 from .turns import record_messages
 
@@ -245,16 +244,8 @@ def settle_from_worker(st: Step, action: Settle, trigger: Trigger) -> None:
     execute = trigger if is_execute(trigger) else None
     call_id = action.get("id") or (execute["id"] if execute is not None else "")
     call = st.s.calls[call_id]
-    if action["type"] == "tool.result":
-        result = tool_result_of(
-            action.get("result"),
-            action.get("content"),
-            action.get("structured_content"),
-            bool(action.get("is_error")),
-        )
-        settle_tool(st, call, result, None, False)
-    elif action["type"] == "tool.error":
-        settle_tool(st, call, None, action["error"], bool(action.get("retryable")))
+    if action["type"] == "tool.result" or action["type"] == "tool.error":
+        settle_tool_as_said(st, call, action)
     elif action["type"] == "llm.result":
         llm_completed(st, call, action["response"])
     else:

@@ -18,7 +18,7 @@ from .calls import call_failed, llm_completed, unanswered_call
 from .core import MachineError, Step
 from .inputs import CallAnswered, CallSettled
 from .retry import Fault
-from .shapes import ErrorInfo, ToolErrorInput, ToolResultInput
+from .shapes import ErrorInfo, ToolError, ToolErrorInput, ToolResult, ToolResultInput
 from .state import Call
 from .tool_messages import tool_finished
 from .tools import check_output, find_tool, tool_result_of
@@ -70,16 +70,24 @@ def settle_tool(
 def client_settles_tool(st: Step, body: ToolResultInput | ToolErrorInput) -> None:
     """A client's `tool.result` / `tool.error` for one of its own tool calls."""
     call = settleable(st, body["id"], body.get("attempt"), client_input=True)
-    if body["type"] == "tool.result":
+    settle_tool_as_said(st, call, body)
+
+
+def settle_tool_as_said(
+    st: Step, call: Call, said: ToolResultInput | ToolErrorInput | ToolResult | ToolError
+) -> None:
+    """A tool call settled by what a client's input or a worker's action says: its result
+    (as an MCP result has it: content, structured content, `is_error`), or its error."""
+    if said["type"] == "tool.result":
         result = tool_result_of(
-            body.get("result"),
-            body.get("content"),
-            body.get("structured_content"),
-            bool(body.get("is_error")),
+            said.get("result"),
+            said.get("content"),
+            said.get("structured_content"),
+            bool(said.get("is_error")),
         )
         settle_tool(st, call, result, None, False)
     else:
-        settle_tool(st, call, None, body["error"], bool(body.get("retryable")))
+        settle_tool(st, call, None, said["error"], bool(said.get("retryable")))
     st.out.reply = {"session_id": st.session_id, "turn_id": call.turn_id, "queued": False}
 
 
