@@ -29,6 +29,7 @@ from tests.engine_helpers import (
     wait_for_event,
 )
 from tests.fakes.llm_vendor import FakeVendor, Text, ToolCalls
+from tests.test_budget_policies_slack import PER_USER
 
 HOUR_MS = 3_600_000
 # An answer of 400 words: the fake vendor counts a word an output token, so one call
@@ -572,16 +573,6 @@ async def test_a_subagents_spend_counts_toward_the_person_who_started_the_root_s
         assert [b["group"] for b in child_row["budgets"]] == ["user=cli:carol"]
     finally:
         await engine.stop()
-
-
-PER_USER = """\
-[[budgets]]
-name = "per-user"
-group_by = ["user"]
-dimension = "total_tokens"
-limit = 300
-window = "1h"
-"""
 
 
 @on_both_redis

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from engine.client import Client
-from engine.machine.policies import BucketRef, BudgetPolicy
-from engine.store.buckets import use_key
+from engine.machine.policies import BucketRef, BudgetPolicy, Charge
+from engine.store.buckets import charge_message, use_key
 from engine.store.store import STORE_FAULTS, Store
 from tests.engine_helpers import (
     assert_consistent,
@@ -201,7 +201,7 @@ async def test_one_charge_reaches_every_bucket_and_counts_once(redis):
     policy = BudgetPolicy("p", ("user",), "total_tokens", "100", "1h", HOUR_MS, "reject")
     refs = [BucketRef(policy, f"user=u{n}") for n in range(3)]
     now = 1_800_000_000_000
-    charge = {"id": "ses_1/llm_1/1", "at": now, "buckets": [_bucket(ref, 7) for ref in refs]}
+    charge = _charge("ses_1/llm_1/1", now, refs, 7)
     await redis.script_flush()
     assert await store.charge(charge, now) == 3
     assert await store.charge(charge, now + 1000) == 0
@@ -230,12 +230,12 @@ async def test_a_master_without_the_script_is_given_it_and_each_bucket_counts_on
         n += 1
     refs = list(by_port.values())
     now = 1_800_000_000_000
-    warm = {"id": "ses_1/llm_0/1", "at": now, "buckets": [_bucket(ref, 1) for ref in refs]}
+    warm = _charge("ses_1/llm_0/1", now, refs, 1)
     assert await store.charge(warm, now) == 3  # every master has the script now
     lost = redis_cluster.masters()[1]
     with lost.client() as c:
         c.script_flush()
-    charge = {"id": "ses_1/llm_1/1", "at": now, "buckets": [_bucket(ref, 7) for ref in refs]}
+    charge = _charge("ses_1/llm_1/1", now, refs, 7)
     assert await store.charge(charge, now) == 3
     assert await store.charge(charge, now) == 0
     assert [u.used for u in await store.read_buckets(refs, now)] == ["8", "8", "8"]
@@ -249,7 +249,7 @@ async def test_connections_kept_for_the_buckets_are_dropped_when_their_server_go
     policy = BudgetPolicy("p", ("user",), "total_tokens", "100", "1h", HOUR_MS, "reject")
     refs = [BucketRef(policy, "user=u0")]
     now = 1_800_000_000_000
-    charge = {"id": "ses_1/llm_1/1", "at": now, "buckets": [_bucket(refs[0], 7)]}
+    charge = _charge("ses_1/llm_1/1", now, refs, 7)
     assert await store.charge(charge, now) == 1
     reads = await asyncio.gather(*(store.read_buckets(refs, now) for _ in range(4)))
     assert [r[0].used for r in reads] == ["7"] * 4  # four at once: four connections kept
@@ -260,24 +260,15 @@ async def test_connections_kept_for_the_buckets_are_dropped_when_their_server_go
     assert await store.charge({**charge, "id": "ses_1/llm_2/1"}, now) == 1
 
 
-def _bucket(ref: BucketRef, amount: int) -> dict[str, Any]:
-    p = ref.policy
-    return {
-        "id": ref.id,
-        "policy": p.name,
-        "group": ref.group,
-        "dimension": p.dimension,
-        "limit": p.limit,
-        "window_ms": p.window_ms,
-        "slot_ms": p.slot_ms,
-        "amount": amount,
-    }
+def _charge(charge_id: str, at_ms: int, refs: list[BucketRef], amount: int) -> dict[str, Any]:
+    """A charge of `amount` to each of `refs`, as the commit writes it to the outbox."""
+    charge = Charge(charge_id, at_ms, tuple((ref, amount) for ref in refs))
+    return charge_message(charge)["charge"]
 
 
 async def top_up(store: Store, ref: BucketRef, amount: int) -> None:
-    charge = {"id": "ses_other/llm_9/1", "at": int(Clock().now * 1000)}
-    charge["buckets"] = [_bucket(ref, amount)]
-    assert await store.charge(charge, charge["at"]) == 1
+    at = int(Clock().now * 1000)
+    assert await store.charge(_charge("ses_other/llm_9/1", at, [ref], amount), at) == 1
 
 
 async def _equals(value: Any, expected: Any) -> bool:
